@@ -1,0 +1,152 @@
+"""A client of the daemon's control API, and starting the daemon when none is running."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import httpx
+
+from llmconsole.engine.startup_log import read_tail
+from llmconsole.paths import Paths
+
+
+class DaemonNotRunning(RuntimeError):
+    pass
+
+
+class DaemonError(RuntimeError):
+    """The daemon refused a request; `details` says what to fix."""
+
+    def __init__(self, status: int, message: str, details: list[str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.details = details or []
+
+    def __str__(self) -> str:
+        lines = [self.args[0]] + [f"  {d}" for d in self.details]
+        return "\n".join(lines)
+
+
+class DaemonClient:
+    def __init__(self, paths: Paths, timeout_s: float = 120.0):
+        self.paths = paths
+        self._http = httpx.Client(
+            transport=httpx.HTTPTransport(uds=str(paths.socket)),
+            base_url="http://llmconsole",
+            timeout=timeout_s,
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "DaemonClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _call(self, method: str, path: str, **kw) -> Any:
+        try:
+            r = self._http.request(method, f"/v1{path}", **kw)
+        except (httpx.ConnectError, httpx.RemoteProtocolError, FileNotFoundError) as e:
+            raise DaemonNotRunning(f"no daemon answers on {self.paths.socket} ({e})") from None
+        try:
+            body = r.json()
+        except ValueError:
+            body = {"error": r.text}
+        if r.status_code >= 400:
+            raise DaemonError(r.status_code, body.get("error", r.text), body.get("details"))
+        return body
+
+    def ping(self) -> dict[str, Any] | None:
+        try:
+            return self._call("GET", "/daemon")
+        except DaemonNotRunning:
+            return None
+
+    def daemon_info(self) -> dict[str, Any]:
+        return self._call("GET", "/daemon")
+
+    def stop_daemon(self, stop_engines: bool = False) -> dict[str, Any]:
+        return self._call("POST", "/daemon/stop", json={"stop_engines": stop_engines})
+
+    def status(self) -> dict[str, Any]:
+        return self._call("GET", "/status")
+
+    def engine(self, name: str) -> dict[str, Any] | None:
+        for e in self.status()["engines"]:
+            if e["name"] == name:
+                return e
+        return None
+
+    def start_engine(
+        self,
+        name: str,
+        spec: dict[str, Any] | None = None,
+        overrides: dict[str, Any] | None = None,
+        api_key: str | None = None,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"spec": spec, "overrides": overrides or {}}
+        if api_key is not None:
+            body["api_key"] = api_key
+        return self._call("POST", f"/engines/{name}/start", json=body)
+
+    def restart_engine(self, name: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self._call("POST", f"/engines/{name}/restart", json={"overrides": overrides or {}})
+
+    def stop_engine(self, name: str, drain_timeout_s: float | None = None) -> dict[str, Any]:
+        return self._call("POST", f"/engines/{name}/stop", json={"drain_timeout_s": drain_timeout_s})
+
+    def remove_engine(self, name: str) -> dict[str, Any]:
+        return self._call("DELETE", f"/engines/{name}")
+
+    def logs(self, name: str, offset: int | None = None, max_bytes: int = 64 * 1024) -> dict[str, Any]:
+        params: dict[str, Any] = {"max_bytes": max_bytes}
+        if offset is not None:
+            params["offset"] = offset
+        return self._call("GET", f"/engines/{name}/logs", params=params)
+
+
+def spawn_daemon(paths: Paths) -> subprocess.Popen:
+    paths.ensure()
+    fd = os.open(paths.daemon_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        # A new session: the daemon must not die with the terminal or SSH login that started it.
+        return subprocess.Popen(
+            [sys.executable, "-m", "llmconsole.console.daemon"],
+            stdin=subprocess.DEVNULL,
+            stdout=fd,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+            cwd="/",
+        )
+    finally:
+        os.close(fd)
+
+
+def ensure_daemon(paths: Paths, timeout_s: float = 30.0) -> tuple[DaemonClient, bool]:
+    """A client of the running daemon, starting one if needed. Returns (client, started)."""
+    client = DaemonClient(paths)
+    if client.ping() is not None:
+        return client, False
+    proc = spawn_daemon(paths)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if client.ping() is not None:
+            return client, True
+        code = proc.poll()
+        if code is not None:
+            if client.ping() is not None:  # lost a race with another starter: theirs serves
+                return client, False
+            tail = read_tail(paths.daemon_log, 4000).strip().splitlines()[-15:]
+            raise DaemonNotRunning(
+                f"the daemon exited with code {code} while starting; {paths.daemon_log} ends with:\n"
+                + "\n".join(tail)
+            )
+        time.sleep(0.1)
+    raise DaemonNotRunning(f"the daemon did not answer within {timeout_s:.0f} s; see {paths.daemon_log}")

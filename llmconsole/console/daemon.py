@@ -1,0 +1,107 @@
+"""The per-host daemon: one per LLMCONSOLE_HOME (a lock), detached, outliving every console.
+
+Run as `python -m llmconsole.console.daemon`; `llmconsole daemon start` does that in a new
+session with its output in the daemon log. SIGTERM stops the daemon and leaves the engines
+serving (a new daemon adopts them); `daemon stop --stop-engines` stops them first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import signal
+import sys
+
+from aiohttp import web
+
+from llmconsole.console.api import STOP, STOP_ENGINES, make_app
+from llmconsole.engine.fleet import Fleet
+from llmconsole.paths import Paths, resolve
+
+log = logging.getLogger("llmconsole.daemon")
+
+EXIT_ALREADY_RUNNING = 3
+
+
+class AlreadyRunning(RuntimeError):
+    pass
+
+
+def acquire_lock(paths: Paths) -> int:
+    """Hold an exclusive lock for the daemon's lifetime; the kernel drops it if we die."""
+    fd = os.open(paths.lock_file, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        try:
+            pid = paths.daemon_pid_file.read_text().strip()
+        except OSError:
+            pid = "?"
+        raise AlreadyRunning(f"a daemon is already running for {paths.data_dir} (pid {pid})") from None
+    os.set_inheritable(fd, False)
+    return fd
+
+
+async def serve(paths: Paths) -> None:
+    fleet = Fleet(paths)
+    for line in await fleet.open():
+        log.info("resumed %s", line)
+    app = make_app(fleet)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    if paths.socket.exists() or paths.socket.is_symlink():
+        paths.socket.unlink()  # a stale socket of a dead daemon; the lock proves it is dead
+    old_umask = os.umask(0o177)  # the socket is born 0600: no window where others could connect
+    try:
+        site = web.UnixSite(runner, str(paths.socket))
+        await site.start()
+    finally:
+        os.umask(old_umask)
+    os.chmod(paths.socket, 0o600)
+    log.info("daemon %d listening on %s", os.getpid(), paths.socket)
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, app[STOP].set)
+    loop.add_signal_handler(signal.SIGHUP, lambda: None)  # losing a terminal changes nothing
+
+    await app[STOP].wait()
+    stop_engines = any(app[STOP_ENGINES])
+    log.info("daemon stopping (%s)", "stopping engines" if stop_engines else "engines keep serving")
+    await fleet.close(stop_engines=stop_engines)
+    await runner.cleanup()
+    try:
+        paths.socket.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def main() -> int:
+    paths = resolve().ensure()
+    logging.basicConfig(
+        level=os.environ.get("LLMCONSOLE_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        lock_fd = acquire_lock(paths)
+    except AlreadyRunning as e:
+        print(f"llmconsole daemon: {e}", file=sys.stderr)
+        return EXIT_ALREADY_RUNNING
+    paths.daemon_pid_file.write_text(f"{os.getpid()}\n")
+    try:
+        asyncio.run(serve(paths))
+    finally:
+        try:
+            paths.daemon_pid_file.unlink()
+        except FileNotFoundError:
+            pass
+        os.close(lock_fd)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

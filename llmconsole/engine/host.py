@@ -1,0 +1,163 @@
+"""The host probe: GPU gauges through NVML, host memory and engines' processes through psutil.
+
+Every NVML call goes through `_nvml`, which turns any error (no library, no driver, no GPU, a
+call the device does not support) into None, printed as "N/A". A host with no GPU shows N/A
+gauges, never a traceback. The probe runs at 1 Hz inside a daemon whose budget is a fraction of
+a percent of a core, so it caches: NVML is initialised once (and tried once), and each engine's
+process tree is re-listed only every few seconds.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import psutil
+
+_CHILDREN_REFRESH_S = 5.0
+
+
+def fmt_na(value: Any, fmt: str = "{}") -> str:
+    return "N/A" if value is None else fmt.format(value)
+
+
+try:  # nvidia-ml-py is a dependency, but a broken install must not stop the console
+    import pynvml
+except Exception:  # pragma: no cover - exercised only on broken installs
+    pynvml = None
+
+
+def _nvml(fn: Callable[..., Any], *args: Any) -> Any:
+    """Call an NVML function; any failure is None (a missing value is a value)."""
+    try:
+        return fn(*args)
+    except Exception:
+        return None
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    index: int
+    name: str | None
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+    utilization_gpu_pct: float | None
+    utilization_memory_pct: float | None  # memory-bandwidth utilisation, as NVML reports it
+    power_w: float | None
+    temperature_c: float | None
+
+
+@dataclass(frozen=True)
+class HostSample:
+    cpu_pct: float | None
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+    gpus: tuple[GpuSample, ...]
+    nvml_available: bool
+    nvml_error: str | None
+
+
+@dataclass(frozen=True)
+class ProcessSample:
+    """An engine's whole tree (API server, engine core, workers) summed."""
+
+    pid: int
+    rss_bytes: int
+    cpu_pct: float
+    num_processes: int
+
+
+class HostProbe:
+    def __init__(self) -> None:
+        self._nvml_ready: bool | None = None
+        self._nvml_error: str | None = None
+        self._trees: dict[int, tuple[float, list[psutil.Process]]] = {}
+        psutil.cpu_percent(None)  # the first call only primes psutil's counter
+
+    def _init_nvml(self) -> bool:
+        if self._nvml_ready is None:
+            if pynvml is None:
+                self._nvml_ready, self._nvml_error = False, "nvidia-ml-py is not importable"
+            else:
+                try:
+                    pynvml.nvmlInit()
+                    self._nvml_ready = True
+                except Exception as e:
+                    self._nvml_ready, self._nvml_error = False, f"{type(e).__name__}: {e}"
+        return bool(self._nvml_ready)
+
+    def _gpu(self, i: int) -> GpuSample:
+        h = _nvml(pynvml.nvmlDeviceGetHandleByIndex, i)
+        mem = _nvml(pynvml.nvmlDeviceGetMemoryInfo, h) if h is not None else None
+        util = _nvml(pynvml.nvmlDeviceGetUtilizationRates, h) if h is not None else None
+        power_mw = _nvml(pynvml.nvmlDeviceGetPowerUsage, h) if h is not None else None
+        temp = _nvml(pynvml.nvmlDeviceGetTemperature, h, 0) if h is not None else None  # 0: NVML_TEMPERATURE_GPU
+        name = _nvml(pynvml.nvmlDeviceGetName, h) if h is not None else None
+        return GpuSample(
+            index=i,
+            name=name.decode() if isinstance(name, bytes) else name,
+            memory_used_bytes=getattr(mem, "used", None),
+            memory_total_bytes=getattr(mem, "total", None),
+            utilization_gpu_pct=getattr(util, "gpu", None),
+            utilization_memory_pct=getattr(util, "memory", None),
+            power_w=power_mw / 1000.0 if power_mw is not None else None,
+            temperature_c=temp,
+        )
+
+    def sample_gpus(self) -> tuple[GpuSample, ...]:
+        if not self._init_nvml():
+            return ()
+        n = _nvml(pynvml.nvmlDeviceGetCount) or 0
+        return tuple(self._gpu(i) for i in range(n))
+
+    def sample_host(self) -> HostSample:
+        vm = _nvml(psutil.virtual_memory)  # the same None-on-error treatment suits psutil
+        return HostSample(
+            cpu_pct=_nvml(psutil.cpu_percent, None),
+            memory_used_bytes=(vm.total - vm.available) if vm is not None else None,
+            memory_total_bytes=vm.total if vm is not None else None,
+            gpus=self.sample_gpus(),
+            nvml_available=self._init_nvml(),
+            nvml_error=self._nvml_error,
+        )
+
+    def _tree(self, pid: int) -> list[psutil.Process] | None:
+        now = time.monotonic()
+        cached = self._trees.get(pid)
+        if cached is not None and now - cached[0] < _CHILDREN_REFRESH_S:
+            return cached[1]
+        try:
+            root = cached[1][0] if cached else psutil.Process(pid)
+            if not root.is_running():
+                raise psutil.NoSuchProcess(pid)
+            old = {p.pid: p for p in (cached[1] if cached else [])}
+            # Keep the Process objects we had: psutil's cpu_percent needs the previous reading.
+            procs = [root] + [old.get(c.pid, c) for c in root.children(recursive=True)]
+        except psutil.Error:
+            self._trees.pop(pid, None)
+            return None
+        self._trees[pid] = (now, procs)
+        return procs
+
+    def sample_process(self, pid: int) -> ProcessSample | None:
+        """The engine's tree summed, or None if the process is gone."""
+        procs = self._tree(pid)
+        if procs is None:
+            return None
+        rss, cpu, alive = 0, 0.0, 0
+        for p in procs:
+            try:
+                with p.oneshot():
+                    rss += p.memory_info().rss
+                    cpu += p.cpu_percent(None)
+                alive += 1
+            except psutil.Error:
+                continue
+        if alive == 0:
+            self._trees.pop(pid, None)
+            return None
+        return ProcessSample(pid=pid, rss_bytes=rss, cpu_pct=cpu, num_processes=alive)
+
+    def forget(self, pid: int) -> None:
+        self._trees.pop(pid, None)

@@ -1,0 +1,92 @@
+"""What an engine's log says about its start: KV-cache facts, readiness, and why it failed.
+
+vLLM prints the facts an operator needs (how many tokens of KV cache, the maximum concurrency at
+max_model_len) only in its startup log, and its reasons for failing only as a traceback there.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+# "CPU KV cache size: 6,144 tokens, Maximum concurrency for 512 tokens per request: 12.00x"
+# GPU builds print "GPU KV cache size: ..." with the same shape.
+_KV_LINE = re.compile(
+    r"(?P<device>[A-Z]+) KV cache size: (?P<tokens>[\d,]+) tokens, "
+    r"Maximum concurrency for (?P<len>[\d,]+) tokens per request: (?P<conc>[\d.,]+)x"
+)
+_INIT_TOOK = re.compile(r"init engine \(.*?\) took (?P<s>[\d.]+) s")
+_SERVING = re.compile(r"Starting vLLM (?:API )?server on (?P<url>\S+)")
+
+# Exception lines worth showing, most specific first. vLLM raises ValueError for configs that
+# cannot fit, RuntimeError for engine-core deaths; the last matching line of the first kind that
+# appears is the operator's answer.
+_ERROR_LINE = re.compile(
+    r"^(?:.*?\s)?(?P<kind>ValueError|RuntimeError|OSError|torch\.OutOfMemoryError|"
+    r"MemoryError|AssertionError|TypeError|KeyError|ImportError|ModuleNotFoundError|"
+    r"FileNotFoundError|NotImplementedError|pydantic_core\._pydantic_core\.ValidationError|"
+    r"\w+Error): (?P<msg>.+)$"
+)
+_ARG_ERROR = re.compile(r"error: (?P<msg>(?:unrecognized arguments|argument ).+)$")
+
+# Errors that only wrap the real one further up.
+_WRAPPER_MESSAGES = ("Engine core initialization failed", "EngineCore failed to start")
+
+
+@dataclass(frozen=True)
+class StartupFacts:
+    device: str
+    kv_cache_tokens: int
+    max_concurrency_len: int
+    max_concurrency: float
+    init_engine_s: float | None = None
+
+
+def parse_facts(text: str) -> StartupFacts | None:
+    m = _KV_LINE.search(text)
+    if not m:
+        return None
+    took = _INIT_TOOK.search(text)
+    return StartupFacts(
+        device=m["device"],
+        kv_cache_tokens=int(m["tokens"].replace(",", "")),
+        max_concurrency_len=int(m["len"].replace(",", "")),
+        max_concurrency=float(m["conc"].replace(",", "")),
+        init_engine_s=float(took["s"]) if took else None,
+    )
+
+
+def failure_reason(text: str) -> str | None:
+    """The line that explains why the engine died, or None if the log does not say."""
+    arg = None
+    found: list[str] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        a = _ARG_ERROR.search(line)
+        if a:
+            arg = a["msg"]
+        m = _ERROR_LINE.match(line)
+        if m and not any(w in m["msg"] for w in _WRAPPER_MESSAGES):
+            found.append(f"{m['kind'].rsplit('.', 1)[-1]}: {m['msg'].strip()}")
+    if arg:
+        return f"vLLM rejected its arguments: {arg}"
+    if not found:
+        return None
+    # The first specific error is the root cause; later ones are its echoes from other processes.
+    for reason in found:
+        if reason.startswith("ValueError"):
+            return reason
+    return found[0]
+
+
+def read_tail(path: Path, max_bytes: int = 256 * 1024) -> str:
+    """The end of a log file (start-up reasons are near the end; logs can grow large)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            return f.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""

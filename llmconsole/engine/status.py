@@ -1,0 +1,68 @@
+"""Immutable snapshots of an engine's state, as the daemon reports them to the CLI and console."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class EngineState(StrEnum):
+    STARTING = "starting"    # launched, /health not yet 200
+    READY = "ready"          # /health answers 200
+    UNHEALTHY = "unhealthy"  # running, but /health failed at least once in a row
+    CRASHED = "crashed"      # died unexpectedly; a restart is pending (backoff)
+    STOPPING = "stopping"    # asked to stop: draining, then killed
+    STOPPED = "stopped"      # stopped on request
+    FAILED = "failed"        # given up: a fresh start failed, or the config is crash-looping
+
+    @property
+    def running(self) -> bool:
+        return self in (EngineState.STARTING, EngineState.READY, EngineState.UNHEALTHY, EngineState.STOPPING)
+
+
+@dataclass(frozen=True)
+class EngineStatus:
+    name: str
+    state: EngineState
+    config_id: str
+    model: str
+    served_model_name: str
+    device: str
+    pid: int | None = None
+    port: int | None = None
+    url: str | None = None
+    restarts: int = 0
+    crash_looping: bool = False
+    adopted: bool = False
+    started_at_s: float | None = None   # wall clock (time.time) of the current run's launch
+    ready_at_s: float | None = None
+    uptime_s: float | None = None       # since ready
+    last_exit_code: int | None = None
+    last_error: str | None = None
+    next_restart_in_s: float | None = None
+    kv_cache_tokens: int | None = None
+    max_concurrency: float | None = None
+    max_concurrency_len: int | None = None
+    metrics: Any = None                 # MetricsSnapshot or None
+    process: Any = None                 # ProcessSample or None
+    spec: dict[str, Any] = field(default_factory=dict)
+    log_path: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The status as JSON. The flat keys at the top are the stable CLI contract."""
+        d = dataclasses.asdict(self)
+        d["state"] = str(self.state)
+        m = self.metrics
+        d.update(
+            kv_cache_usage=getattr(m, "kv_cache_usage", None),
+            num_requests_running=getattr(m, "running", None),
+            num_requests_waiting=getattr(m, "waiting", None),
+            generation_tok_s=getattr(m, "generation_tok_s", None),
+            prompt_tok_s=getattr(m, "prompt_tok_s", None),
+            p99_ttft_s=getattr(m, "p99_ttft_s", None),
+            p99_e2e_s=getattr(m, "p99_e2e_s", None),
+            metrics_stale=getattr(m, "stale", None),
+        )
+        return d

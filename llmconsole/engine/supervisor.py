@@ -1,0 +1,428 @@
+"""Supervision of one engine: launch, readiness, health, metrics, restart with backoff.
+
+One `EngineSupervisor` per engine, living in the daemon's event loop. It owns the engine's
+process and its state machine (see `EngineState`), and publishes an immutable `EngineStatus`
+on demand. A crash (the process exits, or /health fails `health_failures_to_crash` times in a
+row) is seen within about a second, the rest of the process group is cleaned up, and the engine
+is restarted after an exponential backoff. Too many crashes in a window mark the config as
+crash-looping and supervision gives up on it (the fleet may then roll it back).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import aiohttp
+
+from llmconsole.engine import runtime as runtime_mod
+from llmconsole.engine.host import HostProbe
+from llmconsole.engine.metrics import parse_metrics
+from llmconsole.engine.metrics_window import MetricsWindow
+from llmconsole.engine.process import EngineProcess, ProcessRecord
+from llmconsole.engine.spec import EngineSpec
+from llmconsole.engine.startup_log import StartupFacts, failure_reason, parse_facts
+from llmconsole.engine.status import EngineState, EngineStatus
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SupervisionPolicy:
+    poll_interval_s: float = 0.5          # how often the process is checked for exit
+    health_interval_s: float = 1.0
+    health_timeout_s: float = 2.0
+    health_failures_to_crash: int = 3
+    scrape_interval_s: float = 1.0
+    start_timeout_s: float = 900.0        # model loads on big GPUs can take many minutes
+    backoff_initial_s: float = 1.0
+    backoff_max_s: float = 30.0
+    stable_after_s: float = 60.0          # ready this long: the next crash starts backoff anew
+    crash_loop_count: int = 3             # this many crashes ...
+    crash_loop_window_s: float = 300.0    # ... within this window: crash-looping, give up
+    drain_timeout_s: float = 30.0
+
+
+class EngineBusy(RuntimeError):
+    """The request does not fit the engine's current state (e.g. start while running)."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _connect_host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+
+
+class EngineSupervisor:
+    def __init__(
+        self,
+        name: str,
+        spec: EngineSpec,
+        log_path: Path,
+        http: aiohttp.ClientSession,
+        policy: SupervisionPolicy,
+        probe: HostProbe | None = None,
+        on_change: Callable[["EngineSupervisor"], None] | None = None,
+        on_crash_loop: Callable[["EngineSupervisor"], None] | None = None,
+    ):
+        self.name = name
+        self.spec = spec
+        self.log_path = log_path
+        self.policy = policy
+        self._http = http
+        self._probe = probe
+        self._on_change = on_change or (lambda s: None)
+        self._on_crash_loop = on_crash_loop or (lambda s: None)
+
+        self.state = EngineState.STOPPED
+        self.desired_running = False
+        self.runtime: runtime_mod.Runtime | None = spec.runtime
+        self.port: int | None = spec.port
+        self.proc: EngineProcess | None = None
+        self.restarts = 0
+        self.crash_looping = False
+        self.last_exit_code: int | None = None
+        self.last_error: str | None = None
+        self.facts: StartupFacts | None = None
+        self.started_at_s: float | None = None
+        self.ready_at_s: float | None = None
+        self._ready_mono: float | None = None
+        self._next_restart_mono: float | None = None
+        self._crash_times: collections.deque[float] = collections.deque()
+        self._consecutive_crashes = 0
+        self._metrics = None
+        self._process_sample = None
+        self._run_task: asyncio.Task | None = None
+        self._scrape_task: asyncio.Task | None = None
+        self._lock = asyncio.Lock()
+        self._log_offset = 0
+
+    # --- operator actions -----------------------------------------------------------------
+
+    async def start(self, spec: EngineSpec | None = None) -> None:
+        """Start the engine (optionally on a new spec). Returns once launched, not when ready."""
+        async with self._lock:
+            if self.state.running or self.state == EngineState.CRASHED:
+                if self.state != EngineState.STOPPING and (spec is None or spec.config_id == self.spec.config_id):
+                    return  # already running this config: starting it again is a no-op
+                raise EngineBusy(
+                    f"engine {self.name} is {self.state} on config {self.spec.config_id}; "
+                    "restart it to apply a different config"
+                )
+            if spec is not None:
+                if spec.port is not None:
+                    self.port = spec.port
+                self.spec = spec
+                self.runtime = spec.runtime
+            self._reset_for_fresh_start()
+            self._set_state(EngineState.STARTING)
+            self._run_task = asyncio.create_task(self._run(first_launch_is_fresh=True), name=f"run-{self.name}")
+
+    async def stop(self, drain_timeout_s: float | None = None) -> None:
+        async with self._lock:
+            await self._stop_locked(drain_timeout_s)
+
+    async def restart(self, spec: EngineSpec | None = None) -> None:
+        async with self._lock:
+            await self._stop_locked(None)
+            if spec is not None:
+                if spec.port is not None:
+                    self.port = spec.port
+                self.spec = spec
+                self.runtime = spec.runtime
+            self._reset_for_fresh_start()
+            self._set_state(EngineState.STARTING)
+            self._run_task = asyncio.create_task(self._run(first_launch_is_fresh=True), name=f"run-{self.name}")
+
+    def adopt(self, record: ProcessRecord, restarts: int) -> bool:
+        """Take over a running engine left by a previous daemon. False if it is gone."""
+        proc = EngineProcess.adopt(record)
+        self.restarts = restarts
+        self.desired_running = True
+        if proc is None:
+            return False
+        self.proc = proc
+        self.port = record.port
+        self.started_at_s = record.create_time
+        self._set_state(EngineState.STARTING)
+        self._run_task = asyncio.create_task(self._run(first_launch_is_fresh=False), name=f"run-{self.name}")
+        return True
+
+    def resume_after_lost(self, restarts: int, reason: str) -> None:
+        """The engine should be running but its process is gone (it died with no daemon)."""
+        self.restarts = restarts
+        self.desired_running = True
+        self.last_error = reason
+        self._set_state(EngineState.STARTING)
+        self._run_task = asyncio.create_task(self._run(first_launch_is_fresh=False), name=f"run-{self.name}")
+
+    async def detach(self) -> None:
+        """Stop supervising but leave the engine running (the daemon is going away)."""
+        await self._cancel_tasks()
+
+    # --- status ---------------------------------------------------------------------------
+
+    def status(self) -> EngineStatus:
+        now = time.monotonic()
+        uptime = now - self._ready_mono if self._ready_mono and self.state in (EngineState.READY, EngineState.UNHEALTHY) else None
+        next_restart = (
+            max(0.0, self._next_restart_mono - now)
+            if self._next_restart_mono is not None and self.state == EngineState.CRASHED
+            else None
+        )
+        running = self.proc is not None and self.state.running
+        return EngineStatus(
+            name=self.name,
+            state=self.state,
+            config_id=self.spec.config_id,
+            model=self.spec.model,
+            served_model_name=self.spec.display_name,
+            device=self.runtime.device if self.runtime else "unknown",
+            pid=self.proc.pid if running else None,
+            port=self.port,
+            url=f"http://{_connect_host(self.spec.host)}:{self.port}" if self.port else None,
+            restarts=self.restarts,
+            crash_looping=self.crash_looping,
+            adopted=bool(self.proc and self.proc.adopted),
+            started_at_s=self.started_at_s,
+            ready_at_s=self.ready_at_s,
+            uptime_s=uptime,
+            last_exit_code=self.last_exit_code,
+            last_error=self.last_error,
+            next_restart_in_s=next_restart,
+            kv_cache_tokens=self.facts.kv_cache_tokens if self.facts else None,
+            max_concurrency=self.facts.max_concurrency if self.facts else None,
+            max_concurrency_len=self.facts.max_concurrency_len if self.facts else None,
+            metrics=self._metrics if self.state in (EngineState.READY, EngineState.UNHEALTHY) else None,
+            process=self._process_sample if running else None,
+            spec=self.spec.public_dict(),
+            log_path=str(self.log_path),
+        )
+
+    def process_record(self) -> ProcessRecord | None:
+        return self.proc.record if self.proc is not None and self.state.running else None
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _set_state(self, state: EngineState) -> None:
+        if state != self.state:
+            log.info("engine %s: %s -> %s", self.name, self.state, state)
+            self.state = state
+            self._on_change(self)
+
+    def _reset_for_fresh_start(self) -> None:
+        self.desired_running = True
+        self.crash_looping = False
+        self.last_error = None
+        self.last_exit_code = None
+        self._crash_times.clear()
+        self._consecutive_crashes = 0
+
+    async def _stop_locked(self, drain_timeout_s: float | None) -> None:
+        self.desired_running = False
+        await self._cancel_tasks()
+        if self.proc is not None and self.proc.poll() is None:
+            self._set_state(EngineState.STOPPING)
+            code = await self.proc.terminate(
+                self.policy.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
+            )
+            self.last_exit_code = code
+        elif self.proc is not None:
+            await self.proc.kill_group()  # survivors of a dead leader
+        self.proc = None
+        self._ready_mono = None
+        self._set_state(EngineState.STOPPED)
+
+    async def _cancel_tasks(self) -> None:
+        for task in (self._run_task, self._scrape_task):
+            if task is not None and not task.done() and task is not asyncio.current_task():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        self._run_task = None
+        self._scrape_task = None
+
+    def _launch(self) -> None:
+        if self.runtime is None:
+            self.runtime = runtime_mod.detect()
+        if self.port is None:
+            self.port = free_port(_connect_host(self.spec.host))
+        argv = self.spec.argv(self.runtime, self.port)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "a", encoding="utf-8") as f:
+            os.chmod(self.log_path, 0o600)
+            f.write(
+                f"\n----- llmconsole: launching engine {self.name} (config {self.spec.config_id}) "
+                f"at {time.strftime('%Y-%m-%dT%H:%M:%S%z')} -----\n$ {' '.join(argv)}\n"
+            )
+            self._log_offset = f.tell()
+        self.facts = None
+        self._metrics = None
+        self.ready_at_s = None
+        self._ready_mono = None
+        self.started_at_s = time.time()
+        self.proc = EngineProcess.launch(argv, self.spec.launch_env(self.runtime), self.log_path, self.port)
+        self._on_change(self)  # the new pid must reach the state file before anything else
+
+    def _run_log(self) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._log_offset)
+                return f.read().decode("utf-8", errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    async def _check_health(self) -> bool:
+        url = f"http://{_connect_host(self.spec.host)}:{self.port}/health"
+        try:
+            timeout = aiohttp.ClientTimeout(total=self.policy.health_timeout_s)
+            async with self._http.get(url, timeout=timeout) as r:
+                return r.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return False
+
+    async def _run(self, first_launch_is_fresh: bool) -> None:
+        fresh = first_launch_is_fresh
+        try:
+            while self.desired_running:
+                if self.proc is None:
+                    self._set_state(EngineState.STARTING)
+                    try:
+                        self._launch()
+                    except (OSError, runtime_mod.RuntimeNotFound) as e:
+                        self.last_error = f"could not launch: {e}"
+                        self.desired_running = False
+                        self._set_state(EngineState.FAILED)
+                        return
+                outcome, code, was_ready = await self._watch()
+                await self._after_exit(outcome, code, was_ready, fresh)
+                fresh = False
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a bug here must not leave the engine unsupervised silently
+            log.exception("engine %s: supervision failed", self.name)
+            self.last_error = "supervision failed; see the daemon log"
+            self._set_state(EngineState.FAILED)
+
+    async def _watch(self) -> tuple[str, int | None, bool]:
+        """Watch the current process until it exits or is judged dead."""
+        assert self.proc is not None
+        p = self.policy
+        launched = time.monotonic()
+        ready = False
+        failures = 0
+        next_health = launched
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                return "exited", code, ready
+            now = time.monotonic()
+            if now >= next_health:
+                next_health = now + p.health_interval_s
+                if await self._check_health():
+                    failures = 0
+                    if not ready:
+                        ready = True
+                        self._became_ready()
+                    elif self.state == EngineState.UNHEALTHY:
+                        self._set_state(EngineState.READY)
+                elif ready:
+                    failures += 1
+                    self._set_state(EngineState.UNHEALTHY)
+                    if failures >= p.health_failures_to_crash:
+                        return "unhealthy", None, ready
+                elif now - launched > p.start_timeout_s:
+                    return "start_timeout", None, ready
+            if ready and self._ready_mono and now - self._ready_mono > p.stable_after_s:
+                self._consecutive_crashes = 0
+            await asyncio.sleep(p.poll_interval_s)
+
+    def _became_ready(self) -> None:
+        self.ready_at_s = time.time()
+        self._ready_mono = time.monotonic()
+        self.facts = parse_facts(self._run_log())
+        self._set_state(EngineState.READY)
+        if self._scrape_task is None or self._scrape_task.done():
+            self._scrape_task = asyncio.create_task(self._scrape_loop(), name=f"scrape-{self.name}")
+
+    async def _after_exit(self, outcome: str, code: int | None, was_ready: bool, fresh: bool) -> None:
+        p = self.policy
+        if self._scrape_task is not None:
+            self._scrape_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._scrape_task
+            self._scrape_task = None
+        assert self.proc is not None
+        await self.proc.kill_group()  # engine core and workers must not outlive their server
+        self.last_exit_code = code if code is not None else self.proc.poll()
+        self.proc = None
+        self._ready_mono = None
+        text = self._run_log()
+        if outcome == "unhealthy":
+            reason = f"/health failed {p.health_failures_to_crash} times in a row; killed"
+        elif outcome == "start_timeout":
+            reason = f"not ready within {p.start_timeout_s:.0f} s; killed"
+        else:
+            reason = failure_reason(text) or f"exited with code {self.last_exit_code}"
+        self.last_error = reason
+        log.warning("engine %s: %s (%s)", self.name, outcome, reason)
+
+        if fresh and not was_ready:
+            # A config the operator just asked for never came up: say why, do not retry it.
+            self.desired_running = False
+            self._set_state(EngineState.FAILED)
+            return
+
+        now = time.monotonic()
+        self._crash_times.append(now)
+        while self._crash_times and now - self._crash_times[0] > p.crash_loop_window_s:
+            self._crash_times.popleft()
+        if len(self._crash_times) >= p.crash_loop_count:
+            self.crash_looping = True
+            self.desired_running = False
+            self.last_error = f"crash-looping ({len(self._crash_times)} crashes in {p.crash_loop_window_s:.0f} s): {reason}"
+            self._set_state(EngineState.FAILED)
+            self._on_crash_loop(self)
+            return
+
+        delay = min(p.backoff_max_s, p.backoff_initial_s * (2 ** self._consecutive_crashes))
+        self._consecutive_crashes += 1
+        self._next_restart_mono = now + delay
+        self._set_state(EngineState.CRASHED)
+        await asyncio.sleep(delay)
+        self._next_restart_mono = None
+        self.restarts += 1
+
+    async def _scrape_loop(self) -> None:
+        """Poll /metrics, then re-arm: a slow engine stretches the period, never piles up."""
+        window = MetricsWindow()
+        url = f"http://{_connect_host(self.spec.host)}:{self.port}/metrics"
+        timeout = aiohttp.ClientTimeout(total=max(2.0, self.policy.scrape_interval_s * 2))
+        while True:
+            began = time.monotonic()
+            try:
+                async with self._http.get(url, timeout=timeout) as r:
+                    if r.status != 200:
+                        raise aiohttp.ClientResponseError(r.request_info, (), status=r.status, message="bad status")
+                    text = await r.text()
+                self._metrics = window.add(parse_metrics(text, time.monotonic()))
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # unreachable or malformed: stale, counted, never fatal
+                self._metrics = window.failed(f"{type(e).__name__}: {e}", time.monotonic())
+            if self._probe is not None and self.proc is not None:
+                self._process_sample = self._probe.sample_process(self.proc.pid)
+            elapsed = time.monotonic() - began
+            await asyncio.sleep(max(0.05, self.policy.scrape_interval_s - elapsed))
