@@ -1,0 +1,261 @@
+"""A session export: everything the store knows about a span of time, for a colleague.
+
+The bundle is a directory: one JSONL file per table (for machines), CSV of metric samples and
+sweep points (for spreadsheets), the engines' logs clipped to the span, SVG charts and a
+Markdown report that ties them together (for people). With `session_id` the span is that
+operator session's, and everything that happened on the host meanwhile is in it, automatic
+actions included, because that is what a colleague needs to understand what the operator saw.
+
+Nothing secret leaves: values under secret-named keys (api_key, *token*, *secret*, password)
+and every string given in `secrets` are redacted everywhere, and the finished bundle is
+searched for those strings once more before the call returns.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from llmconsole.db import report, svgplot
+from llmconsole.db.logclip import clip_file
+from llmconsole.db.records import (
+    Action, Alert, ConfigVersion, EngineRun, MetricSample, OperatorSession, Sweep, SweepPoint,
+    WindowSample,
+)
+from llmconsole.db.schema import METRIC_FIELDS, SWEEP_FIGURES
+from llmconsole.db.scrub import scrub, scrub_text
+from llmconsole.db.store import Store
+
+
+class ExportError(Exception):
+    """The bundle could not be written safely; the message says why."""
+
+
+@dataclass(frozen=True)
+class Span:
+    since_s: float | None  # None: from the first record
+    until_s: float
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The records of one span, as the report and the writers see them."""
+
+    span: Span
+    session_id: int | None
+    sessions: tuple[OperatorSession, ...]
+    configs: tuple[ConfigVersion, ...]
+    runs: tuple[EngineRun, ...]
+    actions: tuple[Action, ...]
+    alerts: tuple[Alert, ...]
+    samples: tuple[MetricSample, ...]
+    window: tuple[WindowSample, ...]
+    sweeps: tuple[Sweep, ...]
+    points: tuple[SweepPoint, ...]
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    out_dir: Path
+    span: Span
+    files: tuple[str, ...]  # paths relative to out_dir
+    counts: tuple[tuple[str, int], ...]  # (table, records written)
+
+
+def collect(store: Store, *, session_id: int | None = None, since_s: float | None = None,
+            until_s: float | None = None) -> Snapshot:
+    """The records in the span: the session's span when `session_id` is given."""
+    if session_id is not None:
+        s = store.session(session_id)
+        if s is None:
+            raise ExportError(f"there is no session {session_id} in {store.path}")
+        since_s = s.attached_at if since_s is None else max(since_s, s.attached_at)
+        until_s = s.detached_at if until_s is None else until_s
+    until = time.time() if until_s is None else until_s
+    since = since_s
+
+    def started_by_end(t: float | None) -> bool:
+        return t is None or t <= until
+
+    sessions = tuple(s for s in store.sessions(since=since) if started_by_end(s.attached_at))
+    runs = tuple(r for r in store.runs(since=since) if started_by_end(r.started_at))
+    actions = tuple(store.actions(since=since, until=until))
+    alerts = tuple(store.alerts(since=since, until=until))
+    samples = tuple(store.metric_samples(since_s=since, until_s=until))
+    window = tuple(store.window_trace(since_s=since, until_s=until))
+    sweeps = tuple(s for s in store.sweeps(since=since) if started_by_end(s.created_at))
+    points = tuple(p for s in sweeps for p in store.sweep_points(s.id))
+
+    wanted: list[str] = []
+    for cid in ([r.config_id for r in runs] + [a.from_config_id for a in actions]
+                + [a.to_config_id for a in actions] + [s.config_id for s in sweeps]
+                + [p.config_id for p in points]):
+        if cid and cid not in wanted:
+            wanted.append(cid)
+    configs = tuple(c for c in (store.config(cid) for cid in wanted) if c is not None)
+    return Snapshot(Span(since, until), session_id, sessions, configs, runs, actions, alerts,
+                    samples, window, sweeps, points)
+
+
+def export_bundle(
+    store: Store,
+    out_dir: str | Path,
+    session_id: int | None = None,
+    since_s: float | None = None,
+    until_s: float | None = None,
+    logs: Mapping[str, Path] | None = None,
+    secrets: Iterable[str] = (),
+) -> ExportResult:
+    """Write the bundle for the span into `out_dir` (created; it must be empty if it exists).
+
+    `logs` maps a name (usually the engine's) to a log file to clip into the bundle; `secrets`
+    are strings that must not appear in it (API keys the caller knows of).
+    """
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        raise ExportError(f"{out} is not empty; export into a new directory")
+    out.mkdir(parents=True, exist_ok=True, mode=0o700)
+    known = [s for s in secrets if s]
+    snap = collect(store, session_id=session_id, since_s=since_s, until_s=until_s)
+    written: list[str] = []
+    counts: list[tuple[str, int]] = []
+
+    def clean(value: Any) -> Any:
+        return scrub(value, known)
+
+    tables = {
+        "sessions": snap.sessions, "config_versions": snap.configs, "engine_runs": snap.runs,
+        "actions": snap.actions, "alerts": snap.alerts, "metric_samples": snap.samples,
+        "window_trace": snap.window, "sweeps": snap.sweeps, "sweep_points": snap.points,
+    }
+    for name, records in tables.items():
+        path = out / f"{name}.jsonl"
+        with open(path, "w", encoding="utf-8") as f:
+            for r in records:
+                f.write(json.dumps(clean(_jsonable(r)), sort_keys=True) + "\n")
+        written.append(path.name)
+        counts.append((name, len(records)))
+
+    written.append(_write_samples_csv(out / "metric_samples.csv", snap.samples, clean))
+    written.append(_write_points_csv(out / "sweep_points.csv", snap.points, clean))
+
+    log_notes: dict[str, str] = {}
+    if logs:
+        (out / "logs").mkdir(mode=0o700, exist_ok=True)
+        for name, src in logs.items():
+            safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+            rel = f"logs/{safe}.log"
+            if not Path(src).is_file():
+                log_notes[name] = f"not found: {src}"
+                continue
+            with open(out / rel, "w", encoding="utf-8") as dst:
+                n = clip_file(Path(src), dst, snap.span.since_s, snap.span.until_s,
+                              lambda line: scrub_text(line, known))
+            log_notes[name] = f"[{rel}]({rel}), {n} lines"
+            written.append(rel)
+
+    plots = _write_plots(out, snap)
+    written.extend(plots)
+    report_text = report.render(snap, plots=plots, logs=log_notes, files=written + ["report.md"])
+    (out / "report.md").write_text(scrub_text(report_text, known), encoding="utf-8")
+    written.append("report.md")
+
+    _verify_clean(out, written, known)
+    return ExportResult(out, snap.span, tuple(written), tuple(counts))
+
+
+def _jsonable(record: Any) -> dict[str, Any]:
+    """A record as a JSON object: `detail_json` text becomes a `detail` object, tuples lists."""
+    d = dataclasses.asdict(record)
+    for key in [k for k in d if k.endswith("_json")]:
+        d[key.removesuffix("_json")] = json.loads(d.pop(key))
+    return d
+
+
+def _utc(t: float | None) -> str:
+    return "" if t is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def _write_samples_csv(path: Path, samples: Iterable[MetricSample], clean) -> str:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["engine", "at_s", "at_utc", "resolution_s", *METRIC_FIELDS])
+        for s in samples:
+            w.writerow([clean(s.engine), s.at_s, _utc(s.at_s), s.resolution_s,
+                        *("" if getattr(s, f) is None else getattr(s, f) for f in METRIC_FIELDS)])
+    return path.name
+
+
+def _write_points_csv(path: Path, points: Iterable[SweepPoint], clean) -> str:
+    points = list(points)
+    param_keys: list[str] = []
+    for p in points:
+        for k in p.params:
+            if k not in param_keys:
+                param_keys.append(k)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["sweep_id", "point_id", "at_utc", "repeat", "config_id",
+                    *(f"param:{k}" for k in param_keys), *SWEEP_FIGURES, "status", "flags"])
+        for p in points:
+            params = clean(p.params)
+            w.writerow([p.sweep_id, p.id, _utc(p.at), p.repeat, p.config_id or "",
+                        *(_cell(params.get(k)) for k in param_keys),
+                        *("" if getattr(p, f) is None else getattr(p, f) for f in SWEEP_FIGURES),
+                        p.status, ";".join(clean(list(p.flags)))])
+    return path.name
+
+
+def _cell(v: Any) -> Any:
+    if v is None:
+        return ""
+    return json.dumps(v) if isinstance(v, (dict, list)) else v
+
+
+def _write_plots(out: Path, snap: Snapshot) -> list[str]:
+    (out / "plots").mkdir(mode=0o700, exist_ok=True)
+    engines = sorted({s.engine for s in snap.samples})
+
+    def series(field: str, label: str = "") -> list[svgplot.Series]:
+        return [(f"{e}{label}", [(s.at_s, getattr(s, field)) for s in snap.samples if s.engine == e])
+                for e in engines]
+
+    charts = {
+        "throughput.svg": ("Generation throughput", series("generation_tok_s"), "tokens/s"),
+        "prompt_throughput.svg": ("Prompt throughput", series("prompt_tok_s"), "tokens/s"),
+        "p99_latency.svg": ("p99 latency", series("p99_ttft_s", " TTFT") + series("p99_e2e_s", " E2E"),
+                            "seconds"),
+        "kv_cache_usage.svg": ("KV cache usage", series("kv_cache_usage"), "fraction of KV cache"),
+    }
+    groups = sorted({w.group_name for w in snap.window})
+    charts["window.svg"] = (
+        "Batch window",
+        [(g, [(w.at_s, w.window) for w in snap.window if w.group_name == g]) for g in groups],
+        "requests admitted at once",
+    )
+    written = []
+    for name, (title, data, y_label) in charts.items():
+        (out / "plots" / name).write_text(svgplot.line_chart(title, data, y_label), encoding="utf-8")
+        written.append(f"plots/{name}")
+    return written
+
+
+def _verify_clean(out: Path, files: Iterable[str], known: list[str]) -> None:
+    """Last line of defence: a bundle with a known secret in it is removed, not handed over."""
+    if not known:
+        return
+    leaked = []
+    for rel in files:
+        data = (out / rel).read_bytes()
+        if any(s.encode() in data for s in known):
+            leaked.append(rel)
+    for rel in leaked:
+        os.unlink(out / rel)
+    if leaked:
+        raise ExportError(f"a secret survived scrubbing in {', '.join(leaked)}; those files were removed")

@@ -1,0 +1,214 @@
+"""What the store hands back: immutable records, safe to pass between threads and to keep.
+
+JSON columns stay JSON text inside a record (`detail_json`); the matching property (`detail`)
+parses a fresh copy on every call, so no caller can change what another one sees.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorSession:
+    id: int
+    attached_at: float
+    detached_at: float | None
+    user: str
+    host: str
+    client: str
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigVersion:
+    config_id: str
+    spec_json: str
+    first_seen_at: float
+    label: str | None = None
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        return json.loads(self.spec_json)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRun:
+    id: int
+    engine: str
+    config_id: str
+    session_id: int | None
+    pid: int | None
+    port: int | None
+    started_at: float
+    ready_at: float | None
+    exited_at: float | None
+    exit_code: int | None
+    exit_reason: str | None
+    kv_cache_tokens: int | None
+    max_concurrency: float | None
+    outcome: str
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigHistory:
+    """A config as one engine used it: its runs' verdicts and when it was first and last used."""
+
+    config_id: str
+    spec_json: str
+    first_seen_at: float
+    label: str | None
+    run_ids: tuple[int, ...]  # oldest first
+    outcomes: tuple[str, ...]  # the runs' outcomes, in the same order
+    first_used_at: float
+    last_used_at: float  # exit of its latest run, or its start while it runs
+    in_use: bool  # a run of it has not exited
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        return json.loads(self.spec_json)
+
+    @property
+    def verdict(self) -> str:
+        """The latest decided outcome (known_good / known_bad), or pending if none was decided."""
+        return next((o for o in reversed(self.outcomes) if o != "pending"), "pending")
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    id: int
+    at: float
+    actor: str
+    session_id: int | None
+    engine: str | None
+    kind: str
+    from_config_id: str | None
+    to_config_id: str | None
+    outcome: str
+    automatic: bool
+    detail_json: str
+
+    @property
+    def detail(self) -> dict[str, Any]:
+        return json.loads(self.detail_json)
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    id: int
+    at: float
+    engine: str | None
+    rule: str
+    severity: str
+    state: str
+    resolved_at: float | None
+    detail_json: str
+
+    @property
+    def detail(self) -> dict[str, Any]:
+        return json.loads(self.detail_json)
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSample:
+    """One engine's gauges at `at_s`; None is a value: the gauge was not available."""
+
+    engine: str
+    at_s: float
+    resolution_s: float = 1.0
+    running: float | None = None
+    waiting: float | None = None
+    kv_cache_usage: float | None = None
+    prompt_tok_s: float | None = None
+    generation_tok_s: float | None = None
+    p50_ttft_s: float | None = None
+    p99_ttft_s: float | None = None
+    p50_itl_s: float | None = None
+    p99_itl_s: float | None = None
+    p50_tpot_s: float | None = None
+    p99_tpot_s: float | None = None
+    p50_e2e_s: float | None = None
+    p99_e2e_s: float | None = None
+    gpu_memory_bytes: int | None = None
+    host_memory_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WindowSample:
+    """One tick of a batch-window controller: what it aimed at, saw, and set."""
+
+    group_name: str
+    at_s: float
+    target: float | None = None
+    measured: float | None = None
+    error: float | None = None
+    p: float | None = None
+    i: float | None = None
+    d: float | None = None
+    window: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Sweep:
+    id: int
+    engine: str
+    config_id: str | None
+    created_at: float
+    finished_at: float | None
+    grid_json: str
+    load_json: str
+    slo_json: str
+    status: str
+
+    @property
+    def grid(self) -> dict[str, Any]:
+        return json.loads(self.grid_json)
+
+    @property
+    def load(self) -> dict[str, Any]:
+        return json.loads(self.load_json)
+
+    @property
+    def slo(self) -> dict[str, Any]:
+        return json.loads(self.slo_json)
+
+
+@dataclass(frozen=True, slots=True)
+class SweepPoint:
+    id: int
+    sweep_id: int
+    at: float
+    params_json: str
+    repeat: int
+    config_id: str | None
+    throughput_req_s: float | None
+    throughput_tok_s: float | None
+    p50_ttft_s: float | None
+    p99_ttft_s: float | None
+    p50_itl_s: float | None
+    p99_itl_s: float | None
+    p50_tpot_s: float | None
+    p99_tpot_s: float | None
+    p50_e2e_s: float | None
+    p99_e2e_s: float | None
+    peak_kv_usage: float | None
+    preemptions: int | None
+    memory_bytes: int | None
+    compute_util: float | None
+    bandwidth_util: float | None
+    status: str
+    flags: tuple[str, ...]
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return json.loads(self.params_json)
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionResult:
+    raw_rows_downsampled: int  # full-resolution rows folded into coarser ones
+    downsampled_rows_written: int
+    samples_expired: int  # rows of any resolution past keep_samples_s
+    trace_rows_expired: int
+

@@ -1,0 +1,150 @@
+"""The export's Markdown report: what ran, what changed and why, what fired, what sweeps found."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
+
+if TYPE_CHECKING:
+    from llmconsole.db.export import Snapshot
+
+
+def _utc(t: float | None) -> str:
+    return "—" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t))
+
+
+def _num(v: float | int | None, digits: int = 3) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, int) or float(v).is_integer():
+        return f"{int(v):,}"
+    return f"{v:.{digits}g}"
+
+
+def _cell(v: Any) -> str:
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: Iterable[str], rows: Iterable[Iterable[Any]]) -> list[str]:
+    header = list(header)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, Mapping):  # an empty mapping adds no fields: {} and absent read the same
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_diff(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(field, before, after) for every field that differs, nested fields as `env.NAME`."""
+    a, b = _flatten(before), _flatten(after)
+    return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def _change(action, specs: Mapping[str, dict]) -> str:
+    src, dst = action.from_config_id, action.to_config_id
+    if src and dst and src != dst and src in specs and dst in specs:
+        diff = config_diff(specs[src], specs[dst])
+        shown = "; ".join(f"`{k}`: {json.dumps(x)} → {json.dumps(y)}" for k, x, y in diff[:8])
+        more = f"; and {len(diff) - 8} more" if len(diff) > 8 else ""
+        return f"{src} → {dst}: {shown or 'no field differs'}{more}"
+    if dst:
+        return f"→ {dst}"
+    return src or ""
+
+
+def render(snap: "Snapshot", *, plots: list[str], logs: Mapping[str, str], files: list[str]) -> str:
+    span = snap.span
+    duration_s = span.until_s - (span.since_s if span.since_s is not None else span.until_s)
+    title = f"session {snap.session_id}" if snap.session_id is not None else "span"
+    lines = [f"# llmconsole export: {title}", ""]
+    lines.append(f"- Span (UTC): {_utc(span.since_s) if span.since_s is not None else 'the beginning'}"
+                 f" → {_utc(span.until_s)}" + (f" ({duration_s / 3600:.1f} h)" if span.since_s else ""))
+    hosts = sorted({s.host for s in snap.sessions})
+    users = sorted({s.user for s in snap.sessions})
+    if hosts:
+        lines.append(f"- Host: {', '.join(hosts)}; operators: {', '.join(users)}")
+    lines.append(f"- Generated: {_utc(time.time())} UTC")
+    lines.append(f"- Engines seen: {', '.join(sorted({r.engine for r in snap.runs} | {s.engine for s in snap.samples})) or 'none'}")
+    lines.append("")
+
+    lines += ["## Sessions", ""]
+    lines += _table(["id", "user", "host", "client", "attached", "detached"],
+                    [(s.id, s.user, s.host, s.client, _utc(s.attached_at), _utc(s.detached_at))
+                     for s in snap.sessions]) if snap.sessions else ["None in this span."]
+    lines.append("")
+
+    lines += ["## What ran", ""]
+    if snap.runs:
+        lines += _table(
+            ["run", "engine", "config", "started", "ready after", "exited", "exit", "KV tokens",
+             "max concurrency", "outcome"],
+            [(r.id, r.engine, r.config_id, _utc(r.started_at),
+              "—" if r.ready_at is None else f"{r.ready_at - r.started_at:.1f} s", _utc(r.exited_at),
+              "—" if r.exit_code is None and not r.exit_reason else f"{_num(r.exit_code)} {r.exit_reason or ''}".strip(),
+              _num(r.kv_cache_tokens), "—" if r.max_concurrency is None else f"{r.max_concurrency:.2f}x",
+              r.outcome) for r in snap.runs])
+    else:
+        lines.append("No engine ran in this span.")
+    lines.append("")
+
+    specs = {c.config_id: c.spec for c in snap.configs}
+    lines += ["## What changed", ""]
+    if snap.actions:
+        lines += _table(
+            ["time", "actor", "engine", "action", "outcome", "change"],
+            [(_utc(a.at), a.actor + (" (automatic)" if a.automatic and a.actor != "automatic" else ""),
+              a.engine or "—", a.kind, a.outcome, _change(a, specs)) for a in snap.actions])
+    else:
+        lines.append("No actions in this span.")
+    lines.append("")
+    if snap.configs:
+        lines += ["### Configs", ""]
+        for c in snap.configs:
+            label = f" ({c.label})" if c.label else ""
+            lines += [f"**{c.config_id}**{label}, first seen {_utc(c.first_seen_at)}", "",
+                      "```json", json.dumps(c.spec, indent=2, sort_keys=True), "```", ""]
+
+    lines += ["## Alerts", ""]
+    lines += _table(["fired", "resolved", "engine", "rule", "severity", "state"],
+                    [(_utc(a.at), _utc(a.resolved_at), a.engine or "—", a.rule, a.severity, a.state)
+                     for a in snap.alerts]) if snap.alerts else ["No alerts in this span."]
+    lines.append("")
+
+    lines += ["## Sweeps", ""]
+    if not snap.sweeps:
+        lines += ["No sweeps in this span.", ""]
+    for sw in snap.sweeps:
+        lines += [f"### Sweep {sw.id}: {sw.engine}, {sw.status}", "",
+                  f"Created {_utc(sw.created_at)}, finished {_utc(sw.finished_at)}. "
+                  f"Grid `{json.dumps(sw.grid, sort_keys=True)}`, load `{json.dumps(sw.load, sort_keys=True)}`, "
+                  f"SLO `{json.dumps(sw.slo, sort_keys=True)}`.", ""]
+        pts = [p for p in snap.points if p.sweep_id == sw.id]
+        lines += _table(
+            ["params", "repeat", "req/s", "tok/s", "p50 TTFT s", "p99 TTFT s", "p99 ITL s",
+             "p99 E2E s", "peak KV", "preemptions", "status", "flags"],
+            [(json.dumps(p.params, sort_keys=True), p.repeat, _num(p.throughput_req_s), _num(p.throughput_tok_s),
+              _num(p.p50_ttft_s), _num(p.p99_ttft_s), _num(p.p99_itl_s), _num(p.p99_e2e_s),
+              _num(p.peak_kv_usage), _num(p.preemptions), p.status, ", ".join(p.flags) or "—")
+             for p in pts]) if pts else ["No points recorded."]
+        lines.append("")
+
+    lines += ["## Over time", ""]
+    lines += [f"![{p.removeprefix('plots/').removesuffix('.svg')}]({p})" for p in plots] + [""]
+    coarse = sum(1 for s in snap.samples if s.resolution_s > 1.0)
+    if coarse:
+        lines += [f"{coarse} of {len(snap.samples)} samples are downsampled averages "
+                  "(p99 and KV usage: the bucket's maximum).", ""]
+
+    if logs:
+        lines += ["## Logs", ""] + [f"- {name}: {note}" for name, note in sorted(logs.items())] + [""]
+    lines += ["## Files", ""] + [f"- [{f}]({f})" for f in files] + [""]
+    return "\n".join(lines)
