@@ -82,9 +82,11 @@ class MetricsWindow:
 
     def add(self, sample: MetricsSample) -> MetricsSnapshot:
         if self._samples and _is_reset(sample, self._samples[-1]):
-            # Everything after a restart counts from zero: the new totals are the deltas.
+            # Everything after a restart counts from zero: the new totals are the deltas since
+            # the last sample of the old engine (the restart happened in between).
+            restarted_after_s = self._samples[-1].taken_at_s
             self._samples.clear()
-            self._samples.append(_zero_like(sample, sample.taken_at_s - 1e-6))
+            self._samples.append(_zero_like(sample, restarted_after_s))
         self._samples.append(sample)
         horizon = max(self.rate_window_s, self.percentile_window_s)
         while len(self._samples) > 2 and sample.taken_at_s - self._samples[1].taken_at_s >= horizon:
