@@ -21,36 +21,9 @@ from llmconsole.console.spec_flags import add_spec_flags, read_api_key, spec_ove
 from llmconsole.engine.fleet import check_name
 from llmconsole.engine.spec import EngineSpec, validation_messages
 from llmconsole.paths import resolve
-
-EXIT_FAILED, EXIT_USAGE, EXIT_NO_DAEMON = 1, 2, 3
-
-
-class CliError(Exception):
-    def __init__(self, message: str, code: int = EXIT_FAILED):
-        super().__init__(message)
-        self.code = code
-
-
-def na(value: Any, fmt: str = "{}") -> str:
-    return "N/A" if value is None else fmt.format(value)
-
-
-def _client() -> DaemonClient:
-    client = DaemonClient(resolve())
-    if client.ping() is None:
-        raise CliError("no llmconsole daemon is running (start one with `llmconsole daemon start`)", EXIT_NO_DAEMON)
-    return client
-
-
-def _confirm(question: str, yes: bool) -> None:
-    if yes:
-        return
-    if not sys.stdin.isatty():
-        raise CliError(f"{question} Refusing without a terminal to ask on; pass --yes to confirm.", EXIT_USAGE)
-    answer = input(f"{question} [y/N] ").strip().lower()
-    if answer not in ("y", "yes"):
-        raise CliError("cancelled; nothing was changed", EXIT_FAILED)
-
+from llmconsole.console.cli_common import (  # noqa: F401  (re-exported for scripts)
+    EXIT_FAILED, EXIT_NO_DAEMON, EXIT_USAGE, CliError, confirm, daemon_client, na,
+)
 
 # --- status ---------------------------------------------------------------------------------
 
@@ -83,7 +56,7 @@ def format_status(status: dict[str, Any]) -> str:
 
 
 def cmd_status(ns: argparse.Namespace) -> int:
-    with _client() as c:
+    with daemon_client() as c:
         while True:
             st = c.status()
             if ns.json:
@@ -131,7 +104,7 @@ def cmd_daemon(ns: argparse.Namespace) -> int:
         print(f"no daemon running for {paths.data_dir}")
         return 0
     if ns.stop_engines:
-        _confirm(f"Stop the daemon AND every engine it supervises ({info['engines']})?", ns.yes)
+        confirm(f"Stop the daemon AND every engine it supervises ({info['engines']})?", ns.yes)
     client.stop_daemon(stop_engines=ns.stop_engines)
     deadline = time.monotonic() + (120 if ns.stop_engines else 30)
     while time.monotonic() < deadline and client.ping() is not None:
@@ -200,7 +173,7 @@ def cmd_engine(ns: argparse.Namespace) -> int:
             except ValidationError as e:
                 raise CliError("invalid engine spec:\n  " + "\n  ".join(validation_messages(e)), EXIT_USAGE) from None
             full_spec = overrides
-        client, _ = ensure_daemon(paths) if ns.engine_cmd == "start" else (_client(), False)
+        client, _ = ensure_daemon(paths) if ns.engine_cmd == "start" else (daemon_client(), False)
         with client:
             try:
                 existing = client.engine(ns.name)
@@ -221,17 +194,17 @@ def cmd_engine(ns: argparse.Namespace) -> int:
                 return 0
             _print_ready(_wait_ready(client, ns.name, ns.timeout, ns.quiet))
             return 0
-    with _client() as client:
+    with daemon_client() as client:
         try:
             if ns.engine_cmd == "stop":
                 if client.engine(ns.name) is None:
                     raise CliError(f"no engine named {ns.name!r}", EXIT_USAGE)
-                _confirm(f"Stop engine {ns.name}? Requests in flight get {ns.drain_timeout} s to finish.", ns.yes)
+                confirm(f"Stop engine {ns.name}? Requests in flight get {ns.drain_timeout} s to finish.", ns.yes)
                 e = client.stop_engine(ns.name, ns.drain_timeout)
                 print(f"{ns.name}: {e['state']}")
                 return 0
             if ns.engine_cmd == "rm":
-                _confirm(f"Forget engine {ns.name} (its spec and log stay on disk)?", ns.yes)
+                confirm(f"Forget engine {ns.name} (its spec and log stay on disk)?", ns.yes)
                 client.remove_engine(ns.name)
                 print(f"{ns.name}: removed")
                 return 0
@@ -326,14 +299,32 @@ def build_parser() -> argparse.ArgumentParser:
     mb.add_argument("--out", required=True, metavar="DIR")
     mb.add_argument("--seed", type=int, default=0)
     m.set_defaults(func=cmd_model)
+
+    # Each module of llmconsole.console.commands adds its own subcommands (sweep, plan, ...), so
+    # a new command is a new file rather than another edit of this one.
+    for mod in _command_modules():
+        mod.register(sub)
     return p
+
+
+def _command_modules() -> list:
+    import importlib
+    import pkgutil
+
+    from llmconsole.console import commands
+
+    names = sorted(m.name for m in pkgutil.iter_modules(commands.__path__) if not m.name.startswith("_"))
+    return [importlib.import_module(f"llmconsole.console.commands.{n}") for n in names]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
     if ns.cmd is None:
-        ns = parser.parse_args(["status"])
+        if sys.stdin.isatty() and sys.stdout.isatty():  # a person at a terminal: the console
+            from llmconsole.console.tui.run import run_console
+            return run_console()
+        ns = parser.parse_args(["status"])  # a script or a pipe: the status table, as before
     try:
         return ns.func(ns) or 0
     except CliError as e:

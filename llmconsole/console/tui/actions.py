@@ -1,0 +1,159 @@
+"""What the keys may do now, and what they do: the console's actions.
+
+`check_action` is the single judge: the footer greys out what it refuses (None), hides what does
+not belong on the current screen (False), and the command palette asks it before running
+anything. Whatever stops an engine asks first, in a modal.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from textual.app import SystemCommand
+from textual.binding import Binding
+from textual.screen import Screen
+
+from llmconsole.console.tui.keys import KEYS, KeySpec, effective_key
+from llmconsole.console.tui.screens.confirm import ConfirmScreen
+from llmconsole.console.tui.screens.dashboard import DashboardScreen
+from llmconsole.console.tui.screens.engine import DetailScreen, EngineScreen, LogsScreen
+from llmconsole.console.tui.screens.form import EngineFormScreen
+from llmconsole.console.tui.screens.help import HelpScreen
+from llmconsole.console.tui.source import Command
+from llmconsole.console.tui.view import EngineView, goodbye
+
+_VERB_OF = {"start_engine": "start", "stop_engine": "stop", "restart_engine": "restart"}
+_ENGINE_ACTIONS = set(_VERB_OF) | {"show_logs", "show_detail"}
+_FLEET_ACTIONS = {"stop_all", "new_engine"}
+
+
+class ConsoleActions:
+    """Mixed into ConsoleApp; `self` is the app."""
+
+    # --- what the keys may do now -----------------------------------------------------------
+
+    def selected_engine(self) -> EngineView | None:
+        screen = self.screen
+        if isinstance(screen, EngineScreen):
+            name = screen.engine_name
+        elif isinstance(screen, DashboardScreen):
+            name = screen.selected_name
+        else:
+            return None
+        return self.snapshot.engine(name) if self.snapshot else None
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """True: allowed now. None: shown greyed (not in this state). False: not on this screen."""
+        on_engines = isinstance(self.screen, (DashboardScreen, EngineScreen))
+        if action in _ENGINE_ACTIONS:
+            if not on_engines:
+                return False
+            e = self.selected_engine()
+            if e is None:
+                return None
+            verb = _VERB_OF.get(action)
+            if verb is not None and (self.lost_reason is not None or not e.can(verb)):
+                return None
+            if action == "show_detail" and isinstance(self.screen, DetailScreen):
+                return None
+            if action == "show_logs" and isinstance(self.screen, LogsScreen):
+                return None
+            return True
+        if action in _FLEET_ACTIONS:
+            if not isinstance(self.screen, DashboardScreen):
+                return False
+            if self.lost_reason is not None:
+                return None
+            if action == "stop_all" and not (self.snapshot and self.snapshot.serving):
+                return None
+            return True
+        return True
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        for spec in KEYS:
+            if not spec.palette:
+                continue
+            key = self.get_key_display(self._binding_for(spec))
+            yield SystemCommand(spec.long_name, f"key {key}  ·  id {spec.id}",
+                                lambda spec=spec: self._from_palette(spec.action, spec.long_name))
+        for cmd in super().get_system_commands(screen):
+            if cmd.title == "Theme":  # Textual's own; its quit and key panel would bypass ours
+                yield cmd
+
+    def _binding_for(self, spec: KeySpec) -> Binding:
+        key = effective_key(spec, self.keymap).split(",")[0]
+        return Binding(key, spec.action, key_display=None if spec.id in self.keymap else spec.key_display)
+
+    async def _from_palette(self, action: str, description: str) -> None:
+        if self.check_action(action, ()) is not True:
+            e = self.selected_engine()
+            why = f"engine {e.name} is {e.state}" if e else "no engine is selected here"
+            if self.lost_reason is not None:
+                why = "the daemon is not answering"
+            self.notify(f"{description} is not available now: {why}", severity="warning")
+            return
+        await self.run_action(action)
+
+    # --- actions ----------------------------------------------------------------------------
+
+    def _engine_or_warn(self) -> EngineView | None:
+        e = self.selected_engine()
+        if e is None:
+            self.notify("no engine selected", severity="warning")
+        return e
+
+    def action_start_engine(self) -> None:
+        if (e := self._engine_or_warn()) is not None and e.can("start"):
+            self.send(Command("start", e.name))
+
+    def action_stop_engine(self) -> None:
+        e = self._engine_or_warn()
+        if e is None or not e.can("stop"):
+            return
+        self._ask(f"Stop engine {e.name}? Requests in flight get the daemon's drain time to finish; "
+                  "clients of it get errors until it is started again.", Command("stop", e.name), "Stop")
+
+    def action_restart_engine(self) -> None:
+        e = self._engine_or_warn()
+        if e is None or not e.can("restart"):
+            return
+        self._ask(f"Restart engine {e.name} on its current spec? It stops serving until it is ready again.",
+                  Command("restart", e.name), "Restart")
+
+    def action_stop_all(self) -> None:
+        serving = self.snapshot.serving if self.snapshot else ()
+        if not serving:
+            return
+        names = ", ".join(e.name for e in serving)
+        self._ask(f"Stop ALL {len(serving)} running engine(s): {names}? The daemon keeps running.",
+                  Command("stop_all"), "Stop all")
+
+    def _ask(self, question: str, command: Command, yes_label: str) -> None:
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.send(command)
+
+        self.push_screen(ConfirmScreen(question, yes_label), answered)
+
+    def action_show_detail(self) -> None:
+        if (e := self._engine_or_warn()) is not None:
+            self.push_screen(DetailScreen(e.name))
+
+    def action_show_logs(self) -> None:
+        if (e := self._engine_or_warn()) is not None:
+            self.push_screen(LogsScreen(e.name))
+            self.poll_soon()
+
+    def action_new_engine(self) -> None:
+        def submitted(result: tuple[str, dict[str, Any]] | None) -> None:
+            if result is not None:
+                name, spec = result
+                self.send(Command("start", name, spec))
+
+        self.push_screen(EngineFormScreen(), submitted)
+
+    def action_show_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    async def action_quit(self) -> None:
+        self.exit(goodbye(self.snapshot, daemon_lost=self.lost_reason is not None))

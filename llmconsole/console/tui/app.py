@@ -1,0 +1,220 @@
+"""The console app: polls a StateSource, applies each snapshot on the UI thread, sends commands.
+
+Data flows one way. A thread worker polls the source and posts `StatusPolled` (or `DaemonLost`);
+the UI thread keeps the newest snapshot, adds it to the bounded histories and lets only the
+active screen render it. The next poll is armed when the current one has been applied, so a slow
+daemon stretches the period instead of piling up requests. Commands run in their own thread
+workers and come back as `CommandSent` or `CommandFailed`. Every failure ends as a notification:
+nothing a daemon or an engine does can stop the console.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from textual import work
+from textual.app import App
+from textual.screen import Screen
+from textual.timer import Timer
+from textual.worker import Worker, WorkerState
+
+from llmconsole.console.client import DaemonError, DaemonNotRunning
+from llmconsole.console.tui.actions import ConsoleActions
+from llmconsole.console.tui.history import MetricHistory, SpecMemory
+from llmconsole.console.tui.keys import bindings_for, check_keymap
+from llmconsole.console.tui.messages import CommandFailed, CommandSent, DaemonLost, PollFailed, StatusPolled
+from llmconsole.console.tui.screens.dashboard import DashboardScreen
+from llmconsole.console.tui.source import Command, StateSource
+from llmconsole.console.tui.view import LogChunk, Snapshot
+
+
+class ConsoleApp(ConsoleActions, App[str]):
+    CSS_PATH = Path(__file__).parent / "console.tcss"  # absolute: subclasses live elsewhere
+    TITLE = "llmconsole"
+    BINDINGS = bindings_for("app")
+
+    def __init__(self, source: StateSource, refresh_s: float = 1.0, retry_s: float = 2.0,
+                 keymap: Mapping[str, str] | None = None, cursor_blink: bool = True) -> None:
+        super().__init__()
+        self.source = source
+        self.refresh_s = refresh_s
+        self.retry_s = retry_s
+        self.keymap = check_keymap(keymap or {})
+        self.cursor_blink = cursor_blink
+        self.snapshot: Snapshot | None = None
+        self.lost_reason: str | None = None
+        self.history = MetricHistory()
+        self.specs = SpecMemory()
+        self.logs: dict[str, LogChunk] = {}
+        self.polls_applied = 0  # polls that brought a status
+        self.polls_done = 0     # polls that finished, whatever they brought
+        self._timer: Timer | None = None
+        self._polling = False
+        self._poll_again = False
+        self._last_poll_error: str | None = None
+        self.hold_polls = False  # tests and benchmarks freeze the screen; commands still poll once
+        self._bindings_key: tuple = ()
+
+    # --- polling --------------------------------------------------------------------------
+
+    def get_default_screen(self) -> Screen:
+        return DashboardScreen()
+
+    def on_mount(self) -> None:
+        if self.keymap:
+            self.set_keymap(self.keymap)
+        self.call_after_refresh(self._tick)
+
+    def _arm(self, delay_s: float) -> None:
+        if self._timer is not None:
+            self._timer.stop()
+        self._timer = self.set_timer(max(delay_s, 0.001), self._tick)  # a zero-delay timer breaks on stop
+
+    def _tick(self) -> None:
+        if self._polling:
+            return
+        self._polling = True
+        try:
+            request = getattr(self.screen, "log_request", None)
+            wanted = request() if request else None
+        except Exception:  # a screen still composing has no selection yet
+            wanted = None
+        self._poll(wanted)
+
+    def poll_soon(self) -> None:
+        """Poll now (after a command), without starting a second chain of polls."""
+        if self._polling:
+            self._poll_again = True
+        else:
+            self._arm(0)
+
+    def _polled(self, delay_s: float) -> None:
+        self._polling = False
+        self.polls_done += 1
+        if self._poll_again or not self.hold_polls:
+            self._arm(0 if self._poll_again else delay_s)
+        self._poll_again = False
+
+    @work(thread=True, group="poll", exit_on_error=False)
+    def _poll(self, log_request: tuple[str, int | None, int] | None) -> None:
+        try:
+            status = self.source.poll()
+            snapshot = Snapshot.parse(status)
+        except DaemonNotRunning as e:
+            self.post_message(DaemonLost(str(e)))
+            return
+        except Exception as e:
+            self.post_message(PollFailed(f"{type(e).__name__}: {e}"))
+            return
+        chunk = None
+        if log_request is not None and snapshot.engine(log_request[0]) is not None:
+            name, offset, max_bytes = log_request
+            try:
+                d = self.source.logs(name, offset=offset, max_bytes=max_bytes)
+                chunk = LogChunk(name, str(d.get("text", "")), int(d.get("offset", 0)),
+                                 int(d.get("size", 0)), offset)
+            except Exception:
+                chunk = None  # the log is a nicety; the next poll tries again
+        self.post_message(StatusPolled(snapshot, chunk))
+
+    def on_status_polled(self, message: StatusPolled) -> None:
+        try:
+            was_lost = self.lost_reason is not None
+            self.lost_reason = None
+            self._last_poll_error = None
+            self.snapshot = message.snapshot
+            self.history.add(message.snapshot)
+            self.specs.add(message.snapshot)
+            chunk = message.logs
+            if chunk is not None and chunk.from_offset is None:
+                self.logs[chunk.name] = chunk
+            for gone in [n for n in self.logs if message.snapshot.engine(n) is None]:
+                del self.logs[gone]
+            self.polls_applied += 1
+            self._render_active(chunk)
+            if was_lost:
+                self.notify("the daemon answers again")
+            self.refresh_bindings_if_changed()
+        except Exception as e:  # a rendering bug must not take the console down
+            self.report_failure("showing the status", e)
+        finally:
+            self._polled(self.refresh_s)
+
+    def on_daemon_lost(self, message: DaemonLost) -> None:
+        try:
+            first = self.lost_reason is None
+            self.lost_reason = message.reason
+            self._render_active(None)
+            if first:
+                self.refresh_bindings_if_changed()
+        except Exception as e:
+            self.report_failure("showing the daemon as lost", e)
+        finally:
+            self._polled(self.retry_s)
+
+    def on_poll_failed(self, message: PollFailed) -> None:
+        if message.error != self._last_poll_error:
+            self._last_poll_error = message.error
+            self.notify(f"the daemon's status could not be read: {message.error}", severity="error")
+        self._polled(self.retry_s)
+
+    def refresh_bindings_if_changed(self) -> None:
+        """The footer recomposes on refresh_bindings: do it only when what keys may do changed."""
+        e = self.selected_engine()
+        key = (type(self.screen).__name__, e.name if e else None, e.state if e else None,
+               self.lost_reason is None, bool(self.snapshot and self.snapshot.serving))
+        if key != self._bindings_key:
+            self._bindings_key = key
+            self.refresh_bindings()
+
+    def _render_active(self, chunk: LogChunk | None) -> None:
+        screen = self.screen
+        show = getattr(screen, "show_state", None)
+        if show is not None:
+            show(self)
+        take = getattr(screen, "take_logs", None)
+        if take is not None and chunk is not None:
+            take(chunk)
+
+    def report_failure(self, what: str, error: BaseException) -> None:
+        """The one error path: say what failed, keep running."""
+        self.notify(f"{what} failed: {type(error).__name__}: {error}", severity="error", timeout=8)
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        if event.state == WorkerState.ERROR:
+            self.report_failure(event.worker.name or "a background task", event.worker.error)
+            if event.worker.group == "poll":
+                self._polled(self.retry_s)
+
+    # --- commands -------------------------------------------------------------------------
+
+    def send(self, command: Command) -> None:
+        self.notify(f"{command}: sent", timeout=3)
+        self._send(command)
+
+    @work(thread=True, group="commands", exit_on_error=False)
+    def _send(self, command: Command) -> None:
+        try:
+            reply = self.source.send(command)
+        except DaemonError as e:
+            self.post_message(CommandFailed(command, str(e)))
+        except DaemonNotRunning:
+            self.post_message(CommandFailed(command, "no daemon answers; nothing was changed"))
+        except Exception as e:
+            self.post_message(CommandFailed(command, f"{type(e).__name__}: {e}"))
+        else:
+            self.post_message(CommandSent(command, reply if isinstance(reply, dict) else {}))
+
+    def on_command_sent(self, message: CommandSent) -> None:
+        self.notify(f"{message.command}: done", timeout=3)
+        self.poll_soon()
+
+    def on_command_failed(self, message: CommandFailed) -> None:
+        self.notify(f"{message.command} failed: {message.error}", severity="error", timeout=10)
+        self.poll_soon()
+
+
+def make_app(source: StateSource, **kw: Any) -> ConsoleApp:
+    """The console around `source` (a DaemonSource in use, a RecordedSource in tests)."""
+    return ConsoleApp(source, **kw)

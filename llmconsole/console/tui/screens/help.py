@@ -1,0 +1,67 @@
+"""Every key, generated from the same table as the footer and the command palette."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+from llmconsole.console.tui.keys import CONTEXT_TITLES, CONTEXTS, KEYS, KeySpec, bindings_for, effective_key
+from llmconsole.console.tui.widgets.footer import ConsoleFooter
+
+_MORE = {
+    "start": "Start the selected engine (stopped or failed) on its last spec",
+    "stop": "Stop the selected engine (asks first)",
+    "restart": "Restart the selected engine on its current spec (asks first)",
+    "logs": "The selected engine's whole log, followed",
+    "detail": "Spec, changes, startup facts and restarts of the selected engine (Enter on a row too)",
+    "new_engine": "The start-engine form",
+    "stop_all": "Stop every running engine; the daemon stays (asks first)",
+    "help": "This screen",
+    "palette": "Every action, searchable",
+    "quit": "Leave the console; every engine keeps serving",
+    "back": "Back to the previous screen",
+}
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = bindings_for("help")
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="help-box"):
+            yield Static(self._tables(), id="help-keys")
+        yield ConsoleFooter()
+
+    def on_mount(self) -> None:
+        box = self.query_one("#help-box")
+        box.border_title = 'keys  (remap by id in console.toml: \\[keys] stop = "x")'
+        box.border_subtitle = "esc closes"
+
+    def _key_text(self, spec: KeySpec) -> str:
+        keymap = getattr(self.app, "keymap", {})
+        display = spec.key_display if spec.id not in keymap else None
+        return ", ".join(self.app.get_key_display(Binding(k.strip(), spec.action, key_display=display))
+                         for k in effective_key(spec, keymap).split(","))
+
+    def _tables(self) -> Group:
+        tables = []
+        for context in CONTEXTS:
+            specs = [k for k in KEYS if k.contexts[0] == context]
+            if not specs:
+                continue
+            t = Table(title=f"on {CONTEXT_TITLES[context]}", title_justify="left", title_style="bold",
+                      box=None, pad_edge=False, show_edge=False, show_header=False, expand=True)
+            t.add_column("key", style="bold cyan", no_wrap=True, width=10)
+            t.add_column("id", style="dim", no_wrap=True, width=11)
+            t.add_column("does", ratio=1)
+            for spec in specs:
+                t.add_row(self._key_text(spec), spec.id, _MORE.get(spec.id, spec.long_name))
+            tables.append(t)
+        return Group(*tables)
+
+    def action_back(self) -> None:
+        self.dismiss(None)

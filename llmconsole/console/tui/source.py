@@ -1,0 +1,140 @@
+"""Where the console's state comes from and where its commands go.
+
+The app sees only `StateSource`: `poll()` returns one status (the daemon's GET /v1/status
+JSON), `logs()` a piece of an engine's log, `send()` carries out a command. `DaemonSource`
+talks to the live daemon; `RecordedSource` replays a recording and keeps the commands it was
+sent, so tests can check exactly what the console would have asked for. Both are blocking:
+the app calls them from thread workers, never from the UI thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from llmconsole.console.client import DaemonClient, DaemonNotRunning
+from llmconsole.console.tui.recording import load_frames
+from llmconsole.paths import Paths
+
+VERBS = ("start", "stop", "restart", "stop_all")
+
+
+@dataclass(frozen=True)
+class Command:
+    verb: str                          # one of VERBS
+    engine: str | None = None
+    spec: dict[str, Any] | None = field(default=None, compare=True, hash=False)
+
+    def __str__(self) -> str:
+        return self.verb.replace("_", " ") + (f" {self.engine}" if self.engine else "")
+
+
+class StateSource(Protocol):
+    def poll(self) -> dict[str, Any]:
+        """The daemon's status; raises DaemonNotRunning when it does not answer."""
+
+    def logs(self, name: str, offset: int | None = None, max_bytes: int = 4096) -> dict[str, Any]:
+        """{"text", "offset", "size"} as GET /v1/engines/{name}/logs returns it."""
+
+    def send(self, command: Command) -> dict[str, Any]:
+        """Carry out a command; raises DaemonError (refused) or DaemonNotRunning."""
+
+    def close(self) -> None: ...
+
+
+class DaemonSource:
+    """The live daemon. Polls and commands use separate clients: a stop that drains for 30 s
+    must not hold up the 1 Hz status poll, and each client is used from one thread at a time."""
+
+    POLL_TIMEOUT_S = 3.0
+
+    def __init__(self, paths: Paths):
+        self.paths = paths
+        self._poll = DaemonClient(paths, timeout_s=self.POLL_TIMEOUT_S)
+        self._commands = DaemonClient(paths, timeout_s=180.0)
+        self._command_lock = threading.Lock()
+
+    def poll(self) -> dict[str, Any]:
+        return self._poll.status()
+
+    def logs(self, name: str, offset: int | None = None, max_bytes: int = 4096) -> dict[str, Any]:
+        return self._poll.logs(name, offset=offset, max_bytes=max_bytes)
+
+    def send(self, command: Command) -> dict[str, Any]:
+        with self._command_lock:
+            c = self._commands
+            if command.verb == "start":
+                return c.start_engine(command.engine, spec=command.spec)
+            if command.verb == "stop":
+                return c.stop_engine(command.engine)
+            if command.verb == "restart":
+                return c.restart_engine(command.engine)
+            if command.verb == "stop_all":
+                stopped = []
+                for e in c.status()["engines"]:
+                    if e.get("state") in ("starting", "ready", "unhealthy", "crashed"):
+                        c.stop_engine(e["name"])
+                        stopped.append(e["name"])
+                return {"stopped": stopped}
+            raise ValueError(f"unknown command {command.verb!r}")
+
+    def close(self) -> None:
+        self._poll.close()
+        self._commands.close()
+
+
+LOST = "daemon_lost"  # a frame {"daemon_lost": "reason"} replays as a daemon that went away
+
+
+class RecordedSource:
+    """Replays recorded frames, one per poll, then holds the last one.
+
+    A frame is {"status": {...}, "logs": {name: text}}, or {"daemon_lost": reason}. Commands
+    are kept in `commands`, in order, and answered {"accepted": true}.
+    """
+
+    def __init__(self, frames: list[dict[str, Any]]):
+        if not frames:
+            raise ValueError("a recording needs at least one frame")
+        self.frames = list(frames)
+        self.position = 0
+        self.commands: list[Command] = []
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_file(cls, path: Path | str) -> "RecordedSource":
+        return cls(load_frames(Path(path)))
+
+    @property
+    def exhausted(self) -> bool:
+        return self.position >= len(self.frames)
+
+    def _frame(self) -> dict[str, Any]:
+        return self.frames[min(self.position, len(self.frames)) - 1] if self.position else self.frames[0]
+
+    def poll(self) -> dict[str, Any]:
+        with self._lock:
+            frame = self.frames[min(self.position, len(self.frames) - 1)]
+            self.position += 1
+        if LOST in frame:
+            raise DaemonNotRunning(frame[LOST])
+        return frame["status"]
+
+    def logs(self, name: str, offset: int | None = None, max_bytes: int = 4096) -> dict[str, Any]:
+        with self._lock:
+            frame = self._frame()
+        text = frame.get("logs", {}).get(name, "")
+        data = text.encode()
+        start = max(0, len(data) - max_bytes) if offset is None else min(offset, len(data))
+        piece = data[start:start + max_bytes]
+        return {"text": piece.decode(errors="replace"), "offset": start + len(piece), "size": len(data)}
+
+    def send(self, command: Command) -> dict[str, Any]:
+        with self._lock:
+            self.commands.append(command)
+        return {"accepted": True, "command": str(command)}
+
+    def close(self) -> None:
+        pass

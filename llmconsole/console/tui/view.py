@@ -1,0 +1,275 @@
+"""Immutable views of what the daemon reported, and the one place that turns values into text.
+
+The daemon's status JSON is parsed once per poll into frozen views. Parsing never raises on a
+missing or odd value: the value becomes None, and None prints as "N/A" everywhere. Nothing here
+reads a clock, so a recorded status stream renders the same on every run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+NA = "N/A"
+
+RUNNING_STATES = frozenset({"starting", "ready", "unhealthy", "stopping"})
+STARTABLE_STATES = frozenset({"stopped", "failed"})
+STOPPABLE_STATES = frozenset({"starting", "ready", "unhealthy", "crashed"})
+RESTARTABLE_STATES = frozenset({"starting", "ready", "unhealthy", "crashed", "failed"})
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _int(value: Any) -> int | None:
+    n = _num(value)
+    return None if n is None else int(n)
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _dict(value: Any) -> Mapping[str, Any]:
+    return MappingProxyType(dict(value)) if isinstance(value, dict) else MappingProxyType({})
+
+
+# --- text -----------------------------------------------------------------------------------
+
+def na(value: Any, fmt: str = "{}") -> str:
+    return NA if value is None else fmt.format(value)
+
+
+def fmt_ms(seconds: float | None) -> str:
+    if seconds is None:
+        return NA
+    ms = seconds * 1000.0
+    return f"{ms:.1f} ms" if ms < 10 else f"{ms:.0f} ms"
+
+
+def fmt_rate(tok_s: float | None) -> str:
+    if tok_s is None:
+        return NA
+    return f"{tok_s:.1f}" if tok_s < 100 else f"{tok_s:.0f}"
+
+
+def fmt_pct(fraction: float | None) -> str:
+    return NA if fraction is None else f"{100.0 * fraction:.0f}%"
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return NA
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def fmt_count(n: float | None) -> str:
+    return NA if n is None else f"{n:.0f}"
+
+
+def fmt_uptime(seconds: float | None) -> str:
+    """Uptime as the daemon measured it: the console never reads its own clock for it."""
+    if seconds is None:
+        return NA
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
+
+
+# --- views ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GpuView:
+    index: int | None
+    name: str | None
+    memory_used_bytes: float | None
+    memory_total_bytes: float | None
+    utilization_gpu_pct: float | None
+
+    @classmethod
+    def parse(cls, d: Any) -> "GpuView":
+        d = _dict(d)
+        return cls(_int(d.get("index")), _str(d.get("name")), _num(d.get("memory_used_bytes")),
+                   _num(d.get("memory_total_bytes")), _num(d.get("utilization_gpu_pct")))
+
+
+@dataclass(frozen=True)
+class HostView:
+    cpu_pct: float | None = None
+    memory_used_bytes: float | None = None
+    memory_total_bytes: float | None = None
+    gpus: tuple[GpuView, ...] = ()
+    nvml_error: str | None = None
+
+    @classmethod
+    def parse(cls, d: Any) -> "HostView":
+        d = _dict(d)
+        gpus = d.get("gpus")
+        return cls(
+            cpu_pct=_num(d.get("cpu_pct")),
+            memory_used_bytes=_num(d.get("memory_used_bytes")),
+            memory_total_bytes=_num(d.get("memory_total_bytes")),
+            gpus=tuple(GpuView.parse(g) for g in gpus) if isinstance(gpus, list) else (),
+            nvml_error=_str(d.get("nvml_error")),
+        )
+
+    @property
+    def memory_fraction(self) -> float | None:
+        if self.memory_used_bytes is None or not self.memory_total_bytes:
+            return None
+        return self.memory_used_bytes / self.memory_total_bytes
+
+    @property
+    def gpu_memory(self) -> tuple[float | None, float | None]:
+        """(used, total) bytes over every GPU that reports both."""
+        pairs = [(g.memory_used_bytes, g.memory_total_bytes) for g in self.gpus
+                 if g.memory_used_bytes is not None and g.memory_total_bytes]
+        if not pairs:
+            return None, None
+        return sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+
+    @property
+    def gpu_utilization_pct(self) -> float | None:
+        vals = [g.utilization_gpu_pct for g in self.gpus if g.utilization_gpu_pct is not None]
+        return sum(vals) / len(vals) if vals else None
+
+
+@dataclass(frozen=True)
+class EngineView:
+    name: str
+    state: str
+    model: str
+    config_id: str
+    restarts: int | None = None
+    crash_looping: bool = False
+    uptime_s: float | None = None
+    url: str | None = None
+    pid: int | None = None
+    kernel: str = "stock"
+    last_error: str | None = None
+    last_exit_code: int | None = None
+    next_restart_in_s: float | None = None
+    kv_cache_tokens: int | None = None
+    max_concurrency: float | None = None
+    max_concurrency_len: int | None = None
+    metrics: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    rss_bytes: float | None = None
+    cpu_pct: float | None = None
+    spec: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+    @classmethod
+    def parse(cls, d: Any) -> "EngineView":
+        d = _dict(d)
+        spec = _dict(d.get("spec"))
+        model = _str(d.get("served_model_name")) or _str(d.get("model"))
+        proc = _dict(d.get("process"))
+        return cls(
+            name=_str(d.get("name")) or "?",
+            state=_str(d.get("state")) or "unknown",
+            model=Path(model).name if model else NA,
+            config_id=_str(d.get("config_id")) or NA,
+            restarts=_int(d.get("restarts")),
+            crash_looping=d.get("crash_looping") is True,
+            uptime_s=_num(d.get("uptime_s")),
+            url=_str(d.get("url")),
+            pid=_int(d.get("pid")),
+            kernel=_str(spec.get("kernel")) or "stock",
+            last_error=_str(d.get("last_error")),
+            last_exit_code=_int(d.get("last_exit_code")),
+            next_restart_in_s=_num(d.get("next_restart_in_s")),
+            kv_cache_tokens=_int(d.get("kv_cache_tokens")),
+            max_concurrency=_num(d.get("max_concurrency")),
+            max_concurrency_len=_int(d.get("max_concurrency_len")),
+            metrics=_dict(d.get("metrics")),
+            rss_bytes=_num(proc.get("rss_bytes")),
+            cpu_pct=_num(proc.get("cpu_pct")),
+            spec=spec,
+        )
+
+    def metric(self, key: str) -> float | None:
+        return _num(self.metrics.get(key))
+
+    @property
+    def metrics_taken_at_s(self) -> float | None:
+        return self.metric("taken_at_s")
+
+    @property
+    def metrics_stale(self) -> bool:
+        return self.metrics.get("stale") is True
+
+    @property
+    def state_text(self) -> str:
+        return self.state + (" (crash loop)" if self.crash_looping else "")
+
+    @property
+    def running(self) -> bool:
+        return self.state in RUNNING_STATES
+
+    def can(self, verb: str) -> bool:
+        allowed = {"start": STARTABLE_STATES, "stop": STOPPABLE_STATES, "restart": RESTARTABLE_STATES}
+        return self.state in allowed.get(verb, frozenset())
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One status answer of the daemon, parsed."""
+
+    daemon_pid: int | None = None
+    daemon_version: str | None = None
+    host: HostView = field(default_factory=HostView)
+    engines: tuple[EngineView, ...] = ()
+
+    @classmethod
+    def parse(cls, d: Any) -> "Snapshot":
+        d = _dict(d)
+        daemon = _dict(d.get("daemon"))
+        engines = d.get("engines")
+        return cls(
+            daemon_pid=_int(daemon.get("pid")),
+            daemon_version=_str(daemon.get("version")),
+            host=HostView.parse(d.get("host")),
+            engines=tuple(EngineView.parse(e) for e in engines) if isinstance(engines, list) else (),
+        )
+
+    def engine(self, name: str | None) -> EngineView | None:
+        return next((e for e in self.engines if e.name == name), None)
+
+    @property
+    def serving(self) -> tuple[EngineView, ...]:
+        return tuple(e for e in self.engines if e.running or e.state == "crashed")
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    """A piece of an engine's log as the daemon returned it."""
+
+    name: str
+    text: str
+    offset: int          # where the next read should start
+    size: int
+    from_offset: int | None  # None: this is the tail, not a continuation
+
+
+def goodbye(snapshot: Snapshot | None, daemon_lost: bool = False) -> str:
+    """What the console prints on the way out: the engines do not depend on it."""
+    if snapshot is None:
+        return "the console never reached the daemon; nothing on this host was changed"
+    serving = snapshot.serving
+    if not serving:
+        return "no engines were running; nothing was stopped"
+    seen = " (as last seen; the daemon was not answering)" if daemon_lost else ""
+    parts = [f"{e.name} ({e.state}{', ' + e.url if e.url else ''})" for e in serving]
+    return "engines keep serving: " + ", ".join(parts) + seen

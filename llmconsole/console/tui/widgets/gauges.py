@@ -1,0 +1,91 @@
+"""Gauges and small figure blocks, drawn as text: cheap to repaint, and N/A when a value is missing."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widget import Widget
+from textual.widgets import Static
+
+LABEL_WIDTH = 12
+
+
+def level_style(fraction: float) -> str:
+    return "green" if fraction < 0.7 else "yellow" if fraction < 0.9 else "red"
+
+
+class Gauge(Widget):
+    """`label  ████░░░░  value`: the bar takes whatever width is left."""
+
+    DEFAULT_CSS = """
+    Gauge { height: 1; }
+    """
+
+    def __init__(self, label: str, **kw) -> None:
+        super().__init__(**kw)
+        self._label = label
+        self._fraction: float | None = None
+        self._text = "N/A"
+
+    def set(self, label: str, fraction: float | None, text: str) -> None:
+        if fraction is not None:
+            fraction = min(1.0, max(0.0, fraction))
+        if (label, fraction, text) != (self._label, self._fraction, self._text):
+            self._label, self._fraction, self._text = label, fraction, text
+            self.refresh()
+
+    def render(self) -> Text:
+        width = self.size.width
+        out = Text(self._label[:LABEL_WIDTH].ljust(LABEL_WIDTH), style="bold")
+        bar_w = max(0, width - LABEL_WIDTH - len(self._text) - 2)
+        if self._fraction is None:
+            out.append("·" * bar_w, style="dim")
+        else:
+            filled = round(self._fraction * bar_w)
+            out.append("█" * filled, style=level_style(self._fraction))
+            out.append("░" * (bar_w - filled), style="dim")
+        out.append(" " + self._text)
+        out.no_wrap = True
+        out.overflow = "ellipsis"
+        return out
+
+
+class Figures(Static):
+    """Rows of `label value  label value`, refreshed only when a figure changes."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__("", **kw)
+        self._rows: tuple = ()
+
+    def set_rows(self, rows: list[list[tuple[str, str]]]) -> None:
+        key = tuple(tuple(r) for r in rows)
+        if key == self._rows:
+            return
+        self._rows = key
+        text = Text(no_wrap=True, overflow="ellipsis")
+        for i, row in enumerate(rows):
+            if i:
+                text.append("\n")
+            for j, (label, value) in enumerate(row):
+                text.append(("  " if j else "") + label.ljust(LABEL_WIDTH if j == 0 else 10), style="bold")
+                text.append(" " + value.rjust(9))
+        self.update(text)
+
+
+class LatencyTable(Static):
+    """TTFT, inter-token and end-to-end latency at p50 and p99."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__("", **kw)
+        self._rows: tuple = ()
+
+    def set_rows(self, rows: list[tuple[str, str, str]]) -> None:
+        key = tuple(rows)
+        if key == self._rows:
+            return
+        self._rows = key
+        text = Text(no_wrap=True, overflow="ellipsis")
+        text.append("latency".ljust(LABEL_WIDTH) + "p50".rjust(10) + "p99".rjust(10), style="bold underline")
+        for label, p50, p99 in rows:
+            text.append("\n" + label.ljust(LABEL_WIDTH), style="bold")
+            text.append(p50.rjust(10) + p99.rjust(10))
+        self.update(text)

@@ -1,0 +1,48 @@
+"""Shared helpers of the console's tests (this module holds no tests of its own)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from llmconsole.console.tui import RecordedSource, make_app
+from llmconsole.console.tui.recording import load_frames
+
+FIXTURE = Path(__file__).parent / "fixtures" / "tui" / "status_stream.json"
+LOST_REASON = "no daemon answers on /tmp/llmc-demo/run/control.sock ([Errno 111] Connection refused)"
+
+
+def frames() -> list[dict[str, Any]]:
+    return load_frames(FIXTURE)
+
+
+def recorded_app(extra_frames: list[dict[str, Any]] | None = None, **kw):
+    """The console replaying the recorded stream (fast), then whatever frames follow."""
+    source = RecordedSource(frames() + list(extra_frames or []))
+    kw.setdefault("refresh_s", 0.01)
+    app = make_app(source, cursor_blink=False, **kw)
+    return app, source
+
+
+async def replay(pilot, settle: bool = True) -> None:
+    """Wait until every frame has been applied, then stop polling so the screen holds still."""
+    app = pilot.app
+    source = app.source
+    for _ in range(1000):
+        if app.polls_done >= len(source.frames):
+            break
+        await pilot.pause(0.01)
+    else:
+        raise AssertionError(f"the replay did not finish: {source.position}/{len(source.frames)} frames")
+    if settle:
+        app.hold_polls = True
+    await pilot.pause(0.05)
+
+
+def lost_frame(reason: str = LOST_REASON) -> dict[str, Any]:
+    return {"daemon_lost": reason}
+
+
+def status_frame(status: Any, logs: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"status": json.loads(json.dumps(status)), "logs": logs or {}}
