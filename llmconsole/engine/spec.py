@@ -37,6 +37,9 @@ Dtype = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
 # Fields that name or guard an engine rather than configure it: they do not change the config id.
 _NOT_CONFIG = {"api_key"}
 
+# The environment variable that tells llmconsole's vLLM plugin to install the custom kernel.
+KERNEL_ENV = "LLMCONSOLE_KERNEL"
+
 
 class EngineSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
@@ -68,6 +71,9 @@ class EngineSpec(BaseModel):
     env: dict[str, str] = Field(default_factory=dict, description="extra environment for vLLM")
     extra_args: tuple[str, ...] = ()
     runtime: Runtime | None = Field(None, description="None: the vLLM beside the console")
+    kernel: Literal["stock", "custom"] = Field(
+        "stock", description="decode attention: vLLM's own (stock) or llmconsole's compiled kernel (custom)"
+    )
 
     @field_validator("model")
     @classmethod
@@ -197,6 +203,10 @@ class EngineSpec(BaseModel):
         env = dict(self.env)
         if self.api_key is not None:
             env["VLLM_API_KEY"] = self.api_key.get_secret_value()
+        if self.kernel == "custom":
+            # Read by llmconsole's vLLM plugin (entry point vllm.general_plugins) in every vLLM
+            # process; engines without it never load the plugin's backend.
+            env[KERNEL_ENV] = "custom"
         if runtime.device == "cpu" and self.cpu_threads_bind is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu_threads_bind
         return env

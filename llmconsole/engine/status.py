@@ -64,5 +64,6 @@ class EngineStatus:
             p99_ttft_s=getattr(m, "p99_ttft_s", None),
             p99_e2e_s=getattr(m, "p99_e2e_s", None),
             metrics_stale=getattr(m, "stale", None),
+            kernel=self.spec.get("kernel", "stock"),
         )
         return d
