@@ -1,0 +1,78 @@
+"""What `llmconsole kernels info` reports: the CPU kernel's build and the CUDA kernel's
+compiler resource report (registers, spills, shared memory per kernel and target arch).
+
+Nothing here needs a GPU: the CUDA report comes from compiling with nvcc for the listed archs.
+A missing compiler is a value in the report (with the reason), never an exception.
+"""
+
+from __future__ import annotations
+
+from llmconsole.kernels.build import KernelBuildError, cpu_status, load_cpu_kernel
+from llmconsole.kernels.cuda_build import (
+    DEFAULT_ARCHS,
+    CudaBuildError,
+    CudaBuildOptions,
+    compile_cuda,
+    find_nvcc,
+)
+
+
+def kernel_info(build_cpu: bool = True, cuda_options: CudaBuildOptions = CudaBuildOptions(),
+                archs: tuple[str, ...] = DEFAULT_ARCHS) -> dict:
+    """{"cpu": build status, "cuda": {nvcc, flags, options, error, archs: {arch: {kernel:
+    {registers, spill_store_bytes, ...}}}}}. build_cpu=False reports without compiling."""
+    if build_cpu:
+        try:
+            load_cpu_kernel()
+        except KernelBuildError:
+            pass  # recorded in the status
+    cpu = cpu_status().as_dict()
+
+    cuda: dict = {"nvcc": find_nvcc(), "options": cuda_options.as_dict(),
+                  "flags": cuda_options.nvcc_flags(), "error": None, "archs": {}}
+    try:
+        result = compile_cuda(cuda_options, archs=archs)
+    except (CudaBuildError, OSError, ValueError) as exc:
+        cuda["error"] = str(exc)
+    else:
+        report = result.as_dict()
+        cuda.update(nvcc=report["nvcc"], nvcc_version=report["nvcc_version"],
+                    flags=report["flags"], fatbin=report["path"], archs=report["resources"])
+    return {"cpu": cpu, "cuda": cuda}
+
+
+def format_kernel_info(info: dict) -> str:
+    """A plain-text summary and one table row per (arch, kernel)."""
+    cpu, cuda = info["cpu"], info["cuda"]
+    lines = ["CPU kernel (AVX2 + FMA, OpenMP)"]
+    if cpu.get("built"):
+        lines.append(f"  built      yes, {cpu.get('library_path')}")
+    else:
+        lines.append(f"  built      no{': ' + cpu['error'] if cpu.get('error') else ''}")
+    lines.append(f"  compiler   {cpu.get('compiler') or 'not found'}")
+    lines.append(f"  flags      {' '.join(cpu.get('cflags') or [])}")
+    if cpu.get("build_s") is not None:
+        lines.append(f"  build/load {cpu['build_s']:.1f} s")
+    lines.append("")
+    lines.append("CUDA kernel")
+    lines.append(f"  nvcc       {cuda.get('nvcc') or 'not found'}"
+                 + (f" ({cuda['nvcc_version']})" if cuda.get("nvcc_version") else ""))
+    lines.append(f"  flags      {' '.join(cuda.get('flags') or [])}")
+    if cuda.get("error"):
+        lines.append(f"  error      {cuda['error'].splitlines()[0]}")
+        return "\n".join(lines)
+    rows = [(arch, name, r) for arch, kernels in cuda["archs"].items()
+            for name, r in kernels.items()]
+    if not rows:
+        return "\n".join(lines)
+    name_w = max(len("kernel"), *(len(n) for _, n, _ in rows))
+    header = (f"  {'arch':<6}  {'kernel':<{name_w}}  {'regs':>4}  {'spill st/ld B':>13}  "
+              f"{'stack B':>7}  {'smem B':>6}")
+    lines += ["", header, "  " + "-" * (len(header) - 2)]
+    for arch, name, r in rows:
+        spill = f"{r['spill_store_bytes']}/{r['spill_load_bytes']}"
+        lines.append(f"  {arch:<6}  {name:<{name_w}}  {r['registers']:>4}  {spill:>13}  "
+                     f"{r['stack_bytes']:>7}  {r['shared_bytes']:>6}")
+    lines.append("  (smem B is static shared memory; the decode kernel adds dynamic shared memory "
+                 "at launch for q, one partition's logits and the p.V partial sums)")
+    return "\n".join(lines)

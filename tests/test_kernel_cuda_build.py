@@ -1,0 +1,145 @@
+"""The CUDA kernel compiles for sm_80 and sm_90, and its ptxas resource report parses and
+responds to the build knobs. No GPU is needed; without nvcc the compile tests skip."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llmconsole.kernels.cuda_build import (
+    CudaBuildOptions,
+    compile_cuda,
+    find_nvcc,
+    parse_ptxas_report,
+)
+from llmconsole.kernels.cuda_lib import CudaKernelLibrary
+from llmconsole.kernels.info import format_kernel_info, kernel_info
+
+needs_nvcc = pytest.mark.skipif(find_nvcc() is None,
+                                reason="nvcc (CUDA toolkit) not found; set CUDA_HOME or PATH")
+
+EXPECTED_KERNELS = {
+    *(f"llmc::llmc_decode_kernel<{t}, {h}>" for t in ("float", "__nv_bfloat16") for h in (1, 2, 4, 8)),
+    "llmc::llmc_merge_kernel<float>",
+    "llmc::llmc_merge_kernel<__nv_bfloat16>",
+}
+
+PTXAS_SAMPLE = """\
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function '_ZN4llmc17llmc_merge_kernelIfEEvNS_6ParamsE' for 'sm_80'
+ptxas info    : Function properties for _ZN4llmc17llmc_merge_kernelIfEEvNS_6ParamsE
+    8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 40 registers, used 1 barriers, 8 bytes cumulative stack size, 512 bytes smem, 488 bytes cmem[0]
+ptxas info    : Compile time = 25.216 ms
+ptxas info    : Compiling entry function '_ZN4llmc17llmc_merge_kernelIfEEvNS_6ParamsE' for 'sm_90'
+ptxas info    : Function properties for _ZN4llmc17llmc_merge_kernelIfEEvNS_6ParamsE
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 34 registers, used 1 barriers, 16 bytes smem
+"""
+
+
+def test_parses_ptxas_report_text():
+    report = parse_ptxas_report(PTXAS_SAMPLE)
+    assert set(report) == {"sm_80", "sm_90"}
+    (name80, r80), = report["sm_80"].items()
+    assert "merge_kernel" in name80
+    assert (r80.registers, r80.spill_store_bytes, r80.spill_load_bytes) == (40, 4, 12)
+    assert (r80.stack_bytes, r80.shared_bytes, r80.constant_bytes) == (8, 512, 488)
+    (r90,) = report["sm_90"].values()
+    assert (r90.registers, r90.shared_bytes, r90.constant_bytes) == (34, 16, 0)
+
+
+def test_options_render_flags():
+    flags = CudaBuildOptions(max_registers=64, fast_math=True, warp_reduce=False,
+                             smem_carveout_kb=96).nvcc_flags()
+    assert "-maxrregcount=64" in flags and "--use_fast_math" in flags
+    assert "-DLLMC_WARP_REDUCE=0" in flags and "-DLLMC_SMEM_CARVEOUT_KB=96" in flags
+    # ptxas lets __launch_bounds__ override -maxrregcount, so a cap drops them.
+    assert "-DLLMC_LAUNCH_BOUNDS=0" in flags
+    assert "-DLLMC_LAUNCH_BOUNDS=1" in CudaBuildOptions().nvcc_flags()
+
+
+@pytest.fixture(scope="module")
+def default_build():
+    return compile_cuda(CudaBuildOptions(), archs=("sm_80", "sm_90"))
+
+
+@needs_nvcc
+def test_compiles_for_sm80_and_sm90_with_a_report(default_build):
+    assert set(default_build.resources) == {"sm_80", "sm_90"}
+    for arch, kernels in default_build.resources.items():
+        assert set(kernels) == EXPECTED_KERNELS, arch
+        for name, r in kernels.items():
+            assert r.registers > 0, (arch, name)
+            assert r.shared_bytes > 0, (arch, name)  # the reduction slots
+            assert r.spill_store_bytes == 0, (arch, name, "spills with default options")
+
+
+@needs_nvcc
+@pytest.mark.parametrize("cap", [64, 32])
+def test_register_cap_is_honoured(default_build, cap):
+    capped = compile_cuda(CudaBuildOptions(max_registers=cap), archs=("sm_80", "sm_90"))
+    for arch in ("sm_80", "sm_90"):
+        for name, r in capped.resources[arch].items():
+            assert 0 < r.registers <= cap, (arch, name, r.registers)
+    if cap == 32:
+        # The default build uses more than 32 registers somewhere, so the report must move.
+        assert any(r.registers > cap for r in default_build.resources["sm_80"].values())
+        assert capped.resources["sm_80"] != default_build.resources["sm_80"]
+
+
+@needs_nvcc
+def test_shared_memory_tree_changes_static_smem(default_build):
+    tree = compile_cuda(CudaBuildOptions(warp_reduce=False), archs=("sm_80",))
+    for name, r in tree.resources["sm_80"].items():
+        warp = default_build.resources["sm_80"][name]
+        assert r.shared_bytes > warp.shared_bytes, name  # one slot per thread, not per warp
+
+
+@needs_nvcc
+def test_fast_math_and_carveout_compile():
+    result = compile_cuda(CudaBuildOptions(fast_math=True, smem_carveout_kb=96), archs=("sm_90",))
+    assert "--use_fast_math" in result.flags
+    assert all(r.registers > 0 for r in result.resources["sm_90"].values())
+
+
+@needs_nvcc
+def test_shared_library_exports_launcher():
+    # Host-side entry points work without a GPU; a launch reports the CUDA error, not a crash.
+    lib = CudaKernelLibrary(compile_cuda(CudaBuildOptions(), archs=("sm_90",), kind="shared").path)
+    assert "LLMC_WARP_REDUCE=1" in lib.build_options()
+    assert lib.workspace_bytes(4, 32, 128, 512, 512) == 0   # one partition: no workspace
+    assert lib.workspace_bytes(4, 32, 128, 1500, 512) == 4 * (4 * 32 * 3 * 128 + 2 * 4 * 32 * 3)
+    raw = lib._lib.llmc_paged_attention_decode
+    bad_heads = raw(None, None, None, None, None, 1, 8, 3, 64, 16, 4, 64, 512, 64, 512, 64,
+                    0.1, 1, 0, None, 0, None)
+    assert bad_heads == -1 and "invalid argument" in lib.error_string(bad_heads)
+    if not torch.cuda.is_available():
+        code = raw(None, None, None, None, None, 1, 8, 2, 64, 16, 4, 64, 512, 64, 512, 64,
+                   0.1, 1, 0, None, 0, None)
+        assert code > 0 and lib.error_string(code)
+        query = torch.zeros(1, 8, 64)
+        cache = torch.zeros(4, 2, 16, 128)
+        with pytest.raises(ValueError, match="must be on cuda"):
+            lib.paged_attention_decode(query, cache, torch.zeros(1, 4, dtype=torch.int32),
+                                       torch.ones(1, dtype=torch.int32), 0.125)
+
+
+@needs_nvcc
+def test_kernel_info_reports_both_builds():
+    info = kernel_info()
+    assert set(info["cuda"]["archs"]) == {"sm_80", "sm_90"}
+    assert info["cuda"]["error"] is None
+    assert "cflags" in info["cpu"] and "built" in info["cpu"]
+    text = format_kernel_info(info)
+    assert "sm_90" in text and "llmc_decode_kernel<__nv_bfloat16, 4>" in text
+
+
+def test_kernel_info_without_nvcc(monkeypatch):
+    import llmconsole.kernels.cuda_build as cuda_build
+
+    monkeypatch.setattr(cuda_build, "find_nvcc", lambda env=None: None)
+    monkeypatch.setattr("llmconsole.kernels.info.find_nvcc", lambda env=None: None)
+    info = kernel_info(build_cpu=False)
+    assert "nvcc not found" in info["cuda"]["error"]
+    assert "nvcc not found" in format_kernel_info(info)
