@@ -1,0 +1,152 @@
+"""One engine group behind the gateway: its engines, admission gate, controller and measurements.
+
+A group is what a window applies to. By default each engine is its own group; a group with
+several engines routes each request to the ready engine with the fewest outstanding requests,
+and its window counts the whole group's requests in flight.
+"""
+
+from __future__ import annotations
+
+import collections
+import hmac
+import statistics
+import time
+from dataclasses import dataclass
+
+from llmconsole.engine.admission import Admission
+from llmconsole.engine.pid import LatencySample, PidController, PidSettings, TraceSample
+
+
+@dataclass
+class Upstream:
+    """One engine of a group, as the gateway sees it. Mutable by design: the daemon updates
+    `ready` and `url` as the engine restarts; `outstanding` counts requests sent to it."""
+
+    name: str
+    url: str                     # http://127.0.0.1:PORT, no trailing slash
+    api_key: str | None = None
+    ready: bool = True
+    outstanding: int = 0
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One request as the gateway saw it. Client-visible times run from arrival at the gateway;
+    `engine_*` times run from dispatch to the engine (what the window changes)."""
+
+    group: str
+    engine: str | None
+    path: str
+    status: int
+    outcome: str                 # ok, upstream_error, queue_full, queue_timeout, cancelled, unauthorized
+    streamed: bool
+    finished_at_s: float         # wall clock
+    queue_s: float
+    ttft_s: float | None         # arrival -> first streamed chunk
+    e2e_s: float                 # arrival -> last byte (or the failure)
+    engine_ttft_s: float | None
+    engine_e2e_s: float | None
+    output_chunks: int = 0
+
+
+class EngineGroup:
+    def __init__(self, name: str, upstreams: list[Upstream] | None = None, *,
+                 settings: PidSettings | None = None, controlled: bool = True,
+                 max_queue: int = 256, queue_timeout_s: float = 120.0, records_len: int = 2048):
+        self.name = name
+        self.upstreams: dict[str, Upstream] = {u.name: u for u in (upstreams or [])}
+        self.controller = PidController(settings)
+        self.controlled = controlled          # False: a static window (the controller never steps)
+        self.admission = Admission(self.controller.window, max_queue, queue_timeout_s)
+        self.records: collections.deque[RequestRecord] = collections.deque(maxlen=records_len)
+        self.model_names: set[str] = set()
+        self.refresh_open()
+
+    # --- engines --------------------------------------------------------------------------
+
+    def set_upstream(self, name: str, url: str | None, ready: bool, api_key: str | None = None) -> None:
+        up = self.upstreams.get(name)
+        if up is None:
+            up = self.upstreams[name] = Upstream(name, url or "", api_key, ready=False)
+        if url:
+            up.url = url.rstrip("/")
+        up.api_key = api_key
+        up.ready = bool(ready and up.url)
+        self.refresh_open()
+
+    def remove_upstream(self, name: str) -> None:
+        self.upstreams.pop(name, None)
+        self.refresh_open()
+
+    def refresh_open(self) -> None:
+        """Admit only while an engine is ready; otherwise arrivals wait in the queue."""
+        self.admission.set_open(any(u.ready for u in self.upstreams.values()))
+
+    def mark_down(self, up: Upstream) -> None:
+        """The engine refused a connection: hold requests until the daemon sees it ready again."""
+        up.ready = False
+        self.refresh_open()
+
+    def pick(self) -> Upstream | None:
+        ready = [u for u in self.upstreams.values() if u.ready]
+        return min(ready, key=lambda u: u.outstanding) if ready else None
+
+    def api_keys(self) -> list[str]:
+        return [u.api_key for u in self.upstreams.values() if u.api_key]
+
+    def authorized(self, header: str | None) -> bool:
+        """The engines' API key guards the group's door too; no key set means an open door."""
+        keys = self.api_keys()
+        if not keys:
+            return True
+        given = (header or "").removeprefix("Bearer ").strip().encode()
+        return any(hmac.compare_digest(given, k.encode()) for k in keys)
+
+    # --- measurements and the controller --------------------------------------------------
+
+    def record(self, rec: RequestRecord) -> None:
+        self.records.append(rec)
+        if rec.outcome == "ok" and rec.engine_e2e_s is not None:
+            self.controller.observe(LatencySample(
+                at_s=time.monotonic(), ttft_s=rec.engine_ttft_s, e2e_s=rec.engine_e2e_s,
+                output_chunks=rec.output_chunks,
+            ))
+
+    def step(self, now_s: float | None = None) -> TraceSample | None:
+        """One controller step; the admission gate takes the new window at once."""
+        if not self.controlled:
+            return None
+        sample = self.controller.step(now_s)
+        self.admission.set_window(self.controller.window)
+        return sample
+
+    def set_window(self, window: int) -> None:
+        self.controller.set_window(window)
+        self.admission.set_window(self.controller.window)
+
+    def freeze(self, frozen: bool) -> None:
+        self.controller.freeze(frozen)
+
+    def configure(self, **changes) -> None:
+        self.controller.configure(**changes)
+        self.admission.set_window(self.controller.window)
+
+    def retry_after_s(self) -> int:
+        """A hint for a rejected client: about how long the queue ahead takes to drain."""
+        recent = [r.engine_e2e_s for r in list(self.records)[-64:] if r.engine_e2e_s is not None]
+        per_request_s = statistics.median(recent) if recent else 1.0
+        waves = (self.admission.queued + self.admission.in_flight) / max(1, self.admission.window)
+        return max(1, min(60, round(per_request_s * waves)))
+
+    def state_json(self, trace_points: int = 60) -> dict:
+        st = self.admission.stats()
+        return {
+            **self.controller.state_json(trace_points),
+            "window": st.window, "controlled": self.controlled,
+            "in_flight": st.in_flight, "queued": st.queued, "open": st.open,
+            "max_queue": self.admission.max_queue, "queue_timeout_s": self.admission.queue_timeout_s,
+            "admitted_total": st.admitted_total, "rejected_full_total": st.rejected_full_total,
+            "timed_out_total": st.timed_out_total,
+            "engines": {u.name: {"url": u.url, "ready": u.ready, "outstanding": u.outstanding}
+                        for u in self.upstreams.values()},
+        }
