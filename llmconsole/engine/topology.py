@@ -1,0 +1,96 @@
+"""How this host's GPUs are joined: NVLink or only PCIe, read from NVML, recordable as JSON.
+
+Tensor parallelism all-reduces activations twice per layer per step; over PCIe (tens of GB/s)
+instead of NVLink (hundreds) that traffic can cost more than the extra GPU saves. The planner
+reads the links for each pair of GPUs once; a recorded topology (the same JSON) stands in for
+NVML in tests and for planning another host.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llmconsole.engine.host import _nvml, pynvml
+
+# nvmlGpuTopologyLevel_t, named as `nvidia-smi topo -m` prints them.
+_LEVELS = {0: "SELF", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
+_P2P_CAPS_INDEX_NVLINK = 3  # NVML_P2P_CAPS_INDEX_NVLINK
+_P2P_STATUS_OK = 0
+
+
+@dataclass(frozen=True)
+class GpuLink:
+    a: int
+    b: int
+    nvlink: bool
+    path: str  # PCIe path when not NVLink: PIX, PXB, PHB, NODE, SYS (or N/A)
+
+
+@dataclass(frozen=True)
+class Topology:
+    gpu_names: tuple[str, ...]
+    links: tuple[GpuLink, ...]
+    source: str
+
+    @property
+    def num_gpus(self) -> int:
+        return len(self.gpu_names)
+
+    def pcie_only_pairs(self, gpus: tuple[int, ...] | None = None) -> list[GpuLink]:
+        chosen = set(range(self.num_gpus) if gpus is None else gpus)
+        return [l for l in self.links if not l.nvlink and l.a in chosen and l.b in chosen]
+
+    def nvlink_group(self, size: int) -> tuple[int, ...] | None:
+        """`size` GPUs every pair of which is NVLink-joined, if the host has such a group."""
+        joined = {(l.a, l.b) for l in self.links if l.nvlink}
+        for group in itertools.combinations(range(self.num_gpus), size):
+            if all(pair in joined for pair in itertools.combinations(group, 2)):
+                return group
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "gpus": [{"index": i, "name": n} for i, n in enumerate(self.gpu_names)],
+            "links": [{"a": l.a, "b": l.b, "nvlink": l.nvlink, "path": l.path} for l in self.links],
+            "source": self.source,
+        }
+
+
+def topology_from_json(data: dict[str, Any], source: str = "recorded") -> Topology:
+    names = tuple(g["name"] for g in sorted(data["gpus"], key=lambda g: g["index"]))
+    links = tuple(GpuLink(int(l["a"]), int(l["b"]), bool(l["nvlink"]), str(l.get("path", "N/A")))
+                  for l in data["links"])
+    return Topology(names, links, data.get("source", source))
+
+
+def load_topology(path: Path) -> Topology:
+    return topology_from_json(json.loads(Path(path).read_text()), source=str(path))
+
+
+def read_topology() -> Topology | None:
+    """This host's GPUs and links from NVML; None where NVML or GPUs are absent."""
+    if pynvml is None:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # no library, no driver: no GPUs to plan for
+        return None
+    count = _nvml(pynvml.nvmlDeviceGetCount)
+    if not count:
+        return None
+    handles = [_nvml(pynvml.nvmlDeviceGetHandleByIndex, i) for i in range(count)]
+    names = []
+    for h in handles:
+        n = _nvml(pynvml.nvmlDeviceGetName, h) if h is not None else None
+        names.append((n.decode() if isinstance(n, bytes) else n) or "N/A")
+    links = []
+    for a, b in itertools.combinations(range(count), 2):
+        ha, hb = handles[a], handles[b]
+        p2p = _nvml(pynvml.nvmlDeviceGetP2PStatus, ha, hb, _P2P_CAPS_INDEX_NVLINK)
+        level = _nvml(pynvml.nvmlDeviceGetTopologyCommonAncestor, ha, hb)
+        links.append(GpuLink(a, b, p2p == _P2P_STATUS_OK, _LEVELS.get(level, "N/A")))
+    return Topology(tuple(names), tuple(links), "NVML")
