@@ -1,0 +1,86 @@
+"""An engine's config history as people read it, and the choice of a version to roll back to.
+
+The store keeps configs as `EngineSpec.public_dict()`: secrets scrubbed, so a stored version
+cannot carry an API key. Rebuilding a runnable spec from one therefore takes the key from the
+engine's current spec (the key guards the engine; it is not part of the config).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from llmconsole.db.records import ConfigHistory
+from llmconsole.db.report import config_diff
+from llmconsole.db.store import Store
+from llmconsole.engine.spec import EngineSpec
+
+
+class RollbackError(ValueError):
+    """No version to roll back to, or the chosen one cannot run; the message says which."""
+
+
+@dataclass(frozen=True)
+class VersionEntry:
+    """One config an engine has run, newest first, with its change from the version before it."""
+
+    config_id: str
+    verdict: str  # known_good | known_bad | pending
+    runs: int
+    first_used_at: float
+    last_used_at: float
+    in_use: bool
+    label: str | None
+    spec: dict[str, Any]
+    diff_from_previous: tuple[tuple[str, Any, Any], ...]  # (field, previous, this)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "config_id": self.config_id, "verdict": self.verdict, "runs": self.runs,
+            "first_used_at": self.first_used_at, "last_used_at": self.last_used_at,
+            "in_use": self.in_use, "label": self.label, "spec": self.spec,
+            "diff_from_previous": [{"field": f, "before": a, "after": b} for f, a, b in self.diff_from_previous],
+        }
+
+
+def versions(store: Store, engine: str) -> list[VersionEntry]:
+    """The engine's versions, most recently used first; each diffed against the one used before it."""
+    hist = store.config_versions(engine)
+    out = []
+    for i, h in enumerate(hist):
+        older = hist[i + 1] if i + 1 < len(hist) else None
+        diff = tuple(config_diff(older.spec, h.spec)) if older else ()
+        out.append(VersionEntry(h.config_id, h.verdict, len(h.run_ids), h.first_used_at,
+                                h.last_used_at, h.in_use, h.label, h.spec, diff))
+    return out
+
+
+def choose_target(store: Store, engine: str, current_config_id: str,
+                  to_config_id: str | None = None) -> ConfigHistory:
+    """The version to roll back to: `to_config_id` if given (it must be one this engine ran),
+    else the last known-good one other than the current config."""
+    if to_config_id is not None:
+        for h in store.config_versions(engine):
+            if h.config_id == to_config_id:
+                return h
+        raise RollbackError(f"engine {engine} never ran config {to_config_id}; "
+                            f"`llmconsole history {engine}` lists the ones it did")
+    target = store.last_known_good(engine, exclude_config_id=current_config_id)
+    if target is None:
+        raise RollbackError(f"engine {engine} has no known-good config other than the current one "
+                            f"({current_config_id}) to roll back to")
+    return target
+
+
+def spec_from_version(version: ConfigHistory, current: EngineSpec) -> EngineSpec:
+    """A runnable spec for a stored version, keeping the current spec's API key."""
+    fields = json.loads(version.spec_json)
+    fields.pop("api_key_set", None)
+    if current.api_key is not None:
+        fields["api_key"] = current.api_key.get_secret_value()
+    try:
+        spec = EngineSpec(**fields)
+    except ValueError as e:  # e.g. its model directory was removed since
+        raise RollbackError(f"config {version.config_id} can no longer run: {e}") from e
+    return spec
