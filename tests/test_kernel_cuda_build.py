@@ -3,6 +3,8 @@ responds to the build knobs. No GPU is needed; without nvcc the compile tests sk
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -143,3 +145,34 @@ def test_kernel_info_without_nvcc(monkeypatch):
     info = kernel_info(build_cpu=False)
     assert "nvcc not found" in info["cuda"]["error"]
     assert "nvcc not found" in format_kernel_info(info)
+
+
+# ---- the CLI ---------------------------------------------------------------------------------
+
+@needs_nvcc
+def test_cli_kernels_info_json(cli):
+    info = json.loads(cli("kernels", "info", "--json").stdout)
+    assert info["cpu"]["built"] is True and info["cpu"]["error"] is None
+    assert "-mavx2" in info["cpu"]["cflags"]
+    assert info["cuda"]["error"] is None
+    assert set(info["cuda"]["archs"]) == {"sm_80", "sm_90"}
+    for kernels in info["cuda"]["archs"].values():
+        assert set(kernels) == EXPECTED_KERNELS
+        for r in kernels.values():
+            assert r["registers"] > 0 and r["spill_store_bytes"] >= 0 and r["shared_bytes"] >= 0
+
+
+@needs_nvcc
+def test_cli_kernels_info_passes_build_knobs(cli):
+    out = cli("kernels", "info", "--no-build", "--arch", "sm_90", "--max-registers", "32",
+              "--fast-math").stdout
+    assert "-maxrregcount=32" in out and "--use_fast_math" in out
+    rows = [line.split() for line in out.splitlines() if line.strip().startswith("sm_")]
+    assert rows and {r[0] for r in rows} == {"sm_90"}
+    # The columns after the kernel name: regs, spill st/ld, stack, smem.
+    assert all(int(r[-4]) <= 32 for r in rows)
+
+
+def test_cli_kernels_info_rejects_bad_knobs(cli):
+    r = cli("kernels", "info", "--no-build", "--threads", "100", check=False)
+    assert r.returncode == 2 and "multiple of 32" in r.stderr

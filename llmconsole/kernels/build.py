@@ -56,13 +56,20 @@ _lock = threading.Lock()
 
 
 def cache_dir(env: dict[str, str] | None = None) -> Path:
-    """Where compiled kernels live: beside the rest of llmconsole's state when LLMCONSOLE_HOME
-    is set (tests use that to stay isolated), else the user's cache."""
+    """Where compiled kernels live: $LLMCONSOLE_KERNEL_CACHE, else the user's cache
+    ($XDG_CACHE_HOME or ~/.cache)/llmconsole/kernels.
+
+    Deliberately not under LLMCONSOLE_HOME: a build is keyed by its source and flags (torch's
+    loader rebuilds when either changes; CUDA builds have their own key), holds no state of
+    any session, and costs 20-40 s, so every home and every engine on the host shares it.
+    """
     env = os.environ if env is None else env
-    home = env.get("LLMCONSOLE_HOME")
-    if home:
-        return Path(home).expanduser() / "kernels"
-    return Path.home() / ".cache" / "llmconsole" / "kernels"
+    explicit = env.get("LLMCONSOLE_KERNEL_CACHE")
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = env.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "llmconsole" / "kernels"
 
 
 def find_cxx(env: dict[str, str] | None = None) -> str | None:

@@ -59,7 +59,13 @@ def format_kernel_info(info: dict) -> str:
                  + (f" ({cuda['nvcc_version']})" if cuda.get("nvcc_version") else ""))
     lines.append(f"  flags      {' '.join(cuda.get('flags') or [])}")
     if cuda.get("error"):
-        lines.append(f"  error      {cuda['error'].splitlines()[0]}")
+        error_lines = [ln.strip() for ln in cuda["error"].splitlines() if ln.strip()]
+        lines.append(f"  error      {error_lines[0]}")
+        # The compiler's own complaint is the useful part of a failed build.
+        cause = next((ln for ln in error_lines[1:] if "error" in ln.lower() or "fatal" in ln.lower()),
+                     None)
+        if cause:
+            lines.append(f"             {cause}")
         return "\n".join(lines)
     rows = [(arch, name, r) for arch, kernels in cuda["archs"].items()
             for name, r in kernels.items()]

@@ -1,0 +1,127 @@
+"""How often an engine's attention ran llmconsole's kernel, and how often (and why) it fell back.
+
+The counters live in each vLLM worker process. They reach the operator through the engine's
+log, which the daemon already keeps: one line when the kernel first runs, one line the first
+time each fallback reason occurs, and a cumulative counters line whenever the counts changed
+in the last few seconds. Every line starts with LOG_PREFIX; the counters line carries JSON so
+`parse_usage` can read it back without guessing at a format.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+
+LOG_PREFIX = "llmconsole-kernel:"
+_COUNTERS_TAG = "counters "
+_COUNTERS_LINE = re.compile(re.escape(LOG_PREFIX) + r" " + re.escape(_COUNTERS_TAG) + r"(\{.*\})")
+# How often the reporter thread looks for changed counts. Short enough that a test or the
+# console sees decode traffic within seconds; idle engines log nothing.
+REPORT_EVERY_S = 2.0
+
+
+@dataclass(frozen=True)
+class KernelUsage:
+    """Counts summed over an engine's worker processes."""
+
+    decode_calls: int = 0
+    decode_tokens: int = 0
+    fallback_calls: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total_fallback_calls(self) -> int:
+        return sum(self.fallback_calls.values())
+
+    def as_dict(self) -> dict:
+        return {"decode_calls": self.decode_calls, "decode_tokens": self.decode_tokens,
+                "fallback_calls": dict(self.fallback_calls)}
+
+
+def parse_usage(log_text: str) -> KernelUsage | None:
+    """The latest counters of each worker process in an engine log, summed; None when the
+    log has no counters line (a stock engine, or a custom one that has not decoded yet)."""
+    latest: dict[int, dict] = {}
+    for match in _COUNTERS_LINE.finditer(log_text):
+        try:
+            data = json.loads(match.group(1))
+            latest[int(data["pid"])] = data
+        except (ValueError, KeyError, TypeError):
+            continue
+    if not latest:
+        return None
+    fallbacks: dict[str, int] = {}
+    for data in latest.values():
+        for reason, n in data.get("fallback_calls", {}).items():
+            fallbacks[reason] = fallbacks.get(reason, 0) + int(n)
+    return KernelUsage(decode_calls=sum(int(d.get("decode_calls", 0)) for d in latest.values()),
+                       decode_tokens=sum(int(d.get("decode_tokens", 0)) for d in latest.values()),
+                       fallback_calls=fallbacks)
+
+
+class UsageCounter:
+    """Per-process counters with the logging described above. Thread-safe; cheap per call."""
+
+    def __init__(self, logger: logging.Logger, report_every_s: float = REPORT_EVERY_S):
+        self._log = logger
+        self._lock = threading.Lock()
+        self._decode_calls = 0
+        self._decode_tokens = 0
+        self._fallbacks: dict[str, int] = {}
+        self._reported: tuple | None = None
+        self._report_every_s = report_every_s
+        self._reporter: threading.Thread | None = None
+
+    def decode(self, num_tokens: int) -> None:
+        with self._lock:
+            first = self._decode_calls == 0
+            self._decode_calls += 1
+            self._decode_tokens += num_tokens
+        if first:
+            self._log.info("%s custom decode kernel ran its first batch (%d sequences)",
+                           LOG_PREFIX, num_tokens)
+            self._start_reporter()
+
+    def fallback(self, reason: str) -> None:
+        with self._lock:
+            first = reason not in self._fallbacks
+            self._fallbacks[reason] = self._fallbacks.get(reason, 0) + 1
+        if first:
+            self._log.info("%s falling back to vLLM's attention for %s (logged once, counted)",
+                           LOG_PREFIX, reason)
+            self._start_reporter()
+
+    def snapshot(self) -> KernelUsage:
+        with self._lock:
+            return KernelUsage(self._decode_calls, self._decode_tokens, dict(self._fallbacks))
+
+    def report(self) -> bool:
+        """Log the counters line if anything changed since the last one; True if it logged."""
+        usage = self.snapshot()
+        key = (usage.decode_calls, usage.decode_tokens, tuple(sorted(usage.fallback_calls.items())))
+        if key == self._reported:
+            return False
+        self._reported = key
+        self._log.info("%s %s%s", LOG_PREFIX, _COUNTERS_TAG,
+                       json.dumps({"pid": os.getpid(), **usage.as_dict()}, sort_keys=True))
+        return True
+
+    def _start_reporter(self) -> None:
+        with self._lock:
+            if self._reporter is not None:
+                return
+            self._reporter = threading.Thread(target=self._report_loop, daemon=True,
+                                              name="llmconsole-kernel-usage")
+        self._reporter.start()
+
+    def _report_loop(self) -> None:
+        while True:
+            time.sleep(self._report_every_s)
+            try:
+                self.report()
+            except Exception:  # logging must never take the engine down
+                pass
