@@ -97,7 +97,9 @@ class DetailScreen(EngineScreen):
             ("KV cache        ", "bold"), na(e.kv_cache_tokens, "{:,} tokens"), "\n",
             ("max concurrency ", "bold"), conc, "\n",
             ("pid             ", "bold"), na(e.pid), "\n",
-            ("uptime          ", "bold"), fmt_uptime(e.uptime_s) if e.running else "-",
+            ("uptime          ", "bold"), fmt_uptime(e.uptime_s) if e.running else "-", "\n",
+            ("kernel          ", "bold"),
+            "custom (llmconsole decode)" if e.kernel == "custom" else "stock (vLLM)",
         )
 
     @staticmethod
