@@ -156,8 +156,9 @@ def test_graceful_daemon_stop_leaves_the_engine_serving(mcli):
 
 
 def test_a_config_that_cannot_fit_fails_with_vllms_reason_and_leaves_nothing(mcli):
+    # --force: the planner would refuse this config before launch; here vLLM itself must say why.
     r = mcli("engine", "start", "bad", "--model", str(mcli.model), "--max-model-len", "2048",
-             "--kv-cache-memory-bytes", "100000", "--enforce-eager", check=False)
+             "--kv-cache-memory-bytes", "100000", "--enforce-eager", "--force", check=False)
     assert r.returncode == 1
     assert "To serve at least one request with the model's max seq len (2048)" in r.stderr
     e = mcli.engine("bad")

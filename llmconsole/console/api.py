@@ -6,7 +6,9 @@ Routes (all under /v1):
   GET  /status                      host gauges and every engine's status
   POST /engines/{name}/start        {"spec": {...}} for a new engine, or {"overrides": {...}}
                                     to start a known one on its last spec with some fields changed;
-                                    an optional "api_key" travels beside, never in the spec dump
+                                    an optional "api_key" travels beside, never in the spec dump;
+                                    "force": true skips the fit check (without it, a config that
+                                    cannot fit is a 400 whose details hold the numbers)
   POST /engines/{name}/stop         {"drain_timeout_s": 30}
   POST /engines/{name}/restart      same body as start (optional)
   DELETE /engines/{name}            forget a stopped engine
@@ -35,6 +37,7 @@ from llmconsole import __version__
 from llmconsole.engine.fleet import Fleet, UnknownEngine, check_name
 from llmconsole.engine.spec import EngineSpec, validation_messages
 from llmconsole.engine.supervisor import EngineBusy
+from llmconsole.engine.validate import ConfigDoesNotFit
 
 log = logging.getLogger(__name__)
 
@@ -138,9 +141,9 @@ def _engine_handler(action: str):
                 spec = None if name not in fleet.engines and body.get("spec") is None else _spec_from_body(fleet, name, body)
                 if name not in fleet.engines and spec is None:
                     return _error(400, f"engine {name} is new: give it a spec (at least a model)")
-                await fleet.start(name, spec)
+                await fleet.start(name, spec, force=bool(body.get("force")))
             elif action == "restart":
-                await fleet.restart(name, _spec_from_body(fleet, name, body))
+                await fleet.restart(name, _spec_from_body(fleet, name, body), force=bool(body.get("force")))
             elif action == "stop":
                 drain = body.get("drain_timeout_s")
                 await fleet.stop(name, float(drain) if drain is not None else None)
@@ -148,7 +151,7 @@ def _engine_handler(action: str):
         except ValidationError as e:
             return _error(400, "invalid engine spec", validation_messages(e))
         except (ValueError, TypeError) as e:
-            return _error(400, str(e))
+            return _error(400, str(e), e.verdict.details() if isinstance(e, ConfigDoesNotFit) else None)
         except UnknownEngine as e:
             return _error(404, str(e))
         except EngineBusy as e:

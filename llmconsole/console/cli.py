@@ -181,11 +181,11 @@ def cmd_engine(ns: argparse.Namespace) -> int:
                     if existing is None and full_spec is None:
                         raise CliError(f"engine {ns.name} is new: give it --model DIR", EXIT_USAGE)
                     if existing is None:
-                        client.start_engine(ns.name, spec=full_spec, api_key=api_key)
+                        client.start_engine(ns.name, spec=full_spec, api_key=api_key, force=ns.force)
                     else:  # a known engine: the flags given change its last spec
-                        client.start_engine(ns.name, overrides=overrides, api_key=api_key)
+                        client.start_engine(ns.name, overrides=overrides, api_key=api_key, force=ns.force)
                 else:
-                    client.restart_engine(ns.name, overrides=overrides)
+                    client.restart_engine(ns.name, overrides=overrides, force=ns.force)
             except DaemonError as e:
                 raise CliError(str(e), EXIT_USAGE if e.status in (400, 404) else EXIT_FAILED) from None
             if ns.no_wait:
@@ -279,6 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
         es.add_argument("--no-wait", action="store_true", help="return once launched")
         es.add_argument("--timeout", type=float, default=900.0, metavar="S", help="how long to wait for ready")
         es.add_argument("--quiet", "-q", action="store_true")
+        es.add_argument("--force", action="store_true",
+                        help="start even if the planner says the config cannot fit (vLLM decides)")
     ep = esub.add_parser("stop", help="stop an engine (asks first)")
     ep.add_argument("name")
     ep.add_argument("--drain-timeout", type=float, default=30.0, metavar="S")

@@ -89,14 +89,20 @@ class DaemonClient:
         spec: dict[str, Any] | None = None,
         overrides: dict[str, Any] | None = None,
         api_key: str | None = None,
+        force: bool = False,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {"spec": spec, "overrides": overrides or {}}
+        if force:
+            body["force"] = True
         if api_key is not None:
             body["api_key"] = api_key
         return self._call("POST", f"/engines/{name}/start", json=body)
 
-    def restart_engine(self, name: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-        return self._call("POST", f"/engines/{name}/restart", json={"overrides": overrides or {}})
+    def restart_engine(self, name: str, overrides: dict[str, Any] | None = None, force: bool = False) -> dict[str, Any]:
+        body: dict[str, Any] = {"overrides": overrides or {}}
+        if force:
+            body["force"] = True
+        return self._call("POST", f"/engines/{name}/restart", json=body)
 
     def stop_engine(self, name: str, drain_timeout_s: float | None = None) -> dict[str, Any]:
         return self._call("POST", f"/engines/{name}/stop", json={"drain_timeout_s": drain_timeout_s})

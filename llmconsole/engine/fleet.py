@@ -25,6 +25,7 @@ from llmconsole.engine.runtime import Runtime
 from llmconsole.engine.spec import EngineSpec
 from llmconsole.engine.status import EngineState, EngineStatus
 from llmconsole.engine.supervisor import EngineBusy, EngineSupervisor, SupervisionPolicy
+from llmconsole.engine.validate import enforce as enforce_fit
 from llmconsole.paths import Paths
 
 log = logging.getLogger(__name__)
@@ -87,10 +88,17 @@ class Fleet:
         except KeyError:
             raise UnknownEngine(name) from None
 
-    async def start(self, name: str, spec: EngineSpec | None) -> EngineSupervisor:
-        """Start `name`, creating it if new. With no spec, start it on its last one."""
+    async def start(self, name: str, spec: EngineSpec | None, force: bool = False) -> EngineSupervisor:
+        """Start `name`, creating it if new. With no spec, start it on its last one.
+
+        A config that cannot fit is refused (ConfigDoesNotFit, with the numbers) before anything
+        changes, unless `force`.
+        """
         check_name(name)
         sup = self.engines.get(name)
+        target = spec if spec is not None else (sup.spec if sup is not None else None)
+        if target is not None:
+            enforce_fit(target, force)
         if sup is None:
             if spec is None:
                 raise UnknownEngine(name)
@@ -108,8 +116,9 @@ class Fleet:
         self._persist()
         return sup
 
-    async def restart(self, name: str, spec: EngineSpec | None = None) -> EngineSupervisor:
+    async def restart(self, name: str, spec: EngineSpec | None = None, force: bool = False) -> EngineSupervisor:
         sup = self.get(name)
+        enforce_fit(spec if spec is not None else sup.spec, force)
         await sup.restart(spec)
         self._persist()
         return sup

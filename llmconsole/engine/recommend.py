@@ -56,7 +56,8 @@ def parse_workload(text: str | None) -> Workload:
         try:
             fields[name] = conv(value)
         except ValueError:
-            raise ValueError(f"workload {key}={value!r} is not a {conv.__name__}") from None
+            kind = {int: "a whole number", float: "a number"}.get(conv, "text")
+            raise ValueError(f"workload {key}={value!r} is not {kind}") from None
     return Workload(**fields)
 
 

@@ -21,6 +21,7 @@ from llmconsole.console.tui.keys import bindings_for
 from llmconsole.engine.fleet import check_name
 from llmconsole.engine.spec import EngineSpec, validation_messages
 from llmconsole.console.tui.widgets.footer import ConsoleFooter
+from llmconsole.console.tui.widgets.planner_panel import PlannerPanel
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,7 @@ class EngineFormScreen(ModalScreen[tuple[str, dict[str, Any]] | None]):
                             yield inp
                     yield Static("", classes="form-error", id=f"e-{f.name}")
                 yield Static("", classes="form-error", id="e-")
+            yield PlannerPanel(id="form-planner")
             with Horizontal(id="form-buttons"):
                 yield Button("Start (ctrl+s)", variant="success", id="form-submit", compact=True)
                 yield Button("Cancel (esc)", id="form-cancel", compact=True)
@@ -153,6 +155,7 @@ class EngineFormScreen(ModalScreen[tuple[str, dict[str, Any]] | None]):
     def on_mount(self) -> None:
         self.query_one("#form-box").border_title = "start an engine"
         self.query_one("#f-name", Input).focus()
+        self.query_one(PlannerPanel).show(None)
 
     def _raw(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -172,8 +175,9 @@ class EngineFormScreen(ModalScreen[tuple[str, dict[str, Any]] | None]):
     def _changed(self, widget_id: str | None) -> None:
         if widget_id and widget_id.startswith("f-"):
             self._touched.add(widget_id[2:])
-        _name, _spec, errors = validate_form(self._raw())
+        _name, spec, errors = validate_form(self._raw())
         self._show_errors(errors, every=False)
+        self.query_one(PlannerPanel).show(spec)
 
     def on_input_changed(self, event: Input.Changed) -> None:
         self._changed(event.input.id)
