@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import subprocess
 import sys
@@ -56,6 +57,8 @@ def main() -> None:
             rates.append(r.summary.request_throughput_req_s)
     finally:
         p.kill()
+    load1 = os.getloadavg()[0]
+    print(f"host: {os.cpu_count()} cores, load average {load1:.1f} (others' work shares these cores)")
     print(f"ceiling: {statistics.median(rates):,.0f} req/s median of {a.runs} "
           f"(runs: {', '.join(f'{x:,.0f}' for x in rates)}; target >= 2,000), concurrency {a.concurrency}, "
           f"{a.output_len} chunks per request")

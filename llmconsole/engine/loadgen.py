@@ -131,6 +131,21 @@ def summarize(records: list[RequestRecord] | tuple[RequestRecord, ...], duration
     )
 
 
+# vLLM (and most OpenAI-compatible servers) write compact JSON: a chunk carrying a choice holds
+# this, and is timed without being parsed. Anything else is parsed (usage, errors, spaced JSON).
+_CONTENT = b'"choices":[{'
+
+
+def _has_choices(payload: bytes) -> bool:
+    """A chunk in JSON written with spaces that carries a choice (the slow, general path)."""
+    if b'"choices"' not in payload or payload == b"[DONE]":
+        return False
+    try:
+        return bool(json.loads(payload).get("choices"))
+    except ValueError:
+        return False
+
+
 class _Sender:
     """One HTTP session and the bookkeeping shared by every request of a run."""
 
@@ -172,24 +187,29 @@ class _Sender:
                     text = (await resp.text())[:300]
                     rec = RequestRecord(status=f"http_{resp.status}", error=text, **base)
                     return self._keep(rec)
-                async for line in resp.content:
-                    if not line.startswith(b"data: "):
-                        continue
-                    data = line[6:].strip()
-                    if data == b"[DONE]":
-                        break
-                    chunk = json.loads(data)
-                    if chunk.get("choices"):
-                        now = time.perf_counter()
-                        if ttft is None:
-                            ttft = now - start
+                pending = b""
+                async for data in resp.content.iter_any():
+                    now = time.perf_counter()
+                    *lines, pending = (pending + data).split(b"\n")
+                    for line in lines:
+                        if not line.startswith(b"data: "):
+                            continue  # blank separators and SSE comments (pings)
+                        event = line[6:].rstrip()
+                        if _CONTENT in event or _has_choices(event):
+                            if ttft is None:
+                                ttft = now - start
+                            else:
+                                gaps.append(now - last)
+                            last = now
+                        elif event == b"[DONE]":
+                            break
                         else:
-                            gaps.append(now - last)
-                        last = now
-                    elif chunk.get("usage"):
-                        usage = chunk["usage"]
-                    elif "error" in chunk:
-                        return self._keep(RequestRecord(status="stream_error", error=str(chunk["error"])[:300], **base))
+                            chunk = json.loads(event)
+                            if chunk.get("usage"):
+                                usage = chunk["usage"]
+                            elif "error" in chunk:
+                                err = str(chunk["error"])[:300]
+                                return self._keep(RequestRecord(status="stream_error", error=err, **base))
         except asyncio.CancelledError:
             self._keep(RequestRecord(status="cancelled", **base))
             raise

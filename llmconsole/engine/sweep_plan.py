@@ -165,7 +165,8 @@ class PointResult:
 
     @property
     def params(self) -> dict[str, Any]:
-        return {**self.server, self.load.kind: self.load.value}
+        value = int(self.load.value) if self.load.kind == "concurrency" else self.load.value
+        return {**self.server, self.load.kind: value}
 
     @property
     def label(self) -> str:

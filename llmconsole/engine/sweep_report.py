@@ -174,10 +174,29 @@ def to_markdown(result: SweepResult) -> str:
            f"{plan.repeats} repeats per point (medians; flagged when they spread over {plan.spread_limit:.0%}).", "",
            render_table(result, markdown=True), "", "## Trade-off", ""]
     out += [f"- {line}" for line in picks_text(result, a)]
-    out += ["", "![throughput against p99 latency](tradeoff.svg)", ""]
+    out += ["", "![throughput against p99 latency](tradeoff.svg)", "", "## Every figure per point", "",
+            details_table(result), ""]
     flagged = [p for p in result.points if p.flags]
     if flagged:
         out += ["## Flags", ""] + [f"- {p.label}: {'; '.join(p.flags)}" for p in flagged] + [""]
+    return "\n".join(out)
+
+
+def details_table(result: SweepResult) -> str:
+    """Medians per point beyond the operators' table: tokens, goodput, TTFT/TPOT, KV, preemptions."""
+    def f(v, fmt: str) -> str:
+        return "N/A" if v is None else fmt.format(v)
+
+    head = ("#", "params", "status", "tok/s", "goodput (req/s)", "p50 TTFT (ms)", "p99 TTFT (ms)",
+            "p99 TPOT (ms)", "peak KV", "preemptions", "repeats", "spread (thr / p99)")
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for p in result.points:
+        lat = p.latency_ms
+        spread = f"{f(p.spread.get('throughput_req_s'), '{:.0%}')} / {f(p.spread.get('p99_e2e_ms'), '{:.0%}')}"
+        out.append("| " + " | ".join([
+            str(p.index), p.label, p.status, f(p.throughput_tok_s, "{:.1f}"), f(p.goodput_req_s, "{:.2f}"),
+            f(lat.get("p50_ttft"), "{:.1f}"), f(lat.get("p99_ttft"), "{:.1f}"), f(lat.get("p99_tpot"), "{:.2f}"),
+            f(p.peak_kv_usage, "{:.1%}"), f(p.preemptions, "{}"), str(p.repeats), spread]) + " |")
     return "\n".join(out)
 
 
