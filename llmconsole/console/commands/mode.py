@@ -1,0 +1,136 @@
+"""`llmconsole mode` and `llmconsole alerts`: memory modes, alerts and automated responses.
+
+  llmconsole mode demo                          the engine's mode, budget and KV size
+  llmconsole mode demo balanced                 a guarded switch: restart, ready, smoke request,
+                                                or back to the previous config (and why)
+  llmconsole mode demo auto                     let the memory policy pick (60% / 80% thresholds)
+  llmconsole alerts                             active alerts, recent ones, and their responses
+  llmconsole alerts --enable LlmconsoleKvCacheHigh=standby,window [--for-s LlmconsoleKvCacheHigh=30]
+  llmconsole alerts --undo 42                   undo automated response 42
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from llmconsole.console.cli_common import EXIT_USAGE, CliError, daemon_client, na
+
+_MODES = ("performance", "balanced", "aggressive", "auto")
+
+
+def format_mode(state: dict[str, Any]) -> str:
+    mode = state["mode"] or "none (memory settings set by hand)"
+    lines = [f"{state['engine']}: mode {mode}{' (auto)' if state['auto'] else ''}",
+             f"  gpu_memory_utilization {na(state['gpu_memory_utilization'])}, "
+             f"kv_cache_memory_bytes {na(state['kv_cache_memory_bytes'], '{:,}')}, "
+             f"KV cache {na(state['kv_cache_tokens'], '{:,}')} tokens"]
+    if state.get("budget_bytes"):
+        lines.append(f"  CPU memory budget {state['budget_bytes']:,} bytes (LLMCONSOLE_CPU_KV_BUDGET_BYTES)")
+    applied = state.get("applied")
+    if applied:
+        lines.append(f"  switched {applied['from_config_id']} -> {applied['to_config_id']} "
+                     f"in {applied['took_s']:.1f} s")
+    return "\n".join(lines)
+
+
+def cmd_mode(ns: argparse.Namespace) -> int:
+    from llmconsole.console.client import DaemonClient, DaemonError
+    from llmconsole.paths import resolve
+
+    daemon_client().close()  # says clearly when no daemon runs
+    # A switch restarts an engine and waits for it: minutes on a CPU host.
+    with DaemonClient(resolve(), timeout_s=1800) as client:
+        try:
+            if ns.mode is None:
+                state = client._call("GET", f"/engines/{ns.engine}/mode")
+            else:
+                body: dict[str, Any] = {"mode": ns.mode, "force": ns.force}
+                if ns.budget_bytes is not None:
+                    body["budget_bytes"] = ns.budget_bytes
+                state = client._call("POST", f"/engines/{ns.engine}/mode", json=body)
+        except DaemonError as e:
+            detail = "".join(f"\n  {d}" for d in (e.details or []))
+            raise CliError(f"{e}{detail}", EXIT_USAGE if e.status in (400, 404) else 1) from None
+    print(json.dumps(state, indent=1) if ns.json else format_mode(state))
+    return 0
+
+
+def _when(t: float | None) -> str:
+    return "-" if t is None else time.strftime("%H:%M:%S", time.localtime(t))
+
+
+def format_alerts(data: dict[str, Any]) -> str:
+    lines = ["active:" if data["active"] else "active: none"]
+    lines += [f"  {a['rule']} on {a['engine']}: {a['state']} for {a['for_s']:.0f} s" for a in data["active"]]
+    lines.append("recent alerts:" if data["alerts"] else "recent alerts: none")
+    lines += [f"  #{a['id']} {_when(a['at'])} {a['rule']} on {a['engine']} ({a['severity']}) {a['state']}"
+              f"{'' if a['resolved_at'] is None else ' at ' + _when(a['resolved_at'])}" for a in data["alerts"]]
+    lines.append("responses:" if data["responses"] else "responses: none")
+    for r in data["responses"]:
+        d = r["detail"]
+        extra = f" undone by #{d['undone_by']}" if d.get("undone_by") else (f" ({d['error']})" if d.get("error") else "")
+        lines.append(f"  #{r['id']} {_when(r['at'])} {r['kind'].removeprefix('response:')} on {r['engine']} "
+                     f"for {d.get('trigger')}: {r['outcome']}{extra}")
+    enabled = data["settings"]["responses"]
+    lines.append("enabled: " + (", ".join(f"{k}={'+'.join(v)}" for k, v in enabled.items()) or "none (all off)"))
+    return "\n".join(lines)
+
+
+def _pairs(items: list[str], what: str) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise CliError(f"{what} {item!r}: write RULE=VALUE", EXIT_USAGE)
+        out[key] = value
+    return out
+
+
+def cmd_alerts(ns: argparse.Namespace) -> int:
+    from llmconsole.console.client import DaemonError
+
+    with daemon_client() as client:
+        try:
+            if ns.undo is not None:
+                print(json.dumps(client._call("POST", f"/responses/{ns.undo}/undo"), indent=1))
+                return 0
+            if ns.enable or ns.for_s or ns.disable_all:
+                settings = client._call("GET", "/responses/config")
+                if ns.disable_all:
+                    settings["responses"] = {}
+                for rule, actions in _pairs(ns.enable, "--enable").items():
+                    settings["responses"][rule] = [a for a in actions.split(",") if a]
+                for rule, seconds in _pairs(ns.for_s, "--for-s").items():
+                    try:
+                        settings["for_s"][rule] = float(seconds)
+                    except ValueError:
+                        raise CliError(f"--for-s {rule}={seconds}: give seconds", EXIT_USAGE) from None
+                client._call("POST", "/responses/config", json=settings)
+            data = client._call("GET", "/alerts")
+        except DaemonError as e:
+            raise CliError(str(e), EXIT_USAGE if e.status in (400, 404) else 1) from None
+    print(json.dumps(data, indent=1) if ns.json else format_alerts(data))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    m = sub.add_parser("mode", help="an engine's memory mode: performance, balanced, aggressive or auto")
+    m.add_argument("engine")
+    m.add_argument("mode", nargs="?", choices=_MODES)
+    m.add_argument("--force", action="store_true", help="skip the fit check (the engine still falls back if it fails)")
+    m.add_argument("--budget-bytes", type=int, help="CPU engines: the memory budget the mode is a fraction of")
+    m.add_argument("--json", action="store_true")
+    m.set_defaults(func=cmd_mode)
+
+    a = sub.add_parser("alerts", help="alerts the daemon evaluates, and the automated responses to them")
+    a.add_argument("--enable", action="append", default=[], metavar="RULE=ACTION[,ACTION]",
+                   help="responses to a rule: window, mode, kv_dtype, standby")
+    a.add_argument("--for-s", action="append", default=[], metavar="RULE=SECONDS",
+                   help="how long a rule's condition must hold before it fires")
+    a.add_argument("--disable-all", action="store_true", help="turn every response off")
+    a.add_argument("--undo", type=int, metavar="ACTION_ID", help="undo one automated response")
+    a.add_argument("--json", action="store_true")
+    a.set_defaults(func=cmd_alerts)
