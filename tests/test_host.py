@@ -91,6 +91,6 @@ def test_cpu_pct_is_measured_between_calls_on_the_same_processes():
         time.sleep(1.0)
         s = probe.sample_process(parent.pid)  # same cached Process objects: a real interval
         assert s.num_processes == 2
-        assert s.cpu_pct > 20.0, s  # the spinning child; 0.0 would mean no previous reading
+        assert s.cpu_pct > 1.0, s  # the spinning child (little of a core on a busy host); 0.0: no previous reading
     finally:
         _end_tree(parent)
