@@ -29,7 +29,8 @@ class LoadLevel:
         return f"{self.kind}={self.value:g}"
 
     def workload(self, plan: "SweepPlan", seed: int) -> Workload:
-        common = dict(warmup_requests=plan.warmup_requests, max_duration_s=plan.max_run_s, seed=seed)
+        common = dict(warmup_requests=plan.warmup_requests, max_duration_s=plan.max_run_s, seed=seed,
+                      ignore_eos=plan.ignore_eos)
         if self.kind == "concurrency":
             return Workload.closed(int(self.value), plan.num_requests, plan.input_len, plan.output_len, **common)
         return Workload.open(self.value, plan.num_requests, plan.input_len, plan.output_len,
@@ -100,6 +101,7 @@ class SweepPlan:
     output_len: LengthDist = LengthDist.fixed(64)
     burstiness: float = 1.0
     warmup_requests: int = 2
+    ignore_eos: bool = True
     max_run_s: float | None = 300.0      # one load run's time bound
     max_error_rate: float = 0.05         # stop rule: more failed requests than this
     saturation_gain: float = 0.05        # stop rule: throughput rose less than this (relative) ...
@@ -130,6 +132,7 @@ class SweepPlan:
                 "loads": [lv.label for lv in self.loads], "slo": self.slo.as_dict(), "repeats": self.repeats,
                 "num_requests": self.num_requests, "input_len": self.input_len.describe(),
                 "output_len": self.output_len.describe(), "warmup_requests": self.warmup_requests,
+                "ignore_eos": self.ignore_eos,
                 "max_error_rate": self.max_error_rate, "saturation_gain": self.saturation_gain,
                 "saturation_latency_rise": self.saturation_latency_rise, "spread_limit": self.spread_limit,
                 "knee_threshold": self.knee_threshold, "knee_units": self.knee_units}

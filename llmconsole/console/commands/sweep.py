@@ -111,7 +111,7 @@ def build_plan(ns: argparse.Namespace) -> SweepPlan:
             engine=ns.engine, grid=parse_grid(ns.grid, set(EngineSpec.model_fields) - {"model", "api_key"}),
             loads=parse_loads(ns.load), slo=Slo.parse(ns.slo), repeats=ns.repeats, num_requests=ns.num_requests,
             input_len=LengthDist.parse(ns.input_len), output_len=LengthDist.parse(ns.output_len),
-            burstiness=ns.burstiness, warmup_requests=ns.warmup, max_run_s=ns.max_run,
+            burstiness=ns.burstiness, warmup_requests=ns.warmup, ignore_eos=ns.ignore_eos, max_run_s=ns.max_run,
             max_error_rate=ns.max_error_rate, spread_limit=ns.spread_limit, knee_threshold=ns.knee_threshold,
             knee_units=ns.knee_units)
     except ValueError as e:
