@@ -50,8 +50,10 @@ class ModeService:
         self.auto: dict[str, PolicyState] = {}
         self._busy: set[str] = set()
         self._task: asyncio.Task | None = None
-        for name in self._read_auto():
-            self.auto[name] = PolicyState(Mode.PERFORMANCE)
+        for name in self._read_auto():  # a daemon restart also waits an interval before switching
+            if name in fleet.engines:
+                now = mode_of(fleet.engines[name].spec, self.device_of(name))
+                self.auto[name] = PolicyState(Mode(now) if now else Mode.PERFORMANCE, time.monotonic())
 
     def _read_auto(self) -> list[str]:
         try:
@@ -85,7 +87,9 @@ class ModeService:
                        budget_bytes: int | None = None, automatic: bool = False) -> dict[str, Any]:
         sup = self.fleet.get(name)
         if mode_text.strip().lower() == AUTO:
-            self.auto[name] = PolicyState(Mode(mode_of(sup.spec, self.device_of(name)) or Mode.PERFORMANCE))
+            # Enabling the policy counts as a switch: its first restart waits a full interval.
+            self.auto[name] = PolicyState(Mode(mode_of(sup.spec, self.device_of(name)) or Mode.PERFORMANCE),
+                                          time.monotonic())
             self._save()
             return {**self.state(name), "applied": None}
         mode = parse_mode(mode_text)

@@ -37,20 +37,14 @@ def format_mode(state: dict[str, Any]) -> str:
 
 
 def cmd_mode(ns: argparse.Namespace) -> int:
-    from llmconsole.console.client import DaemonClient, DaemonError
-    from llmconsole.paths import resolve
+    from llmconsole.console.client import DaemonError
 
-    daemon_client().close()  # says clearly when no daemon runs
-    # A switch restarts an engine and waits for it: minutes on a CPU host.
-    with DaemonClient(resolve(), timeout_s=1800) as client:
+    with daemon_client() as client:
         try:
             if ns.mode is None:
-                state = client._call("GET", f"/engines/{ns.engine}/mode")
-            else:
-                body: dict[str, Any] = {"mode": ns.mode, "force": ns.force}
-                if ns.budget_bytes is not None:
-                    body["budget_bytes"] = ns.budget_bytes
-                state = client._call("POST", f"/engines/{ns.engine}/mode", json=body)
+                state = client.mode(ns.engine)
+            else:  # a switch restarts the engine and waits for it: minutes on a CPU host
+                state = client.set_mode(ns.engine, ns.mode, force=ns.force, budget_bytes=ns.budget_bytes)
         except DaemonError as e:
             detail = "".join(f"\n  {d}" for d in (e.details or []))
             raise CliError(f"{e}{detail}", EXIT_USAGE if e.status in (400, 404) else 1) from None
