@@ -7,11 +7,14 @@ import math
 import pytest
 
 from llmconsole.engine.cost import CostInputs, estimate_cost, tco_per_gpu_usd
-from llmconsole.engine.devices import cpu_profile, device_names, gpu_profile, profile, with_price
+from llmconsole.engine.devices import (
+    CPU_MEASURED_TOK_S, cpu_profile, device_names, gpu_profile, profile, with_price,
+)
+from llmconsole.engine.model_shape import read_shape
 from llmconsole.engine.model_shape import shape_from_config
 from llmconsole.engine.roofline import (
     FITTED, LLAMA2_7B_CONFIG, REFERENCE_DEVICE, REFERENCE_POINTS, StepModel, curve, fit_efficiencies,
-    non_attention_step_s,
+    non_attention_step_s, operating_point,
 )
 
 LLAMA = shape_from_config(LLAMA2_7B_CONFIG)
@@ -109,3 +112,14 @@ def test_costs_scale_with_price():
     cheap = tco_per_gpu_usd(with_price(gpu_profile("H100-80GB"), price_usd=20000), CostInputs.defaults())
     dear = tco_per_gpu_usd(with_price(gpu_profile("H100-80GB"), price_usd=40000), CostInputs.defaults())
     assert math.isclose(dear - cheap, 20000 * (1 + CostInputs.defaults().host_overhead_fraction))
+
+
+@pytest.mark.parametrize("streams", sorted(CPU_MEASURED_TOK_S))
+def test_cpu_estimate_matches_the_measured_tiny_engine_within_15_percent(tiny_model, streams):
+    """The CPU host's step overhead, fitted to a real engine's measured throughput (see devices)."""
+    shape = read_shape(tiny_model)
+    dev = cpu_profile()
+    step = StepModel(dev, shape, 1, 2, shape.kv_bytes_per_token(2), "bfloat16",
+                     step_overhead_s=dev.step_overhead_s, seq_overhead_s=dev.seq_overhead_s)
+    est = operating_point(step, streams, 100, 400).output_tok_s
+    assert abs(est - CPU_MEASURED_TOK_S[streams]) / CPU_MEASURED_TOK_S[streams] < 0.15

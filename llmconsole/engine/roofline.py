@@ -81,6 +81,11 @@ class StepModel:
     kv_bytes_per_token: int = 0  # per rank
     dtype_name: str = "float16"
     eff: Efficiency = FITTED
+    # Fixed cost of a step outside the matrices (scheduling, sampling, Python), and its growth per
+    # running sequence. Zero for GPUs (no measured figure; CUDA graphs keep it small); for the
+    # CPU host see devices.CPU_STEP_OVERHEAD_S. Dominant for small models.
+    step_overhead_s: float = 0.0
+    seq_overhead_s: float = 0.0
 
     @property
     def _weights_read_bytes(self) -> float:
@@ -96,11 +101,12 @@ class StepModel:
         per_reduce = 2 * (tp - 1) / tp * size / self.device.interconnect_bytes_s + _ALLREDUCE_LATENCY_S
         return 2 * self.shape.num_layers * per_reduce  # after attention and after the MLP
 
-    def _time_s(self, bytes_moved: float, flops: float, num_tokens: int) -> float:
+    def _time_s(self, bytes_moved: float, flops: float, num_tokens: int, num_seqs: int = 1) -> float:
         peak = self.device.peak_flop_s(self.dtype_name)
         memory_s = bytes_moved / (self.device.memory_bandwidth_bytes_s * self.eff.memory)
         compute_s = flops / (peak * self.eff.compute)
-        return max(memory_s, compute_s) + self._allreduce_s(num_tokens)
+        overhead_s = self.step_overhead_s + self.seq_overhead_s * num_seqs
+        return max(memory_s, compute_s) + self._allreduce_s(num_tokens) + overhead_s
 
     def _attn_flops_per_token(self, context_tokens: float) -> float:
         # Scores (QK^T) and the weighted sum of values: 2 FLOPs per multiply-add each.
@@ -119,7 +125,7 @@ class StepModel:
         flops = batch * (2 * self.shape.active_params_per_token / self.tensor_parallel_size
                          + self._attn_flops_per_token(context_tokens))
         bytes_moved = self._weights_read_bytes + batch * context_tokens * self.kv_bytes_per_token
-        return self._time_s(bytes_moved, flops, batch)
+        return self._time_s(bytes_moved, flops, batch, batch)
 
 
 @dataclass(frozen=True)
