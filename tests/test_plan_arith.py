@@ -185,3 +185,9 @@ def test_a_hub_name_is_checked_from_the_hugging_face_cache(tmp_path, monkeypatch
     v = validate(EngineSpec(model="acme/tiny-chat", max_model_len=2048, kv_cache_memory_bytes=100_000), CPU_24G)
     assert v.checked and not v.ok and v.needed_bytes == 1_114_112
     assert not validate(EngineSpec(model="acme/other", kv_cache_memory_bytes=1), CPU_24G).checked
+
+
+def test_default_max_model_len_is_the_smallest_limit_the_config_names():
+    cfg = {**LLAMA2_7B_CONFIG, "max_position_embeddings": 8192, "seq_length": 4096}
+    assert shape_from_config(cfg).default_max_model_len == 4096
+    assert shape_from_config({**cfg, "model_max_length": 16384}).default_max_model_len == 16384

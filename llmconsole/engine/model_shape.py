@@ -38,7 +38,9 @@ class ModelShape:
     intermediate_size: int
     tied_embeddings: bool
     config_dtype: str  # as the config names it, e.g. "bfloat16"
-    max_position_embeddings: int | None
+    # vLLM's default max_model_len: the smallest length limit the config names (before any rope
+    # scaling, which only raises it: so a check against it never refuses what vLLM would run).
+    default_max_model_len: int | None
     attention_bias: bool = False
     mlp_bias: bool = False
     num_experts: int = 1  # MoE: every expert's weights are resident
@@ -120,6 +122,19 @@ def _first(cfg: dict[str, Any], *keys: str) -> Any:
     return None
 
 
+# The keys vLLM reads a model's length limit from; it takes the smallest present, except that
+# Cohere's model_max_length wins outright (vllm/transformers_utils/model_arch_config_convertor.py).
+_MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+                 "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
+
+
+def _default_max_model_len(c: dict[str, Any]) -> int | None:
+    if isinstance(c.get("model_max_length"), int):
+        return c["model_max_length"]
+    present = [c[k] for k in _MAX_LEN_KEYS if isinstance(c.get(k), int)]
+    return min(present) if present else None
+
+
 def shape_from_config(cfg: dict[str, Any]) -> ModelShape:
     """The shape from a parsed config.json (or its `text_config`, for multimodal models)."""
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else None
@@ -148,7 +163,7 @@ def shape_from_config(cfg: dict[str, Any]) -> ModelShape:
         intermediate_size=int(intermediate),
         tied_embeddings=bool(tied) if tied is not None else False,
         config_dtype=str(_first(c, "dtype", "torch_dtype") or "bfloat16").removeprefix("torch."),
-        max_position_embeddings=_first(c, "max_position_embeddings", "n_positions", "max_seq_len"),
+        default_max_model_len=_default_max_model_len(c),
         attention_bias=bool(c.get("attention_bias") or c.get("qkv_bias") or False),
         mlp_bias=bool(c.get("mlp_bias") or False),
         num_experts=int(experts),

@@ -140,7 +140,7 @@ def make_plan(spec: EngineSpec, device: DeviceProfile, workload: Workload, *, to
     swap = psutil.swap_memory().total if device.kind == "cpu" else 0  # as the daemon's check counts it
     verdict = validate(spec, HostMemory(device.kind, device.memory_bytes, swap), shape)
     kv_bytes, kv_exact, budget = _kv_pool(spec, shape, device, weights, layout)
-    max_len = spec.max_model_len or shape.max_position_embeddings or (workload.prompt_tokens + workload.output_tokens)
+    max_len = spec.max_model_len or shape.default_max_model_len or (workload.prompt_tokens + workload.output_tokens)
     capacity = kv_capacity(layout, kv_bytes or 0, max_len, spec.num_gpu_blocks_override) if kv_bytes else None
     # GPU block sizes depend on the attention backend vLLM picks: exact only when given.
     kv_exact = kv_exact and (device.kind == "cpu" or spec.block_size is not None)

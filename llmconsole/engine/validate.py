@@ -148,7 +148,7 @@ def validate(spec: EngineSpec, mem: HostMemory | None = None, shape: ModelShape 
     layout = layout_for(shape, device=mem.device, block_size=spec.block_size, kv_cache_dtype=spec.kv_cache_dtype,
                         dtype=spec.dtype, tensor_parallel_size=tp)
     weights = shape.weight_bytes(spec.dtype) // (tp * spec.pipeline_parallel_size)
-    max_len = spec.max_model_len or shape.max_position_embeddings
+    max_len = spec.max_model_len or shape.default_max_model_len
     notes = list(mem.notes)
     kv_bytes, kv_source = explicit_kv_bytes(spec, mem.device)
     override = spec.num_gpu_blocks_override
