@@ -78,7 +78,7 @@ def _switch_under_load(mcli: Cli, mode: str) -> tuple[dict, SteadyLoad]:
         while len(load.statuses) < 6:  # the load is flowing before the switch begins
             load.stop.wait(0.2)
         before = len(load.statuses)
-        r = mcli("mode", "m1", mode, "--json")
+        r = mcli("mode", "m1", mode, "--json", timeout=1200)  # a restart on a busy 2-core host
         load.stop.wait(2.0)
     out = json.loads(r.stdout)
     assert load.errors == [] and set(load.statuses) == {200}, load.errors[:3]
@@ -112,7 +112,7 @@ def test_a_switch_that_cannot_fit_is_refused_and_changes_nothing(mcli):
 def test_a_switch_that_cannot_start_rolls_back_by_itself(mcli):
     before = mcli.engine("m1")
     # --force skips the fit check: vLLM itself refuses the KV size at start-up.
-    r = mcli("mode", "m1", "performance", "--budget-bytes", "200000", "--force", check=False)
+    r = mcli("mode", "m1", "performance", "--budget-bytes", "200000", "--force", check=False, timeout=1500)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "rolled back to config " + before["config_id"] in r.stderr
     assert "did not start" in r.stderr or "moved to config" in r.stderr

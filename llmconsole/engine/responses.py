@@ -300,9 +300,14 @@ class ResponseService:
         return "applied", {"standby": name, "undo": {"stop_standby": name}}
 
     def sync_members(self) -> None:
-        """Keep each standby an upstream of its primary's group, ready when it is ready."""
+        """Keep each standby an upstream of its primary's group, ready when it is ready. A standby
+        is known by its name, so a new daemon puts the standbys it adopts back in their groups."""
         if self.gateway is None:
             return
+        for name in self.fleet.engines:
+            primary = name.removesuffix(STANDBY_SUFFIX)
+            if primary != name and primary in self.fleet.engines:
+                self.members.setdefault(name, primary)
         for standby, primary in list(self.members.items()):
             group = self.gateway.gateway.groups.get(primary)
             sup = self.fleet.engines.get(standby)
@@ -347,13 +352,13 @@ class ResponseService:
             return {"window": before["window"]}
         if "stop_standby" in undo:
             name = undo["stop_standby"]
+            if name in self.fleet.engines:
+                await self.fleet.stop(name)  # not ready while it stops: the group routes around it
+                await self.fleet.remove(name)
             self.members.pop(name, None)
             group = self.gateway.gateway.groups.get(engine) if self.gateway else None
             if group is not None:
                 group.remove_upstream(name)
-            if name in self.fleet.engines:
-                await self.fleet.stop(name)
-                await self.fleet.remove(name)
             return {"stopped": name}
         if "rollback_to" in undo:
             if self.rollback is None:

@@ -45,9 +45,8 @@ def cmd_mode(ns: argparse.Namespace) -> int:
                 state = client.mode(ns.engine)
             else:  # a switch restarts the engine and waits for it: minutes on a CPU host
                 state = client.set_mode(ns.engine, ns.mode, force=ns.force, budget_bytes=ns.budget_bytes)
-        except DaemonError as e:
-            detail = "".join(f"\n  {d}" for d in (e.details or []))
-            raise CliError(f"{e}{detail}", EXIT_USAGE if e.status in (400, 404) else 1) from None
+        except DaemonError as e:  # its text carries the details (the numbers, the restored config)
+            raise CliError(str(e), EXIT_USAGE if e.status in (400, 404) else 1) from None
     print(json.dumps(state, indent=1) if ns.json else format_mode(state))
     return 0
 
