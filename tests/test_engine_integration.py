@@ -27,6 +27,8 @@ ENGINE_FLAGS = ["--max-num-seqs", "8", "--max-model-len", "512", "--kv-cache-mem
 def mcli(tiny_model):
     home = _short_home("llmc-int-")
     c = Cli(home)
+    # The real process layout (API server + engine core): the crash tests check the whole group.
+    c.env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
     c.model = tiny_model
     yield c
     _stop_daemon(home)
