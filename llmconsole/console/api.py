@@ -34,6 +34,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from llmconsole import __version__
+from llmconsole.console.api_window import add_routes as add_window_routes
 from llmconsole.engine.fleet import Fleet, UnknownEngine, check_name
 from llmconsole.engine.spec import EngineSpec, validation_messages
 from llmconsole.engine.supervisor import EngineBusy
@@ -211,4 +212,5 @@ def make_app(fleet: Fleet) -> web.Application:
     app.router.add_post("/v1/engines/{name}/restart", _engine_handler("restart"))
     app.router.add_delete("/v1/engines/{name}", delete_engine)
     app.router.add_get("/v1/engines/{name}/logs", get_logs)
+    add_window_routes(app)
     return app

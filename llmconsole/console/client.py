@@ -116,6 +116,13 @@ class DaemonClient:
             params["offset"] = offset
         return self._call("GET", f"/engines/{name}/logs", params=params)
 
+    def window(self, name: str, trace_points: int = 600) -> dict[str, Any]:
+        return self._call("GET", f"/engines/{name}/window", params={"trace_points": trace_points})
+
+    def change_window(self, name: str, **changes: Any) -> dict[str, Any]:
+        """Window settings, "freeze" or "set" (see api_window.py); nothing changes on a 400."""
+        return self._call("POST", f"/engines/{name}/window", json=changes)
+
 
 def spawn_daemon(paths: Paths) -> subprocess.Popen:
     paths.ensure()

@@ -17,7 +17,9 @@ import sys
 from aiohttp import web
 
 from llmconsole.console.api import STOP, STOP_ENGINES, make_app
+from llmconsole.console.api_window import GATEWAY
 from llmconsole.engine.fleet import Fleet
+from llmconsole.engine.gateway_daemon import GatewayService
 from llmconsole.paths import Paths, resolve
 
 log = logging.getLogger("llmconsole.daemon")
@@ -50,6 +52,8 @@ async def serve(paths: Paths) -> None:
     for line in await fleet.open():
         log.info("resumed %s", line)
     app = make_app(fleet)
+    gateway = app[GATEWAY] = GatewayService(fleet)  # the engines' front door and window loop
+    await gateway.start()
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     if paths.socket.exists() or paths.socket.is_symlink():
@@ -71,6 +75,7 @@ async def serve(paths: Paths) -> None:
     await app[STOP].wait()
     stop_engines = any(app[STOP_ENGINES])
     log.info("daemon stopping (%s)", "stopping engines" if stop_engines else "engines keep serving")
+    await gateway.close()
     await fleet.close(stop_engines=stop_engines)
     await runner.cleanup()
     try:

@@ -15,7 +15,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import aiohttp
 
@@ -61,6 +61,8 @@ class Fleet:
         self.probe = HostProbe()
         self.engines: dict[str, EngineSupervisor] = {}
         self._http: aiohttp.ClientSession | None = None
+        # What adds to each status before it is reported (the gateway: its URL and window).
+        self.status_annotators: list[Callable[[EngineStatus], EngineStatus]] = []
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -131,7 +133,10 @@ class Fleet:
         self._persist()
 
     def statuses(self) -> list[EngineStatus]:
-        return [sup.status() for sup in self.engines.values()]
+        out = [sup.status() for sup in self.engines.values()]
+        for annotate in self.status_annotators:
+            out = [annotate(s) for s in out]
+        return out
 
     # --- persistence ----------------------------------------------------------------------
 

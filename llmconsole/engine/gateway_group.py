@@ -50,9 +50,13 @@ class RequestRecord:
 
 
 class EngineGroup:
+    """The queue timeout defaults to 5 minutes because it is also how long a request waits for
+    an engine that restarts (a mode switch, a sweep point, a rollback): minutes on a CPU host
+    or a big model. A saturated group still answers at once: a full queue is a 503."""
+
     def __init__(self, name: str, upstreams: list[Upstream] | None = None, *,
                  settings: PidSettings | None = None, controlled: bool = True,
-                 max_queue: int = 256, queue_timeout_s: float = 120.0, records_len: int = 2048):
+                 max_queue: int = 256, queue_timeout_s: float = 300.0, records_len: int = 2048):
         self.name = name
         self.upstreams: dict[str, Upstream] = {u.name: u for u in (upstreams or [])}
         self.controller = PidController(settings)

@@ -40,10 +40,10 @@ class PidSettings:
     max_window: int = 32
     start_window: int = 8
     kp: float = 3.0            # window units per unit of relative error
-    ki: float = 1.5            # window units per second per unit of relative error
+    ki: float = 2.0            # window units per second per unit of relative error
     kd: float = 0.5            # window units per (relative change of the measurement per second)
     percentile: float = 99.0
-    horizon_s: float = 8.0     # samples older than this are out of the sliding window
+    horizon_s: float = 5.0     # samples older than this are out of the sliding window
     max_samples: int = 512     # ... and at most this many of the newest
     min_samples: int = 8       # fewer than this in the window: hold
     interval_s: float = 1.0    # how often the daemon steps the controller

@@ -49,6 +49,9 @@ class EngineStatus:
     process: Any = None                 # ProcessSample or None
     spec: dict[str, Any] = field(default_factory=dict)
     log_path: str | None = None
+    gateway_url: str | None = None      # the engine group's door at the gateway: clients use it
+    window: int | None = None           # the group's admission window now
+    controller: dict[str, Any] | None = None  # the window controller's settings, state and trace
 
     def to_json(self) -> dict[str, Any]:
         """The status as JSON. The flat keys at the top are the stable CLI contract."""

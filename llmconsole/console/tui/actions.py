@@ -25,6 +25,7 @@ from llmconsole.console.tui.view import EngineView, goodbye
 _VERB_OF = {"start_engine": "start", "stop_engine": "stop", "restart_engine": "restart"}
 _ENGINE_ACTIONS = set(_VERB_OF) | {"show_logs", "show_detail"}
 _FLEET_ACTIONS = {"stop_all", "new_engine"}
+_WINDOW_ACTIONS = {"toggle_window_freeze", "nudge_window"}
 
 
 class ConsoleActions:
@@ -58,6 +59,17 @@ class ConsoleActions:
                 return None
             if action == "show_logs" and isinstance(self.screen, LogsScreen):
                 return None
+            return True
+        if action in _WINDOW_ACTIONS:
+            if not on_engines:
+                return False
+            e = self.selected_engine()
+            if e is None or e.controller is None or e.controller.window is None or self.lost_reason is not None:
+                return None  # no gateway window for it (or no daemon to ask)
+            if action == "nudge_window" and parameters:
+                c, w = e.controller, e.controller.window + int(parameters[0])
+                if (c.min_window is not None and w < c.min_window) or (c.max_window is not None and w > c.max_window):
+                    return None
             return True
         if action in _FLEET_ACTIONS:
             if not isinstance(self.screen, DashboardScreen):
@@ -151,6 +163,20 @@ class ConsoleActions:
                 self.send(Command("start", name, spec))
 
         self.push_screen(EngineFormScreen(), submitted)
+
+    def action_toggle_window_freeze(self) -> None:
+        e = self._engine_or_warn()
+        if e is not None and e.controller is not None:
+            self.send(Command("window", e.name, {"freeze": not e.controller.frozen}))
+
+    def action_nudge_window(self, step: int) -> None:
+        """Set the window by hand, one step from where it stands; the controller freezes there."""
+        e = self._engine_or_warn()
+        if e is None or e.controller is None or e.controller.window is None:
+            return
+        c = e.controller
+        window = min(max(c.window + step, c.min_window or 1), c.max_window or c.window + step)
+        self.send(Command("window", e.name, {"set": window}))
 
     def action_show_help(self) -> None:
         self.push_screen(HelpScreen())

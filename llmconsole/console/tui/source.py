@@ -18,7 +18,7 @@ from llmconsole.console.client import DaemonClient, DaemonNotRunning
 from llmconsole.console.tui.recording import load_frames
 from llmconsole.paths import Paths
 
-VERBS = ("start", "stop", "restart", "stop_all")
+VERBS = ("start", "stop", "restart", "stop_all", "window")
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,8 @@ class DaemonSource:
                 return c.stop_engine(command.engine)
             if command.verb == "restart":
                 return c.restart_engine(command.engine)
+            if command.verb == "window":  # spec carries the change: {"freeze": bool} or {"set": n}
+                return c.change_window(command.engine, **(command.spec or {}))
             if command.verb == "stop_all":
                 stopped = []
                 for e in c.status()["engines"]:

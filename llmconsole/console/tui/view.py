@@ -148,6 +148,40 @@ class HostView:
 
 
 @dataclass(frozen=True)
+class ControllerView:
+    """The engine group's batch window at the gateway and its controller's newest steps."""
+
+    window: int | None = None
+    frozen: bool = False
+    signal: str | None = None
+    target_ms: float | None = None
+    min_window: int | None = None
+    max_window: int | None = None
+    in_flight: int | None = None
+    queued: int | None = None
+    windows: tuple[int, ...] = ()                 # one per controller step, oldest first
+    measured_ms: tuple[float | None, ...] = ()
+
+    @classmethod
+    def parse(cls, d: Any) -> "ControllerView | None":
+        if not isinstance(d, dict):
+            return None
+        trace = [t for t in d.get("trace") or () if isinstance(t, dict)]
+        return cls(
+            window=_int(d.get("window")), frozen=d.get("frozen") is True, signal=_str(d.get("signal")),
+            target_ms=_num(d.get("target_ms")), min_window=_int(d.get("min_window")),
+            max_window=_int(d.get("max_window")), in_flight=_int(d.get("in_flight")),
+            queued=_int(d.get("queued")),
+            windows=tuple(w for w in (_int(t.get("window")) for t in trace) if w is not None),
+            measured_ms=tuple(_num(t.get("measured_ms")) for t in trace),
+        )
+
+    @property
+    def last_measured_ms(self) -> float | None:
+        return next((m for m in reversed(self.measured_ms) if m is not None), None)
+
+
+@dataclass(frozen=True)
 class EngineView:
     name: str
     state: str
@@ -169,6 +203,8 @@ class EngineView:
     rss_bytes: float | None = None
     cpu_pct: float | None = None
     spec: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    gateway_url: str | None = None
+    controller: ControllerView | None = None
 
     @classmethod
     def parse(cls, d: Any) -> "EngineView":
@@ -197,6 +233,8 @@ class EngineView:
             rss_bytes=_num(proc.get("rss_bytes")),
             cpu_pct=_num(proc.get("cpu_pct")),
             spec=spec,
+            gateway_url=_str(d.get("gateway_url")),
+            controller=ControllerView.parse(d.get("controller")),
         )
 
     def metric(self, key: str) -> float | None:

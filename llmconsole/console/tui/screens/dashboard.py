@@ -68,6 +68,7 @@ class DashboardScreen(Screen):
         name = self.selected_name
         self.query_one(EnginePanel).show(snap.engine(name), snap.host, app.history)
         self.query_one(LogTail).show(name, app.logs.get(name) if name else None)
+        self.query_one(ControllerPanel).show(snap.engine(name))
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         self._show_selected(self.app)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from llmconsole.console.tui.view import LogChunk, Snapshot, fmt_bytes, na
+from llmconsole.console.tui.view import EngineView, LogChunk, Snapshot, fmt_bytes, na
 
 
 class StatusLine(Static):
@@ -55,17 +55,47 @@ class AlertStrip(Static):
         self.update(Text.assemble(("alerts ", "bold"), (text, "red" if alerts else "green")))
 
 
+_SPARK = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: tuple[int, ...], lo: int | None, hi: int | None, width: int = 24) -> str:
+    """The newest `width` windows, scaled over the controller's [min, max]."""
+    values = values[-width:]
+    if not values:
+        return ""
+    lo = min(values) if lo is None else lo
+    hi = max(values) if hi is None else hi
+    span = max(1, hi - lo)
+    return "".join(_SPARK[min(7, max(0, round((v - lo) / span * 7)))] for v in values)
+
+
 class ControllerPanel(Static):
-    """The batch-window controller's trace. The gateway that runs it is not part of the daemon
-    yet, so the panel says so rather than showing an empty chart."""
+    """The selected engine's batch window at the gateway: the window and its recent history,
+    the measured signal against the target, and whether the controller is frozen."""
 
     DEFAULT_CSS = """
-    ControllerPanel { height: 1; width: 1fr; padding: 0 1; }
+    ControllerPanel { height: 1; width: 1fr; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
     """
 
     def on_mount(self) -> None:
-        self.update(Text.assemble(("batch window ", "bold"), ("not running", "dim"),
-                                  (" (no gateway)", "dim")))
+        self.show(None)
+
+    def show(self, engine: EngineView | None) -> None:
+        c = engine.controller if engine is not None else None
+        if c is None:
+            self.update(Text.assemble(("batch window ", "bold"), ("not running", "dim"),
+                                      (" (no gateway)", "dim")))
+            return
+        measured, target = c.last_measured_ms, c.target_ms
+        over = measured is not None and target is not None and measured > 1.1 * target
+        self.update(Text.assemble(
+            ("batch window ", "bold"), (na(c.window), "bold"), " ",
+            (sparkline(c.windows, c.min_window, c.max_window), "cyan"),
+            f" · p99 {c.signal or 'N/A'} ", (na(measured, "{:.0f}"), "red" if over else "green"),
+            f"/{na(target, '{:.0f}')} ms · in flight {na(c.in_flight)}, queued {na(c.queued)} · ",
+            ("frozen", "bold yellow") if c.frozen else ("controlled", "green"),
+            no_wrap=True, overflow="ellipsis",
+        ))
 
 
 class LogTail(Static):

@@ -1,0 +1,81 @@
+"""Control API routes for an engine's batch window (the gateway's admission window and its
+PID controller):
+
+  GET  /v1/engines/{name}/window    ?trace_points=N: settings, state, the group's counters and
+                                    the newest N controller steps (default 600, the whole memory)
+  POST /v1/engines/{name}/window    {"target_ms": 800, "signal": "ttft", "min_window": 4,
+                                     "max_window": 32, "freeze": true|false, "set": 12}
+                                    any subset; "set" fixes the window and freezes the controller
+
+Errors follow the rest of the API: 400 (bad input: nothing was changed), 404 (unknown engine),
+503 (the daemon runs no gateway).
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from llmconsole.engine.fleet import UnknownEngine
+from llmconsole.engine.gateway_daemon import GatewayService
+
+GATEWAY = web.AppKey("gateway", GatewayService)
+
+_SETTINGS = ("target_ms", "signal", "min_window", "max_window", "kp", "ki", "kd")
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message, "details": []}, status=status)
+
+
+def _service(request: web.Request) -> GatewayService | None:
+    return request.app.get(GATEWAY)
+
+
+async def get_window(request: web.Request) -> web.Response:
+    service = _service(request)
+    if service is None:
+        return _error(503, "this daemon runs no gateway")
+    try:
+        points = int(request.query.get("trace_points", 600))
+        return web.json_response(service.window_state(request.match_info["name"], max(0, points)))
+    except ValueError:
+        return _error(400, "trace_points must be an integer")
+    except UnknownEngine as e:
+        return _error(404, str(e))
+
+
+async def post_window(request: web.Request) -> web.Response:
+    service = _service(request)
+    if service is None:
+        return _error(503, "this daemon runs no gateway")
+    try:
+        body = await request.json() if request.can_read_body else {}
+    except ValueError:
+        return _error(400, "request body is not JSON")
+    if not isinstance(body, dict):
+        return _error(400, "request body must be a JSON object")
+    unknown = set(body) - set(_SETTINGS) - {"freeze", "set"}
+    if unknown:
+        return _error(400, f"unknown fields: {', '.join(sorted(unknown))}")
+    freeze, window = body.get("freeze"), body.get("set")
+    if freeze is not None and not isinstance(freeze, bool):
+        return _error(400, "freeze must be true or false")
+    for key in ("set", "min_window", "max_window"):
+        value = body.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            return _error(400, f"{key} must be an integer")
+    try:
+        state = service.change_window(
+            request.match_info["name"], settings={k: body[k] for k in _SETTINGS if k in body},
+            freeze=freeze, window=window,
+        )
+    except UnknownEngine as e:
+        return _error(404, str(e))
+    except (ValueError, TypeError) as e:
+        return _error(400, str(e))
+    return web.json_response(state)
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/v1/engines/{name}/window", get_window)
+    app.router.add_post("/v1/engines/{name}/window", post_window)

@@ -1,0 +1,75 @@
+"""`llmconsole window ENGINE`: the engine's batch window at the gateway and its controller.
+
+  llmconsole window demo                          show the window, the controller and recent steps
+  llmconsole window demo --target-ms 800 --signal ttft --min 4 --max 32
+  llmconsole window demo --freeze | --unfreeze     stop or resume the controller
+  llmconsole window demo --set 12                  fix the window by hand (freezes the controller)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from llmconsole.console.cli_common import EXIT_USAGE, CliError, daemon_client, na
+
+
+def _ms(v: float | None) -> str:
+    return na(v, "{:.0f} ms")
+
+
+def format_window(state: dict[str, Any], steps: int = 10) -> str:
+    mode = "frozen" if state["frozen"] else "controlled"
+    lines = [
+        f"{state['engine']}: window {state['window']} ({mode}), in flight {state['in_flight']}, "
+        f"queued {state['queued']}{'' if state['open'] else ', waiting for a ready engine'}",
+        f"  gateway  {state['gateway_url']}/v1/...",
+        f"  target   p99 {state['signal']} {_ms(state['target_ms'])}, window in "
+        f"[{state['min_window']}, {state['max_window']}], gains kp {state['kp']} ki {state['ki']} kd {state['kd']}",
+        f"  totals   admitted {state['admitted_total']}, rejected (queue full) {state['rejected_full_total']}, "
+        f"timed out {state['timed_out_total']}",
+    ]
+    trace = state.get("trace", [])[-steps:]
+    if trace:
+        lines.append("  recent steps: measured -> window (action)")
+        lines += [f"    {_ms(t['measured_ms']):>9} -> {t['window']:>3} ({t['action']})" for t in trace]
+    return "\n".join(lines)
+
+
+def cmd_window(ns: argparse.Namespace) -> int:
+    changes: dict[str, Any] = {}
+    for arg, key in (("target_ms", "target_ms"), ("signal", "signal"), ("min", "min_window"), ("max", "max_window")):
+        if getattr(ns, arg) is not None:
+            changes[key] = getattr(ns, arg)
+    if ns.freeze or ns.unfreeze:
+        changes["freeze"] = bool(ns.freeze)
+    if ns.set is not None:
+        changes["set"] = ns.set
+    from llmconsole.console.client import DaemonError
+
+    with daemon_client() as client:
+        try:
+            state = client.change_window(ns.engine, **changes) if changes else client.window(ns.engine)
+        except DaemonError as e:
+            raise CliError(str(e), EXIT_USAGE if e.status in (400, 404) else 1) from None
+    if ns.json:
+        print(json.dumps(state, indent=1))
+    else:
+        print(format_window(state))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    w = sub.add_parser("window", help="an engine's batch window at the gateway and its PID controller")
+    w.add_argument("engine")
+    w.add_argument("--target-ms", type=float, help="the latency target of the controller")
+    w.add_argument("--signal", choices=("ttft", "e2e", "tpot"), help="p99 TTFT (default), p99 end-to-end or TPOT")
+    w.add_argument("--min", type=int, help="smallest window the controller may set (default 4)")
+    w.add_argument("--max", type=int, help="largest window the controller may set (default 32)")
+    mode = w.add_mutually_exclusive_group()
+    mode.add_argument("--freeze", action="store_true", help="stop the controller; the window stays")
+    mode.add_argument("--unfreeze", action="store_true", help="resume the controller from the window now")
+    mode.add_argument("--set", type=int, metavar="N", help="fix the window at N (freezes the controller)")
+    w.add_argument("--json", action="store_true")
+    w.set_defaults(func=cmd_window)

@@ -1,0 +1,204 @@
+"""The gateway as the daemon runs it: one front door for the host, one group per engine, the
+controller loop, and the operator's window settings kept across daemon restarts.
+
+Every few hundred milliseconds the service copies each engine's state into its group (its URL,
+whether it is ready, its API key), so a restarting engine closes its group's gate and requests
+wait in the queue until it is ready again. Every controller interval each group's controller
+steps and its window moves. The trace stays in memory for the console (bounded by the
+controller) and goes to the store through `_store_trace`, the one place that writes it.
+
+The front door's port is stable per LLMCONSOLE_HOME: LLMCONSOLE_GATEWAY_PORT if set, else the
+port used last time (in gateway.json), else a free one, which is then remembered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import tempfile
+import time
+from typing import Any
+
+from llmconsole.engine.gateway import Gateway
+from llmconsole.engine.gateway_group import EngineGroup
+from llmconsole.engine.pid import PidSettings, TraceSample
+from llmconsole.engine.status import EngineState, EngineStatus
+
+log = logging.getLogger(__name__)
+
+SYNC_INTERVAL_S = 0.25
+_SETTING_KEYS = ("target_ms", "signal", "min_window", "max_window", "start_window", "kp", "ki", "kd")
+
+
+class GatewayService:
+    def __init__(self, fleet, host: str = "127.0.0.1", port: int | None = None, store=None):
+        self.fleet = fleet
+        self.store = store  # llmconsole.db.Store, or None: the trace then lives in memory only
+        self.host = host
+        self._file = fleet.paths.data_dir / "gateway.json"
+        saved = self._read_file()
+        env_port = os.environ.get("LLMCONSOLE_GATEWAY_PORT")
+        self._port = port if port is not None else int(env_port) if env_port else int(saved.get("port") or 0)
+        self._saved_groups: dict[str, dict] = saved.get("groups", {})
+        self.gateway = Gateway(host, self._port)
+        self._task: asyncio.Task | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> str:
+        try:
+            url = await self.gateway.start()
+        except OSError as e:
+            if self._port == 0 or os.environ.get("LLMCONSOLE_GATEWAY_PORT"):
+                raise
+            log.warning("gateway port %d is taken (%s); choosing another", self._port, e)
+            self.gateway = Gateway(self.host, 0)
+            url = await self.gateway.start()
+        self.sync()
+        self._save()
+        self.fleet.status_annotators.append(self.annotate)
+        self._task = asyncio.create_task(self._loop(), name="gateway-control")
+        return url
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        self._save()
+        await self.gateway.close()
+
+    # --- engines -> groups ----------------------------------------------------------------
+
+    def sync(self) -> None:
+        groups = self.gateway.groups
+        for name, sup in list(self.fleet.engines.items()):
+            group = groups.get(name)
+            if group is None:
+                group = self.gateway.add_group(EngineGroup(name, settings=self._settings_for(name)))
+                saved = self._saved_groups.get(name, {})
+                if saved.get("frozen"):
+                    group.set_window(int(saved.get("window", group.controller.window)))
+            st = sup.status()
+            key = sup.spec.api_key.get_secret_value() if sup.spec.api_key else None
+            group.set_upstream(name, st.url, st.state == EngineState.READY, key)
+            group.model_names = {st.served_model_name, st.model}
+        for name in [n for n in groups if n not in self.fleet.engines]:
+            del groups[name]
+
+    def _settings_for(self, name: str) -> PidSettings:
+        saved = self._saved_groups.get(name, {})
+        try:
+            return PidSettings(**{k: saved[k] for k in _SETTING_KEYS if k in saved})
+        except (TypeError, ValueError) as e:
+            log.warning("window settings of %s in %s are not valid (%s); using defaults", name, self._file, e)
+            return PidSettings()
+
+    async def _loop(self) -> None:
+        next_step = time.monotonic()
+        while True:
+            try:
+                self.sync()
+                now = time.monotonic()
+                if now >= next_step:
+                    next_step = now + PidSettings().interval_s
+                    samples = []
+                    for group in self.gateway.groups.values():
+                        s = group.step(now)
+                        if s is not None and s.action not in ("hold-idle", "hold-samples"):
+                            samples.append((group.name, s))
+                    if samples and self.store is not None:
+                        await asyncio.to_thread(self._store_trace, samples)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the front door must keep serving whatever a step does
+                log.exception("gateway control step failed")
+            await asyncio.sleep(SYNC_INTERVAL_S)
+
+    def _store_trace(self, samples: list[tuple[str, TraceSample]]) -> None:
+        """Write controller steps to the store when the daemon has one; idle holds are not kept."""
+        if self.store is None:
+            return
+        try:
+            self.store.add_window_trace([
+                {"group_name": g, "at_s": s.at_s, "target": s.target_ms, "measured": s.measured_ms,
+                 "error": s.error, "p": s.p, "i": s.i, "d": s.d, "window": float(s.window)}
+                for g, s in samples
+            ])
+        except Exception:
+            log.exception("writing the window trace to the store failed")
+
+    # --- what status and the control API see ----------------------------------------------
+
+    def group(self, name: str) -> EngineGroup:
+        self.fleet.get(name)  # UnknownEngine for a name the fleet does not hold
+        self.sync()
+        return self.gateway.groups[name]
+
+    def annotate(self, status: EngineStatus) -> EngineStatus:
+        group = self.gateway.groups.get(status.name)
+        if group is None:
+            return status
+        return dataclasses.replace(
+            status, gateway_url=self.gateway.group_url(status.name), window=group.admission.window,
+            controller=group.state_json(trace_points=60),
+        )
+
+    def window_state(self, name: str, trace_points: int = 600) -> dict[str, Any]:
+        return {"engine": name, "gateway_url": self.gateway.group_url(name),
+                **self.group(name).state_json(trace_points)}
+
+    def change_window(self, name: str, *, settings: dict[str, Any] | None = None,
+                      freeze: bool | None = None, window: int | None = None) -> dict[str, Any]:
+        """Apply an operator's change; bad input raises ValueError and changes nothing."""
+        group = self.group(name)
+        settings = {k: v for k, v in (settings or {}).items() if v is not None}
+        unknown = set(settings) - set(_SETTING_KEYS)
+        if unknown:
+            raise ValueError(f"unknown window settings: {', '.join(sorted(unknown))}")
+        if window is not None and freeze is False:
+            raise ValueError("setting the window freezes the controller; do not also release it")
+        old = group.controller.settings
+        if ("min_window" in settings or "max_window" in settings) and "start_window" not in settings:
+            lo, hi = settings.get("min_window", old.min_window), settings.get("max_window", old.max_window)
+            if isinstance(lo, int) and isinstance(hi, int):  # keep the start inside new bounds
+                settings["start_window"] = min(max(old.start_window, lo), max(lo, hi))
+        new = dataclasses.replace(old, **settings) if settings else old
+        if window is not None and not new.min_window <= int(window) <= new.max_window:
+            raise ValueError(f"window {window} is outside [{new.min_window}, {new.max_window}]")
+        if settings:
+            group.configure(**settings)
+        if window is not None:
+            group.set_window(int(window))
+        elif freeze is not None:
+            group.freeze(freeze)
+        self._save()
+        return self.window_state(name, trace_points=60)
+
+    # --- persistence ----------------------------------------------------------------------
+
+    def _read_file(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self._file.read_text())
+            return data if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def _save(self) -> None:
+        groups = dict(self._saved_groups)
+        for name, g in self.gateway.groups.items():
+            s = g.controller.settings
+            groups[name] = {**{k: getattr(s, k) for k in _SETTING_KEYS}, "signal": str(s.signal),
+                            "frozen": g.controller.frozen, "window": g.controller.window}
+        groups = {n: v for n, v in groups.items() if n in self.fleet.engines}
+        self._saved_groups = groups
+        data = json.dumps({"port": self.gateway.port, "groups": groups}, indent=1)
+        fd, tmp = tempfile.mkstemp(dir=self._file.parent, prefix=".gateway.", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(data)
+        os.replace(tmp, self._file)
