@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from llmconsole.db import Store
+from llmconsole.engine.responses import cpu_has_avx512
 from tests.conftest import Cli, _short_home, _stop_daemon
 
 pytestmark = [pytest.mark.engine,
@@ -32,8 +33,10 @@ pytestmark = [pytest.mark.engine,
 
 RULES = Path(__file__).resolve().parent.parent / "deploy" / "prometheus" / "llmconsole-rules.yml"
 FLAGS = ["--max-num-seqs", "8", "--max-model-len", "512", "--num-gpu-blocks-override", "6",
-         "--kv-cache-memory-bytes", "100000000", "--enforce-eager", "--cpu-threads-bind", "nobind"]
+         "--kv-cache-memory-bytes", "100000000", "--enforce-eager", "--cpu-threads-bind", "nobind",
+         "--env", "VLLM_ENABLE_V1_MULTIPROCESSING=0"]  # the worker in the engine-core process: faster starts
 KV_ALERT = "LlmconsoleKvCacheHigh"
+RESPONSES = ["window"] + ([] if cpu_has_avx512() else ["kv_dtype"]) + ["standby"]
 
 
 def _get_json(url: str, timeout_s: float = 10) -> dict:
@@ -50,9 +53,11 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def acli(tiny_model):
     home = _short_home("llmc-alert-")
-    # The daemon's own rule waits 3 s (not 5 minutes) and answers with a standby engine.
+    # The daemon's own rule waits 3 s (not 5 minutes) and answers by halving the window, then
+    # with a standby engine. Where the CPU cannot keep KV in fp8 (AVX2 only) the kv_dtype
+    # response is enabled too, and must be refused with the reason and leave the engine alone.
     (home / "responses.json").write_text(json.dumps(
-        {"responses": {KV_ALERT: ["standby"]}, "for_s": {KV_ALERT: 3}, "interval_s": 1}))
+        {"responses": {KV_ALERT: RESPONSES}, "for_s": {KV_ALERT: 3}, "interval_s": 1}))
     c = Cli(home)
     c("daemon", "start")
     c("engine", "start", "p1", "--model", str(tiny_model), "--served-model-name", "tiny", *FLAGS)
@@ -193,6 +198,16 @@ def test_the_standby_response_serves_through_the_gateway(acli):
     window = json.loads(acli("window", "p1", "--json").stdout)
     assert set(window["engines"]) == {"p1", "p1-standby"}
 
+    # the window response halved the window (and froze the controller there)
+    lowered = next(r for r in data["responses"] if r["kind"] == "response:window")
+    assert lowered["outcome"] == "applied" and lowered["detail"]["alert_id"] == response["detail"]["alert_id"]
+    assert (lowered["detail"]["window_before"], lowered["detail"]["window_after"]) == (8, 4)
+    assert window["window"] == 4 and window["frozen"] is True
+    if "kv_dtype" in RESPONSES:  # refused on an AVX2-only CPU, with the reason, and nothing changed
+        kv = next(r for r in data["responses"] if r["kind"] == "response:kv_dtype")
+        assert kv["outcome"] == "refused" and "AVX-512" in kv["detail"]["error"]
+        assert acli.engine("p1")["spec"]["kv_cache_dtype"] == "auto"
+
     def served_by_standby() -> float:
         text = urllib.request.urlopen(f"{sb['url']}/metrics", timeout=10).read().decode()
         return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
@@ -217,7 +232,12 @@ def test_the_standby_response_serves_through_the_gateway(acli):
     assert results == [200] * 8
     assert served_by_standby() > before  # least-outstanding routing sent some of them to the standby
 
-    # undo: the standby stops and leaves the group
+    # undo from the console: the window comes back and the controller runs again ...
+    out = json.loads(acli("alerts", "--undo", str(lowered["id"])).stdout)
+    assert out["window"] == 8
+    window = json.loads(acli("window", "p1", "--json").stdout)
+    assert window["frozen"] is False  # the controller runs again, from 8
+    # ... and the standby stops and leaves the group
     out = json.loads(acli("alerts", "--undo", str(response["id"])).stdout)
     assert out["stopped"] == "p1-standby"
     assert acli.engine("p1-standby") is None

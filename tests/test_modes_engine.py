@@ -22,7 +22,8 @@ pytestmark = pytest.mark.engine
 
 BUDGET_BYTES = 8 << 20
 FLAGS = ["--max-num-seqs", "8", "--max-model-len", "512", "--kv-cache-memory-bytes", str(5 << 20),
-         "--enforce-eager", "--cpu-threads-bind", "nobind"]
+         "--enforce-eager", "--cpu-threads-bind", "nobind",
+         "--env", "VLLM_ENABLE_V1_MULTIPROCESSING=0"]  # the worker in the engine-core process: faster starts
 
 
 @pytest.fixture(scope="module")

@@ -68,6 +68,10 @@ class _StepFailed(RuntimeError):
     pass
 
 
+class _MovedAway(_StepFailed):
+    """The fleet's own rollback took the engine off the config before the apply saw it fail."""
+
+
 @dataclass(frozen=True)
 class ApplyResult:
     engine: str
@@ -126,6 +130,9 @@ async def guarded_apply(fleet, name: str, new_spec: EngineSpec, *, store=None, g
             await _smoke(sup)
         except (_StepFailed, asyncio.TimeoutError, OSError, aiohttp.ClientError) as e:
             reason = str(e) or type(e).__name__
+            why = _exit_reason(store, name, new_spec.config_id) if isinstance(e, _MovedAway) else None
+            if why:
+                reason = f"config {new_spec.config_id} did not start: {why}"
             log.warning("apply of %s to %s failed (%s); going back to %s", new_spec.config_id, name, reason,
                         before.config_id)
             try:
@@ -144,6 +151,14 @@ async def guarded_apply(fleet, name: str, new_spec: EngineSpec, *, store=None, g
     return ApplyResult(name, before.config_id, new_spec.config_id, kv, took, action_id)
 
 
+def _exit_reason(store, name: str, config_id: str) -> str | None:
+    """Why the last run on `config_id` ended, as the recorder wrote it when the run failed."""
+    if store is None:
+        return None
+    runs = [r for r in store.runs(name, limit=5) if r.config_id == config_id and r.exit_reason]
+    return runs[-1].exit_reason if runs else None
+
+
 async def _drain(gate: Gate, name: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while gate.in_flight(name) > 0:
@@ -156,7 +171,7 @@ async def _wait_ready(sup, config_id: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         if sup.spec.config_id != config_id:
-            raise _StepFailed(f"engine {sup.name} was moved to config {sup.spec.config_id} meanwhile "
+            raise _MovedAway(f"engine {sup.name} was moved to config {sup.spec.config_id} meanwhile "
                               f"({sup.last_error or 'an automatic rollback'})")
         if sup.state == EngineState.READY:
             return

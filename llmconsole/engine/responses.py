@@ -199,8 +199,9 @@ class ResponseService:
                 self._alert_ids[key] = await asyncio.to_thread(
                     self.store.alert_fired, t.rule, rule.severity, engine=t.engine, detail=detail)
                 log.warning("alert %s firing on %s", t.rule, t.engine)
-                for action in self.settings["responses"].get(t.rule, []):
-                    self._spawn(self.respond(action, t.engine, trigger=t.rule, alert_id=self._alert_ids[key]))
+                actions = self.settings["responses"].get(t.rule, [])
+                if actions:
+                    self._spawn(self._respond_all(actions, t.engine, t.rule, self._alert_ids[key]))
             else:
                 alert_id = self._alert_ids.pop(key, None)
                 if alert_id is not None:
@@ -214,6 +215,11 @@ class ResponseService:
         task.add_done_callback(self._tasks.discard)
 
     # --- responses ------------------------------------------------------------------------
+
+    async def _respond_all(self, actions: list[str], engine: str, trigger: str, alert_id: int) -> None:
+        """One alert's responses, in the order configured: each sees what the last one did."""
+        for action in actions:
+            await self.respond(action, engine, trigger=trigger, alert_id=alert_id)
 
     async def respond(self, action: str, engine: str, *, trigger: str, alert_id: int | None = None) -> dict[str, Any]:
         """Carry out one response; it is recorded whatever happens. Returns the action's record."""

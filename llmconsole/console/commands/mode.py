@@ -88,10 +88,10 @@ def cmd_alerts(ns: argparse.Namespace) -> int:
     with daemon_client() as client:
         try:
             if ns.undo is not None:
-                print(json.dumps(client._call("POST", f"/responses/{ns.undo}/undo"), indent=1))
+                print(json.dumps(client.undo_response(ns.undo), indent=1))
                 return 0
             if ns.enable or ns.for_s or ns.disable_all:
-                settings = client._call("GET", "/responses/config")
+                settings = client.response_config()
                 if ns.disable_all:
                     settings["responses"] = {}
                 for rule, actions in _pairs(ns.enable, "--enable").items():
@@ -101,8 +101,8 @@ def cmd_alerts(ns: argparse.Namespace) -> int:
                         settings["for_s"][rule] = float(seconds)
                     except ValueError:
                         raise CliError(f"--for-s {rule}={seconds}: give seconds", EXIT_USAGE) from None
-                client._call("POST", "/responses/config", json=settings)
-            data = client._call("GET", "/alerts")
+                client.response_config(settings)
+            data = client.alerts()
         except DaemonError as e:
             raise CliError(str(e), EXIT_USAGE if e.status in (400, 404) else 1) from None
     print(json.dumps(data, indent=1) if ns.json else format_alerts(data))
