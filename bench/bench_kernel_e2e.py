@@ -18,6 +18,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -62,6 +63,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # A timeout's SIGTERM must still stop the engines (the finally below).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     home = Path(tempfile.mkdtemp(prefix="llmc-e2e-", dir="/tmp"))
     max_len = args.input_len + args.output_len + 16
     flags = ["--model", args.model, "--served-model-name", "m", "--max-num-seqs",

@@ -22,7 +22,9 @@ pytestmark = pytest.mark.engine
 
 ENGINE_FLAGS = ["--served-model-name", "tiny", "--max-num-seqs", "16", "--max-model-len", "512",
                 "--kv-cache-memory-bytes", "50000000", "--enforce-eager",
-                "--cpu-threads-bind", "nobind", "--seed", "1234"]
+                "--cpu-threads-bind", "nobind", "--seed", "1234",
+                # The worker runs inside the engine-core process: ~15 s less per start.
+                "--env", "VLLM_ENABLE_V1_MULTIPROCESSING=0"]
 PROMPTS = [
     "The quick brown fox", "Once upon a time", "In the beginning", "A B C D E F G",
     "hello world hello world", "Numbers: 1 2 3 4 5 6 7 8 9", "The console shows each engine",
