@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from llmconsole.db import Store
-from llmconsole.engine.responses import cpu_has_avx512
+from llmconsole.engine.responses_settings import cpu_has_avx512
 from tests.conftest import Cli, _short_home, _stop_daemon
 
 pytestmark = [pytest.mark.engine,
@@ -177,7 +177,7 @@ def test_kv_pressure_fires_the_alert_in_prometheus_and_the_daemon(acli, promethe
             time.sleep(1)
     finally:
         stop.set()
-    assert 200 in statuses
+    assert all(s == 200 for s in statuses), statuses  # pressure slows requests; none fails
     q = _get_json(f"{prometheus}/api/v1/query?query=llmconsole_alert_state%7Brule%3D%22{KV_ALERT}%22%7D")
     assert q["data"]["result"], "the daemon exports its own alert state"
 

@@ -10,7 +10,7 @@ import pytest
 from llmconsole.engine import alert_rules as ar
 from llmconsole.engine.mode_policy import PolicySettings, PolicyState, replay, step, used_fraction, wanted_mode
 from llmconsole.engine.modes import Mode, ModeError, cpu_kv_budget_bytes, mode_of, mode_spec, parse_mode
-from llmconsole.engine.responses import _validate_settings, kv_dtype_spec, kv_dtype_support
+from llmconsole.engine.responses_settings import kv_dtype_spec, kv_dtype_support, validate_settings
 from llmconsole.engine.spec import EngineSpec
 
 TRACE = Path(__file__).parent / "fixtures" / "memory" / "host_trace.jsonl"
@@ -160,10 +160,10 @@ def test_kv_dtype_refused_on_avx2_only_cpus(spec):
 
 
 def test_response_settings_are_checked():
-    assert _validate_settings({})["responses"] == {}
-    ok = _validate_settings({"responses": {ar.KV_CACHE_HIGH: ["standby", "window"]}, "for_s": {ar.KV_CACHE_HIGH: 5}})
+    assert validate_settings({})["responses"] == {}
+    ok = validate_settings({"responses": {ar.KV_CACHE_HIGH: ["standby", "window"]}, "for_s": {ar.KV_CACHE_HIGH: 5}})
     assert ok["responses"][ar.KV_CACHE_HIGH] == ["standby", "window"]
     for bad in ({"responses": {"Nope": ["window"]}}, {"responses": {ar.KV_CACHE_HIGH: ["reboot"]}},
                 {"for_s": {ar.KV_CACHE_HIGH: -1}}, {"colour": 1}):
         with pytest.raises(ValueError):
-            _validate_settings(bad)
+            validate_settings(bad)

@@ -29,7 +29,8 @@ from llmconsole.engine.fleet import UnknownEngine
 from llmconsole.engine.guarded_apply import ApplyFailed, ApplyRefused, guarded_apply
 from llmconsole.engine.mode_policy import PolicySettings, PolicyState, step, used_fraction
 from llmconsole.engine.modes import AUTO, Mode, ModeError, cpu_kv_budget_bytes, mode_of, mode_spec, parse_mode
-from llmconsole.engine.responses import GroupGate, ResponseRefused, ResponseService
+from llmconsole.engine.responses import ResponseService
+from llmconsole.engine.responses_settings import GroupGate
 from llmconsole.engine.status import EngineState, EngineStatus
 from llmconsole.engine.supervisor import EngineBusy
 

@@ -122,9 +122,13 @@ async def guarded_apply(fleet, name: str, new_spec: EngineSpec, *, store=None, g
     if gate is not None:
         gate.hold(name, True)
     try:
-        try:
-            if gate is not None:
+        if gate is not None:
+            try:
                 await _drain(gate, name, drain_timeout_s)
+            except _StepFailed as e:  # nothing was restarted: a refusal, not a rollback
+                _record_end(store, action_id, "refused", {"error": str(e)})
+                raise ApplyRefused(f"engine {name} was left as it was: {e}") from None
+        try:
             await fleet.restart(name, new_spec, force=True)  # checked above
             await _wait_ready(sup, new_spec.config_id, ready_timeout_s)
             await _smoke(sup)

@@ -28,69 +28,15 @@ from llmconsole.engine import alert_rules as ar
 from llmconsole.engine.guarded_apply import ApplyFailed, ApplyRefused, guarded_apply
 from llmconsole.engine.mode_policy import used_fraction
 from llmconsole.engine.modes import Mode, cpu_kv_budget_bytes, mode_of, mode_spec
+from llmconsole.engine.responses_settings import (ACTIONS, GroupGate, ResponseRefused, kv_dtype_spec,
+                                                  kv_dtype_support, validate_settings)
 from llmconsole.engine.spec import EngineSpec
 from llmconsole.engine.status import EngineState
 
 log = logging.getLogger(__name__)
 
-ACTIONS = ("window", "mode", "kv_dtype", "standby")
 STANDBY_SUFFIX = "-standby"
 _TIGHTER = {Mode.PERFORMANCE: Mode.BALANCED, Mode.BALANCED: Mode.AGGRESSIVE}
-
-
-class ResponseRefused(ValueError):
-    pass
-
-
-def cpu_has_avx512(cpuinfo: str | None = None) -> bool:
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return False
-    return any(line.startswith("flags") and " avx512f" in line for line in cpuinfo.splitlines())
-
-
-def kv_dtype_support(device: str, cpuinfo: str | None = None) -> tuple[bool, str]:
-    """Whether an fp8 KV cache can run here, and why not when it cannot."""
-    if device == "cpu" and not cpu_has_avx512(cpuinfo):
-        return False, ("this CPU has AVX2 but no AVX-512: vLLM's CPU backend cannot keep the KV cache in fp8 "
-                       "here; the engine stays on its current KV dtype")
-    return True, "fp8 KV cache supported"
-
-
-def kv_dtype_spec(spec: EngineSpec) -> EngineSpec:
-    """The spec with its KV dtype flipped: auto -> fp8, any fp8 -> auto."""
-    fields = spec.config_dict()
-    fields["kv_cache_dtype"] = "auto" if spec.kv_cache_dtype.startswith("fp8") else "fp8"
-    if spec.api_key is not None:
-        fields["api_key"] = spec.api_key.get_secret_value()
-    return EngineSpec(**fields)
-
-
-def _validate_settings(data: dict[str, Any]) -> dict[str, Any]:
-    """{"responses": {rule: [action, ...]}, "for_s": {rule: seconds}}; ValueError names what is wrong."""
-    if not isinstance(data, dict):
-        raise ValueError("response settings must be a JSON object")
-    unknown = set(data) - {"responses", "for_s", "interval_s"}
-    if unknown:
-        raise ValueError(f"unknown response settings: {', '.join(sorted(unknown))}")
-    responses = data.get("responses", {})
-    for_s = data.get("for_s", {})
-    for rule, actions in responses.items():
-        if rule not in ar.DEFAULT_RULES:
-            raise ValueError(f"unknown rule {rule!r}: rules are {', '.join(ar.DEFAULT_RULES)}")
-        if not isinstance(actions, list) or any(a not in ACTIONS for a in actions):
-            raise ValueError(f"responses to {rule} must be a list drawn from {', '.join(ACTIONS)}")
-    for rule, seconds in for_s.items():
-        if rule not in ar.DEFAULT_RULES:
-            raise ValueError(f"unknown rule {rule!r}")
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
-            raise ValueError(f"for_s of {rule} must be a number of seconds >= 0")
-    interval = data.get("interval_s", 2.0)
-    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0.2 <= interval <= 60:
-        raise ValueError("interval_s must be between 0.2 and 60 seconds")
-    return {"responses": {k: list(v) for k, v in responses.items()}, "for_s": dict(for_s), "interval_s": interval}
 
 
 class ResponseService:
@@ -115,12 +61,12 @@ class ResponseService:
 
     def _read_settings(self) -> dict[str, Any]:
         try:
-            return _validate_settings(json.loads(self.settings_path.read_text()))
+            return validate_settings(json.loads(self.settings_path.read_text()))
         except FileNotFoundError:
-            return _validate_settings({})
+            return validate_settings({})
         except (OSError, ValueError) as e:
             log.error("response settings in %s ignored (%s): every response stays off", self.settings_path, e)
-            return _validate_settings({})
+            return validate_settings({})
 
     def _apply_for_s(self) -> None:
         rules = dict(ar.DEFAULT_RULES)
@@ -130,7 +76,7 @@ class ResponseService:
 
     def configure(self, data: dict[str, Any]) -> dict[str, Any]:
         """Replace the settings (ValueError leaves them as they were) and keep them on disk."""
-        self.settings = _validate_settings(data)
+        self.settings = validate_settings(data)
         self._apply_for_s()
         tmp = self.settings_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.settings, indent=1))
@@ -248,7 +194,7 @@ class ResponseService:
         return {"action_id": action_id, "outcome": outcome, **more}
 
     def _gate(self):
-        return _GroupGate(self.gateway) if self.gateway is not None else None
+        return GroupGate(self.gateway) if self.gateway is not None else None
 
     async def _apply(self, engine: str, spec: EngineSpec, trigger: str) -> tuple[str, dict[str, Any]]:
         sup = self.fleet.get(engine)
@@ -378,22 +324,3 @@ class ResponseService:
     def alert_states(self) -> list[dict[str, Any]]:
         return [{"rule": a.rule, "engine": a.engine, "state": a.state,
                  "for_s": round(time.monotonic() - a.since_s, 1)} for a in self.tracker.active.values()]
-
-
-class _GroupGate:
-    """The gateway as guarded_apply's Gate: hold a group, count its requests in flight."""
-
-    def __init__(self, service):
-        self.service = service
-
-    def hold(self, engine: str, held: bool) -> None:
-        group = self.service.gateway.groups.get(engine)
-        if group is not None:
-            group.hold(held)
-
-    def in_flight(self, engine: str) -> int:
-        group = self.service.gateway.groups.get(engine)
-        return group.admission.in_flight if group is not None else 0
-
-
-GroupGate = _GroupGate
