@@ -68,8 +68,9 @@ def ours(url: str, model_dir: str, served: str, a: argparse.Namespace, k: int) -
     plan = plan_requests(wl, load_tokenizer(model_dir))
     s = asyncio.run(run_load(url, served, wl, plan=plan)).summary
     return {"request_throughput": s.request_throughput_req_s, "median_ttft_ms": s.ttft.median_ms,
-            "output_throughput": s.output_throughput_tok_s, "median_tpot_ms": s.tpot.median_ms,
-            "completed": s.completed}
+            "mean_ttft_ms": s.ttft.mean_ms, "p99_ttft_ms": s.ttft.p99_ms, "output_throughput": s.output_throughput_tok_s,
+            "median_tpot_ms": s.tpot.median_ms, "median_e2el_ms": s.e2e.median_ms, "completed": s.completed,
+            "total_input_tokens": s.input_tokens, "total_output_tokens": s.output_tokens, "duration": s.duration_s}
 
 
 def main() -> None:
@@ -109,9 +110,14 @@ def main() -> None:
 
     print(f"\nworkload: {a.num_prompts} prompts, {a.input_len} in / {a.output_len} out, ignore_eos, "
           f"{a.concurrency} concurrent, {a.runs} alternating runs each; medians")
+    print(f"host load average (1 min) at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(f"{'':22}{'vllm bench serve':>18}{'llmconsole load':>18}{'ours / vLLM':>14}")
     for key, label in (("request_throughput", "requests/s"), ("median_ttft_ms", "median TTFT (ms)"),
-                       ("output_throughput", "output tok/s"), ("median_tpot_ms", "median TPOT (ms)")):
+                       ("mean_ttft_ms", "mean TTFT (ms)"), ("p99_ttft_ms", "p99 TTFT (ms)"),
+                       ("output_throughput", "output tok/s"), ("median_tpot_ms", "median TPOT (ms)"),
+                       ("median_e2el_ms", "median e2e (ms)"), ("duration", "duration (s)"),
+                       ("completed", "completed"), ("total_input_tokens", "input tokens"),
+                       ("total_output_tokens", "output tokens")):
         v = statistics.median(r[key] for r in v_runs)
         o = statistics.median(r[key] for r in o_runs)
         print(f"{label:22}{v:>18.2f}{o:>18.2f}{o / v:>13.3f}x")
