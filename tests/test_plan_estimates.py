@@ -8,7 +8,7 @@ import pytest
 
 from llmconsole.engine.cost import CostInputs, estimate_cost, tco_per_gpu_usd
 from llmconsole.engine.devices import (
-    CPU_MEASURED_TOK_S, cpu_profile, device_names, gpu_profile, profile, with_price,
+    CPU_MEASURED_TOK_S, cpu_profile, device_names, gpu_profile, profile, profile_for_gpu_name, with_price,
 )
 from llmconsole.engine.model_shape import read_shape
 from llmconsole.engine.model_shape import shape_from_config
@@ -123,3 +123,12 @@ def test_cpu_estimate_matches_the_measured_tiny_engine_within_15_percent(tiny_mo
                      step_overhead_s=dev.step_overhead_s, seq_overhead_s=dev.seq_overhead_s)
     est = operating_point(step, streams, 100, 400).output_tok_s
     assert abs(est - CPU_MEASURED_TOK_S[streams]) / CPU_MEASURED_TOK_S[streams] < 0.15
+
+
+@pytest.mark.parametrize("nvml_name, expected", [
+    ("NVIDIA A100-SXM4-80GB", "A100-80GB"), ("NVIDIA A100-PCIE-40GB", "A100-40GB"), ("NVIDIA A10G", "A10G"),
+    ("Tesla V100S-PCIE-32GB", "V100S-32GB"), ("NVIDIA L4", "L4"), ("NVIDIA H100 80GB HBM3", "H100-80GB"),
+    ("NVIDIA H200", "H200-141GB"), ("NVIDIA GeForce RTX 4090", None), ("NVIDIA L40S", None),
+])
+def test_nvml_names_map_to_the_shipped_profiles(nvml_name, expected):
+    assert profile_for_gpu_name(nvml_name) == expected

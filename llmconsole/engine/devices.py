@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
@@ -131,6 +132,20 @@ def cpu_profile(measure_bandwidth: bool = False) -> DeviceProfile:
         source=f"this host: {cores} cores at {hz / 1e9:.1f} GHz (psutil), bandwidth "
                + ("measured" if measured else "assumed (pass --measure-bandwidth to measure)"),
     )
+
+
+# NVML names (e.g. "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3") to profiles, most specific first.
+_NVML_NAMES = ((r"\bH200\b", "H200-141GB"), (r"\bH100\b", "H100-80GB"), (r"\bA100\b", "80GB", "A100-80GB"),
+               (r"\bA100\b", "A100-40GB"), (r"\bA10G?\b", "A10G"), (r"\bL4\b", "L4"), (r"\bV100", "V100S-32GB"))
+
+
+def profile_for_gpu_name(nvml_name: str) -> str | None:
+    """The shipped profile closest to a GPU as NVML names it, or None for a part we do not know."""
+    upper = nvml_name.upper()
+    for *patterns, name in _NVML_NAMES:
+        if all(re.search(p, upper) for p in patterns):
+            return name
+    return None
 
 
 def profile(name: str, measure_bandwidth: bool = False) -> DeviceProfile:

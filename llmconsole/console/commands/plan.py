@@ -15,7 +15,8 @@ from pydantic import ValidationError
 from llmconsole.console.cli_common import EXIT_USAGE, CliError
 from llmconsole.console.spec_flags import add_spec_flags, spec_overrides
 from llmconsole.engine.cost import CostInputs
-from llmconsole.engine.devices import device_names, profile, with_price
+from llmconsole.engine.devices import device_names, profile, profile_for_gpu_name, with_price
+from llmconsole.engine.host import HostProbe
 from llmconsole.engine.planner import Plan, make_plan
 from llmconsole.engine.recommend import parse_workload
 from llmconsole.engine.spec import EngineSpec, validation_messages
@@ -28,8 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Exact KV arithmetic from the model's config.json, roofline estimates, cost, and "
                     "recommendations for a workload. Engine flags are vLLM's own names.",
     )
-    p.add_argument("--device", default="cpu", type=str.strip,
-                   help=f"one of {', '.join(device_names())} (default: cpu, this host)")
+    p.add_argument("--device", default="auto", type=str.strip,
+                   help=f"one of {', '.join(device_names())}; auto (the default): this host's first GPU "
+                        "as NVML names it, else cpu")
     p.add_argument("--tp", type=int, default=None, metavar="N", help="tensor-parallel size (--tensor-parallel-size)")
     p.add_argument("--workload", default=None, metavar="SPEC",
                    help="prompt=TOKENS,output=TOKENS,goal=real-time|throughput,p99=S,qps=N (any subset)")
@@ -61,6 +63,18 @@ def _cost_inputs(items: list[str]) -> CostInputs:
         raise CliError(str(e), EXIT_USAGE) from None
 
 
+def _device_name(given: str) -> str:
+    if given != "auto":
+        return given
+    gpus = HostProbe().sample_gpus()
+    if not gpus:
+        return "cpu"
+    name = profile_for_gpu_name(gpus[0].name or "")
+    if name is None:
+        raise CliError(f"no profile for this host's GPU ({gpus[0].name}); pass --device", EXIT_USAGE)
+    return name
+
+
 def build_plan(ns: argparse.Namespace) -> Plan:
     if not hasattr(ns, "model"):
         raise CliError("plan needs --model DIR|NAME", EXIT_USAGE)
@@ -69,7 +83,7 @@ def build_plan(ns: argparse.Namespace) -> Plan:
         if ns.tp is not None:
             fields["tensor_parallel_size"] = ns.tp
         spec = EngineSpec(**fields)
-        device = with_price(profile(ns.device, ns.measure_bandwidth), ns.price_usd, ns.power_w)
+        device = with_price(profile(_device_name(ns.device), ns.measure_bandwidth), ns.price_usd, ns.power_w)
         workload = parse_workload(ns.workload)
         topology = load_topology(Path(ns.topology)) if ns.topology else (
             read_topology() if device.kind == "cuda" else None)
