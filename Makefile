@@ -31,7 +31,20 @@ $(VENV)/.install-stamp: pyproject.toml $(VENV)/.vllm-stamp
 	$(PIP) install -q -e '.[test]'
 	@touch $@
 
-setup: $(VENV)/.install-stamp
+# Debian tools the suite drives for real: tmux (the console in a real terminal), promtool and
+# prometheus (the alert rules' tests and a live Prometheus on loopback; the package's service is
+# never started by the tests, which run their own server). Installed only where missing; needs
+# root or sudo.
+DEBIAN_TOOLS := tmux:tmux promtool:prometheus
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+$(VENV)/.debian-stamp: | $(PY)
+	@missing=""; for pair in $(DEBIAN_TOOLS); do cmd=$${pair%%:*}; pkg=$${pair#*:}; \
+		command -v $$cmd >/dev/null || missing="$$missing $$pkg"; done; \
+	if [ -n "$$missing" ]; then echo "installing$$missing (Debian packages)"; \
+		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; fi
+	@touch $@
+
+setup: $(VENV)/.install-stamp $(VENV)/.debian-stamp
 
 $(MODELS)/%/llmconsole-model.json: $(VENV)/.install-stamp
 	$(VENV)/bin/llmconsole model build --size $* --out $(MODELS)/$*
@@ -41,11 +54,12 @@ models: $(MODELS)/tiny/llmconsole-model.json $(MODELS)/small/llmconsole-model.js
 test: setup $(MODELS)/tiny/llmconsole-model.json
 	LLMCONSOLE_TEST_MODEL=$(CURDIR)/$(MODELS)/tiny $(PY) -m pytest $(PYTEST_ARGS)
 
-# Until the console lands: the daemon and one engine on the `small` model, then its status.
+# The daemon and a demo engine on the `small` model (a no-op when it already runs), then the
+# console, which shows it come up. Quitting the console leaves the engine serving.
 run: setup $(MODELS)/small/llmconsole-model.json
 	$(VENV)/bin/llmconsole engine start demo --model $(MODELS)/small --max-num-seqs 16 \
-		--max-model-len 2048 --kv-cache-memory-bytes 268435456 --enforce-eager
-	$(VENV)/bin/llmconsole status
+		--max-model-len 2048 --kv-cache-memory-bytes 268435456 --enforce-eager --no-wait
+	$(VENV)/bin/llmconsole console
 
 bench: setup $(MODELS)/tiny/llmconsole-model.json
 	LLMCONSOLE_TEST_MODEL=$(CURDIR)/$(MODELS)/tiny $(PY) bench/run_all.py

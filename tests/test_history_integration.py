@@ -78,9 +78,13 @@ def test_rollback_restarts_on_the_previous_config_and_history_shows_both_runs(hc
 
 def test_a_config_that_dies_at_start_is_rolled_back_automatically(hcli):
     good = hcli.engine("e1")["config_id"]
-    # Room for 100 kB of KV cannot hold one 512-token sequence: vLLM refuses at start.
+    # Room for 100 kB of KV cannot hold one 512-token sequence. The planner refuses that before
+    # launch (nothing changes, exit 2); forced, vLLM refuses at start and the daemon rolls back.
     r = hcli("engine", "restart", "e1", "--kv-cache-memory-bytes", "100000", check=False)
+    assert r.returncode == 2 and hcli.engine("e1")["config_id"] == good
+    r = hcli("engine", "restart", "e1", "--kv-cache-memory-bytes", "100000", "--force", check=False)
     assert r.returncode == 1
+    assert "rolled it back" in r.stderr or "failed to start" in r.stderr
     e = hcli.wait_engine("e1", lambda x: x["state"] == "ready" and x["config_id"] == good, timeout_s=300)
     assert e["config_id"] == good
     bad = [h for h in _history(hcli) if h["verdict"] == "known_bad"]
@@ -113,3 +117,24 @@ def test_export_of_the_session_is_complete_and_holds_no_secret(hcli, tmp_path):
     assert (out / "plots" / "throughput.svg").exists()
     assert (out / "logs" / "e1.log").exists()
     assert oct(os.stat(hcli.home / "llmconsole.db").st_mode & 0o777) == "0o600"
+
+
+def test_kill_9_of_the_daemon_keeps_a_sound_database_with_every_action(hcli):
+    import signal
+    import time
+
+    before = _actions(hcli)
+    pid = json.loads(hcli("daemon", "status", "--json").stdout)["pid"]
+    time.sleep(2.5)  # the recorder is writing 1 s samples of a serving engine
+    os.kill(pid, signal.SIGKILL)
+    db = sqlite3.connect(hcli.home / "llmconsole.db")
+    try:
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert db.execute("SELECT count(*) FROM metric_samples").fetchone()[0] > 0
+    finally:
+        db.close()
+    assert _actions(hcli) == before
+    hcli("daemon", "start")  # a new daemon adopts the engine and reopens the same store
+    e = hcli.wait_engine("e1", lambda x: x["state"] == "ready", timeout_s=60)
+    assert e["adopted"] is True
+    assert _history(hcli)[0]["in_use"]

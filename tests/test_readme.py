@@ -9,4 +9,4 @@ def test_readme_key_table_matches_the_bindings():
     readme = (Path(__file__).parent.parent / "README.md").read_text()
     begin, end = readme.index("<!-- keys:begin"), readme.index("<!-- keys:end -->")
     shown = readme[begin:end].split("-->", 1)[1].strip()
-    assert shown == markdown_key_table(), "regenerate the README's key table (see the comment above it)"
+    assert shown == markdown_key_table(), "run docs/update_readme_keys.py"

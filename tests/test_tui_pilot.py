@@ -17,7 +17,7 @@ from llmconsole.console.tui.screens.dashboard import DashboardScreen
 from llmconsole.console.tui.screens.engine import DetailScreen, LogsScreen
 from llmconsole.console.tui.screens.form import EngineFormScreen
 from llmconsole.console.tui.screens.help import HelpScreen
-from tests.test_tui_support import frames, lost_frame, recorded_app, replay, status_frame
+from tests.test_tui_support import frames, history_frame, lost_frame, recorded_app, replay, status_frame
 
 
 def run(coro):
@@ -292,4 +292,32 @@ def test_a_palette_action_that_is_not_allowed_says_why():
             await pilot.pause()
             assert any("engine t1 is ready" in n.message for n in app._notifications)
             assert source.commands == []
+    run(go())
+
+
+def test_history_lists_versions_and_rollback_asks_then_sends_the_chosen_version():
+    async def go():
+        current = frames()[-1]["status"]["engines"][0]["config_id"]
+        app, source = recorded_app([history_frame(current)])
+        async with app.run_test(size=(120, 40)) as pilot:
+            await replay(pilot)
+            await pilot.press("h")
+            await _wait(pilot, lambda: getattr(app.screen, "versions", ()), "the history to load")
+            table = app.screen.query_one("#history-table")
+            assert table.row_count == 2
+            assert "max_num_seqs: 16→8" in str(table.get_row_at(0)[-1])
+            # The version in use is selected first: rolling back to it is not offered.
+            assert app.check_action("rollback_selected", ()) is None
+            await pilot.press("b")
+            await pilot.pause()
+            assert not isinstance(app.screen, ConfirmScreen) and source.commands == []
+            await pilot.press("down")
+            await pilot.pause()
+            assert app.check_action("rollback_selected", ()) is True
+            await pilot.press("b")
+            await pilot.pause()
+            assert isinstance(app.screen, ConfirmScreen) and source.commands == []
+            await pilot.press("y")
+            await _wait(pilot, lambda: source.commands, "the rollback command")
+            assert source.commands == [Command("rollback", "t1", {"to": "0123456789ab"})]
     run(go())

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_tui_support import lost_frame, recorded_app, replay
+from tests.test_tui_support import frames, history_frame, lost_frame, recorded_app, replay
 
 SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((120, 40), id="120x40")]
 
@@ -69,3 +69,10 @@ def test_daemon_lost_banner(snap_compare, size):
 def test_logs(snap_compare, size):
     app, _ = recorded_app()
     assert snap_compare(app, terminal_size=size, run_before=_run("l"))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_history(snap_compare, size):
+    current = frames()[-1]["status"]["engines"][0]["config_id"]
+    app, _ = recorded_app([history_frame(current)])
+    assert snap_compare(app, terminal_size=size, run_before=_run("h", "down"))

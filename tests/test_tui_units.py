@@ -23,10 +23,10 @@ TUI_DIR = Path(__file__).parent.parent / "llmconsole" / "console" / "tui"
 # --- keys -------------------------------------------------------------------------------------
 
 def test_keymap_is_read_from_llmconsole_home(tmp_path):
-    (tmp_path / "console.toml").write_text('[keys]\nstop = "x"\nhelp = "h"\n')
+    (tmp_path / "console.toml").write_text('[keys]\nstop = "x"\nhelp = "H"\n')
     path = config_path({"LLMCONSOLE_HOME": str(tmp_path)})
     assert path == tmp_path / "console.toml"
-    assert load_keymap(path) == {"stop": "x", "help": "h"}
+    assert load_keymap(path) == {"stop": "x", "help": "H"}
 
 
 def test_keymap_falls_back_to_the_user_config_dir(tmp_path):

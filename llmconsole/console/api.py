@@ -34,7 +34,9 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from llmconsole import __version__
+from llmconsole.console.api_history import STORE, ActionLog, session_of
 from llmconsole.console.api_window import add_routes as add_window_routes
+from llmconsole.console.api_modes import add_routes as add_mode_routes
 from llmconsole.engine.fleet import Fleet, UnknownEngine, check_name
 from llmconsole.engine.spec import EngineSpec, validation_messages
 from llmconsole.engine.supervisor import EngineBusy
@@ -136,26 +138,37 @@ def _engine_handler(action: str):
         fleet = request.app[FLEET]
         name = request.match_info["name"]
         body = await _json_body(request)
+        actions = ActionLog(request.app.get(STORE))
+        action_id = None
         try:
             check_name(name)
-            if action == "start":
+            before = fleet.engines[name].spec if name in fleet.engines else None
+            spec = None
+            if action in ("start", "restart"):
                 spec = None if name not in fleet.engines and body.get("spec") is None else _spec_from_body(fleet, name, body)
                 if name not in fleet.engines and spec is None:
                     return _error(400, f"engine {name} is new: give it a spec (at least a model)")
+            after = spec if spec is not None else (before if action != "stop" else None)
+            action_id = actions.begin(action, name, peer_user(request), session_id=session_of(request),
+                                      from_spec=before, to_spec=after)
+            if action == "start":
                 await fleet.start(name, spec, force=bool(body.get("force")))
             elif action == "restart":
-                await fleet.restart(name, _spec_from_body(fleet, name, body), force=bool(body.get("force")))
+                await fleet.restart(name, spec, force=bool(body.get("force")))
             elif action == "stop":
                 drain = body.get("drain_timeout_s")
                 await fleet.stop(name, float(drain) if drain is not None else None)
+            actions.end(action_id, "done")
             log.info("%s %s by %s", action, name, peer_user(request))
         except ValidationError as e:
             return _error(400, "invalid engine spec", validation_messages(e))
         except (ValueError, TypeError) as e:
+            actions.end(action_id, "refused", {"error": str(e)})
             return _error(400, str(e), e.verdict.details() if isinstance(e, ConfigDoesNotFit) else None)
         except UnknownEngine as e:
             return _error(404, str(e))
         except EngineBusy as e:
+            actions.end(action_id, "refused", {"error": str(e)})
             return _error(409, str(e))
         return web.json_response(_status_json(fleet, name), status=202 if action != "stop" else 200)
 
@@ -213,4 +226,5 @@ def make_app(fleet: Fleet) -> web.Application:
     app.router.add_delete("/v1/engines/{name}", delete_engine)
     app.router.add_get("/v1/engines/{name}/logs", get_logs)
     add_window_routes(app)
+    add_mode_routes(app)
     return app

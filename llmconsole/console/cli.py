@@ -117,7 +117,10 @@ def cmd_daemon(ns: argparse.Namespace) -> int:
 
 # --- engines --------------------------------------------------------------------------------
 
-def _wait_ready(client: DaemonClient, name: str, timeout_s: float, quiet: bool) -> dict[str, Any]:
+def _wait_ready(client: DaemonClient, name: str, timeout_s: float, quiet: bool,
+                config_id: str | None = None) -> dict[str, Any]:
+    """Wait until `name` is ready on `config_id`. A config that fails may be rolled back by the
+    daemon to the last known-good one: that is a failure of the config asked for, said as such."""
     began = time.monotonic()
     show = sys.stderr.isatty() and not quiet
     last_state = None
@@ -126,6 +129,12 @@ def _wait_ready(client: DaemonClient, name: str, timeout_s: float, quiet: bool) 
         if e is None:
             raise CliError(f"engine {name} disappeared while starting")
         state = e["state"]
+        if config_id is not None and e["config_id"] != config_id:
+            if show:
+                sys.stderr.write("\r\033[K")
+            raise CliError(f"engine {name} did not come up on config {config_id}; the daemon rolled it "
+                           f"back to {e['config_id']} (`llmconsole history {name}` shows why)\n"
+                           f"log: {e.get('log_path')}")
         if state == "ready":
             if show:
                 sys.stderr.write("\r\033[K")
@@ -181,18 +190,18 @@ def cmd_engine(ns: argparse.Namespace) -> int:
                     if existing is None and full_spec is None:
                         raise CliError(f"engine {ns.name} is new: give it --model DIR", EXIT_USAGE)
                     if existing is None:
-                        client.start_engine(ns.name, spec=full_spec, api_key=api_key, force=ns.force)
+                        accepted = client.start_engine(ns.name, spec=full_spec, api_key=api_key, force=ns.force)
                     else:  # a known engine: the flags given change its last spec
-                        client.start_engine(ns.name, overrides=overrides, api_key=api_key, force=ns.force)
+                        accepted = client.start_engine(ns.name, overrides=overrides, api_key=api_key, force=ns.force)
                 else:
-                    client.restart_engine(ns.name, overrides=overrides, force=ns.force)
+                    accepted = client.restart_engine(ns.name, overrides=overrides, force=ns.force)
             except DaemonError as e:
                 raise CliError(str(e), EXIT_USAGE if e.status in (400, 404) else EXIT_FAILED) from None
             if ns.no_wait:
                 e = client.engine(ns.name)
                 print(f"{ns.name}: {e['state']} (config {e['config_id']}, port {e['port']}, log {e['log_path']})")
                 return 0
-            _print_ready(_wait_ready(client, ns.name, ns.timeout, ns.quiet))
+            _print_ready(_wait_ready(client, ns.name, ns.timeout, ns.quiet, accepted.get("config_id")))
             return 0
     with daemon_client() as client:
         try:

@@ -43,6 +43,25 @@ class DaemonClient:
     def close(self) -> None:
         self._http.close()
 
+    def set_session(self, session_id: int | None) -> None:
+        """Tag every later request with an operator session, so its actions are attributed."""
+        if session_id is None:
+            self._http.headers.pop("X-Llmconsole-Session", None)
+        else:
+            self._http.headers["X-Llmconsole-Session"] = str(session_id)
+
+    def begin_session(self, client: str) -> int:
+        return int(self._call("POST", "/sessions", json={"client": client})["session_id"])
+
+    def end_session(self, session_id: int) -> None:
+        self._call("POST", f"/sessions/{session_id}/end")
+
+    def history(self, name: str) -> dict[str, Any]:
+        return self._call("GET", f"/engines/{name}/history")
+
+    def rollback(self, name: str, to_config_id: str | None = None) -> dict[str, Any]:
+        return self._call("POST", f"/engines/{name}/rollback", json={"to": to_config_id})
+
     def __enter__(self) -> "DaemonClient":
         return self
 
@@ -118,6 +137,29 @@ class DaemonClient:
 
     def window(self, name: str, trace_points: int = 600) -> dict[str, Any]:
         return self._call("GET", f"/engines/{name}/window", params={"trace_points": trace_points})
+
+    def mode(self, name: str) -> dict[str, Any]:
+        return self._call("GET", f"/engines/{name}/mode")
+
+    def alerts(self) -> dict[str, Any]:
+        return self._call("GET", "/alerts")
+
+    def undo_response(self, action_id: int) -> dict[str, Any]:
+        """Undo an automated response; a rollback it implies restarts an engine (minutes on CPU)."""
+        return self._call("POST", f"/responses/{action_id}/undo", timeout=1800.0)
+
+    def response_config(self, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+        if settings is None:
+            return self._call("GET", "/responses/config")
+        return self._call("POST", "/responses/config", json=settings)
+
+    def set_mode(self, name: str, mode: str, force: bool = False, budget_bytes: int | None = None,
+                 timeout_s: float = 1800.0) -> dict[str, Any]:
+        """A guarded switch: returns once the engine serves on the new mode (or is back on the old)."""
+        body: dict[str, Any] = {"mode": mode, "force": force}
+        if budget_bytes is not None:
+            body["budget_bytes"] = budget_bytes
+        return self._call("POST", f"/engines/{name}/mode", json=body, timeout=timeout_s)
 
     def change_window(self, name: str, **changes: Any) -> dict[str, Any]:
         """Window settings, "freeze" or "set" (see api_window.py); nothing changes on a 400."""

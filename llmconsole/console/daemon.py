@@ -13,11 +13,18 @@ import logging
 import os
 import signal
 import sys
+import time
 
 from aiohttp import web
 
 from llmconsole.console.api import STOP, STOP_ENGINES, make_app
 from llmconsole.console.api_window import GATEWAY
+from llmconsole.console.api_history import add_routes as add_history_routes
+from llmconsole.console.api_history import on_config_failed
+from llmconsole.console.api_history import rollback as history_rollback
+from llmconsole.console.api_modes import start_services as start_mode_services
+from llmconsole.db import Store, StoreError
+from llmconsole.db.recorder import Recorder
 from llmconsole.engine.fleet import Fleet
 from llmconsole.engine.gateway_daemon import GatewayService
 from llmconsole.paths import Paths, resolve
@@ -25,6 +32,7 @@ from llmconsole.paths import Paths, resolve
 log = logging.getLogger("llmconsole.daemon")
 
 EXIT_ALREADY_RUNNING = 3
+EXIT_STORE = 4
 
 
 class AlreadyRunning(RuntimeError):
@@ -49,11 +57,23 @@ def acquire_lock(paths: Paths) -> int:
 
 async def serve(paths: Paths) -> None:
     fleet = Fleet(paths)
+    # The store opens first: a database that is damaged or not ours stops the daemon with the
+    # store's message (and the file untouched) before any engine is adopted or started.
+    store = Store.open(paths.database)
+    recorder = Recorder(store, stable_after_s=fleet.policy.stable_after_s)
+    fleet.status_listeners.append(recorder.observe)
+    fleet.config_failed_listeners.append(on_config_failed(fleet, store))
     for line in await fleet.open():
         log.info("resumed %s", line)
+    recorder.close_orphans(fleet.statuses())
+    for st in fleet.statuses():
+        recorder.observe(st)
     app = make_app(fleet)
-    gateway = app[GATEWAY] = GatewayService(fleet)  # the engines' front door and window loop
+    add_history_routes(app, store, recorder)
+    gateway = app[GATEWAY] = GatewayService(fleet, store=store)  # the engines' front door and window loop
     await gateway.start()
+    mode_services = await start_mode_services(app, fleet, store, gateway, history_rollback)  # modes, alerts, /metrics
+    sampler = asyncio.create_task(_sample_forever(fleet, recorder), name="recorder")
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     if paths.socket.exists() or paths.socket.is_symlink():
@@ -75,13 +95,36 @@ async def serve(paths: Paths) -> None:
     await app[STOP].wait()
     stop_engines = any(app[STOP_ENGINES])
     log.info("daemon stopping (%s)", "stopping engines" if stop_engines else "engines keep serving")
+    sampler.cancel()
+    for service in mode_services:
+        await service.close()
     await gateway.close()
     await fleet.close(stop_engines=stop_engines)
     await runner.cleanup()
+    store.close()
     try:
         paths.socket.unlink()
     except FileNotFoundError:
         pass
+
+
+async def _sample_forever(fleet: Fleet, recorder: Recorder, interval_s: float = 1.0,
+                         compact_every_s: float = 300.0) -> None:
+    """1 Hz metric samples of every serving engine, written off the event loop; compaction
+    (the retention policy) every few minutes."""
+    last_compact = time.monotonic()
+    while True:
+        began = time.monotonic()
+        try:
+            await asyncio.to_thread(recorder.sample, fleet.statuses())
+            if began - last_compact > compact_every_s:
+                last_compact = began
+                await asyncio.to_thread(recorder.store.compact)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a full disk must not stop supervision; say so and go on
+            log.exception("recording metric samples failed")
+        await asyncio.sleep(max(0.05, interval_s - (time.monotonic() - began)))
 
 
 def main() -> int:
@@ -99,6 +142,9 @@ def main() -> int:
     paths.daemon_pid_file.write_text(f"{os.getpid()}\n")
     try:
         asyncio.run(serve(paths))
+    except StoreError as e:
+        print(f"llmconsole daemon: {e}", file=sys.stderr)
+        return EXIT_STORE
     finally:
         try:
             paths.daemon_pid_file.unlink()

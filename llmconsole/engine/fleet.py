@@ -61,6 +61,11 @@ class Fleet:
         self.probe = HostProbe()
         self.engines: dict[str, EngineSupervisor] = {}
         self._http: aiohttp.ClientSession | None = None
+        # Who hears of changes (the recorder) and of configs the supervisor gave up on (a crash
+        # loop, or a fresh start that never came up: the rollback). A listener that fails is
+        # logged and skipped: nothing it does may stop supervision.
+        self.status_listeners: list[Callable[[EngineStatus], None]] = []
+        self.config_failed_listeners: list[Callable[[str], None]] = []
         # What adds to each status before it is reported (the gateway: its URL and window).
         self.status_annotators: list[Callable[[EngineStatus], EngineStatus]] = []
 
@@ -149,8 +154,22 @@ class Fleet:
             self._http,
             self.policy,
             probe=self.probe,
-            on_change=lambda s: self._persist(),
+            on_change=self._changed,
+            on_crash_loop=lambda s: self._notify(self.config_failed_listeners, s.name),
         )
+
+    def _changed(self, sup: EngineSupervisor) -> None:
+        self._persist()
+        if self.status_listeners:
+            self._notify(self.status_listeners, sup.status())
+
+    @staticmethod
+    def _notify(listeners: list[Callable[[Any], None]], value: Any) -> None:
+        for listener in listeners:
+            try:
+                listener(value)
+            except Exception:
+                log.exception("a listener failed on %r", getattr(value, "name", value))
 
     def _persist(self) -> None:
         engines = {}

@@ -52,6 +52,8 @@ class EngineStatus:
     gateway_url: str | None = None      # the engine group's door at the gateway: clients use it
     window: int | None = None           # the group's admission window now
     controller: dict[str, Any] | None = None  # the window controller's settings, state and trace
+    mode: str | None = None             # memory mode read from the spec (performance|balanced|aggressive)
+    mode_auto: bool = False             # the auto policy picks the mode
 
     def to_json(self) -> dict[str, Any]:
         """The status as JSON. The flat keys at the top are the stable CLI contract."""

@@ -380,9 +380,12 @@ class EngineSupervisor:
         log.warning("engine %s: %s (%s)", self.name, outcome, reason)
 
         if fresh and not was_ready:
-            # A config the operator just asked for never came up: say why, do not retry it.
+            # A config the operator just asked for never came up: say why, do not retry it. It
+            # failed as surely as a crash loop, so the fleet hears of it the same way (and may
+            # roll the engine back to the config it ran before).
             self.desired_running = False
             self._set_state(EngineState.FAILED)
+            self._on_crash_loop(self)
             return
 
         now = time.monotonic()

@@ -19,13 +19,17 @@ from llmconsole.console.tui.screens.dashboard import DashboardScreen
 from llmconsole.console.tui.screens.engine import DetailScreen, EngineScreen, LogsScreen
 from llmconsole.console.tui.screens.form import EngineFormScreen
 from llmconsole.console.tui.screens.help import HelpScreen
+from llmconsole.console.tui.screens.history import HistoryScreen
+from llmconsole.console.tui.screens.alerts import AlertsScreen
+from llmconsole.console.tui.screens.mode import ModeScreen
 from llmconsole.console.tui.source import Command
 from llmconsole.console.tui.view import EngineView, goodbye
 
 _VERB_OF = {"start_engine": "start", "stop_engine": "stop", "restart_engine": "restart"}
-_ENGINE_ACTIONS = set(_VERB_OF) | {"show_logs", "show_detail"}
+_ENGINE_ACTIONS = set(_VERB_OF) | {"show_logs", "show_detail", "show_history"}
 _FLEET_ACTIONS = {"stop_all", "new_engine"}
 _WINDOW_ACTIONS = {"toggle_window_freeze", "nudge_window"}
+_MODE_STATES = ("ready", "unhealthy")  # a switch needs a serving engine to fall back to
 
 
 class ConsoleActions:
@@ -59,6 +63,15 @@ class ConsoleActions:
                 return None
             if action == "show_logs" and isinstance(self.screen, LogsScreen):
                 return None
+            if action == "show_history" and isinstance(self.screen, HistoryScreen):
+                return None
+            return True
+        if action == "rollback_selected":
+            if not isinstance(self.screen, HistoryScreen):
+                return False
+            e, v = self.selected_engine(), self.screen.selected_version()
+            if e is None or v is None or v["config_id"] == e.config_id or self.lost_reason is not None:
+                return None  # nothing chosen, or the version it already runs
             return True
         if action in _WINDOW_ACTIONS:
             if not on_engines:
@@ -70,6 +83,17 @@ class ConsoleActions:
                 c, w = e.controller, e.controller.window + int(parameters[0])
                 if (c.min_window is not None and w < c.min_window) or (c.max_window is not None and w > c.max_window):
                     return None
+            return True
+        if action == "show_alerts":
+            if not on_engines:
+                return False
+            return None if self.lost_reason is not None else True
+        if action == "choose_mode":
+            if not on_engines:
+                return False
+            e = self.selected_engine()
+            if e is None or e.state not in _MODE_STATES or self.lost_reason is not None:
+                return None
             return True
         if action in _FLEET_ACTIONS:
             if not isinstance(self.screen, DashboardScreen):
@@ -151,6 +175,21 @@ class ConsoleActions:
         if (e := self._engine_or_warn()) is not None:
             self.push_screen(DetailScreen(e.name))
 
+    def action_show_history(self) -> None:
+        if (e := self._engine_or_warn()) is not None:
+            self.push_screen(HistoryScreen(e.name))
+
+    def action_rollback_selected(self) -> None:
+        screen = self.screen
+        e = self.selected_engine()
+        v = screen.selected_version() if isinstance(screen, HistoryScreen) else None
+        if e is None or v is None or v["config_id"] == e.config_id:
+            return
+        warn = "  It was judged known_bad." if v["verdict"] == "known_bad" else ""
+        self._ask(f"Roll engine {e.name} back from config {e.config_id} to {v['config_id']}? It restarts "
+                  f"and stops serving until it is ready again.{warn}",
+                  Command("rollback", e.name, {"to": v["config_id"]}), "Roll back")
+
     def action_show_logs(self) -> None:
         if (e := self._engine_or_warn()) is not None:
             self.push_screen(LogsScreen(e.name))
@@ -177,6 +216,27 @@ class ConsoleActions:
         c = e.controller
         window = min(max(c.window + step, c.min_window or 1), c.max_window or c.window + step)
         self.send(Command("window", e.name, {"set": window}))
+
+    def action_choose_mode(self) -> None:
+        """The mode menu; a choice is sent as is (the menu says that it restarts the engine)."""
+        e = self._engine_or_warn()
+        if e is None or e.state not in _MODE_STATES:
+            return
+
+        def chosen(mode: str | None) -> None:
+            if mode is not None and not (mode == e.mode and not e.mode_auto):
+                self.send(Command("mode", e.name, {"mode": mode}))
+
+        self.push_screen(ModeScreen(e.name, e.mode, e.mode_auto), chosen)
+
+    def action_show_alerts(self) -> None:
+        def chosen(action_id: int | None) -> None:
+            if action_id is not None:
+                self._ask(f"Undo automated response #{action_id}? A window goes back to what it was, an "
+                          "engine restarts on the config it ran before, or the standby stops.",
+                          Command("undo", None, {"action_id": action_id}), "Undo")
+
+        self.push_screen(AlertsScreen(), chosen)
 
     def action_show_help(self) -> None:
         self.push_screen(HelpScreen())

@@ -23,8 +23,8 @@ from textual.binding import Binding
 
 # Where each binding lives. Bindings of "app" stay live on the dashboard, detail and log screens
 # (which add "screen"); the modal screens see only their own.
-CONTEXTS = ("app", "screen", "confirm", "form", "help")
-_LIVE_TOGETHER = (("app", "screen"), ("confirm",), ("form",), ("help",))
+CONTEXTS = ("app", "screen", "history", "confirm", "form", "help", "mode", "alerts")
+_LIVE_TOGETHER = (("app", "screen", "history"), ("confirm",), ("form",), ("help",), ("mode",), ("alerts",))
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,7 @@ KEYS: tuple[KeySpec, ...] = (
     KeySpec("restart", "r", "restart_engine", "Restart", title="Restart engine"),
     KeySpec("logs", "l", "show_logs", "Logs", title="Engine log"),
     KeySpec("detail", "d", "show_detail", "Detail", title="Engine detail"),
+    KeySpec("history", "h", "show_history", "History", title="Config history and rollback"),
     KeySpec("new_engine", "n", "new_engine", "New", title="New engine"),
     KeySpec("stop_all", "K", "stop_all", "Stop all", key_display="K", title="Stop all engines"),
     KeySpec("window_freeze", "f", "toggle_window_freeze", "Freeze", show=False,
@@ -59,25 +60,41 @@ KEYS: tuple[KeySpec, ...] = (
             title="Batch window one larger, by hand (freezes the controller)"),
     KeySpec("window_down", "minus", "nudge_window(-1)", "Window -1", show=False, key_display="-",
             title="Batch window one smaller, by hand (freezes the controller)"),
+    KeySpec("mode", "m", "choose_mode", "Mode", show=False,
+            title="Memory mode: performance, balanced, aggressive or auto"),
+    KeySpec("alerts", "A", "show_alerts", "Alerts", show=False, key_display="A",
+            title="Alerts and automated responses (undo one)"),
     KeySpec("help", "question_mark", "show_help", "Help", key_display="?", title="Help: every key"),
     KeySpec("palette", "ctrl+p", "command_palette", "palette", priority=True, palette=False, show=False,
             title="Command palette"),
     KeySpec("quit", "q", "quit", "Quit", title="Quit (engines keep serving)"),
     KeySpec("back", "escape", "back", "Back", contexts=("screen", "help"), palette=False),
+    KeySpec("rollback", "b", "app.rollback_selected", "Roll back", contexts=("history",),
+            title="Roll back to the selected version"),
     KeySpec("yes", "y", "answer(True)", "Yes", contexts=("confirm",), palette=False),
     KeySpec("no", "n,escape", "answer(False)", "No", contexts=("confirm",), palette=False),
     KeySpec("submit", "ctrl+s", "submit", "Start engine", contexts=("form",), palette=False),
     KeySpec("cancel", "escape", "cancel", "Cancel", contexts=("form",), palette=False),
+    KeySpec("performance", "p", "pick('performance')", "Performance", contexts=("mode",), palette=False),
+    KeySpec("balanced", "b", "pick('balanced')", "Balanced", contexts=("mode",), palette=False),
+    KeySpec("aggressive", "a", "pick('aggressive')", "Aggressive", contexts=("mode",), palette=False),
+    KeySpec("auto", "u", "pick('auto')", "Auto", contexts=("mode",), palette=False),
+    KeySpec("mode_cancel", "escape", "cancel_mode", "Cancel", contexts=("mode",), palette=False),
+    KeySpec("undo_response", "u", "undo_selected", "Undo", contexts=("alerts",), palette=False),
+    KeySpec("alerts_close", "escape", "close_alerts", "Close", contexts=("alerts",), palette=False),
 )
 
 BY_ID: Mapping[str, KeySpec] = {k.id: k for k in KEYS}
 
 CONTEXT_TITLES = {
-    "app": "dashboard, detail and log screens",
-    "screen": "detail and log screens",
+    "app": "dashboard, detail, log and history screens",
+    "screen": "detail, log and history screens",
+    "history": "the history screen",
     "confirm": "questions",
     "form": "the new-engine form",
     "help": "this help",
+    "mode": "the mode menu",
+    "alerts": "the alerts screen",
 }
 
 

@@ -28,6 +28,7 @@ def run_console() -> int:
         print(f"llmconsole: {e}", file=sys.stderr)
         return EXIT_NO_DAEMON
     source = DaemonSource(paths)
+    source.begin_session()
     app = make_app(source, keymap=keymap)
     try:
         farewell = app.run()

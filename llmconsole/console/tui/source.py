@@ -18,7 +18,7 @@ from llmconsole.console.client import DaemonClient, DaemonNotRunning
 from llmconsole.console.tui.recording import load_frames
 from llmconsole.paths import Paths
 
-VERBS = ("start", "stop", "restart", "stop_all", "window")
+VERBS = ("start", "stop", "restart", "stop_all", "window", "rollback", "mode", "undo")
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,12 @@ class StateSource(Protocol):
     def send(self, command: Command) -> dict[str, Any]:
         """Carry out a command; raises DaemonError (refused) or DaemonNotRunning."""
 
+    def history(self, name: str) -> dict[str, Any]:
+        """{"engine", "versions": [...]} as GET /v1/engines/{name}/history returns it."""
+
+    def alerts(self) -> dict[str, Any]:
+        """{"active", "alerts", "responses", "settings"} as GET /v1/alerts returns it."""
+
     def close(self) -> None: ...
 
 
@@ -55,9 +61,24 @@ class DaemonSource:
         self._poll = DaemonClient(paths, timeout_s=self.POLL_TIMEOUT_S)
         self._commands = DaemonClient(paths, timeout_s=180.0)
         self._command_lock = threading.Lock()
+        self.session_id: int | None = None
 
     def poll(self) -> dict[str, Any]:
         return self._poll.status()
+
+    def history(self, name: str) -> dict[str, Any]:
+        return self._poll.history(name)
+
+    def alerts(self) -> dict[str, Any]:
+        return self._poll.alerts()
+
+    def begin_session(self) -> None:
+        """Record this console as an operator session; its commands carry the session's id."""
+        try:
+            self.session_id = self._commands.begin_session("tui")
+        except Exception:  # an older daemon, or none yet: the console works all the same
+            self.session_id = None
+        self._commands.set_session(self.session_id)
 
     def logs(self, name: str, offset: int | None = None, max_bytes: int = 4096) -> dict[str, Any]:
         return self._poll.logs(name, offset=offset, max_bytes=max_bytes)
@@ -71,6 +92,12 @@ class DaemonSource:
                 return c.stop_engine(command.engine)
             if command.verb == "restart":
                 return c.restart_engine(command.engine)
+            if command.verb == "rollback":
+                return c.rollback(command.engine, (command.spec or {}).get("to"))
+            if command.verb == "undo":  # spec: {"action_id": N}, an automated response
+                return c.undo_response(int((command.spec or {})["action_id"]))
+            if command.verb == "mode":  # spec: {"mode": "performance|balanced|aggressive|auto"}
+                return c.set_mode(command.engine, (command.spec or {})["mode"])
             if command.verb == "window":  # spec carries the change: {"freeze": bool} or {"set": n}
                 return c.change_window(command.engine, **(command.spec or {}))
             if command.verb == "stop_all":
@@ -83,6 +110,11 @@ class DaemonSource:
             raise ValueError(f"unknown command {command.verb!r}")
 
     def close(self) -> None:
+        if self.session_id is not None:
+            try:
+                self._commands.end_session(self.session_id)
+            except Exception:
+                pass  # the daemon went first; the session stays open-ended in the store
         self._poll.close()
         self._commands.close()
 
@@ -132,6 +164,16 @@ class RecordedSource:
         start = max(0, len(data) - max_bytes) if offset is None else min(offset, len(data))
         piece = data[start:start + max_bytes]
         return {"text": piece.decode(errors="replace"), "offset": start + len(piece), "size": len(data)}
+
+    def history(self, name: str) -> dict[str, Any]:
+        with self._lock:
+            frame = self._frame()
+        return {"engine": name, "versions": frame.get("history", {}).get(name, [])}
+
+    def alerts(self) -> dict[str, Any]:
+        with self._lock:
+            frame = self._frame()
+        return frame.get("alerts", {"active": [], "alerts": [], "responses": [], "settings": {"responses": {}}})
 
     def send(self, command: Command) -> dict[str, Any]:
         with self._lock:

@@ -205,6 +205,8 @@ class EngineView:
     spec: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     gateway_url: str | None = None
     controller: ControllerView | None = None
+    mode: str | None = None             # memory mode (performance|balanced|aggressive), None if set by hand
+    mode_auto: bool = False
 
     @classmethod
     def parse(cls, d: Any) -> "EngineView":
@@ -235,6 +237,8 @@ class EngineView:
             spec=spec,
             gateway_url=_str(d.get("gateway_url")),
             controller=ControllerView.parse(d.get("controller")),
+            mode=_str(d.get("mode")),
+            mode_auto=d.get("mode_auto") is True,
         )
 
     def metric(self, key: str) -> float | None:

@@ -19,12 +19,23 @@ _MORE = {
     "restart": "Restart the selected engine on its current spec (asks first)",
     "logs": "The selected engine's whole log, followed",
     "detail": "Spec, changes, startup facts and restarts of the selected engine (Enter on a row too)",
+    "history": "Every config the selected engine ran, its verdict and what changed",
+    "rollback": "Restart the engine on the selected version (asks first)",
     "new_engine": "The start-engine form",
     "stop_all": "Stop every running engine; the daemon stays (asks first)",
-    "help": "This screen",
+    "help": "Every key, as in this table",
     "palette": "Every action, searchable",
     "quit": "Leave the console; every engine keeps serving",
     "back": "Back to the previous screen",
+    "mode": "The selected engine's memory mode: a guarded restart, rolled back if it fails",
+    "performance": "0.90 of memory (GPU utilization, or the CPU budget): the most KV cache",
+    "balanced": "0.85 of memory",
+    "aggressive": "0.75 of memory: furthest from an out-of-memory",
+    "auto": "The policy picks: memory above 60% balanced, above 80% aggressive",
+    "mode_cancel": "Leave the mode as it is",
+    "alerts": "The daemon's alerts and the automated responses they caused",
+    "undo_response": "Undo the selected response (asks first)",
+    "alerts_close": "Back to the previous screen",
 }
 
 
@@ -56,7 +67,7 @@ class HelpScreen(ModalScreen[None]):
             t = Table(title=f"on {CONTEXT_TITLES[context]}", title_justify="left", title_style="bold",
                       box=None, pad_edge=False, show_edge=False, show_header=False, expand=True)
             t.add_column("key", style="bold cyan", no_wrap=True, width=10)
-            t.add_column("id", style="dim", no_wrap=True, width=11)
+            t.add_column("id", style="dim", no_wrap=True, width=14)
             t.add_column("does", ratio=1)
             for spec in specs:
                 t.add_row(self._key_text(spec), spec.id, _MORE.get(spec.id, spec.long_name))
@@ -65,3 +76,18 @@ class HelpScreen(ModalScreen[None]):
 
     def action_back(self) -> None:
         self.dismiss(None)
+
+
+def markdown_key_table() -> str:
+    """The README's key table, from the same table as the footer, the palette and this screen."""
+    names = {"question_mark": "?", "plus": "+", "minus": "-", "escape": "Esc"}
+    rows = ["| key | id | where | does |", "| --- | --- | --- | --- |"]
+    for spec in KEYS:
+        keys = ", ".join(f"`{spec.key_display or names.get(k, k)}`" for k in spec.key.split(","))
+        rows.append(f"| {keys} | {spec.id} | {CONTEXT_TITLES[spec.contexts[0]]} | "
+                    f"{_MORE.get(spec.id, spec.long_name)} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown_key_table())
