@@ -52,7 +52,7 @@ $(MODELS)/%/llmconsole-model.json: $(VENV)/.install-stamp
 models: $(MODELS)/tiny/llmconsole-model.json $(MODELS)/small/llmconsole-model.json
 
 test: setup $(MODELS)/tiny/llmconsole-model.json
-	LLMCONSOLE_TEST_MODEL=$(CURDIR)/$(MODELS)/tiny $(PY) -m pytest $(PYTEST_ARGS)
+	LLMCONSOLE_TEST_MODEL=$(CURDIR)/$(MODELS)/tiny $(PY) -m pytest --durations=25 $(PYTEST_ARGS)
 
 # The daemon and a demo engine on the `small` model (a no-op when it already runs), then the
 # console, which shows it come up. Quitting the console leaves the engine serving.
