@@ -62,7 +62,8 @@ def main() -> None:
     print(f"ceiling: {statistics.median(rates):,.0f} req/s median of {a.runs} "
           f"(runs: {', '.join(f'{x:,.0f}' for x in rates)}; target >= 2,000), concurrency {a.concurrency}, "
           f"{a.output_len} chunks per request")
-    print(f"generator CPU per request: {statistics.median(cpu_us):.0f} us (median)")
+    print(f"generator CPU per request: {statistics.median(cpu_us):.0f} us (median), i.e. "
+          f"{1e6 / statistics.median(cpu_us):,.0f} req/s for each core it has to itself")
 
     first_ms, gap_ms = 20.0, 2.0
     p, url = stub("--first-delay-ms", str(first_ms), "--gap-ms", str(gap_ms))
