@@ -63,6 +63,7 @@ def acli(tiny_model):
     c("engine", "start", "p1", "--model", str(tiny_model), "--served-model-name", "tiny", *FLAGS)
     yield c
     _stop_daemon(home)
+    shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -3,12 +3,14 @@ switch to a config that cannot start, which must fall back on its own.
 
 One daemon and one engine serve the module (tests run in file order). The daemon's CPU memory
 budget is 8 MiB, so each mode is a distinct KV size on the tiny model (512 bytes per token):
-performance 14,720 tokens, balanced 13,824, aggressive 12,288.
+performance 14,720 tokens, balanced 13,824, aggressive 12,288. The engine starts with a KV
+size set by hand (no mode) and is switched to each mode in turn.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import urllib.error
 import urllib.request
@@ -35,6 +37,7 @@ def mcli(tiny_model):
     c("engine", "start", "m1", "--model", str(tiny_model), "--served-model-name", "tiny", *FLAGS)
     yield c
     _stop_daemon(home)
+    shutil.rmtree(home, ignore_errors=True)
 
 
 class SteadyLoad:
@@ -87,7 +90,7 @@ def _switch_under_load(mcli: Cli, mode: str) -> tuple[dict, SteadyLoad]:
     return out, load
 
 
-@pytest.mark.parametrize("mode,tokens", [("balanced", 13_824), ("aggressive", 12_288)])
+@pytest.mark.parametrize("mode,tokens", [("balanced", 13_824), ("aggressive", 12_288), ("performance", 14_720)])
 def test_switch_under_load_loses_no_request(mcli, mode, tokens):
     old = mcli.engine("m1")
     out, _ = _switch_under_load(mcli, mode)
@@ -95,7 +98,8 @@ def test_switch_under_load_loses_no_request(mcli, mode, tokens):
     e = mcli.engine("m1")
     assert e["state"] == "ready" and e["mode"] == mode
     assert e["kv_cache_tokens"] == tokens  # vLLM's own startup line, read back by the supervisor
-    assert e["spec"]["kv_cache_memory_bytes"] == int(BUDGET_BYTES * {"balanced": 0.85, "aggressive": 0.75}[mode])
+    assert e["spec"]["kv_cache_memory_bytes"] == int(BUDGET_BYTES * {"balanced": 0.85, "aggressive": 0.75,
+                                                                     "performance": 0.90}[mode])
     with Store.open(mcli.home / "llmconsole.db") as store:
         act = [a for a in store.actions(engine="m1") if a.kind == "mode"][-1]
     assert (act.outcome, act.from_config_id, act.to_config_id) == ("applied", old["config_id"], e["config_id"])
@@ -103,7 +107,7 @@ def test_switch_under_load_loses_no_request(mcli, mode, tokens):
 
 def test_a_switch_that_cannot_fit_is_refused_and_changes_nothing(mcli):
     before = mcli.engine("m1")
-    r = mcli("mode", "m1", "performance", "--budget-bytes", "200000", check=False)
+    r = mcli("mode", "m1", "aggressive", "--budget-bytes", "200000", check=False)
     assert r.returncode == 2
     assert "cannot hold one request" in r.stderr
     after = mcli.engine("m1")
@@ -113,13 +117,13 @@ def test_a_switch_that_cannot_fit_is_refused_and_changes_nothing(mcli):
 def test_a_switch_that_cannot_start_rolls_back_by_itself(mcli):
     before = mcli.engine("m1")
     # --force skips the fit check: vLLM itself refuses the KV size at start-up.
-    r = mcli("mode", "m1", "performance", "--budget-bytes", "200000", "--force", check=False, timeout=1500)
+    r = mcli("mode", "m1", "aggressive", "--budget-bytes", "200000", "--force", check=False, timeout=1500)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "rolled back to config " + before["config_id"] in r.stderr
     assert "did not start" in r.stderr or "moved to config" in r.stderr
     e = mcli.engine("m1")
-    assert e["state"] == "ready" and e["config_id"] == before["config_id"] and e["mode"] == "aggressive"
-    assert e["kv_cache_tokens"] == 12_288
+    assert e["state"] == "ready" and e["config_id"] == before["config_id"] and e["mode"] == "performance"
+    assert e["kv_cache_tokens"] == 14_720
     with Store.open(mcli.home / "llmconsole.db") as store:
         act = [a for a in store.actions(engine="m1") if a.kind == "mode"][-1]
     assert act.outcome == "rolled_back" and act.detail["restored_config_id"] == before["config_id"]
@@ -134,4 +138,4 @@ def test_auto_mode_is_kept_and_shown(mcli):
     out = json.loads(mcli("mode", "m1", "auto", "--json").stdout)
     assert out["auto"] is True
     e = mcli.engine("m1")
-    assert e["mode_auto"] is True and e["mode"] == "aggressive"
+    assert e["mode_auto"] is True and e["mode"] == "performance"
