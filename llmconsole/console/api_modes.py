@@ -184,6 +184,8 @@ async def get_mode(request: web.Request) -> web.Response:
         return web.json_response(request.app[MODES].state(request.match_info["name"]))
     except UnknownEngine as e:
         return _error(404, str(e))
+    except ModeError as e:  # e.g. a budget in the daemon's environment that is not a number
+        return _error(400, str(e))
 
 
 async def post_mode(request: web.Request) -> web.Response:
