@@ -150,3 +150,13 @@ def test_percentile_is_nearest_rank():
     assert percentile(values, 99) == 99.0
     assert percentile(values, 50) == 50.0
     assert percentile([3.0, 1.0], 99) == 3.0
+
+
+def test_ttft_counts_once_when_reported_at_the_first_token():
+    ctl = _ctl(target_ms=100.0, min_samples=1)
+    ctl.observe(LatencySample(at_s=0.5, ttft_s=0.3))                      # the first token passed
+    assert ctl.measured_ms(0.6) == (pytest.approx(300.0), 1)              # counted before the end
+    ctl.observe(LatencySample(at_s=0.9, ttft_s=0.3, e2e_s=0.9, output_chunks=7, count_ttft=False))
+    assert ctl.measured_ms(1.0) == (pytest.approx(300.0), 1)              # not twice
+    ctl.configure(signal="tpot")
+    assert ctl.measured_ms(1.0) == (pytest.approx(100.0), 1)              # (0.9 - 0.3) / 6

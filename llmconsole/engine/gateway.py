@@ -228,6 +228,7 @@ class Gateway:
                     async for chunk in r.content.iter_any():
                         if first_s is None:
                             first_s = time.monotonic()
+                            group.first_token(first_s - dispatched)
                         chunks += chunk.count(b"data: ")
                         await resp.write(chunk)
                     await resp.write_eof()

@@ -108,12 +108,16 @@ class EngineGroup:
 
     # --- measurements and the controller --------------------------------------------------
 
+    def first_token(self, engine_ttft_s: float) -> None:
+        """A streamed request's first token passed: its TTFT counts now, not when it ends."""
+        self.controller.observe(LatencySample(at_s=time.monotonic(), ttft_s=engine_ttft_s))
+
     def record(self, rec: RequestRecord) -> None:
         self.records.append(rec)
         if rec.outcome == "ok" and rec.engine_e2e_s is not None:
             self.controller.observe(LatencySample(
                 at_s=time.monotonic(), ttft_s=rec.engine_ttft_s, e2e_s=rec.engine_e2e_s,
-                output_chunks=rec.output_chunks,
+                output_chunks=rec.output_chunks, count_ttft=False,
             ))
 
     def step(self, now_s: float | None = None) -> TraceSample | None:

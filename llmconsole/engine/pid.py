@@ -43,9 +43,11 @@ class PidSettings:
     ki: float = 2.0            # window units per second per unit of relative error
     kd: float = 0.5            # window units per (relative change of the measurement per second)
     percentile: float = 99.0
-    horizon_s: float = 5.0     # samples older than this are out of the sliding window
-    max_samples: int = 512     # ... and at most this many of the newest
-    min_samples: int = 8       # fewer than this in the window: hold
+    # The sliding window: the newest `max_samples` requests, none older than `horizon_s`. A busy
+    # engine fills it in a second (a prompt loop); a slow one stretches it toward the horizon.
+    horizon_s: float = 15.0
+    max_samples: int = 32
+    min_samples: int = 4       # fewer than this in the window: hold
     interval_s: float = 1.0    # how often the daemon steps the controller
 
     def __post_init__(self) -> None:
@@ -71,16 +73,21 @@ class PidSettings:
 
 @dataclass(frozen=True)
 class LatencySample:
-    """One finished request as the gateway measured it; times from dispatch to the engine."""
+    """One request as the gateway measured it; times from dispatch to the engine.
 
-    at_s: float                  # monotonic time the request finished
+    The gateway reports TTFT the moment the first token passes (`e2e_s` None) and the rest when
+    the request finishes (`count_ttft` False): waiting for the end would delay the TTFT signal
+    by a whole generation, which on long answers is longer than the loop can afford."""
+
+    at_s: float                  # monotonic time of the measurement
     ttft_s: float | None         # None when not streamed (the first token is not visible)
-    e2e_s: float
+    e2e_s: float | None = None   # None: the request is still generating
     output_chunks: int = 0       # streamed events carrying output (about one token each)
+    count_ttft: bool = True      # False when this request's TTFT was reported on its own
 
     @property
     def tpot_s(self) -> float | None:
-        if self.ttft_s is None or self.output_chunks < 2:
+        if self.ttft_s is None or self.e2e_s is None or self.output_chunks < 2:
             return None
         return (self.e2e_s - self.ttft_s) / (self.output_chunks - 1)
 
@@ -173,9 +180,9 @@ class PidController:
         while self._samples and now - self._samples[0].at_s > s.horizon_s:
             self._samples.popleft()
         if s.signal == Signal.TTFT:
-            values = [x.ttft_s for x in self._samples if x.ttft_s is not None]
+            values = [x.ttft_s for x in self._samples if x.ttft_s is not None and x.count_ttft]
         elif s.signal == Signal.E2E:
-            values = [x.e2e_s for x in self._samples]
+            values = [x.e2e_s for x in self._samples if x.e2e_s is not None]
         else:
             values = [x.tpot_s for x in self._samples if x.tpot_s is not None]
         if not values:
