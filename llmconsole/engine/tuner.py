@@ -1,0 +1,285 @@
+"""The auto-tuner: Optuna's TPE over engine configs, goodput under an SLO as the objective.
+
+Each trial is a sweep point: the engine restarts on the trial's config (through the same
+`EngineController` the sweep uses), one load level is run and aggregated as a sweep point is.
+A config that does not start, fails requests or breaks the SLO for most requests is a
+constraint violation the sampler learns from, never an error of the tuner. Trials are cut short
+by successive halving on the number of requests; the best few are re-measured with repeats
+before one is recommended. The study lives in a journal file under the data dir, named from
+engine + workload + SLO + space, so an interrupted tune resumes where it stopped. Whatever
+happens, the engine goes back to its original config at the end (the caller may then apply
+the winner through the guarded apply).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import optuna
+from optuna.storages.journal import JournalFileBackend, JournalStorage
+from optuna.trial import TrialState
+
+from llmconsole.engine.loadgen import run_load
+from llmconsole.engine.sweep import EngineController, EngineStartFailed, EngineTarget, aggregate
+from llmconsole.engine.sweep_plan import LoadLevel, PointResult, SweepPlan
+from llmconsole.engine.sweep_probe import RunProbe
+from llmconsole.engine.tuner_space import (Budget, Knob, Remeasured, TrialOutcome, constraint_value, halving_rungs,
+                                           keep_going, pick_winner, remeasure_candidates, study_name)
+from llmconsole.engine.workload import load_tokenizer, plan_requests
+
+log = logging.getLogger(__name__)
+optuna.logging.set_verbosity(optuna.logging.WARNING)  # progress goes out as TuneProgress events
+
+_CONSTRAINT = "constraint"
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    plan: SweepPlan                 # engine, SLO, lengths, full request count, one load level
+    knobs: tuple[Knob, ...]
+    budget: Budget
+    seed: int = 0
+    eta: int = 3                    # successive halving: keep the top 1/eta at each rung
+    min_rung_requests: int = 8
+    bad_attainment: float = 0.5     # below this share of requests in SLO, a config is infeasible
+    top_k: int = 3                  # candidates re-measured
+    repeats: int = 3                # re-measurements of each
+
+    @property
+    def load(self) -> LoadLevel:
+        return self.plan.loads[0]
+
+    @property
+    def name(self) -> str:
+        wl = {"load": self.load.label, "input_len": self.plan.input_len.describe(),
+              "output_len": self.plan.output_len.describe(), "requests": self.plan.num_requests}
+        return study_name(self.plan.engine, wl, self.plan.slo.as_dict(), self.knobs)
+
+
+@dataclass(frozen=True)
+class TuneProgress:
+    event: str                      # trial_started | trial_finished | remeasuring | restored | resumed
+    trial: int | None
+    params: dict[str, Any]
+    message: str
+    best_req_s: float | None
+    elapsed_s: float
+    outcome: TrialOutcome | None = None
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    study: str
+    trials: tuple[TrialOutcome, ...]
+    remeasured: tuple[Remeasured, ...]
+    winner: Remeasured | None
+    original: EngineTarget
+    restored: bool
+    restore_error: str | None
+    status: str                     # done | cancelled | failed
+    new_trials: int
+
+    def to_json(self) -> dict[str, Any]:
+        def rm(m: Remeasured) -> dict[str, Any]:
+            return {"trial": m.number, "params": m.params, "goodputs_req_s": list(m.goodputs_req_s),
+                    "median_req_s": m.median_req_s, "spread": m.spread}
+        return {"study": self.study, "status": self.status, "new_trials": self.new_trials,
+                "trials": [dataclasses.asdict(t) for t in self.trials],
+                "remeasured": [rm(m) for m in self.remeasured],
+                "winner": rm(self.winner) if self.winner else None,
+                "original_config_id": self.original.config_id, "restored": self.restored,
+                "restore_error": self.restore_error}
+
+
+def open_study(storage_path: Path, name: str, seed: int) -> optuna.Study:
+    storage_path.parent.mkdir(parents=True, exist_ok=True)
+    storage = JournalStorage(JournalFileBackend(str(storage_path)))
+    sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=4, multivariate=True)
+    return optuna.create_study(study_name=name, storage=storage, sampler=sampler, direction="maximize",
+                               load_if_exists=True)
+
+
+def outcomes(study: optuna.Study) -> list[TrialOutcome]:
+    out = []
+    for t in study.get_trials(deepcopy=False):
+        state = t.user_attrs.get("outcome") or {TrialState.RUNNING: "running", TrialState.FAIL: "interrupted"}.get(
+            t.state, t.state.name.lower())
+        out.append(TrialOutcome(t.number, dict(t.params), state, t.user_attrs.get("goodput_req_s"),
+                                int(t.user_attrs.get("requests", 0)), t.user_attrs.get("reason")))
+    return out
+
+
+def _suggest(trial: optuna.Trial, knobs: Sequence[Knob]) -> dict[str, Any]:
+    params = {}
+    for k in knobs:
+        if k.choices:
+            params[k.name] = trial.suggest_categorical(k.name, list(k.choices))
+        else:
+            params[k.name] = trial.suggest_int(k.name, k.low, k.high, log=k.high / k.low >= 4)
+    return params
+
+
+class Tuner:
+    """Runs one study to its budget. `stop` ends it after the trial in progress (the engine is
+    restored and the study is left resumable)."""
+
+    def __init__(self, settings: TuneSettings, controller: EngineController, storage_path: Path, *,
+                 on_progress: Callable[[TuneProgress], None] | None = None, stop: asyncio.Event | None = None,
+                 api_key: str | None = None):
+        self.s = settings
+        self.ctl = controller
+        self.storage_path = storage_path
+        self.on_progress = on_progress or (lambda ev: None)
+        self.stop = stop or asyncio.Event()
+        self.api_key = api_key
+        self._t0 = time.monotonic()
+        self._tok = None
+
+    def _emit(self, event: str, trial: int | None, params: dict[str, Any], message: str,
+              study: optuna.Study, outcome: TrialOutcome | None = None) -> None:
+        best = max((o.goodput_req_s for o in outcomes(study) if o.state == "complete" and o.goodput_req_s),
+                   default=None)
+        self.on_progress(TuneProgress(event, trial, params, message, best, time.monotonic() - self._t0, outcome))
+
+    async def run(self) -> TuneResult:
+        study = open_study(self.storage_path, self.s.name, self.s.seed)
+        stale = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
+        for n in stale:  # a tune killed mid-trial: that trial's figures are lost, its config is not bad
+            study.tell(n, state=TrialState.FAIL)
+        if study.trials:
+            self._emit("resumed", None, {}, f"resuming study {study.study_name}: {len(study.trials)} trials so far"
+                       + (f", {len(stale)} interrupted" if stale else ""), study)
+        original = await self.ctl.current()
+        current = original
+        status, new_trials = "done", 0
+        remeasured: list[Remeasured] = []
+        try:
+            self._tok = await asyncio.to_thread(load_tokenizer, original.model)
+            deadline = None if self.s.budget.minutes is None else self._t0 + self.s.budget.minutes * 60
+            while not self.stop.is_set():
+                done = len([t for t in study.trials if t.state != TrialState.FAIL])
+                if self.s.budget.trials is not None and done >= self.s.budget.trials:
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+                current = await self._trial(study, original, current)
+                new_trials += 1
+            if not self.stop.is_set():
+                current, remeasured = await self._remeasure(study, original, current)
+            if self.stop.is_set():
+                status = "cancelled"
+        except asyncio.CancelledError:
+            status = "cancelled"
+            raise
+        except Exception:
+            status = "failed"
+            raise
+        finally:
+            restored, restore_error = await self._restore(original, current, study)
+            self.result = TuneResult(study.study_name, tuple(outcomes(study)), tuple(remeasured),
+                                     pick_winner(remeasured), original, restored, restore_error, status, new_trials)
+        return self.result
+
+    async def _switch(self, params: dict[str, Any], current: EngineTarget) -> EngineTarget:
+        if all(current.spec.get(k) == v for k, v in params.items()):
+            return current
+        return await self.ctl.apply(params)
+
+    async def _measure(self, target: EngineTarget, n_requests: int, params: dict[str, Any],
+                       seed: int) -> PointResult | None:
+        """One load run of `n_requests` aggregated as a sweep point; None when it was interrupted."""
+        plan = dataclasses.replace(self.s.plan, num_requests=n_requests)
+        wl = self.s.load.workload(plan, seed=seed)
+        planned = await asyncio.to_thread(plan_requests, wl, self._tok)
+        async with RunProbe(target.url, self.ctl.resources) as probe:
+            res = await run_load(target.url, target.served_model_name, wl, plan=planned, slo=plan.slo,
+                                 stop=self.stop, api_key=self.api_key)
+        if res.stopped_early == "interrupted":
+            return None
+        return aggregate(plan, 0, params, self.s.load, target.config_id, [(res.summary, probe.figures())])
+
+    async def _trial(self, study: optuna.Study, original: EngineTarget, current: EngineTarget) -> EngineTarget:
+        trial = study.ask()
+        params = _suggest(trial, self.s.knobs)
+        self._emit("trial_started", trial.number, params, "restarting the engine on this config", study)
+        try:
+            current = await self._switch(params, current)
+        except EngineStartFailed as e:
+            current = dataclasses.replace(original, spec={}, config_id="(failed start)")
+            self._finish(study, trial, params, "infeasible", None, 0, f"did not start: {e}", 1.0)
+            return current
+        rungs = halving_rungs(self.s.plan.num_requests, self.s.eta, self.s.min_rung_requests)
+        for i, n in enumerate(rungs):
+            point = await self._measure(current, n, params, seed=trial.number)
+            if point is None:  # interrupted: the trial is left out, its config is not judged
+                study.tell(trial, state=TrialState.FAIL)
+                return current
+            good = point.goodput_req_s or 0.0
+            c = constraint_value("failed" if point.status == "failed" else point.status, point.slo_attainment,
+                                 self.s.bad_attainment)
+            if c > 0:
+                self._finish(study, trial, params, "infeasible", good, n, point.reason or "SLO broken badly", c)
+                return current
+            trial.report(good, step=n)
+            last = i == len(rungs) - 1
+            if not last:
+                peers = [t.intermediate_values[n] for t in study.get_trials(deepcopy=False)
+                         if t.number != trial.number and n in t.intermediate_values]
+                if not keep_going(good, peers, self.s.eta):
+                    self._finish(study, trial, params, "pruned", good, n,
+                                 f"stopped early after {n} requests: {good:.2f} req/s, below the top 1/{self.s.eta}")
+                    return current
+        self._finish(study, trial, params, "complete", good, rungs[-1], point.reason)
+        return current
+
+    def _finish(self, study: optuna.Study, trial: optuna.Trial, params: dict[str, Any], state: str,
+                goodput: float | None, requests: int, reason: str | None, constraint: float = 0.0) -> None:
+        for k, v in (("outcome", state), ("goodput_req_s", goodput), ("requests", requests), ("reason", reason)):
+            trial.set_user_attr(k, v)
+        # The sampler's constraint (<= 0 feasible): TPE then keeps away from known-bad regions.
+        trial.set_constraint(_CONSTRAINT, constraint)
+        if state == "pruned":
+            study.tell(trial, state=TrialState.PRUNED)
+        else:
+            study.tell(trial, goodput or 0.0)
+        outcome = TrialOutcome(trial.number, params, state, goodput, requests, reason)
+        self._emit("trial_finished", trial.number, params, state + (f": {reason}" if reason else ""), study, outcome)
+
+    async def _remeasure(self, study: optuna.Study, original: EngineTarget,
+                         current: EngineTarget) -> tuple[EngineTarget, list[Remeasured]]:
+        out = []
+        for cand in remeasure_candidates(outcomes(study), self.s.top_k):
+            if self.stop.is_set():
+                break
+            self._emit("remeasuring", cand.number, cand.params, f"re-measuring x{self.s.repeats}", study)
+            try:
+                current = await self._switch(cand.params, current)
+            except EngineStartFailed as e:
+                current = dataclasses.replace(original, spec={}, config_id="(failed start)")
+                log.warning("candidate %s no longer starts: %s", cand.params, e)
+                out.append(Remeasured(cand.number, cand.params, ()))
+                continue
+            goods = []
+            for r in range(self.s.repeats):
+                point = await self._measure(current, self.s.plan.num_requests, cand.params, seed=1000 + r)
+                if point is not None:
+                    goods.append(point.goodput_req_s or 0.0)
+            out.append(Remeasured(cand.number, cand.params, tuple(goods)))
+        return current, out
+
+    async def _restore(self, original: EngineTarget, current: EngineTarget,
+                       study: optuna.Study) -> tuple[bool, str | None]:
+        if current.config_id == original.config_id:
+            return True, None
+        try:
+            await asyncio.shield(self.ctl.restore(original))
+        except Exception as e:
+            return False, f"{type(e).__name__}: {e}"
+        self._emit("restored", None, {}, f"restored config {original.config_id}", study)
+        return True, None
