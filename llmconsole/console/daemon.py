@@ -23,6 +23,7 @@ from llmconsole.console.api_history import add_routes as add_history_routes
 from llmconsole.console.api_history import on_config_failed
 from llmconsole.console.api_history import rollback as history_rollback
 from llmconsole.console.api_modes import start_services as start_mode_services
+from llmconsole.console.tune_service import start_services as start_tune_services
 from llmconsole.db import Store, StoreError
 from llmconsole.db.recorder import Recorder
 from llmconsole.engine.fleet import Fleet
@@ -73,6 +74,7 @@ async def serve(paths: Paths) -> None:
     gateway = app[GATEWAY] = GatewayService(fleet, store=store)  # the engines' front door and window loop
     await gateway.start()
     mode_services = await start_mode_services(app, fleet, store, gateway, history_rollback)  # modes, alerts, /metrics
+    mode_services += await start_tune_services(app, fleet, store, gateway, history_rollback)  # tune apply, guard, schedule
     sampler = asyncio.create_task(_sample_forever(fleet, recorder), name="recorder")
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()

@@ -211,7 +211,7 @@ class Tuner:
         try:
             current = await self._switch(params, current)
         except EngineStartFailed as e:
-            current = dataclasses.replace(original, spec={}, config_id="(failed start)")
+            current = await self._after_failed_start(original)
             self._finish(study, trial, params, "infeasible", None, 0, f"did not start: {e}", 1.0)
             return current
         rungs = halving_rungs(self.s.plan.num_requests, self.s.eta, self.s.min_rung_requests)
@@ -261,7 +261,7 @@ class Tuner:
             try:
                 current = await self._switch(cand.params, current)
             except EngineStartFailed as e:
-                current = dataclasses.replace(original, spec={}, config_id="(failed start)")
+                current = await self._after_failed_start(original)
                 log.warning("candidate %s no longer starts: %s", cand.params, e)
                 out.append(Remeasured(cand.number, cand.params, ()))
                 continue
@@ -273,12 +273,22 @@ class Tuner:
             out.append(Remeasured(cand.number, cand.params, tuple(goods)))
         return current, out
 
+    async def _after_failed_start(self, original: EngineTarget) -> EngineTarget:
+        """Where the engine is after a config did not start: a refusal left it as it was; else it
+        sits failed (or the daemon's own rollback is moving it) and restoring is due."""
+        try:
+            return await self.ctl.current()
+        except Exception:
+            return dataclasses.replace(original, spec={}, config_id="(failed start)")
+
     async def _restore(self, original: EngineTarget, current: EngineTarget,
                        study: optuna.Study) -> tuple[bool, str | None]:
         if current.config_id == original.config_id:
             return True, None
+        # Only the knobs go back: the rest of the spec never moved (and secrets are not in it).
+        back = {k.name: original.spec.get(k.name) for k in self.s.knobs}
         try:
-            await asyncio.shield(self.ctl.restore(original))
+            await asyncio.shield(self.ctl.apply(back))
         except Exception as e:
             return False, f"{type(e).__name__}: {e}"
         self._emit("restored", None, {}, f"restored config {original.config_id}", study)

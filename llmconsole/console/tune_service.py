@@ -1,0 +1,315 @@
+"""The daemon's side of auto-tuning: applying a winner, watching it, and the optional schedule.
+
+  POST /v1/engines/{name}/tune/apply  {"overrides": {...}, "slo": {"p99_e2e_ms": 2000}, "guard": {...}?}
+                                      a guarded apply of the tuned config; then the engine is watched
+  GET  /v1/tune                       the schedule, the watches and the last scheduled runs
+  POST /v1/tune/schedule              {"engine": NAME, "interval_s": S, "budget_trials": N, "apply": bool,
+                                       "slo": {...}, "knobs": [...], "input_len": "64", ...} or
+                                      {"engine": NAME, "off": true}
+
+After any applied change the engine's gateway records are judged every few seconds against the
+SLO and an error-rate limit (engine/tuner_guard.py). A degradation that holds for a whole window
+rolls the engine back to the config it ran before, as an automatic rollback action in the store
+whose reason names the breach.
+
+The schedule is off by default. When set, every interval it runs a short tune in the daemon on
+the traffic shape the gateway saw lately (arrival rate and output lengths; prompt lengths are not
+seen at the gateway, so they come from the schedule) and records the proposal; with "apply" it
+applies a winner that beats the running config, guarded like any other apply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import statistics
+import time
+from typing import Any
+
+from aiohttp import web
+
+from llmconsole.engine.guarded_apply import ApplyFailed, ApplyRefused, guarded_apply
+from llmconsole.engine.latency_stats import Slo
+from llmconsole.engine.responses_settings import GroupGate
+from llmconsole.engine.status import EngineState
+from llmconsole.engine.sweep import EngineStartFailed, EngineTarget
+from llmconsole.engine.sweep_plan import LoadLevel, SweepPlan
+from llmconsole.engine.sweep_probe import ResourceSample
+from llmconsole.engine.tuner import Tuner, TuneSettings
+from llmconsole.engine.tuner_guard import GuardSettings, breach, sustained, window_figures
+from llmconsole.engine.tuner_space import Budget, clamp_to_workload, default_space, parse_knob
+from llmconsole.engine.workload import LengthDist
+
+log = logging.getLogger(__name__)
+
+
+class FleetController:
+    """The tuner's engine controller inside the daemon: restarts through the fleet."""
+
+    def __init__(self, fleet, name: str, ready_timeout_s: float = 900.0):
+        self.fleet, self.name, self.ready_timeout_s = fleet, name, ready_timeout_s
+
+    def _target(self) -> EngineTarget:
+        sup = self.fleet.get(self.name)
+        st = sup.status()
+        return EngineTarget(st.url, st.served_model_name, sup.spec.model, sup.spec.config_id, sup.spec.public_dict())
+
+    async def current(self) -> EngineTarget:
+        return self._target()
+
+    async def apply(self, overrides: dict[str, Any]) -> EngineTarget:
+        sup = self.fleet.get(self.name)
+        try:
+            spec = sup.spec.model_copy(update=overrides)
+            spec = type(spec).model_validate(spec.model_dump())
+            await self.fleet.restart(self.name, spec)
+        except Exception as e:  # the fit check's refusal, a bad value: this config cannot run
+            raise EngineStartFailed(str(e)) from None
+        deadline = time.monotonic() + self.ready_timeout_s
+        while time.monotonic() < deadline:
+            if sup.state == EngineState.READY and sup.status().url:
+                return self._target()
+            if sup.state in (EngineState.FAILED, EngineState.STOPPED, EngineState.CRASHED) \
+                    or sup.spec.config_id != spec.config_id:
+                raise EngineStartFailed(sup.last_error or str(sup.state))
+            await asyncio.sleep(0.5)
+        raise EngineStartFailed(f"not ready within {self.ready_timeout_s:.0f} s")
+
+    async def restore(self, original: EngineTarget) -> EngineTarget:
+        return await self.apply(original.spec)
+
+    async def resources(self) -> ResourceSample:
+        return ResourceSample(None, None, None, None, "not sampled by the scheduled tune",
+                              "not sampled by the scheduled tune")
+
+
+class TuneService:
+    def __init__(self, fleet, store, gateway, rollback):
+        self.fleet, self.store, self.gateway, self.rollback = fleet, store, gateway, rollback
+        self.path = fleet.paths.data_dir / "tune_schedule.json"
+        self.schedule: dict[str, dict[str, Any]] = self._read()
+        self.watches: dict[str, dict[str, Any]] = {}
+        self.runs: list[dict[str, Any]] = []
+        self._tasks: set[asyncio.Task] = set()
+        self._loop_task: asyncio.Task | None = None
+        self._last_run_s: dict[str, float] = {}
+
+    def _read(self) -> dict[str, dict[str, Any]]:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _spawn(self, coro, name: str) -> None:
+        t = asyncio.create_task(coro, name=name)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    async def start(self) -> None:
+        self._loop_task = asyncio.create_task(self._schedule_loop(), name="tune-schedule")
+
+    async def close(self) -> None:
+        for t in [self._loop_task, *self._tasks]:
+            if t is not None:
+                t.cancel()
+        await asyncio.gather(*(t for t in [self._loop_task, *self._tasks] if t is not None), return_exceptions=True)
+
+    # --- apply and guard ----------------------------------------------------------------------
+
+    def _records(self, name: str) -> list:
+        group = self.gateway.gateway.groups.get(name) if self.gateway is not None else None
+        return list(group.records) if group is not None else []
+
+    async def apply(self, name: str, overrides: dict[str, Any], slo: Slo, *, actor: str, automatic: bool = False,
+                    guard: GuardSettings | None = None, detail: dict[str, Any] | None = None) -> dict[str, Any]:
+        sup = self.fleet.get(name)
+        new = type(sup.spec).model_validate({**sup.spec.model_dump(), **overrides})
+        gate = GroupGate(self.gateway) if self.gateway is not None else None
+        result = await guarded_apply(self.fleet, name, new, store=self.store, gate=gate, actor=actor, kind="tune",
+                                     automatic=automatic, detail={"overrides": overrides, **(detail or {})})
+        g = guard or GuardSettings()
+        if result.from_config_id != result.to_config_id:
+            self.watches[name] = {"from_config_id": result.from_config_id, "to_config_id": result.to_config_id,
+                                  "since_s": time.time(), "slo": slo.as_dict(), "state": "watching", "reason": None}
+            self._spawn(self._watch(name, result.from_config_id, result.to_config_id, slo, g), f"tune-guard-{name}")
+        return {**result.to_json(), "watch_s": g.watch_s}
+
+    async def _watch(self, name: str, before_id: str, applied_id: str, slo: Slo, g: GuardSettings) -> None:
+        began = time.time()
+        checks: list[tuple[float, str | None]] = []
+        w = self.watches[name]
+        while time.time() - began < g.watch_s:
+            await asyncio.sleep(g.check_s)
+            sup = self.fleet.get(name)
+            if sup.spec.config_id != applied_id:
+                w["state"] = "ended: the config was changed"
+                return
+            now = time.time()
+            fig = window_figures(self._records(name), slo, max(began, now - g.window_s), now)
+            checks.append((now, breach(fig, g)))
+            why = sustained(checks, now, g.window_s)
+            if why:
+                reason = f"after the tuned config {applied_id} was applied: {why} for {g.window_s:.0f} s"
+                log.warning("rolling %s back to %s: %s", name, before_id, reason)
+                w.update(state="rolled back", reason=reason)
+                try:
+                    await self.rollback(self.fleet, self.store, name, actor="llmconsole", to_config_id=before_id,
+                                        automatic=True, reason=reason)
+                except Exception as e:
+                    w.update(state="rollback failed", reason=f"{reason}; rollback failed: {e}")
+                    log.exception("automatic rollback of %s failed", name)
+                return
+        w["state"] = "kept"
+
+    # --- the schedule -------------------------------------------------------------------------
+
+    async def _schedule_loop(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            for name, cfg in list(self.schedule.items()):
+                last = self._last_run_s.setdefault(name, time.monotonic())
+                if time.monotonic() - last < float(cfg["interval_s"]):
+                    continue
+                self._last_run_s[name] = time.monotonic()
+                try:
+                    await self.scheduled_run(name, cfg)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:  # one bad run must not end the schedule
+                    log.exception("scheduled tune of %s failed", name)
+                    self.runs.append({"engine": name, "at_s": time.time(), "status": "failed", "error": str(e)})
+
+    def traffic_shape(self, name: str, cfg: dict[str, Any]) -> tuple[LoadLevel, LengthDist]:
+        """The arrival rate and output lengths the gateway saw over the schedule's lookback."""
+        now = time.time()
+        lookback = float(cfg.get("lookback_s", 3600))
+        recent = [r for r in self._records(name) if r.finished_at_s >= now - lookback and r.outcome == "ok"]
+        if len(recent) < 4:
+            return LoadLevel("concurrency", float(cfg.get("concurrency", 4))), LengthDist.parse(cfg.get("output_len", "64"))
+        span = max(1.0, max(r.finished_at_s for r in recent) - min(r.finished_at_s - r.e2e_s for r in recent))
+        rate = round(len(recent) / span, 2)
+        # Streamed frames stand for tokens: less the closing [DONE] frame (a usage frame, when the
+        # client asks for one, still counts: one token long at most).
+        outs = [r.output_chunks - 1 for r in recent if r.streamed and r.output_chunks > 1]
+        out_len = LengthDist.fixed(max(1, int(statistics.median(outs)))) if outs else LengthDist.parse(
+            cfg.get("output_len", "64"))
+        return LoadLevel("rate", max(rate, 0.1)), out_len
+
+    async def scheduled_run(self, name: str, cfg: dict[str, Any]) -> dict[str, Any]:
+        sup = self.fleet.get(name)
+        if sup.state != EngineState.READY:
+            run = {"engine": name, "at_s": time.time(), "status": "skipped", "error": f"engine is {sup.state}"}
+            self.runs.append(run)
+            return run
+        slo = Slo.parse([f"{k}={v}" for k, v in cfg["slo"].items()])
+        load, out_len = self.traffic_shape(name, cfg)
+        in_len = LengthDist.parse(str(cfg.get("input_len", "64")))
+        plan = SweepPlan(engine=name, grid={}, loads=(load,), slo=slo, repeats=1,
+                         num_requests=int(cfg.get("num_requests", 16)), input_len=in_len, output_len=out_len,
+                         warmup_requests=1, max_run_s=float(cfg.get("max_run_s", 120)))
+        spec = sup.spec.public_dict()
+        knobs = tuple(parse_knob(k) for k in cfg.get("knobs") or ()) or default_space(spec, int(load.value))
+        knobs = clamp_to_workload(knobs, in_len.value + out_len.value)
+        settings = TuneSettings(plan, knobs, Budget(trials=int(cfg.get("budget_trials", 4))),
+                                top_k=int(cfg.get("top_k", 1)), repeats=int(cfg.get("repeats", 1)))
+        storage = self.fleet.paths.data_dir / "tuning" / "studies.journal"
+        base_spec = {k: spec.get(k) for k in (k.name for k in knobs)}
+        result = await Tuner(settings, FleetController(self.fleet, name), storage).run()
+        run = {"engine": name, "at_s": time.time(), "status": result.status, "study": result.study,
+               "load": load.label, "output_len": out_len.describe(), "trials": len(result.trials),
+               "new_trials": result.new_trials, "running": base_spec,
+               "proposal": result.winner.params if result.winner else None,
+               "proposal_req_s": result.winner.median_req_s if result.winner else None, "applied": None}
+        if result.winner and cfg.get("apply") and result.winner.params != base_spec:
+            try:
+                run["applied"] = await self.apply(name, result.winner.params, slo, actor="llmconsole schedule",
+                                                  automatic=True, detail={"study": result.study})
+            except (ApplyRefused, ApplyFailed) as e:
+                run["applied"] = {"error": str(e)}
+        self.runs.append(run)
+        del self.runs[:-20]
+        return run
+
+    def set_schedule(self, body: dict[str, Any]) -> dict[str, Any]:
+        name = str(body.get("engine") or "")
+        self.fleet.get(name)  # UnknownEngine for a name the daemon does not supervise
+        if body.get("off"):
+            self.schedule.pop(name, None)
+        else:
+            interval = float(body.get("interval_s", 4 * 3600))
+            if not interval >= 10:
+                raise ValueError("interval_s must be at least 10 s")
+            slo = Slo.parse([f"{k}={v}" for k, v in (body.get("slo") or {}).items()])
+            if not slo:
+                raise ValueError("a scheduled tune needs an SLO ({\"p99_e2e_ms\": 2000, ...})")
+            for k in body.get("knobs") or ():
+                parse_knob(k)
+            keep = ("budget_trials", "apply", "knobs", "input_len", "output_len", "num_requests", "concurrency",
+                    "lookback_s", "max_run_s", "top_k", "repeats")
+            self.schedule[name] = {"interval_s": interval, "slo": slo.as_dict(),
+                                   **{k: body[k] for k in keep if k in body}}
+            self._last_run_s[name] = time.monotonic()
+        self.path.write_text(json.dumps(self.schedule, indent=2))
+        return self.state()
+
+    def state(self) -> dict[str, Any]:
+        return {"schedule": self.schedule, "watches": self.watches, "runs": self.runs[-20:]}
+
+
+TUNE = web.AppKey("tune", TuneService)
+
+
+def _error(status: int, message: str, details: list[str] | None = None) -> web.Response:
+    return web.json_response({"error": message, "details": details or []}, status=status)
+
+
+async def post_apply(request: web.Request) -> web.Response:
+    from llmconsole.console.api import _json_body, peer_user
+    from llmconsole.engine.fleet import UnknownEngine
+
+    body = await _json_body(request)
+    name = request.match_info["name"]
+    try:
+        slo = Slo.parse([f"{k}={v}" for k, v in (body.get("slo") or {}).items()])
+        guard = GuardSettings(**(body.get("guard") or {}))
+        result = await request.app[TUNE].apply(name, dict(body.get("overrides") or {}), slo,
+                                               actor=peer_user(request), guard=guard,
+                                               detail={"study": body.get("study")})
+    except UnknownEngine as e:
+        return _error(404, str(e))
+    except ApplyRefused as e:
+        return _error(400, str(e), e.details)
+    except ApplyFailed as e:
+        return _error(409, str(e))
+    except (ValueError, TypeError) as e:
+        return _error(400, str(e))
+    return web.json_response(result)
+
+
+async def get_tune(request: web.Request) -> web.Response:
+    return web.json_response(request.app[TUNE].state())
+
+
+async def post_schedule(request: web.Request) -> web.Response:
+    from llmconsole.console.api import _json_body
+    from llmconsole.engine.fleet import UnknownEngine
+
+    body = await _json_body(request)
+    try:
+        return web.json_response(request.app[TUNE].set_schedule(body))
+    except UnknownEngine as e:
+        return _error(404, str(e))
+    except ValueError as e:
+        return _error(400, str(e))
+
+
+async def start_services(app: web.Application, fleet, store, gateway, rollback) -> list:
+    """The tune service wired into the daemon; returns what to close on the way out."""
+    svc = app[TUNE] = TuneService(fleet, store, gateway, rollback)
+    app.router.add_post("/v1/engines/{name}/tune/apply", post_apply)
+    app.router.add_get("/v1/tune", get_tune)
+    app.router.add_post("/v1/tune/schedule", post_schedule)
+    await svc.start()
+    return [svc]
+
