@@ -64,6 +64,7 @@ class EngineGroup:
         self.admission = Admission(self.controller.window, max_queue, queue_timeout_s)
         self.records: collections.deque[RequestRecord] = collections.deque(maxlen=records_len)
         self.model_names: set[str] = set()
+        self.held = False  # closed on purpose (a guarded restart drains the group first)
         self.refresh_open()
 
     # --- engines --------------------------------------------------------------------------
@@ -84,7 +85,13 @@ class EngineGroup:
 
     def refresh_open(self) -> None:
         """Admit only while an engine is ready; otherwise arrivals wait in the queue."""
-        self.admission.set_open(any(u.ready for u in self.upstreams.values()))
+        self.admission.set_open(not self.held and any(u.ready for u in self.upstreams.values()))
+
+    def hold(self, held: bool) -> None:
+        """Keep arrivals queued even while engines are ready: a restart drains the group first,
+        so no request is in flight when its engine goes down."""
+        self.held = held
+        self.refresh_open()
 
     def mark_down(self, up: Upstream) -> None:
         """The engine refused a connection: hold requests until the daemon sees it ready again."""
