@@ -125,13 +125,18 @@ class GatewayService:
         if self.store is None:
             return
         try:
-            self.store.add_window_trace([
-                {"group_name": g, "at_s": s.at_s, "target": s.target_ms, "measured": s.measured_ms,
-                 "error": s.error, "p": s.p, "i": s.i, "d": s.d, "window": float(s.window)}
-                for g, s in samples
-            ])
+            write_trace(self.store, samples)
         except Exception:
             log.exception("writing the window trace to the store failed")
+
+
+def write_trace(store, samples: list[tuple[str, TraceSample]]) -> int:
+    """Controller steps as rows of the store's window_trace table (group, time, terms, window)."""
+    return store.add_window_trace([
+        {"group_name": g, "at_s": s.at_s, "target": s.target_ms, "measured": s.measured_ms,
+         "error": s.error, "p": s.p, "i": s.i, "d": s.d, "window": float(s.window)}
+        for g, s in samples
+    ])
 
     # --- what status and the control API see ----------------------------------------------
 
