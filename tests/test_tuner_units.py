@@ -11,7 +11,8 @@ from llmconsole.engine.tuner import open_study, outcomes
 from llmconsole.engine.tuner_guard import GuardSettings, WindowFigures, breach, sustained, window_figures
 from llmconsole.engine.tuner_space import (Budget, Knob, Remeasured, TrialOutcome, clamp_to_workload,
                                            constraint_value, default_space, halving_rungs, keep_going,
-                                           parse_budget, parse_knob, pick_winner, remeasure_candidates, study_name)
+                                           parse_budget, parse_knob, pick_winner, remeasure_candidates, startup_trials,
+                                           study_name)
 
 
 def test_knobs_parse_ranges_and_choices_and_refuse_the_rest():
@@ -44,6 +45,8 @@ def test_default_space_follows_the_running_config():
 
 def test_budget_and_study_name():
     assert parse_budget("12") == Budget(trials=12) and parse_budget("30m") == Budget(minutes=30)
+    assert [startup_trials(Budget(trials=n)) for n in (1, 3, 6, 12, 40)] == [1, 1, 2, 4, 4]
+    assert startup_trials(Budget(minutes=30)) == 4
     for bad in ("0", "x", "-3m", "0m"):
         with pytest.raises(ValueError):
             parse_budget(bad)

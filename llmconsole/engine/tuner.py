@@ -30,7 +30,8 @@ from llmconsole.engine.sweep import EngineController, EngineStartFailed, EngineT
 from llmconsole.engine.sweep_plan import LoadLevel, PointResult, SweepPlan
 from llmconsole.engine.sweep_probe import RunProbe
 from llmconsole.engine.tuner_space import (Budget, Knob, Remeasured, TrialOutcome, constraint_value, halving_rungs,
-                                           keep_going, pick_winner, remeasure_candidates, study_name)
+                                           keep_going, pick_winner, remeasure_candidates, startup_trials,
+                                           study_name)
 from llmconsole.engine.workload import load_tokenizer, plan_requests
 
 log = logging.getLogger(__name__)
@@ -97,12 +98,17 @@ class TuneResult:
                 "restore_error": self.restore_error}
 
 
-def open_study(storage_path: Path, name: str, seed: int) -> optuna.Study:
+def make_sampler(seed: int, budget: Budget) -> optuna.samplers.TPESampler:
+    """TPE, multivariate (batch size and token budget interact), seeded; its random start is
+    cut for small budgets so most of the few restarts a budget allows are guided."""
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup_trials(budget), multivariate=True)
+
+
+def open_study(storage_path: Path, name: str, seed: int, budget: Budget = Budget(trials=12)) -> optuna.Study:
     storage_path.parent.mkdir(parents=True, exist_ok=True)
     storage = JournalStorage(JournalFileBackend(str(storage_path)))
-    sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=4, multivariate=True)
-    return optuna.create_study(study_name=name, storage=storage, sampler=sampler, direction="maximize",
-                               load_if_exists=True)
+    return optuna.create_study(study_name=name, storage=storage, sampler=make_sampler(seed, budget),
+                               direction="maximize", load_if_exists=True)
 
 
 def outcomes(study: optuna.Study) -> list[TrialOutcome]:
@@ -148,7 +154,7 @@ class Tuner:
         self.on_progress(TuneProgress(event, trial, params, message, best, time.monotonic() - self._t0, outcome))
 
     async def run(self) -> TuneResult:
-        study = open_study(self.storage_path, self.s.name, self.s.seed)
+        study = open_study(self.storage_path, self.s.name, self.s.seed, self.s.budget)
         stale = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
         for n in stale:  # a tune killed mid-trial: that trial's figures are lost, its config is not bad
             study.tell(n, state=TrialState.FAIL)

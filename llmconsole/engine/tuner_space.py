@@ -139,6 +139,14 @@ def parse_budget(text: str) -> Budget:
     raise ValueError(f"budget {text!r} is not a number of trials (12) or of minutes (30m)")
 
 
+def startup_trials(budget: Budget) -> int:
+    """Random trials before TPE models the space: Optuna's usual few, but at most a third of a
+    budget in trials (at least one), so a small budget is mostly guided search."""
+    if budget.trials is None:
+        return 4
+    return max(1, min(4, budget.trials // 3))
+
+
 def study_name(engine: str, workload: dict[str, Any], slo: dict[str, float], knobs: Sequence[Knob]) -> str:
     """Same engine, workload, SLO and space -> the same study, so a rerun resumes it."""
     key = json.dumps({"workload": workload, "slo": slo, "space": [k.describe() for k in knobs]}, sort_keys=True)
