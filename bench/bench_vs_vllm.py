@@ -54,7 +54,7 @@ def vllm_bench(url: str, model_dir: str, served: str, a: argparse.Namespace, out
            "--dataset-name", "random", "--random-input-len", str(a.input_len),
            "--random-output-len", str(a.output_len), "--random-range-ratio", "0", "--num-prompts",
            str(a.num_prompts), "--max-concurrency", str(a.concurrency), "--request-rate", "inf",
-           "--ignore-eos", "--disable-tqdm", "--seed", str(k), "--save-result", "--result-dir", out_dir,
+           "--ignore-eos", "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl,e2el", "--seed", str(k), "--save-result", "--result-dir", out_dir,
            "--result-filename", name]
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu")
     r = subprocess.run(cmd, env=env, text=True, capture_output=True, timeout=900)
@@ -118,6 +118,8 @@ def main() -> None:
                        ("median_e2el_ms", "median e2e (ms)"), ("duration", "duration (s)"),
                        ("completed", "completed"), ("total_input_tokens", "input tokens"),
                        ("total_output_tokens", "output tokens")):
+        if any(key not in r for r in v_runs + o_runs):
+            continue  # a figure this vLLM release does not save
         v = statistics.median(r[key] for r in v_runs)
         o = statistics.median(r[key] for r in o_runs)
         print(f"{label:22}{v:>18.2f}{o:>18.2f}{o / v:>13.3f}x")
