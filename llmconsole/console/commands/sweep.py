@@ -43,7 +43,10 @@ class DaemonController:
         return await asyncio.to_thread(self._restart, overrides)
 
     async def restore(self, original: EngineTarget) -> EngineTarget:
-        return await asyncio.to_thread(self._restart, original.spec)
+        # The status shows a spec as public_dict(): whether a key is set, never the key. The key
+        # stays the engine's own; only the config fields go back.
+        fields = {k: v for k, v in original.spec.items() if k != "api_key_set"}
+        return await asyncio.to_thread(self._restart, fields)
 
     def _restart(self, overrides: dict[str, Any]) -> EngineTarget:
         try:
