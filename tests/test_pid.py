@@ -37,7 +37,7 @@ def simulate(ctl: PidController, load: list[tuple[float, int]], until_s: float, 
         clients = [c for t, c in load if t <= now][-1]
         plant.tick(now, clients, ctl.window, ctl)
         if now >= next_step:
-            steps.append(ctl.step(now))
+            steps.append(ctl.step(now, saturated=clients >= ctl.window))
             next_step += ctl.settings.interval_s
         now += dt_s
     return steps
@@ -74,19 +74,18 @@ def test_load_step_from_2_to_32_streams_does_not_wind_up():
     ctl = _ctl(target_ms=250.0, horizon_s=4.0)
     steps = simulate(ctl, [(0.0, 2), (30.0, 32)], until_s=90.0)
     before = steps[:29]
-    # With two streams the latency is far below target: the window rises to its clamp, and the
-    # integral does not keep growing there (anti-windup).
-    assert before[-1].window >= 30
-    assert before[-1].action == "clamped"
-    assert before[-1].i + before[-1].p + 8 <= 32 + 1.0
+    # With two streams the latency is far below target, but two streams never fill the window:
+    # raising it would test nothing, so it holds at 8 and the integral does not wind up.
+    assert {s.window for s in before} == {8}
+    assert before[-1].action == "hold-unsaturated" and before[-1].i == 0.0
     assert abs(before[-1].i - before[-5].i) < 1e-9
     after = steps[29:]
-    # After the step the window comes down within 15 s and settles near 17.5 seats.
-    first_in_band = next(k for k, s in enumerate(after) if s.window <= 19)
-    assert first_in_band <= 15, [s.window for s in after]
+    # After the step the window rises within 20 s to about 17.5 seats and settles there.
+    first_in_band = next(k for k, s in enumerate(after) if s.window >= 16)
+    assert first_in_band <= 20, [s.window for s in after]
     settled = after[first_in_band + 15:]
     assert {s.window for s in settled} <= {16, 17, 18, 19}, [s.window for s in after]
-    assert _reversals([s.window for s in after]) == 0
+    assert _reversals([s.window for s in after]) <= 1  # at most one early correction, no swinging
 
 
 def test_holds_with_too_few_samples_and_when_idle():

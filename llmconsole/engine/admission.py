@@ -50,6 +50,7 @@ class Admission:
         self._rejected_full = 0
         self._timed_out = 0
         self._max_in_flight_seen = 0
+        self._saturated = False   # full at some point since take_saturated() last asked
 
     # --- live settings --------------------------------------------------------------------
 
@@ -99,6 +100,7 @@ class Admission:
             raise QueueFull(f"{self.queued} requests are already queued (the bound is {self.max_queue})")
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         self._queue.append(fut)
+        self._saturated = True
         try:
             await asyncio.wait_for(asyncio.shield(fut), self.queue_timeout_s if timeout_s is None else timeout_s)
         except (asyncio.TimeoutError, asyncio.CancelledError) as e:
@@ -122,9 +124,18 @@ class Admission:
         self._in_flight -= 1
         self._pump()
 
+    def take_saturated(self) -> bool:
+        """Whether the gate was full (a request waited, or in-flight reached the window) since
+        the last call; the controller raises the window only when it was."""
+        was = self._saturated or self._in_flight >= self._window or bool(self.queued)
+        self._saturated = False
+        return was
+
     def _take(self) -> None:
         self._in_flight += 1
         self._admitted += 1
+        if self._in_flight >= self._window:
+            self._saturated = True
         self._max_in_flight_seen = max(self._max_in_flight_seen, self._in_flight)
 
     def _drop_done(self) -> None:

@@ -131,7 +131,7 @@ class EngineGroup:
         """One controller step; the admission gate takes the new window at once."""
         if not self.controlled:
             return None
-        sample = self.controller.step(now_s)
+        sample = self.controller.step(now_s, saturated=self.admission.take_saturated())
         self.admission.set_window(self.controller.window)
         return sample
 

@@ -106,7 +106,7 @@ class TraceSample:
     output: float                # unclamped controller output
     window: int                  # what the admission gate uses now
     samples: int
-    action: str                  # "step", "clamped", "hold-idle", "hold-samples", "frozen", "manual"
+    action: str                  # step, clamped, hold-idle, hold-samples, hold-unsaturated, frozen, manual
 
     def to_json(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -189,7 +189,10 @@ class PidController:
             return None, 0
         return percentile(values, s.percentile) * 1000.0, len(values)
 
-    def step(self, now_s: float | None = None) -> TraceSample:
+    def step(self, now_s: float | None = None, saturated: bool = True) -> TraceSample:
+        """One step. `saturated`: the gate was full at some point since the last step. When it
+        was not, a larger window would test nothing (the load does not reach it), so the window
+        is not raised and the integral does not grow; it may still come down."""
         s = self.settings
         now = self._clock() if now_s is None else now_s
         dt = s.interval_s if self._prev_step_s is None else max(1e-3, now - self._prev_step_s)
@@ -207,6 +210,9 @@ class PidController:
             return self._record(self._sample(measured, None, 0.0, 0.0, "hold-idle", n))
 
         error = (s.target_ms - measured) / s.target_ms
+        if error > 0 and not saturated:
+            self._prev_measured = measured
+            return self._record(self._sample(measured, error, 0.0, 0.0, "hold-unsaturated", n))
         p = s.kp * error
         d = 0.0
         if self._prev_measured is not None:
