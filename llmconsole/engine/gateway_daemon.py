@@ -129,15 +129,6 @@ class GatewayService:
         except Exception:
             log.exception("writing the window trace to the store failed")
 
-
-def write_trace(store, samples: list[tuple[str, TraceSample]]) -> int:
-    """Controller steps as rows of the store's window_trace table (group, time, terms, window)."""
-    return store.add_window_trace([
-        {"group_name": g, "at_s": s.at_s, "target": s.target_ms, "measured": s.measured_ms,
-         "error": s.error, "p": s.p, "i": s.i, "d": s.d, "window": float(s.window)}
-        for g, s in samples
-    ])
-
     # --- what status and the control API see ----------------------------------------------
 
     def group(self, name: str) -> EngineGroup:
@@ -207,3 +198,12 @@ def write_trace(store, samples: list[tuple[str, TraceSample]]) -> int:
         with os.fdopen(fd, "w") as f:
             f.write(data)
         os.replace(tmp, self._file)
+
+
+def write_trace(store, samples: list[tuple[str, TraceSample]]) -> int:
+    """Controller steps as rows of the store's window_trace table (group, time, terms, window)."""
+    return store.add_window_trace([
+        {"group_name": g, "at_s": s.at_s, "target": s.target_ms, "measured": s.measured_ms,
+         "error": s.error, "p": s.p, "i": s.i, "d": s.d, "window": float(s.window)}
+        for g, s in samples
+    ])
