@@ -32,8 +32,8 @@ from pathlib import Path
 
 import optuna
 
-from llmconsole.engine.tuner import make_sampler
-from llmconsole.engine.tuner_space import Budget
+from llmconsole.engine.tuner import make_sampler, suggest_params
+from llmconsole.engine.tuner_space import Budget, Knob
 
 ROOT = Path(__file__).resolve().parent.parent
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -58,13 +58,14 @@ def grid_values(knobs: list[str]) -> dict[str, list[int]]:
 
 
 def replay(table: dict[tuple, float | None], grid: dict[str, list[int]], budget: int, seed: int) -> tuple[float, int]:
-    """The same TPE settings as the tuner (seeded, multivariate, constraints), its objective
+    """The same TPE settings and encoding as the tuner (seeded, multivariate, constraints), its objective
     looked up in the measured grid table. Returns the best feasible goodput found and the trials used."""
     study = optuna.create_study(direction="maximize", sampler=make_sampler(seed, Budget(trials=budget)))
     best = 0.0
     for _ in range(budget):
         t = study.ask()
-        key = tuple(t.suggest_categorical(k, v) for k, v in grid.items())
+        params = suggest_params(t, [Knob(k, choices=tuple(v)) for k, v in grid.items()])
+        key = tuple(params[k] for k in grid)
         value = table.get(key)
         t.set_constraint("constraint", 0.0 if value is not None else 1.0)
         study.tell(t, value or 0.0)

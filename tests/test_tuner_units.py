@@ -7,7 +7,7 @@ import pytest
 
 from llmconsole.engine.gateway_group import RequestRecord
 from llmconsole.engine.latency_stats import Slo
-from llmconsole.engine.tuner import open_study, outcomes
+from llmconsole.engine.tuner import open_study, outcomes, suggest_params
 from llmconsole.engine.tuner_guard import GuardSettings, WindowFigures, breach, sustained, window_figures
 from llmconsole.engine.tuner_space import (Budget, Knob, Remeasured, TrialOutcome, clamp_to_workload,
                                            constraint_value, default_space, halving_rungs, keep_going,
@@ -45,7 +45,7 @@ def test_default_space_follows_the_running_config():
 
 def test_budget_and_study_name():
     assert parse_budget("12") == Budget(trials=12) and parse_budget("30m") == Budget(minutes=30)
-    assert [startup_trials(Budget(trials=n)) for n in (1, 3, 6, 12, 40)] == [1, 1, 2, 4, 4]
+    assert [startup_trials(Budget(trials=n)) for n in (1, 3, 6, 12, 40)] == [1, 2, 3, 4, 4]
     assert startup_trials(Budget(minutes=30)) == 4
     for bad in ("0", "x", "-3m", "0m"):
         with pytest.raises(ValueError):
@@ -120,3 +120,16 @@ def test_journal_keeps_constraints_and_resumes(tmp_path):
     assert [o.state for o in outcomes(open_study(path, "s", seed=1))] == ["infeasible", "interrupted"]
     t3 = again.ask()
     assert t3.number == 2
+
+
+def test_number_lists_are_searched_in_order_and_kept_as_values(tmp_path):
+    study = open_study(tmp_path / "j", "o", seed=3)
+    knobs = (Knob("max_num_seqs", choices=(16, 1, 4)), Knob("kernel", choices=("stock", "custom")),
+             Knob("max_num_batched_tokens", low=64, high=4096))
+    t = study.ask()
+    params = suggest_params(t, knobs)
+    assert params["max_num_seqs"] in (1, 4, 16) and params["kernel"] in ("stock", "custom")
+    assert 64 <= params["max_num_batched_tokens"] <= 4096
+    assert t.params["max_num_seqs"] == sorted((16, 1, 4)).index(params["max_num_seqs"])  # its position
+    study.tell(t, 1.0)
+    assert outcomes(study)[0].params == params

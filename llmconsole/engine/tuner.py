@@ -116,18 +116,25 @@ def outcomes(study: optuna.Study) -> list[TrialOutcome]:
     for t in study.get_trials(deepcopy=False):
         state = t.user_attrs.get("outcome") or {TrialState.RUNNING: "running", TrialState.FAIL: "interrupted"}.get(
             t.state, t.state.name.lower())
-        out.append(TrialOutcome(t.number, dict(t.params), state, t.user_attrs.get("goodput_req_s"),
+        out.append(TrialOutcome(t.number, dict(t.user_attrs.get("config", t.params)), state, t.user_attrs.get("goodput_req_s"),
                                 int(t.user_attrs.get("requests", 0)), t.user_attrs.get("reason")))
     return out
 
 
-def _suggest(trial: optuna.Trial, knobs: Sequence[Knob]) -> dict[str, Any]:
-    params = {}
+def suggest_params(trial: optuna.Trial, knobs: Sequence[Knob]) -> dict[str, Any]:
+    """A config from the sampler. A list of numbers is searched by its position in sorted
+    order, so TPE sees that 16 seats lie beyond 4 (as a category it would not); the values
+    themselves are kept on the trial."""
+    params: dict[str, Any] = {}
     for k in knobs:
-        if k.choices:
+        if k.choices and all(isinstance(v, (int, float)) for v in k.choices):
+            ordered = sorted(k.choices)
+            params[k.name] = ordered[trial.suggest_int(k.name, 0, len(ordered) - 1)]
+        elif k.choices:
             params[k.name] = trial.suggest_categorical(k.name, list(k.choices))
         else:
             params[k.name] = trial.suggest_int(k.name, k.low, k.high, log=k.high / k.low >= 4)
+    trial.set_user_attr("config", params)
     return params
 
 
@@ -212,7 +219,7 @@ class Tuner:
 
     async def _trial(self, study: optuna.Study, original: EngineTarget, current: EngineTarget) -> EngineTarget:
         trial = study.ask()
-        params = _suggest(trial, self.s.knobs)
+        params = suggest_params(trial, self.s.knobs)
         self._emit("trial_started", trial.number, params, "restarting the engine on this config", study)
         try:
             current = await self._switch(params, current)
