@@ -179,7 +179,13 @@ def test_kv_pressure_fires_the_alert_in_prometheus_and_the_daemon(acli, promethe
     finally:
         stop.set()
     assert all(s == 200 for s in statuses), statuses  # pressure slows requests; none fails
-    q = _get_json(f"{prometheus}/api/v1/query?query=llmconsole_alert_state%7Brule%3D%22{KV_ALERT}%22%7D")
+    # The daemon's record can come a scrape before Prometheus has seen its series: wait for one.
+    deadline = time.monotonic() + 30
+    while True:
+        q = _get_json(f"{prometheus}/api/v1/query?query=llmconsole_alert_state%7Brule%3D%22{KV_ALERT}%22%7D")
+        if q["data"]["result"] or time.monotonic() > deadline:
+            break
+        time.sleep(1)
     assert q["data"]["result"], "the daemon exports its own alert state"
 
 
