@@ -7,7 +7,7 @@ runs it, and a closed-loop streaming client. Past what the KV cache holds, more 
 requests only wait inside vLLM, where their TTFT grows; below it, the batch is smaller than the
 engine could run. Each
 configuration sees the same load step: 2 concurrent streams for --low-s, then 32 for --high-s.
-Static windows 8, 16 and 32 run first; the PID run's target is --target-ms, or by default
+Static windows (--static, default 8, 16 and 32) run first; the PID run's target is --target-ms, or by default
 midway between the static-8 and static-32 p99 TTFTs (a target that neither extreme meets and
 that only some window in between holds).
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import statistics
 import tempfile
 import time
@@ -88,7 +89,8 @@ def figures(client, gw_records, trace, step_at, end, ns, target_ms):
         f.update(first_within_10pct_s=first_in,
                  steps_within_10pct=(len(within) / len(settled)) if settled else None,
                  window_settled=statistics.median(t["window"] for t in settled) if settled else None,
-                 windows_after_step=[t["window"] for t in after])
+                 windows_after_step=[t["window"] for t in after],
+                 actions_after_step=dict(collections.Counter(t["action"] for t in after)))
     return f
 
 
@@ -114,7 +116,10 @@ def main() -> None:
     ap.add_argument("--min", type=int, default=4)
     ap.add_argument("--max", type=int, default=32)
     ap.add_argument("--kv-blocks", type=int, default=40)
+    ap.add_argument("--static", default="8,16,32",
+                    help="static windows to compare, comma-separated (8 and 32 set the default target)")
     ns = ap.parse_args()
+    statics = sorted({int(w) for w in ns.static.split(",")} | {8, 32})
     body = request_body(ns.prompt_words, ns.max_tokens)
     t_engine = time.monotonic()
     engine, engine_url = start_engine(ns.model, max_num_seqs=32, kv_blocks=ns.kv_blocks)
@@ -127,7 +132,7 @@ def main() -> None:
             asyncio.run(load_step(engine_url, body, 2, 3.0, 8, 5.0))  # warm-up, counted nowhere
             for k in range(ns.rounds):
                 raw = {}
-                for w in (8, 16, 32):
+                for w in statics:
                     raw[f"static {w}"] = run_config(engine_url, Path(tmp) / f"r{k}s{w}", body, ns, window=w,
                                                     controlled=False, target_ms=1000.0)
                 if target is None:
@@ -167,6 +172,7 @@ def main() -> None:
               f"{fmt(p.get('steps_within_10pct'), '{:.0%}')} of controller steps within 10% after settling; "
               f"window settled at {fmt(p.get('window_settled'))}")
         print(f"  windows after the step (one per second): {p.get('windows_after_step')}")
+        print(f"  controller actions after the step: {p.get('actions_after_step')}")
 
 
 if __name__ == "__main__":

