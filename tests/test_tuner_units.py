@@ -22,7 +22,7 @@ def test_knobs_parse_ranges_and_choices_and_refuse_the_rest():
     assert parse_knob("gpu_memory_utilization=0.5,0.9").choices == (0.5, 0.9)
     for bad, msg in [("model=x", "cannot be tuned"), ("max_num_seqs=8:2", "LOW <= HIGH"),
                      ("kernel=fast", "stock or custom"), ("max_num_seqs=0,4", "whole numbers"),
-                     ("max_num_seqs", "FIELD=LOW:HIGH"), ("gpu_memory_utilization=1.5", r"\(0, 1\]")]:
+                     ("max_num_seqs=", "FIELD=LOW:HIGH"), ("gpu_memory_utilization=1.5", r"\(0, 1\]")]:
         with pytest.raises(ValueError, match=msg):
             parse_knob(bad)
 

@@ -38,17 +38,34 @@ from llmconsole.engine.sweep_plan import LoadLevel, SweepPlan
 from llmconsole.engine.sweep_probe import ResourceSample
 from llmconsole.engine.tuner import Tuner, TuneSettings
 from llmconsole.engine.tuner_guard import GuardSettings, breach, sustained, window_figures
-from llmconsole.engine.tuner_space import Budget, clamp_to_workload, default_space, parse_knob
+from llmconsole.engine.tuner_ranges import EngineFacts, derive_space
+from llmconsole.engine.tuner_space import Budget, Knob, clamp_to_workload, parse_knob, split_params
 from llmconsole.engine.workload import LengthDist
 
 log = logging.getLogger(__name__)
 
 
 class FleetController:
-    """The tuner's engine controller inside the daemon: restarts through the fleet."""
+    """The tuner's engine controller inside the daemon: restarts through the fleet, the window
+    bounds through the gateway service."""
 
-    def __init__(self, fleet, name: str, ready_timeout_s: float = 900.0):
-        self.fleet, self.name, self.ready_timeout_s = fleet, name, ready_timeout_s
+    def __init__(self, fleet, name: str, ready_timeout_s: float = 900.0, gateway=None):
+        self.fleet, self.name, self.ready_timeout_s, self.gateway = fleet, name, ready_timeout_s, gateway
+
+    def _gateway(self):
+        if self.gateway is None:
+            raise ValueError("this daemon runs no gateway: the window cannot be tuned")
+        return self.gateway
+
+    async def gateway_url(self) -> str:
+        return self._gateway().gateway.group_url(self.name)
+
+    async def window(self) -> dict[str, int]:
+        s = self._gateway().group(self.name).controller.settings
+        return {"min_window": s.min_window, "max_window": s.max_window}
+
+    async def set_window(self, bounds: dict[str, int]) -> None:
+        self._gateway().change_window(self.name, settings=dict(bounds))  # ValueError: refused, unchanged
 
     def _target(self) -> EngineTarget:
         sup = self.fleet.get(self.name)
@@ -118,24 +135,38 @@ class TuneService:
     # --- apply and guard ----------------------------------------------------------------------
 
     def _records(self, name: str) -> list:
-        group = self.gateway.gateway.groups.get(name) if self.gateway is not None else None
+        group = self.gateway.group_of(name) if self.gateway is not None else None
         return list(group.records) if group is not None else []
 
     async def apply(self, name: str, overrides: dict[str, Any], slo: Slo, *, actor: str, automatic: bool = False,
                     guard: GuardSettings | None = None, detail: dict[str, Any] | None = None) -> dict[str, Any]:
         sup = self.fleet.get(name)
-        new = type(sup.spec).model_validate({**sup.spec.model_dump(), **overrides})
+        spec_over, window = split_params(overrides)
+        ctl = FleetController(self.fleet, name, gateway=self.gateway)
+        window_before = None
+        if window:  # checked before anything moves: a bad bound changes nothing
+            window_before = await ctl.window()
+            lo, hi = window.get("min_window", window_before["min_window"]), window.get("max_window",
+                                                                                      window_before["max_window"])
+            if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
+                raise ValueError(f"window bounds {lo}..{hi} are not 1 <= min_window <= max_window")
+        new = type(sup.spec).model_validate({**sup.spec.model_dump(), **spec_over})
         gate = GroupGate(self.gateway) if self.gateway is not None else None
         result = await guarded_apply(self.fleet, name, new, store=self.store, gate=gate, actor=actor, kind="tune",
                                      automatic=automatic, detail={"overrides": overrides, **(detail or {})})
+        if window:
+            await ctl.set_window(window)
         g = guard or GuardSettings()
-        if result.from_config_id != result.to_config_id:
+        if result.from_config_id != result.to_config_id or window:
             self.watches[name] = {"from_config_id": result.from_config_id, "to_config_id": result.to_config_id,
-                                  "since_s": time.time(), "slo": slo.as_dict(), "state": "watching", "reason": None}
-            self._spawn(self._watch(name, result.from_config_id, result.to_config_id, slo, g), f"tune-guard-{name}")
-        return {**result.to_json(), "watch_s": g.watch_s}
+                                  "since_s": time.time(), "slo": slo.as_dict(), "state": "watching", "reason": None,
+                                  "window": window or None, "window_before": window_before}
+            self._spawn(self._watch(name, result.from_config_id, result.to_config_id, slo, g, window_before),
+                        f"tune-guard-{name}")
+        return {**result.to_json(), "watch_s": g.watch_s, "window": window or None}
 
-    async def _watch(self, name: str, before_id: str, applied_id: str, slo: Slo, g: GuardSettings) -> None:
+    async def _watch(self, name: str, before_id: str, applied_id: str, slo: Slo, g: GuardSettings,
+                     window_before: dict[str, int] | None = None) -> None:
         began = time.time()
         checks: list[tuple[float, str | None]] = []
         w = self.watches[name]
@@ -154,8 +185,11 @@ class TuneService:
                 log.warning("rolling %s back to %s: %s", name, before_id, reason)
                 w.update(state="rolled back", reason=reason)
                 try:
-                    await self.rollback(self.fleet, self.store, name, actor="llmconsole", to_config_id=before_id,
-                                        automatic=True, reason=reason)
+                    if window_before:
+                        await FleetController(self.fleet, name, gateway=self.gateway).set_window(window_before)
+                    if before_id != applied_id:
+                        await self.rollback(self.fleet, self.store, name, actor="llmconsole", to_config_id=before_id,
+                                            automatic=True, reason=reason)
                 except Exception as e:
                     w.update(state="rollback failed", reason=f"{reason}; rollback failed: {e}")
                     log.exception("automatic rollback of %s failed", name)
@@ -209,16 +243,26 @@ class TuneService:
                          num_requests=int(cfg.get("num_requests", 16)), input_len=in_len, output_len=out_len,
                          warmup_requests=1, max_run_s=float(cfg.get("max_run_s", 120)))
         spec = sup.spec.public_dict()
-        knobs = tuple(parse_knob(k) for k in cfg.get("knobs") or ()) or default_space(spec, int(load.value))
-        knobs = clamp_to_workload(knobs, in_len.value + out_len.value)
+        knobs = tuple(parse_knob(k) for k in cfg.get("knobs") or ()) or (Knob("max_num_seqs"),
+                                                                          Knob("max_num_batched_tokens"))
+        ctl = FleetController(self.fleet, name, gateway=self.gateway)
+        window = await ctl.window() if self.gateway is not None else None
+        facts = EngineFacts(model=str(sup.spec.model), device=str(sup.status().device or "cpu"), spec=spec,
+                            window=window)
+        space = await asyncio.to_thread(derive_space, knobs, facts, input_len=in_len.value, output_len=out_len.value,
+                                        concurrency=int(load.value) if load.kind == "concurrency" else None)
+        knobs = clamp_to_workload(space.knobs, in_len.value + out_len.value)
         settings = TuneSettings(plan, knobs, Budget(trials=int(cfg.get("budget_trials", 4))),
-                                top_k=int(cfg.get("top_k", 1)), repeats=int(cfg.get("repeats", 1)))
+                                top_k=int(cfg.get("top_k", 1)), repeats=int(cfg.get("repeats", 1)),
+                                start=space.start)
         storage = self.fleet.paths.data_dir / "tuning" / "studies.journal"
         base_spec = {k: spec.get(k) for k in (k.name for k in knobs)}
-        result = await Tuner(settings, FleetController(self.fleet, name), storage).run()
+        if window:
+            base_spec.update({k: window[k.removeprefix("gateway_")] for k in base_spec if k.startswith("gateway_")})
+        result = await Tuner(settings, ctl, storage).run()
         run = {"engine": name, "at_s": time.time(), "status": result.status, "study": result.study,
                "load": load.label, "output_len": out_len.describe(), "trials": len(result.trials),
-               "new_trials": result.new_trials, "running": base_spec,
+               "new_trials": result.new_trials, "running": base_spec, "ranges": space.sources,
                "proposal": result.winner.params if result.winner else None,
                "proposal_req_s": result.winner.median_req_s if result.winner else None, "applied": None}
         if result.winner and cfg.get("apply") and result.winner.params != base_spec:

@@ -16,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -29,9 +30,10 @@ from llmconsole.engine.loadgen import run_load
 from llmconsole.engine.sweep import EngineController, EngineStartFailed, EngineTarget, aggregate
 from llmconsole.engine.sweep_plan import LoadLevel, PointResult, SweepPlan
 from llmconsole.engine.sweep_probe import RunProbe
+from llmconsole.engine.tuner_search import Probe, encode, next_config, start_config
 from llmconsole.engine.tuner_space import (Budget, Knob, Remeasured, TrialOutcome, constraint_value, halving_rungs,
-                                           keep_going, pick_winner, remeasure_candidates, startup_trials,
-                                           study_name)
+                                           keep_going, pick_winner, remeasure_candidates, split_params,
+                                           startup_trials, study_name)
 from llmconsole.engine.workload import load_tokenizer, plan_requests
 
 log = logging.getLogger(__name__)
@@ -51,6 +53,11 @@ class TuneSettings:
     bad_attainment: float = 0.5     # below this share of requests in SLO, a config is infeasible
     top_k: int = 3                  # candidates re-measured
     repeats: int = 3                # re-measurements of each
+    # The first trial's config (the planner's batch size, the running config's other values;
+    # tuner_ranges.py), and how the trials after it are chosen: "pattern" (tuner_search.py,
+    # TPE once it has settled) or "tpe" throughout.
+    start: dict[str, Any] = field(default_factory=dict)
+    search: str = "pattern"
 
     @property
     def load(self) -> LoadLevel:
@@ -121,6 +128,28 @@ def outcomes(study: optuna.Study) -> list[TrialOutcome]:
     return out
 
 
+def history(study: optuna.Study) -> list[Probe]:
+    """What the pattern search learns from: every judged trial (a pruned one by its goodput at
+    the rung it reached, an infeasible one as such); interrupted ones judged nothing."""
+    return [Probe(o.params, o.goodput_req_s or 0.0 if o.state in ("complete", "pruned") else None)
+            for o in outcomes(study) if o.state in ("complete", "pruned", "infeasible")]
+
+
+def ask_next(study: optuna.Study, knobs: Sequence[Knob], start: dict[str, Any],
+             search: str = "pattern") -> tuple[optuna.Trial, dict[str, Any]]:
+    """The next trial and its config. The pattern search's choice is queued into the study, so
+    the sampler and the journal see it as any trial; with nothing left to it, TPE chooses. The
+    tuner and the benchmark's replay both ask here."""
+    if search in ("pattern", "bracket"):
+        nxt = next_config(history(study), knobs, start, main_only=search == "bracket")
+    else:
+        nxt = start_config(knobs, start) if start and not study.trials else None
+    if nxt is not None:
+        study.enqueue_trial(encode(nxt, knobs))
+    trial = study.ask()
+    return trial, suggest_params(trial, knobs)
+
+
 def suggest_params(trial: optuna.Trial, knobs: Sequence[Knob]) -> dict[str, Any]:
     """A config from the sampler. A list of numbers is searched by its position in sorted
     order, so TPE sees that 16 seats lie beyond 4 (as a category it would not); the values
@@ -153,6 +182,7 @@ class Tuner:
         self.api_key = api_key
         self._t0 = time.monotonic()
         self._tok = None
+        self._window0: dict[str, int] | None = None
 
     def _emit(self, event: str, trial: int | None, params: dict[str, Any], message: str,
               study: optuna.Study, outcome: TrialOutcome | None = None) -> None:
@@ -170,6 +200,7 @@ class Tuner:
                        + (f", {len(stale)} interrupted" if stale else ""), study)
         original = await self.ctl.current()
         current = original
+        self._window0 = await self.ctl.window() if self._through_gateway else None
         status, new_trials = "done", 0
         remeasured: list[Remeasured] = []
         try:
@@ -199,10 +230,21 @@ class Tuner:
                                      pick_winner(remeasured), original, restored, restore_error, status, new_trials)
         return self.result
 
+    @property
+    def _through_gateway(self) -> bool:
+        return any(split_params({k.name: 0 for k in self.s.knobs})[1])
+
     async def _switch(self, params: dict[str, Any], current: EngineTarget) -> EngineTarget:
-        if all(current.spec.get(k) == v for k, v in params.items()):
-            return current
-        return await self.ctl.apply(params)
+        """Move the engine to `params`: spec fields by a restart (only if they differ), window
+        bounds at the gateway. A window the gateway refuses raises ValueError."""
+        spec, window = split_params(params)
+        if window.get("min_window", 0) > window.get("max_window", math.inf):
+            raise ValueError(f"min_window {window['min_window']} is above max_window {window['max_window']}")
+        if spec and not all(current.spec.get(k) == v for k, v in spec.items()):
+            current = await self.ctl.apply(spec)
+        if window:
+            await self.ctl.set_window(window)
+        return current
 
     async def _measure(self, target: EngineTarget, n_requests: int, params: dict[str, Any],
                        seed: int) -> PointResult | None:
@@ -210,22 +252,26 @@ class Tuner:
         plan = dataclasses.replace(self.s.plan, num_requests=n_requests)
         wl = self.s.load.workload(plan, seed=seed)
         planned = await asyncio.to_thread(plan_requests, wl, self._tok)
+        # With the window as a knob the load must pass the gateway, where the window acts.
+        url = await self.ctl.gateway_url() if self._through_gateway else target.url
         async with RunProbe(target.url, self.ctl.resources) as probe:
-            res = await run_load(target.url, target.served_model_name, wl, plan=planned, slo=plan.slo,
+            res = await run_load(url, target.served_model_name, wl, plan=planned, slo=plan.slo,
                                  stop=self.stop, api_key=self.api_key)
         if res.stopped_early == "interrupted":
             return None
         return aggregate(plan, 0, params, self.s.load, target.config_id, [(res.summary, probe.figures())])
 
     async def _trial(self, study: optuna.Study, original: EngineTarget, current: EngineTarget) -> EngineTarget:
-        trial = study.ask()
-        params = suggest_params(trial, self.s.knobs)
+        trial, params = ask_next(study, self.s.knobs, self.s.start, self.s.search)
         self._emit("trial_started", trial.number, params, "restarting the engine on this config", study)
         try:
             current = await self._switch(params, current)
         except EngineStartFailed as e:
             current = await self._after_failed_start(original)
             self._finish(study, trial, params, "infeasible", None, 0, f"did not start: {e}", 1.0)
+            return current
+        except ValueError as e:
+            self._finish(study, trial, params, "infeasible", None, 0, f"window refused: {e}", 1.0)
             return current
         rungs = halving_rungs(self.s.plan.num_requests, self.s.eta, self.s.min_rung_requests)
         for i, n in enumerate(rungs):
@@ -273,7 +319,7 @@ class Tuner:
             self._emit("remeasuring", cand.number, cand.params, f"re-measuring x{self.s.repeats}", study)
             try:
                 current = await self._switch(cand.params, current)
-            except EngineStartFailed as e:
+            except (EngineStartFailed, ValueError) as e:
                 current = await self._after_failed_start(original)
                 log.warning("candidate %s no longer starts: %s", cand.params, e)
                 out.append(Remeasured(cand.number, cand.params, ()))
@@ -296,10 +342,15 @@ class Tuner:
 
     async def _restore(self, original: EngineTarget, current: EngineTarget,
                        study: optuna.Study) -> tuple[bool, str | None]:
+        try:
+            if self._window0 is not None:  # the window bounds as they were (no restart)
+                await asyncio.shield(self.ctl.set_window(self._window0))
+        except Exception as e:
+            return False, f"window bounds not restored: {type(e).__name__}: {e}"
         if current.config_id == original.config_id:
             return True, None
         # Only the knobs go back: the rest of the spec never moved (and secrets are not in it).
-        back = {k.name: original.spec.get(k.name) for k in self.s.knobs}
+        back, _ = split_params({k.name: original.spec.get(k.name) for k in self.s.knobs})
         try:
             await asyncio.shield(self.ctl.apply(back))
         except Exception as e:

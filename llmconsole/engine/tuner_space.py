@@ -21,8 +21,18 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 # Spec fields the tuner may move. Anything else (the model, ports, secrets) stays as it is.
-TUNABLE = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "kv_cache_memory_bytes",
-           "gpu_memory_utilization", "kernel")
+SPEC_KNOBS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "kv_cache_memory_bytes",
+              "gpu_memory_utilization", "kernel")
+# The gateway's window bounds: set at the gateway (no restart), and the trial's load then goes
+# through the gateway, where the window acts. Knob name -> the window setting it moves.
+WINDOW_KNOBS = {"gateway_min_window": "min_window", "gateway_max_window": "max_window"}
+TUNABLE = SPEC_KNOBS + tuple(WINDOW_KNOBS)
+
+
+def split_params(params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, int]]:
+    """(spec fields, window settings) of a trial's config."""
+    return ({k: v for k, v in params.items() if k not in WINDOW_KNOBS},
+            {WINDOW_KNOBS[k]: v for k, v in params.items() if k in WINDOW_KNOBS})
 
 
 @dataclass(frozen=True)
@@ -35,21 +45,30 @@ class Knob:
     def describe(self) -> str:
         return f"{self.name}={','.join(map(str, self.choices))}" if self.choices else f"{self.name}={self.low}:{self.high}"
 
+    @property
+    def open(self) -> bool:
+        """Named without values: its range is still to be derived (tuner_ranges.py)."""
+        return not self.choices and self.low is None
+
     def size(self) -> int:
         return len(self.choices) if self.choices else int(self.high - self.low + 1)
 
 
 def parse_knob(text: str) -> Knob:
     """`max_num_seqs=1:32` (a range) or `kernel=stock,custom` / `max_num_seqs=2,8,32` (choices).
+    A bare `max_num_seqs` is a knob whose range comes from the planner (tuner_ranges.py): it is
+    returned without values.
 
     Raises ValueError naming the item, the field or the bound that is wrong.
     """
     name, sep, values = text.partition("=")
     name = name.strip().replace("-", "_")
-    if not sep or not values.strip():
-        raise ValueError(f"knob {text!r} is not FIELD=LOW:HIGH or FIELD=V1,V2,...")
     if name not in TUNABLE:
         raise ValueError(f"knob {name!r} cannot be tuned (tunable: {', '.join(TUNABLE)})")
+    if not sep:
+        return Knob(name)
+    if not values.strip():
+        raise ValueError(f"knob {text!r} is not FIELD, FIELD=LOW:HIGH or FIELD=V1,V2,...")
     m = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", values)
     if m:
         lo, hi = int(m.group(1)), int(m.group(2))

@@ -21,8 +21,9 @@ from llmconsole.console.commands.sweep import DaemonController
 from llmconsole.engine.latency_stats import Slo
 from llmconsole.engine.sweep_plan import SweepPlan, parse_loads
 from llmconsole.engine.tuner import Tuner, TuneProgress, TuneResult, TuneSettings
-from llmconsole.engine.tuner_space import (clamp_to_workload, default_space, parse_budget, parse_knob,
-                                           workload_len_tokens)
+from llmconsole.engine.tuner_ranges import EngineFacts, TuneSpace, derive_space
+from llmconsole.engine.tuner_search import SEARCHES
+from llmconsole.engine.tuner_space import Knob, clamp_to_workload, parse_budget, parse_knob, workload_len_tokens
 from llmconsole.engine.workload import LengthDist
 
 
@@ -34,9 +35,15 @@ def register(sub) -> None:
     add_workload_flags(p)
     p.set_defaults(num_requests=48)
     p.add_argument("--budget", required=True, metavar="N|Mm", help="trials (12) or minutes (30m) of searching")
-    p.add_argument("--knob", action="append", default=[], metavar="FIELD=LOW:HIGH|V1,V2",
-                   help="a knob and its range or values (repeatable); default: batch size and token budget "
-                        "around the running config")
+    p.add_argument("--knob", action="append", default=[], metavar="FIELD[=LOW:HIGH|V1,V2]",
+                   help="a knob and its range or values (repeatable); a bare FIELD takes its range from the "
+                        "planner, else the engine's limits; default: max_num_seqs and max_num_batched_tokens "
+                        "(gateway_min_window / gateway_max_window move the gateway's window bounds)")
+    p.add_argument("--search", choices=SEARCHES, default="pattern",
+                   help="pattern: from the planner's start along one knob at a time, then TPE; tpe: TPE "
+                        "throughout (from the same start)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the knobs, their ranges and where they come from, and the first trial; run nothing")
     p.add_argument("--seed", type=int, default=0, help="the sampler's seed")
     p.add_argument("--top-k", type=int, default=3, help="candidates re-measured before one is recommended")
     p.add_argument("--repeats", type=int, default=3, help="re-measurements of each candidate")
@@ -47,7 +54,12 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_tune)
 
 
-def build_settings(ns: argparse.Namespace, spec: dict) -> TuneSettings:
+def build_settings(ns: argparse.Namespace, spec: dict, facts: EngineFacts | None = None) -> TuneSettings:
+    return build(ns, facts or EngineFacts(model=str(spec.get("model", "")), spec=spec))[0]
+
+
+def build(ns: argparse.Namespace, facts: EngineFacts) -> tuple[TuneSettings, TuneSpace]:
+    """The settings of the tune and the space as derived (each knob's source, the first trial)."""
     try:
         loads = parse_loads([ns.workload])
         if len(loads) != 1:
@@ -59,15 +71,27 @@ def build_settings(ns: argparse.Namespace, spec: dict) -> TuneSettings:
         plan = SweepPlan(engine=ns.engine, grid={}, loads=loads, slo=slo, repeats=1, num_requests=ns.num_requests,
                          input_len=lin, output_len=lout, warmup_requests=ns.warmup, ignore_eos=ns.ignore_eos,
                          max_run_s=ns.max_run)
-        knobs = tuple(parse_knob(k) for k in ns.knob) or default_space(spec, int(loads[0].value))
+        knobs = tuple(parse_knob(k) for k in ns.knob) or _default_knobs(facts.spec)
         if len({k.name for k in knobs}) != len(knobs):
             raise ValueError("each knob once")
         need = workload_len_tokens(_max_len(lin), _max_len(lout))
-        knobs = clamp_to_workload(knobs, need)
-        return TuneSettings(plan, knobs, parse_budget(ns.budget), seed=ns.seed, eta=ns.eta, top_k=ns.top_k,
-                            repeats=ns.repeats)
+        closed = loads[0].kind == "concurrency"
+        space = derive_space(knobs, facts, input_len=_max_len(lin), output_len=_max_len(lout),
+                             concurrency=int(loads[0].value) if closed else None)
+        knobs = clamp_to_workload(space.knobs, need)
+        settings = TuneSettings(plan, knobs, parse_budget(ns.budget), seed=ns.seed, eta=ns.eta, top_k=ns.top_k,
+                                repeats=ns.repeats, start=space.start, search=getattr(ns, "search", "pattern"))
+        return settings, space
     except ValueError as e:
         raise CliError(str(e), EXIT_USAGE) from None
+
+
+def _default_knobs(spec: dict) -> tuple[Knob, ...]:
+    """Batch size and token budget (the two knobs that move goodput most on any device), and the
+    KV size when the engine runs with an explicit one; their ranges come from derive_space."""
+    names = ["max_num_seqs", "max_num_batched_tokens"] + (["kv_cache_memory_bytes"]
+                                                          if spec.get("kv_cache_memory_bytes") else [])
+    return tuple(Knob(n) for n in names)
 
 
 def _max_len(d: LengthDist) -> int:
@@ -106,15 +130,23 @@ def cmd_tune(ns: argparse.Namespace) -> int:
 
     with daemon_client() as client:
         e = engine_target(client, ns.engine)
-        settings = build_settings(ns, e["spec"])
+        wants_window = any(k.partition("=")[0].replace("-", "_").startswith("gateway_") for k in ns.knob)
+        window = _window_bounds(client, ns.engine) if wants_window else None
+        facts = EngineFacts(model=str(e["model"]), device=str(e.get("device") or "cpu"), spec=dict(e["spec"]),
+                            window=window)
+        settings, space = build(ns, facts)
+        if ns.dry_run:
+            print(f"tune {ns.engine}: {settings.budget.describe()}, search {settings.search}, study {settings.name}")
+            print("\n".join("  " + line for line in space.describe()))
+            return 0
+        for line in space.describe():
+            print(f"[tune] {line}", file=sys.stderr, flush=True)
         storage = resolve().data_dir / "tuning" / "studies.journal"
-        result = asyncio.run(_run(settings, DaemonController(client, ns.engine), storage))
+        result = asyncio.run(_run(settings, TuneController(client, ns.engine), storage))
         applied = None
         if ns.apply and result.winner is not None and result.restored and result.status == "done":
             try:
-                applied = client._call("POST", f"/engines/{ns.engine}/tune/apply",
-                                       json={"overrides": result.winner.params, "slo": settings.plan.slo.as_dict(),
-                                             "study": result.study})
+                applied = apply_winner(client, ns.engine, result, settings)
             except DaemonError as err:
                 raise CliError(f"the winner was not applied: {err}") from None
     if ns.json:
@@ -122,11 +154,53 @@ def cmd_tune(ns: argparse.Namespace) -> int:
     else:
         print(render(result))
         if applied:
-            print(f"\napplied: config {applied['to_config_id']} (was {applied['from_config_id']}); "
-                  f"the daemon watches the SLO for {applied['watch_s']:.0f} s and rolls back if it degrades")
+            print(f"\n{applied_text(applied)}")
     if not result.restored:
         raise CliError(f"the engine's original config was NOT restored: {result.restore_error}")
     return 130 if result.status == "cancelled" else 0
+
+
+def apply_winner(client, engine: str, result: TuneResult, settings: TuneSettings) -> dict:
+    """The winner through the daemon's guarded apply, which then watches the SLO and rolls back
+    on its own if production degrades. The CLI's --apply and the console's apply both come here."""
+    return client._call("POST", f"/engines/{engine}/tune/apply",
+                        json={"overrides": result.winner.params, "slo": settings.plan.slo.as_dict(),
+                              "study": result.study})
+
+
+def applied_text(applied: dict) -> str:
+    if applied["to_config_id"] == applied["from_config_id"]:
+        return f"applied: the engine already runs the winner (config {applied['to_config_id']}); nothing restarted"
+    return (f"applied: config {applied['to_config_id']} (was {applied['from_config_id']}); "
+            f"the daemon watches the SLO for {applied['watch_s']:.0f} s and rolls back if it degrades")
+
+
+def _window_bounds(client, name: str) -> dict[str, int]:
+    try:
+        w = client.window(name, trace_points=0)
+    except DaemonError as err:
+        raise CliError(f"the gateway's window cannot be tuned: {err}") from None
+    return {"min_window": int(w["min_window"]), "max_window": int(w["max_window"])}
+
+
+class TuneController(DaemonController):
+    """The sweep's controller, and the gateway's window bounds: set there, no restart."""
+
+    async def gateway_url(self) -> str:
+        e = await asyncio.to_thread(self.client.engine, self.name)
+        if not e or not e.get("gateway_url"):
+            raise RuntimeError(f"engine {self.name} has no gateway door; the window cannot act")
+        return e["gateway_url"]
+
+    async def window(self) -> dict[str, int]:
+        return await asyncio.to_thread(_window_bounds, self.client, self.name)
+
+    async def set_window(self, bounds: dict[str, int]) -> None:
+        """Raises ValueError when the gateway refuses the bounds (nothing changed there)."""
+        try:
+            await asyncio.to_thread(self.client.change_window, self.name, **bounds)
+        except DaemonError as err:
+            raise ValueError(str(err)) from None
 
 
 async def _run(settings: TuneSettings, ctl: DaemonController, storage):
