@@ -107,6 +107,33 @@ def test_scheduled_run_on_a_short_schedule_proposes_from_gateway_traffic(eng):
     assert run["proposal"] == {"max_num_seqs": 4} and run["proposal_req_s"] > 0 and run["applied"] is None
 
 
+def test_dry_run_shows_where_each_range_comes_from(eng):
+    r = eng("tune", "--engine", "tn", *LOAD, "--budget", "4", "--knob", "max_num_seqs", "--knob", "kernel=stock",
+            "--knob", "gateway_max_window", "--dry-run", timeout=120)
+    out = r.stdout
+    # 50,000,000 bytes of KV in 128-token blocks of 512 bytes a token: 762 blocks, one per 24-token request.
+    assert "max_num_seqs=1:256  (planner: the KV cache (50,000,000 bytes) holds 761 requests of 24 tokens" in out
+    assert "kernel=stock  (given)" in out and "gateway_max_window=1:4  (engine limits" in out
+    assert "first trial: max_num_seqs=2 (the load keeps 2 requests in flight)" in out
+    assert "study tn-" in out
+
+
+def test_window_bounds_are_tuned_at_the_gateway_without_a_restart(eng):
+    before = eng.engine("tn")
+    with _api(eng) as c:
+        w0 = c.window("tn", trace_points=0)
+        r = eng("tune", "--engine", "tn", *LOAD[:-4], "--top-k", "1", "--repeats", "1", "--budget", "2",
+                "--knob", "gateway_max_window=1,3", "--knob", "max_num_seqs=4", "--json", timeout=300)
+        w1 = c.window("tn", trace_points=0)
+    out = json.loads(r.stdout)
+    assert [t["state"] for t in out["trials"]] == ["complete", "complete"]
+    assert sorted(t["params"]["gateway_max_window"] for t in out["trials"]) == [1, 3]
+    # Every measured request passed the gateway's window: two trials and one re-measurement of 8 each.
+    assert w1["admitted_total"] - w0["admitted_total"] >= 3 * 8
+    assert (w1["min_window"], w1["max_window"]) == (w0["min_window"], w0["max_window"])  # put back
+    assert out["restored"] is True and eng.engine("tn")["pid"] == before["pid"]  # no restart
+
+
 def test_applied_config_that_breaks_the_slo_is_rolled_back(eng):
     original = eng.engine("tn")
     with _api(eng) as c:

@@ -1,13 +1,18 @@
-"""The auto-tuner: Optuna's TPE over engine configs, goodput under an SLO as the objective.
+"""The auto-tuner: goodput under an SLO as the objective, over engine configs and the gateway's
+window bounds.
 
-Each trial is a sweep point: the engine restarts on the trial's config (through the same
-`EngineController` the sweep uses), one load level is run and aggregated as a sweep point is.
-A config that does not start, fails requests or breaks the SLO for most requests is a
-constraint violation the sampler learns from, never an error of the tuner. Trials are cut short
-by successive halving on the number of requests; the best few are re-measured with repeats
-before one is recommended. The study lives in a journal file under the data dir, named from
-engine + workload + SLO + space, so an interrupted tune resumes where it stopped. Whatever
-happens, the engine goes back to its original config at the end (the caller may then apply
+The first trial is the planner's (tuner_ranges.py); the next come from a pattern search that
+brackets the peak along max_num_seqs, then along each other knob (tuner_search.py), and once
+that has settled, from Optuna's TPE with the whole history. Each trial is a sweep point: the
+engine restarts on the trial's config (through the same `EngineController` the sweep uses;
+window bounds are set at the gateway, no restart, and the load then goes through it), one load
+level is run and aggregated as a sweep point is. A config that does not start (or a window the
+gateway refuses), fails requests or breaks the SLO for most requests is a constraint violation
+the sampler learns from, never an error of the tuner. Trials are cut short by successive
+halving on the number of requests; the best few are re-measured with repeats before one is
+recommended. The study lives in a journal file under the data dir, named from engine +
+workload + SLO + space, so an interrupted tune resumes where it stopped. Whatever happens, the
+engine (and the window) goes back to its original config at the end (the caller may then apply
 the winner through the guarded apply).
 """
 
@@ -131,7 +136,7 @@ def outcomes(study: optuna.Study) -> list[TrialOutcome]:
 def history(study: optuna.Study) -> list[Probe]:
     """What the pattern search learns from: every judged trial (a pruned one by its goodput at
     the rung it reached, an infeasible one as such); interrupted ones judged nothing."""
-    return [Probe(o.params, o.goodput_req_s or 0.0 if o.state in ("complete", "pruned") else None)
+    return [Probe(o.params, (o.goodput_req_s or 0.0) if o.state in ("complete", "pruned") else None)
             for o in outcomes(study) if o.state in ("complete", "pruned", "infeasible")]
 
 
@@ -238,6 +243,9 @@ class Tuner:
         """Move the engine to `params`: spec fields by a restart (only if they differ), window
         bounds at the gateway. A window the gateway refuses raises ValueError."""
         spec, window = split_params(params)
+        if self._window0 and window:  # one bound tuned: the other gives way rather than cross it
+            window.setdefault("min_window", min(self._window0["min_window"], window.get("max_window", math.inf)))
+            window.setdefault("max_window", max(self._window0["max_window"], window["min_window"]))
         if window.get("min_window", 0) > window.get("max_window", math.inf):
             raise ValueError(f"min_window {window['min_window']} is above max_window {window['max_window']}")
         if spec and not all(current.spec.get(k) == v for k, v in spec.items()):
