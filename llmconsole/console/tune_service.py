@@ -58,7 +58,8 @@ class FleetController:
         return self.gateway
 
     async def gateway_url(self) -> str:
-        return self._gateway().gateway.group_url(self.name)
+        svc = self._gateway()
+        return svc.gateway.group_url(svc.group(self.name).name)  # the engine's group's door
 
     async def window(self) -> dict[str, int]:
         s = self._gateway().group(self.name).controller.settings
