@@ -165,6 +165,15 @@ class DaemonClient:
         """Window settings, "freeze" or "set" (see api_window.py); nothing changes on a 400."""
         return self._call("POST", f"/engines/{name}/window", json=changes)
 
+    def groups(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/groups")["groups"]
+
+    def set_group(self, name: str, engines: list[str]) -> dict[str, Any]:
+        return self._call("PUT", f"/groups/{name}", json={"engines": engines})
+
+    def remove_group(self, name: str) -> dict[str, Any]:
+        return self._call("DELETE", f"/groups/{name}")
+
 
 def spawn_daemon(paths: Paths) -> subprocess.Popen:
     paths.ensure()

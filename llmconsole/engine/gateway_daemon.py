@@ -1,9 +1,12 @@
-"""The gateway as the daemon runs it: one front door for the host, one group per engine, the
-controller loop, and the operator's window settings kept across daemon restarts.
+"""The gateway as the daemon runs it: one front door for the host, its engine groups (the
+operator's named groups, and a group of its own for every other engine), the controller loop,
+and the operator's groups and window settings kept across daemon restarts.
 
 Every few hundred milliseconds the service copies each engine's state into its group (its URL,
-whether it is ready, its API key), so a restarting engine closes its group's gate and requests
-wait in the queue until it is ready again. Every controller interval each group's controller
+whether it is ready, its API key), so a restarting engine closes its group's gate (when it was
+the group's last ready engine) and requests wait in the queue until it is ready again. A group
+that a membership change retires stops taking requests at once but keeps serving what it had
+admitted or queued, on the same engines, until it is empty. Every controller interval each group's controller
 steps and its window moves. The trace stays in memory for the console (bounded by the
 controller) and goes to the store through `_store_trace`, the one place that writes it.
 
@@ -23,8 +26,10 @@ import time
 from typing import Any
 
 from llmconsole.engine.gateway import Gateway
-from llmconsole.engine.gateway_group import EngineGroup
+from llmconsole.engine.gateway_group import EngineGroup, Upstream
+from llmconsole.engine.gateway_groups import Membership, UnknownGroup
 from llmconsole.engine.pid import PidSettings, TraceSample
+from llmconsole.engine.fleet import UnknownEngine
 from llmconsole.engine.status import EngineState, EngineStatus
 
 log = logging.getLogger(__name__)
@@ -43,7 +48,9 @@ class GatewayService:
         env_port = os.environ.get("LLMCONSOLE_GATEWAY_PORT")
         self._port = port if port is not None else int(env_port) if env_port else int(saved.get("port") or 0)
         self._saved_groups: dict[str, dict] = saved.get("groups", {})
+        self.membership = Membership.from_json(saved.get("members"))
         self.gateway = Gateway(host, self._port)
+        self._draining: list[EngineGroup] = []  # retired groups still finishing their requests
         self._task: asyncio.Task | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -77,22 +84,50 @@ class GatewayService:
 
     def sync(self) -> None:
         groups = self.gateway.groups
-        for name, sup in list(self.fleet.engines.items()):
-            group = groups.get(name)
+        names = list(self.fleet.engines)
+        pruned = self.membership.pruned(names)
+        if pruned is not self.membership:
+            self.membership = pruned  # engines that left the fleet left their groups
+            self._save()
+        layout = self.membership.layout(names)
+        known: dict[str, Upstream] = {}
+        for g in [*self._draining, *groups.values()]:
+            known.update(g.upstreams)
+        for gname, members in layout.items():
+            group = groups.get(gname)
             if group is None:
-                group = self.gateway.add_group(EngineGroup(name, settings=self._settings_for(name)))
-                saved = self._saved_groups.get(name, {})
+                group = self.gateway.add_group(EngineGroup(gname, settings=self._settings_for(gname, members)))
+                saved = self._saved_groups.get(gname, {})
                 if saved.get("frozen"):
                     group.set_window(int(saved.get("window", group.controller.window)))
-            st = sup.status()
-            key = sup.spec.api_key.get_secret_value() if sup.spec.api_key else None
-            group.set_upstream(name, st.url, st.state == EngineState.READY, key)
-            group.model_names = {st.served_model_name, st.model}
-        for name in [n for n in groups if n not in self.fleet.engines]:
-            del groups[name]
+            models: set[str] = set()
+            for name in members:
+                if name not in group.upstreams and name in known:
+                    group.upstreams[name] = known[name]  # one object: its outstanding count carries over
+                st = self.fleet.engines[name].status()
+                spec = self.fleet.engines[name].spec
+                key = spec.api_key.get_secret_value() if spec.api_key else None
+                group.set_upstream(name, st.url, st.state == EngineState.READY, key)
+                models |= {st.served_model_name, st.model}
+            group.model_names = models
+        for gname in [n for n in groups if n not in layout]:
+            self._draining.append(groups.pop(gname))  # new arrivals find no such group: 404
+        self._drain()
 
-    def _settings_for(self, name: str) -> PidSettings:
-        saved = self._saved_groups.get(name, {})
+    def _drain(self) -> None:
+        """Let retired groups finish what they admitted or queued, on the engines they had."""
+        still = []
+        for g in self._draining:
+            for name in [n for n in g.upstreams if n not in self.fleet.engines]:
+                g.remove_upstream(name)
+            g.refresh_open()
+            if g.admission.in_flight or g.admission.queued:
+                still.append(g)
+        self._draining = still
+
+    def _settings_for(self, name: str, members: tuple[str, ...] = ()) -> PidSettings:
+        """A group's saved settings; a new named group starts from its first engine's."""
+        saved = self._saved_groups.get(name) or (self._saved_groups.get(members[0], {}) if members else {})
         try:
             return PidSettings(**{k: saved[k] for k in _SETTING_KEYS if k in saved})
         except (TypeError, ValueError) as e:
@@ -131,23 +166,71 @@ class GatewayService:
 
     # --- what status and the control API see ----------------------------------------------
 
+    def group_of(self, engine: str) -> EngineGroup | None:
+        """The group an engine is served in, or None (an engine not yet synced, or one whose name
+        a named group holds)."""
+        group = self.gateway.groups.get(self.membership.group_of(engine))
+        return group if group is not None and engine in group.upstreams else None
+
     def group(self, name: str) -> EngineGroup:
-        self.fleet.get(name)  # UnknownEngine for a name the fleet does not hold
+        """A group by its name, or the group of the engine by that name."""
         self.sync()
-        return self.gateway.groups[name]
+        if name in self.membership.groups and name in self.gateway.groups:
+            return self.gateway.groups[name]
+        self.fleet.get(name)  # UnknownEngine for a name that is neither
+        group = self.group_of(name)
+        if group is None:
+            raise UnknownEngine(name)
+        return group
 
     def annotate(self, status: EngineStatus) -> EngineStatus:
-        group = self.gateway.groups.get(status.name)
+        group = self.group_of(status.name)
         if group is None:
             return status
         return dataclasses.replace(
-            status, gateway_url=self.gateway.group_url(status.name), window=group.admission.window,
+            status, gateway_url=self.gateway.group_url(group.name), window=group.admission.window,
             controller=group.state_json(trace_points=60),
         )
 
     def window_state(self, name: str, trace_points: int = 600) -> dict[str, Any]:
-        return {"engine": name, "gateway_url": self.gateway.group_url(name),
-                **self.group(name).state_json(trace_points)}
+        group = self.group(name)
+        return {"engine": name, "group": group.name, "gateway_url": self.gateway.group_url(group.name),
+                **group.state_json(trace_points)}
+
+    # --- named groups ---------------------------------------------------------------------
+
+    def groups_state(self) -> list[dict[str, Any]]:
+        """Every group the gateway serves, named or an engine's own, for `group ls`."""
+        self.sync()
+        out = []
+        for name, g in sorted(self.gateway.groups.items()):
+            st = g.admission.stats()
+            out.append({"group": name, "named": name in self.membership.groups, "engines": list(g.upstreams),
+                        "gateway_url": self.gateway.group_url(name), "window": st.window,
+                        "frozen": g.controller.frozen, "in_flight": st.in_flight, "queued": st.queued})
+        return out
+
+    def set_group(self, name: str, engines: list[str]) -> dict[str, Any]:
+        """Form or change a named group; bad input raises GroupError and changes nothing."""
+        new = self.membership.with_group(name, engines, self.fleet.engines)
+        group = self.gateway.groups.get(name)
+        self.membership = new
+        if group is not None:  # engines the group no longer names go back to groups of their own
+            for gone in [e for e in group.upstreams if e in self.fleet.engines and e not in engines]:
+                group.remove_upstream(gone)
+        self.sync()
+        self._save()
+        return next(g for g in self.groups_state() if g["group"] == name)
+
+    def remove_group(self, name: str) -> list[str]:
+        """Dissolve a named group; its engines go back to groups of their own."""
+        if name not in self.membership.groups:
+            raise UnknownGroup(name)
+        members = list(self.membership.groups[name])
+        self.membership = self.membership.without_group(name)
+        self.sync()
+        self._save()
+        return members
 
     def change_window(self, name: str, *, settings: dict[str, Any] | None = None,
                       freeze: bool | None = None, window: int | None = None) -> dict[str, Any]:
@@ -191,9 +274,10 @@ class GatewayService:
             s = g.controller.settings
             groups[name] = {**{k: getattr(s, k) for k in _SETTING_KEYS}, "signal": str(s.signal),
                             "frozen": g.controller.frozen, "window": g.controller.window}
-        groups = {n: v for n, v in groups.items() if n in self.fleet.engines}
+        groups = {n: v for n, v in groups.items() if n in self.fleet.engines or n in self.membership.groups}
         self._saved_groups = groups
-        data = json.dumps({"port": self.gateway.port, "groups": groups}, indent=1)
+        data = json.dumps({"port": self.gateway.port, "groups": groups, "members": self.membership.to_json()},
+                          indent=1)
         fd, tmp = tempfile.mkstemp(dir=self._file.parent, prefix=".gateway.", suffix=".tmp")
         with os.fdopen(fd, "w") as f:
             f.write(data)

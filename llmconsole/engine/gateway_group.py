@@ -156,12 +156,12 @@ class EngineGroup:
     def state_json(self, trace_points: int = 60) -> dict:
         st = self.admission.stats()
         return {
-            **self.controller.state_json(trace_points),
+            **self.controller.state_json(trace_points), "group": self.name,
             "window": st.window, "controlled": self.controlled,
             "in_flight": st.in_flight, "queued": st.queued, "open": st.open,
             "max_queue": self.admission.max_queue, "queue_timeout_s": self.admission.queue_timeout_s,
             "admitted_total": st.admitted_total, "rejected_full_total": st.rejected_full_total,
-            "timed_out_total": st.timed_out_total,
+            "timed_out_total": st.timed_out_total, "max_in_flight_seen": st.max_in_flight_seen,
             "engines": {u.name: {"url": u.url, "ready": u.ready, "outstanding": u.outstanding}
                         for u in self.upstreams.values()},
         }

@@ -120,8 +120,8 @@ class ResponseService:
             if st.name in self.members:
                 continue  # a standby answers alerts of its group; it raises none of its own
             slo = None
-            if self.gateway is not None and st.name in self.gateway.gateway.groups:
-                group = self.gateway.gateway.groups[st.name]
+            group = self.gateway.group_of(st.name) if self.gateway is not None else None
+            if group is not None:
                 s = group.controller.settings
                 slo = ar.slo_figures(list(group.records), s.target_ms, str(s.signal))
             out[st.name] = ar.EngineFacts(
@@ -261,7 +261,7 @@ class ResponseService:
             if primary != name and primary in self.fleet.engines:
                 self.members.setdefault(name, primary)
         for standby, primary in list(self.members.items()):
-            group = self.gateway.gateway.groups.get(primary)
+            group = self.gateway.group_of(primary)
             sup = self.fleet.engines.get(standby)
             if group is None or sup is None:
                 if group is not None:
@@ -308,7 +308,7 @@ class ResponseService:
                 await self.fleet.stop(name)  # not ready while it stops: the group routes around it
                 await self.fleet.remove(name)
             self.members.pop(name, None)
-            group = self.gateway.gateway.groups.get(engine) if self.gateway else None
+            group = self.gateway.group_of(engine) if self.gateway else None
             if group is not None:
                 group.remove_upstream(name)
             return {"stopped": name}

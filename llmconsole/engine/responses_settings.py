@@ -75,10 +75,10 @@ class GroupGate:
         self.service = service
 
     def hold(self, engine: str, held: bool) -> None:
-        group = self.service.gateway.groups.get(engine)
+        group = self.service.group_of(engine)
         if group is not None:
             group.hold(held)
 
     def in_flight(self, engine: str) -> int:
-        group = self.service.gateway.groups.get(engine)
+        group = self.service.group_of(engine)
         return group.admission.in_flight if group is not None else 0

@@ -1,4 +1,5 @@
-"""`llmconsole window ENGINE`: the engine's batch window at the gateway and its controller.
+"""`llmconsole window NAME`: a group's batch window at the gateway and its controller. NAME is
+an engine group (see `llmconsole group`) or an engine, which means the group it is served in.
 
   llmconsole window demo                          show the window, the controller and recent steps
   llmconsole window demo --target-ms 800 --signal ttft --min 4 --max 32
@@ -21,8 +22,12 @@ def _ms(v: float | None) -> str:
 
 def format_window(state: dict[str, Any], steps: int = 10) -> str:
     mode = "frozen" if state["frozen"] else "controlled"
+    name = state.get("group", state["engine"])
+    engines = list(state.get("engines", {}))
+    if engines != [name]:
+        name = f"group {name} ({', '.join(engines)})"
     lines = [
-        f"{state['engine']}: window {state['window']} ({mode}), in flight {state['in_flight']}, "
+        f"{name}: window {state['window']} ({mode}), in flight {state['in_flight']}, "
         f"queued {state['queued']}{'' if state['open'] else ', waiting for a ready engine'}",
         f"  gateway  {state['gateway_url']}/v1/...",
         f"  target   p99 {state['signal']} {_ms(state['target_ms'])}, window in "
@@ -61,8 +66,8 @@ def cmd_window(ns: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    w = sub.add_parser("window", help="an engine's batch window at the gateway and its PID controller")
-    w.add_argument("engine")
+    w = sub.add_parser("window", help="a group's batch window at the gateway and its PID controller")
+    w.add_argument("engine", metavar="NAME", help="an engine group, or an engine (its group)")
     w.add_argument("--target-ms", type=float, help="the latency target of the controller")
     w.add_argument("--signal", choices=("ttft", "e2e", "tpot"), help="p99 TTFT (default), p99 end-to-end or TPOT")
     w.add_argument("--min", type=int, help="smallest window the controller may set (default 4)")

@@ -1,0 +1,91 @@
+"""`llmconsole group`: engine groups at the gateway. A group's engines share one route
+(/g/NAME/v1/...), one admission window and one controller; each request goes to the group's
+ready engine with the fewest requests outstanding. An engine in no named group is a group of
+its own, under its own name.
+
+  llmconsole group ls [--json]                 every group served, named or an engine's own
+  llmconsole group set fast e1 e2              form group "fast" of e1 and e2 (or change it)
+  llmconsole group rm fast                     dissolve it (asks first); e1 and e2 go back to
+                                               groups of their own
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from llmconsole.console.cli_common import EXIT_USAGE, CliError, confirm, daemon_client
+
+
+def format_groups(groups: list[dict[str, Any]]) -> str:
+    if not groups:
+        return "no engine groups (no engines)"
+    rows = [("GROUP", "ENGINES", "WINDOW", "IN FLIGHT", "QUEUED", "GATEWAY URL")]
+    for g in groups:
+        window = f"{g['window']}{' (frozen)' if g['frozen'] else ''}"
+        name = g["group"] if g["named"] else f"{g['group']} (own)"
+        rows.append((name, ",".join(g["engines"]), window, str(g["in_flight"]), str(g["queued"]), g["gateway_url"]))
+    widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def _fail(e) -> CliError:
+    return CliError(str(e), EXIT_USAGE if e.status in (400, 404) else 1)
+
+
+def cmd_ls(ns: argparse.Namespace) -> int:
+    with daemon_client() as client:
+        groups = client.groups()
+    print(json.dumps(groups, indent=1) if ns.json else format_groups(groups))
+    return 0
+
+
+def cmd_set(ns: argparse.Namespace) -> int:
+    from llmconsole.console.client import DaemonError
+
+    with daemon_client() as client:
+        try:
+            g = client.set_group(ns.name, ns.engines)
+        except DaemonError as e:
+            raise _fail(e) from None
+    if ns.json:
+        print(json.dumps(g, indent=1))
+    else:
+        print(f"group {g['group']}: {', '.join(g['engines'])}; window {g['window']}; clients use {g['gateway_url']}/v1/...")
+    return 0
+
+
+def cmd_rm(ns: argparse.Namespace) -> int:
+    from llmconsole.console.client import DaemonError
+
+    with daemon_client() as client:
+        groups = {g["group"]: g for g in client.groups() if g["named"]}
+        if ns.name not in groups:
+            raise CliError(f"no engine group named {ns.name!r}", EXIT_USAGE)
+        engines = ", ".join(groups[ns.name]["engines"])
+        confirm(f"Remove engine group {ns.name}? Its engines ({engines}) go back to groups of their own, "
+                f"and {groups[ns.name]['gateway_url']} stops answering.", ns.yes)
+        try:
+            done = client.remove_group(ns.name)
+        except DaemonError as e:
+            raise _fail(e) from None
+    print(f"removed group {done['removed']}; {', '.join(done['engines'])} each serve on a group of their own")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    g = sub.add_parser("group", help="engine groups at the gateway: several engines behind one route and window")
+    gs = g.add_subparsers(dest="group_cmd", required=True)
+    ls = gs.add_parser("ls", help="every group the gateway serves")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=cmd_ls)
+    st = gs.add_parser("set", help="form a named group of engines, or change its engines")
+    st.add_argument("name")
+    st.add_argument("engines", nargs="+", metavar="ENGINE")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=cmd_set)
+    rm = gs.add_parser("rm", help="dissolve a named group; its engines go back to groups of their own")
+    rm.add_argument("name")
+    rm.add_argument("--yes", action="store_true", help="do not ask")
+    rm.set_defaults(func=cmd_rm)
