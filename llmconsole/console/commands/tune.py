@@ -129,11 +129,7 @@ def cmd_tune(ns: argparse.Namespace) -> int:
     from llmconsole.paths import resolve
 
     with daemon_client() as client:
-        e = engine_target(client, ns.engine)
-        wants_window = any(k.partition("=")[0].replace("-", "_").startswith("gateway_") for k in ns.knob)
-        window = _window_bounds(client, ns.engine) if wants_window else None
-        facts = EngineFacts(model=str(e["model"]), device=str(e.get("device") or "cpu"), spec=dict(e["spec"]),
-                            window=window)
+        facts = engine_facts(client, ns.engine, ns.knob)
         settings, space = build(ns, facts)
         if ns.dry_run:
             print(f"tune {ns.engine}: {settings.budget.describe()}, search {settings.search}, study {settings.name}")
@@ -173,6 +169,16 @@ def applied_text(applied: dict) -> str:
         return f"applied: the engine already runs the winner (config {applied['to_config_id']}); nothing restarted"
     return (f"applied: config {applied['to_config_id']} (was {applied['from_config_id']}); "
             f"the daemon watches the SLO for {applied['watch_s']:.0f} s and rolls back if it degrades")
+
+
+def engine_facts(client, name: str, knobs: list[str]) -> EngineFacts:
+    """What the knobs' ranges come from, as the daemon reports the engine (it must be ready);
+    the gateway's window bounds only when a window knob is asked for."""
+    e = engine_target(client, name)
+    wants_window = any(k.partition("=")[0].replace("-", "_").startswith("gateway_") for k in knobs)
+    window = _window_bounds(client, name) if wants_window else None
+    return EngineFacts(model=str(e["model"]), device=str(e.get("device") or "cpu"), spec=dict(e["spec"]),
+                       window=window)
 
 
 def _window_bounds(client, name: str) -> dict[str, int]:

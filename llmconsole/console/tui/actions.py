@@ -22,6 +22,8 @@ from llmconsole.console.tui.screens.help import HelpScreen
 from llmconsole.console.tui.screens.history import HistoryScreen
 from llmconsole.console.tui.screens.alerts import AlertsScreen
 from llmconsole.console.tui.screens.mode import ModeScreen
+from llmconsole.console.tui.screens.sweep import SweepScreen
+from llmconsole.console.tui.screens.tune import TuneScreen
 from llmconsole.console.tui.source import Command
 from llmconsole.console.tui.view import EngineView, goodbye
 
@@ -30,6 +32,7 @@ _ENGINE_ACTIONS = set(_VERB_OF) | {"show_logs", "show_detail", "show_history"}
 _FLEET_ACTIONS = {"stop_all", "new_engine"}
 _WINDOW_ACTIONS = {"toggle_window_freeze", "nudge_window"}
 _MODE_STATES = ("ready", "unhealthy")  # a switch needs a serving engine to fall back to
+_RUN_ACTIONS = {"sweep_engine": SweepScreen, "tune_engine": TuneScreen}  # measured on a ready engine
 
 
 class ConsoleActions:
@@ -93,6 +96,13 @@ class ConsoleActions:
                 return False
             e = self.selected_engine()
             if e is None or e.state not in _MODE_STATES or self.lost_reason is not None:
+                return None
+            return True
+        if action in _RUN_ACTIONS:
+            if not on_engines:
+                return False
+            e = self.selected_engine()
+            if e is None or e.state != "ready" or self.lost_reason is not None:
                 return None
             return True
         if action in _FLEET_ACTIONS:
@@ -238,8 +248,25 @@ class ConsoleActions:
 
         self.push_screen(AlertsScreen(), chosen)
 
+    def _open_run(self, action: str) -> None:
+        """The sweep or tune screen; it runs against the live daemon (a recording has none)."""
+        e = self._engine_or_warn()
+        if e is None or e.state != "ready":
+            return
+        self.push_screen(_RUN_ACTIONS[action](e.name, getattr(self.source, "paths", None), e.spec))
+
+    def action_sweep_engine(self) -> None:
+        self._open_run("sweep_engine")
+
+    def action_tune_engine(self) -> None:
+        self._open_run("tune_engine")
+
     def action_show_help(self) -> None:
         self.push_screen(HelpScreen())
 
     async def action_quit(self) -> None:
+        if getattr(self.screen, "busy", False):  # a sweep or tune may have the engine on another config
+            self.notify("a sweep or tune is under way: c cancels it and puts the engine's config back; "
+                        "then q quits", severity="warning")
+            return
         self.exit(goodbye(self.snapshot, daemon_lost=self.lost_reason is not None))

@@ -23,8 +23,9 @@ from textual.binding import Binding
 
 # Where each binding lives. Bindings of "app" stay live on the dashboard, detail and log screens
 # (which add "screen"); the modal screens see only their own.
-CONTEXTS = ("app", "screen", "history", "confirm", "form", "help", "mode", "alerts")
-_LIVE_TOGETHER = (("app", "screen", "history"), ("confirm",), ("form",), ("help",), ("mode",), ("alerts",))
+CONTEXTS = ("app", "screen", "history", "confirm", "form", "help", "mode", "alerts", "run")
+_LIVE_TOGETHER = (("app", "screen", "history"), ("confirm",), ("form",), ("help",), ("mode",), ("alerts",),
+                  ("app", "run"))
 
 
 @dataclass(frozen=True)
@@ -64,11 +65,15 @@ KEYS: tuple[KeySpec, ...] = (
             title="Memory mode: performance, balanced, aggressive or auto"),
     KeySpec("alerts", "A", "show_alerts", "Alerts", show=False, key_display="A",
             title="Alerts and automated responses (undo one)"),
+    KeySpec("sweep", "S", "sweep_engine", "Sweep", show=False, key_display="S",
+            title="Mini sweep of the selected engine: configs x loads, live table, picks"),
+    KeySpec("tune", "T", "tune_engine", "Tune", show=False, key_display="T",
+            title="Auto-tune the selected engine: trials, best so far, recommendation"),
     KeySpec("help", "question_mark", "show_help", "Help", key_display="?", title="Help: every key"),
     KeySpec("palette", "ctrl+p", "command_palette", "palette", priority=True, palette=False, show=False,
             title="Command palette"),
     KeySpec("quit", "q", "quit", "Quit", title="Quit (engines keep serving)"),
-    KeySpec("back", "escape", "back", "Back", contexts=("screen", "help"), palette=False),
+    KeySpec("back", "escape", "back", "Back", contexts=("screen", "help", "run"), palette=False),
     KeySpec("rollback", "b", "app.rollback_selected", "Roll back", contexts=("history",),
             title="Roll back to the selected version"),
     KeySpec("yes", "y", "answer(True)", "Yes", contexts=("confirm",), palette=False),
@@ -82,6 +87,12 @@ KEYS: tuple[KeySpec, ...] = (
     KeySpec("mode_cancel", "escape", "cancel_mode", "Cancel", contexts=("mode",), palette=False),
     KeySpec("undo_response", "u", "undo_selected", "Undo", contexts=("alerts",), palette=False),
     KeySpec("alerts_close", "escape", "close_alerts", "Close", contexts=("alerts",), palette=False),
+    KeySpec("run_start", "ctrl+s", "start_run", "Run", contexts=("run",), palette=False,
+            title="Run the sweep or tune the form describes (asks first)"),
+    KeySpec("run_cancel", "c", "cancel_run", "Cancel run", contexts=("run",), palette=False,
+            title="Cancel: the run under way stops and the engine's config is put back"),
+    KeySpec("apply_winner", "a", "apply_winner", "Apply winner", contexts=("run",), palette=False,
+            title="Apply the tune's recommended config through the guarded apply (asks first)"),
 )
 
 BY_ID: Mapping[str, KeySpec] = {k.id: k for k in KEYS}
@@ -95,6 +106,7 @@ CONTEXT_TITLES = {
     "help": "this help",
     "mode": "the mode menu",
     "alerts": "the alerts screen",
+    "run": "the sweep and tune screens",
 }
 
 
