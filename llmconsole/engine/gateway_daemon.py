@@ -228,6 +228,10 @@ class GatewayService:
             raise UnknownGroup(name)
         members = list(self.membership.groups[name])
         self.membership = self.membership.without_group(name)
+        group = self.gateway.groups.get(name)
+        if group is not None and name in self.fleet.engines:  # the group was named after one of its
+            for other in [e for e in members if e != name]:   # engines: it goes on as that one's own
+                group.remove_upstream(other)
         self.sync()
         self._save()
         return members
