@@ -281,3 +281,18 @@ def test_snapshot_sweep_form(snap_compare):
         await pilot.pause(0.1)
 
     assert snap_compare(app, terminal_size=(100, 30), run_before=run_before)
+
+
+def test_sweep_and_tune_are_for_a_ready_engine():
+    async def go():
+        app, _ = recorded_app()
+        async with app.run_test(size=(100, 30)) as pilot:
+            await replay(pilot)
+            assert app.check_action("sweep_engine", ()) is True and app.check_action("tune_engine", ()) is True
+            await pilot.press("down")                # the failed engine
+            await pilot.pause(0.05)
+            assert app.check_action("sweep_engine", ()) is None and app.check_action("tune_engine", ()) is None
+            await pilot.press("S", "T")
+            await pilot.pause(0.05)
+            assert isinstance(app.screen, DashboardScreen)
+    asyncio.run(go())
