@@ -24,6 +24,14 @@ class UnknownGroup(UnknownEngine):
         return f"no engine group named {self.args[0]!r}"
 
 
+def check_group_name(name: str) -> str:
+    """Group names follow engine names' rules: they are a path segment of the group's route."""
+    try:
+        return check_name(name)
+    except ValueError as e:
+        raise GroupError(str(e).replace("engine name", "group name")) from None
+
+
 @dataclass(frozen=True)
 class Membership:
     """Named groups -> their engines, in the order the operator gave them."""
@@ -76,10 +84,7 @@ class Membership:
     def with_group(self, name: str, members: Iterable[str], engines: Iterable[str]) -> "Membership":
         """Form group `name` of `members` (or set the engines of an existing one). Engines it
         held before and that are not named again go back to groups of their own."""
-        try:
-            check_name(name)
-        except ValueError as e:
-            raise GroupError(str(e).replace("engine name", "group name")) from None
+        check_group_name(name)
         members = list(members)
         engines = set(engines)
         problems = []

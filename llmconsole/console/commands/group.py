@@ -43,7 +43,12 @@ def cmd_ls(ns: argparse.Namespace) -> int:
 
 def cmd_set(ns: argparse.Namespace) -> int:
     from llmconsole.console.client import DaemonError
+    from llmconsole.engine.gateway_groups import GroupError, check_group_name
 
+    try:
+        check_group_name(ns.name)  # before it becomes part of a URL
+    except GroupError as e:
+        raise CliError(str(e), EXIT_USAGE) from None
     with daemon_client() as client:
         try:
             g = client.set_group(ns.name, ns.engines)
