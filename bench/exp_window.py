@@ -7,9 +7,10 @@ runs it, and a closed-loop streaming client. Past what the KV cache holds, more 
 requests only wait inside vLLM, where their TTFT grows; below it, the batch is smaller than the
 engine could run. Each
 configuration sees the same load step: 2 concurrent streams for --low-s, then 32 for --high-s.
-Static windows (--static, default 8, 16 and 32) run first; the PID run's target is --target-ms, or by default
-midway between the static-8 and static-32 p99 TTFTs (a target that neither extreme meets and
-that only some window in between holds).
+Static windows (--static, default 8, 16 and 32) run first; the PID run's target is --target-ms,
+or by default midway between the static-8 and static-32 p99 TTFTs (a target that neither
+extreme meets; whether some window in between holds it depends on how sharp the KV knee is, so
+compare the static windows' "vs target" column).
 
 Figures are over the settled part of the high phase (from --settle-s after the step to its end):
   p99 TTFT (engine)  dispatch to first token, measured at the gateway: the signal the PID holds
@@ -90,7 +91,10 @@ def figures(client, gw_records, trace, step_at, end, ns, target_ms):
                  steps_within_10pct=(len(within) / len(settled)) if settled else None,
                  window_settled=statistics.median(t["window"] for t in settled) if settled else None,
                  windows_after_step=[t["window"] for t in after],
-                 actions_after_step=dict(collections.Counter(t["action"] for t in after)))
+                 actions_after_step=dict(collections.Counter(t["action"] for t in after)),
+                 trace_after_step=[(round(t["at_mono_s"] - step_at), t["window"],
+                                    None if t["measured_ms"] is None else round(t["measured_ms"]),
+                                    t["samples"], t["action"]) for t in after])
     return f
 
 
@@ -118,6 +122,7 @@ def main() -> None:
     ap.add_argument("--kv-blocks", type=int, default=40)
     ap.add_argument("--static", default="8,16,32",
                     help="static windows to compare, comma-separated (8 and 32 set the default target)")
+    ap.add_argument("--trace", action="store_true", help="print every controller step of the PID runs")
     ns = ap.parse_args()
     statics = sorted({int(w) for w in ns.static.split(",")} | {8, 32})
     body = request_body(ns.prompt_words, ns.max_tokens)
@@ -173,6 +178,10 @@ def main() -> None:
               f"window settled at {fmt(p.get('window_settled'))}")
         print(f"  windows after the step (one per second): {p.get('windows_after_step')}")
         print(f"  controller actions after the step: {p.get('actions_after_step')}")
+        if ns.trace:
+            print("  steps after the step: (t+s, window, measured p99 ms of that window, samples, action)")
+            for k in range(0, len(p.get("trace_after_step", [])), 6):
+                print("    " + "  ".join(str(x) for x in p["trace_after_step"][k:k + 6]))
 
 
 if __name__ == "__main__":
