@@ -48,24 +48,27 @@ TABLE = ROOT / "bench" / "data" / "tuner_grid.json"
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 # The measured grid: batch size 2..32 x token budget x kernel. The KV pool is sized so that the
-# workload's requests (160 tokens: two 128-token blocks each) fit about nine at a time: past that,
-# requests that grow into their second block preempt one another.
+# workload's requests (140 tokens: two 128-token blocks each) fit nine at a time: past that,
+# requests that grow into their second block preempt one another. The SLO is a streaming one
+# (time per output token): a larger batch makes every step slower, so goodput rises with the
+# batch until steps pass the limit or preemptions stall requests.
 GRID = ["max_num_seqs=2,4,8,12,16,32", "max_num_batched_tokens=128,512", "kernel=stock,custom"]
 ENGINE = {"max_model_len": 256, "kv_cache_memory_bytes": 20 * 65536}
-WORKLOAD = {"concurrency": 24, "num_requests": 48, "input_len": "100", "output_len": "60",
-            "slo": "p99_e2e_ms=6000,p99_ttft_ms=2500"}
+WORKLOAD = {"concurrency": 24, "num_requests": 32, "input_len": "100", "output_len": "40",
+            "slo": "p99_tpot_ms=70,p99_e2e_ms=60000"}
 
 
 TOP_K, REPEATS = 2, 2  # re-measured candidates and their repeats, in the replay as in `tune` below
 
 
-def cli(home: Path, *args: str, timeout: float = 3600) -> subprocess.CompletedProcess:
+def cli(home: Path, *args: str, timeout: float = 3600, progress: bool = False) -> subprocess.CompletedProcess:
+    """Run `llmconsole ARGS`; with `progress` its progress lines pass through to stderr as they come."""
     env = dict(os.environ, LLMCONSOLE_HOME=str(home))
     env.pop("XDG_RUNTIME_DIR", None)
-    r = subprocess.run([sys.executable, "-m", "llmconsole.console.cli", *args], env=env, capture_output=True,
-                       text=True, timeout=timeout, cwd=ROOT)
+    r = subprocess.run([sys.executable, "-m", "llmconsole.console.cli", *args], env=env, stdout=subprocess.PIPE,
+                       stderr=None if progress else subprocess.PIPE, text=True, timeout=timeout, cwd=ROOT)
     if r.returncode != 0:
-        raise SystemExit(f"llmconsole {' '.join(args[:2])} failed ({r.returncode}):\n{r.stderr[-3000:]}")
+        raise SystemExit(f"llmconsole {' '.join(args[:2])} failed ({r.returncode}):\n{(r.stderr or '')[-3000:]}")
     return r
 
 
@@ -120,7 +123,7 @@ def measure(ns: argparse.Namespace) -> None:
         t0 = time.monotonic()
         sweep = cli(home, "sweep", "--engine", "bt", *[a for k in knobs for a in ("--grid", k)],
                     "--load", f"concurrency={WORKLOAD['concurrency']}", "--repeats", "1", *load_args(WORKLOAD),
-                    "--out", str(home / "grid"), "--no-history", "--json")
+                    "--out", str(home / "grid"), "--no-history", "--json", progress=True)
         grid_s = time.monotonic() - t0
     res = json.loads(sweep.stdout)
     names = list(grid_values(GRID))
@@ -211,7 +214,8 @@ def replay(ns: argparse.Namespace) -> None:
     goods = [p["goodput_req_s"] for p in table["points"].values() if p["goodput_req_s"] is not None]
     best = max(goods)
     print(f"table {ns.table}: {len(table['points'])} of {points} points measured, best {best:.2f} req/s; "
-          f"{sum(g >= 0.95 * best for g in goods)} points reach 95% of it")
+          f"{sum(g >= 0.95 * best for g in goods)} points reach 95% of it; workload {table['workload']}")
+    show_table(table)
     print(f"budget {budget} trials (a third), then the best {TOP_K} re-measured x{REPEATS}; {ns.seeds} seeds; "
           f"measurement noise {ns.noise:.0%}; "
           f"the tuner's first trial (planner): {start}\n")
@@ -234,10 +238,9 @@ def tune(ns: argparse.Namespace) -> None:
         t0 = time.monotonic()
         r = cli(home, "tune", "--engine", "bt", "--workload", f"concurrency={wl['concurrency']}", *load_args(wl),
                 "--budget", str(budget), *[a for k in table["grid"] for a in ("--knob", k)], "--top-k", str(TOP_K),
-                "--repeats", str(REPEATS), "--seed", "0", "--json")
+                "--repeats", str(REPEATS), "--seed", "0", "--json", progress=True)
         tune_s = time.monotonic() - t0
     out = json.loads(r.stdout)
-    print("\n".join(line for line in r.stderr.splitlines() if "[tune]" in line or "planner" in line))
     for t in out["trials"]:
         g = table["points"].get(key_of(t["params"], names), {}).get("goodput_req_s")
         print(f"  trial {t['number']}: {t['params']} {t['state']} "

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from llmconsole.console.client import DaemonClient
+from llmconsole.console.client import DaemonClient, DaemonError
 from llmconsole.engine.latency_stats import Slo
 from llmconsole.engine.loadgen import run_load
 from llmconsole.engine.workload import Workload
@@ -132,6 +132,20 @@ def test_window_bounds_are_tuned_at_the_gateway_without_a_restart(eng):
     assert w1["admitted_total"] - w0["admitted_total"] >= 3 * 8
     assert (w1["min_window"], w1["max_window"]) == (w0["min_window"], w0["max_window"])  # put back
     assert out["restored"] is True and eng.engine("tn")["pid"] == before["pid"]  # no restart
+    with _api(eng) as c:
+        # A tuned window is applied at the gateway; bounds that cross are refused and change nothing.
+        with pytest.raises(DaemonError, match="not 1 <= min_window <= max_window"):
+            c._call("POST", "/engines/tn/tune/apply", json={"overrides": {"gateway_min_window": 3,
+                                                                          "gateway_max_window": 2}})
+        assert c.window("tn", trace_points=0)["max_window"] == w0["max_window"]
+        applied = c._call("POST", "/engines/tn/tune/apply", json={
+            "overrides": {"gateway_min_window": 1, "gateway_max_window": 3}, "slo": {"p99_e2e_ms": 60000},
+            "guard": {"watch_s": 3, "check_s": 1, "window_s": 2}})
+        assert applied["window"] == {"min_window": 1, "max_window": 3}
+        assert applied["from_config_id"] == applied["to_config_id"] == before["config_id"]
+        w2 = c.window("tn", trace_points=0)
+        c.change_window("tn", min_window=w0["min_window"], max_window=w0["max_window"])
+    assert (w2["min_window"], w2["max_window"]) == (1, 3) and eng.engine("tn")["pid"] == before["pid"]
 
 
 def test_applied_config_that_breaks_the_slo_is_rolled_back(eng):
