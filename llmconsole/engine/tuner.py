@@ -203,6 +203,9 @@ class Tuner:
         if study.trials:
             self._emit("resumed", None, {}, f"resuming study {study.study_name}: {len(study.trials)} trials so far"
                        + (f", {len(stale)} interrupted" if stale else ""), study)
+        if self._through_gateway and not all(hasattr(self.ctl, m) for m in ("window", "set_window", "gateway_url")):
+            raise ValueError("window knobs need a controller that sets the gateway's window "
+                             "(window, set_window, gateway_url), such as the tune command's TuneController")
         original = await self.ctl.current()
         current = original
         self._window0 = await self.ctl.window() if self._through_gateway else None
