@@ -58,7 +58,7 @@ WORKLOAD = {"concurrency": 24, "num_requests": 32, "input_len": "100", "output_l
             "slo": "p99_tpot_ms=70,p99_e2e_ms=60000"}
 
 
-TOP_K, REPEATS = 2, 2  # re-measured candidates and their repeats, in the replay as in `tune` below
+TOP_K, REPEATS = 3, 3  # re-measured candidates and their repeats (the tune command's defaults)
 
 
 def cli(home: Path, *args: str, timeout: float = 3600, progress: bool = False) -> subprocess.CompletedProcess:
