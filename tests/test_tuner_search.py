@@ -80,6 +80,16 @@ def test_pattern_search_finds_the_peak_from_the_planners_start():
     assert next_config(_climb(f, knobs, hist[0].params, 24), knobs, hist[0].params) is None
 
 
+def test_settled_search_checks_the_runner_ups_neighbours():
+    knobs = [Knob("max_num_seqs", choices=(2, 4, 8)), Knob("kernel", choices=("stock", "custom"))]
+    hist = [Probe({"max_num_seqs": 4, "kernel": "stock"}, 10.0), Probe({"max_num_seqs": 8, "kernel": "stock"}, 9.8),
+            Probe({"max_num_seqs": 2, "kernel": "stock"}, 5.0), Probe({"max_num_seqs": 4, "kernel": "custom"}, 7.0)]
+    # Every neighbour of the best is known; the runner-up (8, stock) has custom left unmeasured.
+    assert next_config(hist, knobs, {"max_num_seqs": 4, "kernel": "stock"}) == {"max_num_seqs": 8, "kernel": "custom"}
+    hist.append(Probe({"max_num_seqs": 8, "kernel": "custom"}, 6.0))
+    assert next_config(hist, knobs, {"max_num_seqs": 4, "kernel": "stock"}) is None
+
+
 def test_pattern_search_walks_down_when_nothing_starts():
     knobs = [Knob("max_num_seqs", choices=(1, 2, 4, 8, 16, 32, 64))]
     hist = [Probe({"max_num_seqs": 16}, None)]

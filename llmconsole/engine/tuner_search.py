@@ -13,8 +13,10 @@ So the search is a pattern search over a lattice of each knob's values: along on
 time, from the best config so far, it brackets the peak (probing the middle of the larger
 unexplored gap beside the best point, as a golden-section search does) and moves on to the
 next knob once both neighbours of the best are measured; a better config found on one knob
-re-opens the others. When every knob is settled at the best config, the pattern search has
-nothing left to ask and TPE spends the rest of the budget with the whole history to learn from.
+re-opens the others (its neighbours only: the peak rarely moves far). Settled at the best, it
+checks the runner-up's neighbours too, since one measurement on a shared host can rank two
+close configs either way; then it has nothing left to ask and TPE spends the rest of the budget
+with the whole history to learn from.
 
 Pure functions of the history, so the tuner and the benchmark's replay run the same code.
 """
@@ -31,6 +33,7 @@ from llmconsole.engine.tuner_space import Knob
 SEARCHES = ("pattern", "tpe")
 MAIN_KNOB = "max_num_seqs"
 _RANGE_POINTS = 10  # a range knob is walked on about this many log-spaced values
+RUNNERS_UP = 1      # configs after the best whose neighbours are checked before TPE
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,8 @@ def next_config(history: Sequence[Probe], knobs: Sequence[Knob], start: dict[str
     if _key(first) not in seen:
         return first
     feasible = [p for p in history if p.value is not None]
-    incumbent = dict(max(feasible, key=lambda p: p.value).params) if feasible else first
+    ranked = list({_key(p.params): p.params for p in sorted(feasible, key=lambda p: -p.value)}.values())
+    incumbent = dict(ranked[0]) if ranked else first
     axes = _axis_order(knobs)[:1] if main_only else _axis_order(knobs)
     bracketed = {k.name for k in axes if _searched(history, k)}
     # First every knob gets its own search from the best config; then re-checks of the knobs
@@ -128,6 +132,13 @@ def next_config(history: Sequence[Probe], knobs: Sequence[Knob], start: dict[str
         cand = _next_on_axis(knob, incumbent, seen, local=knob.name in bracketed, feasible=bool(feasible))
         if cand is not None:
             return cand
+    # Settled around the best. One measurement misleads on a shared host, so the runner-up
+    # (within reach of the best) gets the same neighbourhood check before TPE takes over.
+    for other in ranked[1:RUNNERS_UP + 1]:
+        for knob in axes:
+            cand = _next_on_axis(knob, dict(other), seen, local=True, feasible=True)
+            if cand is not None:
+                return cand
     return None
 
 
