@@ -4,8 +4,11 @@ llmconsole's decode kernel (custom), in one run.
 Both engines run side by side under one daemon (same model, seed and flags; each is given
 the same KV size), and the same closed-loop load (the console's load generator) goes to each
 in turn, stock, custom, stock, custom, ..., so background load on a shared machine hits both
-alike. Reports median output tokens/s and TPOT per kernel, their ratio, and the custom
-engine's kernel counters (proof that decode ran in the kernel).
+alike. Reports median output tokens/s and TPOT per kernel, their ratio, and what the custom
+engine's attention calls did during the measured runs: how many ran wholly in the kernel
+(decode-only steps), how many were split (decode rows in the kernel, prefill rows in vLLM's
+op), how many fell back wholly to vLLM's op and why, and the share of query tokens each took.
+Prefill is vLLM's in either engine, so the tokens/s ratio is diluted by the prefill share.
 
     VLLM_TARGET_DEVICE=cpu python bench/bench_kernel_e2e.py [--model .models/small]
         [--rounds 3] [--concurrency 8] [--input-len 1024] [--output-len 64]
@@ -23,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from llmconsole.engine.loadgen import run_load  # noqa: E402
 from llmconsole.engine.workload import LengthDist, Workload, load_tokenizer, plan_requests  # noqa: E402
-from llmconsole.kernels.usage import parse_usage  # noqa: E402
+from llmconsole.kernels.usage import REPORT_EVERY_S, KernelUsage, parse_usage  # noqa: E402
 
 KERNELS = ("stock", "custom")
 
@@ -47,6 +51,39 @@ def cli(home: Path, *args: str, timeout: float = 900) -> str:
 def engine_status(home: Path, name: str) -> dict:
     status = json.loads(cli(home, "status", "--json"))
     return next(e for e in status["engines"] if e["name"] == name)
+
+
+def settled_usage(log_path: Path) -> KernelUsage:
+    """The custom engine's counters once its workers have logged their latest counts (they
+    log every REPORT_EVERY_S while counts change)."""
+    time.sleep(REPORT_EVERY_S + 1.0)
+    previous = None
+    for _ in range(10):
+        usage = parse_usage(log_path.read_text(errors="replace")) or KernelUsage()
+        if usage == previous:
+            return usage
+        previous = usage
+        time.sleep(REPORT_EVERY_S + 0.5)
+    return previous
+
+
+def format_usage(u: KernelUsage) -> str:
+    whole = u.decode_calls - u.split_calls
+    calls = max(u.calls, 1)
+    tokens = max(u.decode_tokens + u.vllm_tokens, 1)
+    reasons = ", ".join(f"{r} {n}" for r, n in sorted(u.fallback_calls.items())) or "none"
+    return "\n".join([
+        f"custom engine attention calls in the measured runs, warm-ups included (one per layer "
+        f"per step): {u.calls}",
+        f"  all rows in the kernel (decode-only steps): {whole:>7} ({whole / calls:.0%})",
+        f"  split (decode rows kernel, prefill vLLM):   {u.split_calls:>7} "
+        f"({u.split_calls / calls:.0%})",
+        f"  wholly vLLM's op (fallback):                {u.total_fallback_calls:>7} "
+        f"({u.total_fallback_calls / calls:.0%}): {reasons}",
+        f"  query tokens: kernel {u.decode_tokens} ({u.decode_tokens / tokens:.0%}), vLLM's op "
+        f"{u.vllm_tokens} ({u.vllm_tokens / tokens:.0%}; split prefill rows "
+        f"{u.split_prefill_tokens}, fallbacks {u.total_fallback_tokens})",
+    ])
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -80,6 +117,8 @@ def main(argv=None) -> int:
                             output_len=LengthDist.fixed(args.output_len), arrival="closed",
                             concurrency=args.concurrency, warmup_requests=args.concurrency)
         plan = plan_requests(workload, load_tokenizer(args.model))
+        custom_log = Path(engine_status(home, "custom")["log_path"])
+        usage_before = settled_usage(custom_log)
         for r in range(args.rounds):
             for kernel in KERNELS:
                 result = asyncio.run(run_load(urls[kernel], "m", workload, plan=plan))
@@ -88,7 +127,7 @@ def main(argv=None) -> int:
                 print(f"  round {r + 1} {kernel:>6}: {s.output_throughput_tok_s:7.1f} tok/s, "
                       f"median TPOT {s.tpot.median_ms or float('nan'):.1f} ms, "
                       f"failed {s.failed}", file=sys.stderr, flush=True)
-        usage = parse_usage(Path(engine_status(home, "custom")["log_path"]).read_text(errors="replace"))
+        usage = settled_usage(custom_log).minus(usage_before)
     finally:
         try:
             cli(home, "daemon", "stop", "--stop-engines", "--yes", timeout=300)
@@ -108,11 +147,10 @@ def main(argv=None) -> int:
         print(f"{k:>7} {tok[k]:>10.1f} {tpot_ms[k]:>15.2f}")
     print(f"custom / stock: {tok['custom'] / tok['stock']:.2f}x tokens/s, "
           f"{tpot_ms['stock'] / tpot_ms['custom']:.2f}x faster per output token")
-    if usage is None:
-        print("custom engine: no kernel counters in its log (the kernel did not run)")
+    print(format_usage(usage))
+    if usage.decode_calls == 0:
+        print("custom engine: the kernel did not run in the measured runs")
         return 1
-    print(f"custom engine kernel counters: {usage.decode_calls} decode calls, "
-          f"{usage.decode_tokens} decode tokens, fallbacks {usage.fallback_calls}")
     return 0
 
 

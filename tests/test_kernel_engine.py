@@ -3,19 +3,23 @@ llmconsole's kernel (`engine start --kernel custom`), given the same prompts gre
 
 The engines are started once for the module, side by side, under one daemon. The custom
 engine's log must show the kernel running decode batches (counted by the plugin's backend),
-so the comparison cannot pass with a plugin that silently did nothing.
+so the comparison cannot pass with a plugin that silently did nothing. A second request sent
+while a first one decodes makes steps that mix prefill and decode rows; the custom engine
+must split those (decode rows in the kernel) and still decode what the stock engine decodes.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.request
 from pathlib import Path
 
+import httpx
 import pytest
 
-from llmconsole.kernels.usage import LOG_PREFIX, parse_usage
+from llmconsole.kernels.usage import LOG_PREFIX, REPORT_EVERY_S, KernelUsage, parse_usage
 from tests.conftest import Cli, _short_home, _stop_daemon
 
 pytestmark = pytest.mark.engine
@@ -81,22 +85,35 @@ def _usage_when_settled(log_path: str, want_tokens: int, timeout_s: float = 30.0
     return usage
 
 
+def _settled_usage(log_path: str) -> KernelUsage:
+    """The counters once two readings a report period apart agree."""
+    last = None
+    for _ in range(15):
+        usage = parse_usage(Path(log_path).read_text(errors="replace")) or KernelUsage()
+        if usage == last:
+            return usage
+        last = usage
+        time.sleep(REPORT_EVERY_S + 0.5)
+    return last
+
+
 def test_status_reports_each_engines_kernel(engines):
     assert engines.engine("stock")["kernel"] == "stock"
     assert engines.engine("custom")["kernel"] == "custom"
 
 
-def test_same_greedy_tokens_and_close_logprobs(completions):
-    """A random-weight model's next-token distribution is nearly flat (top logprobs within
+def _compare(ours: list[dict], theirs: list[dict], max_tokens: int) -> tuple[int, float, int]:
+    """(prompts decoded alike, worst logprob difference on shared prefixes, tokens compared on
+    those prefixes); fails on a flip that is not a near-tie.
+
+    A random-weight model's next-token distribution is nearly flat (top logprobs within
     hundredths of a nat), so bf16 rounding in either kernel may flip a near-tie; a flip that
     is not a near-tie, or a logprob that moves, is a kernel error."""
-    ours, theirs = completions
-    assert len(ours) == len(theirs) == len(PROMPTS)
-    same = 0
+    same = compared = 0
     worst_logprob_diff = 0.0
     for i, (a, b) in enumerate(zip(ours, theirs)):
         toks_a, toks_b = a["logprobs"]["tokens"], b["logprobs"]["tokens"]
-        assert len(toks_a) == len(toks_b) == MAX_TOKENS
+        assert len(toks_a) == len(toks_b) == max_tokens
         same += toks_a == toks_b
         # Up to the first differing token both engines saw the same context, so their
         # logprobs must agree closely; after it they decode different texts.
@@ -109,8 +126,16 @@ def test_same_greedy_tokens_and_close_logprobs(completions):
                 assert abs(top_a[ta] - top_a[tb]) < NEAR_TIE_NATS, (i, pos, top_a)
                 assert abs(top_b[ta] - top_b[tb]) < NEAR_TIE_NATS, (i, pos, top_b)
                 break
+            compared += 1
             worst_logprob_diff = max(worst_logprob_diff, abs(
                 a["logprobs"]["token_logprobs"][pos] - b["logprobs"]["token_logprobs"][pos]))
+    return same, worst_logprob_diff, compared
+
+
+def test_same_greedy_tokens_and_close_logprobs(completions):
+    ours, theirs = completions
+    assert len(ours) == len(theirs) == len(PROMPTS)
+    same, worst_logprob_diff, _ = _compare(ours, theirs, MAX_TOKENS)
     print(f"identical greedy outputs: {same}/{len(PROMPTS)}; "
           f"max |logprob diff| on shared prefixes: {worst_logprob_diff:.4f}")
     assert same >= 0.7 * len(PROMPTS), f"only {same}/{len(PROMPTS)} prompts decoded alike"
@@ -132,3 +157,76 @@ def test_custom_kernel_ran_decode_and_stock_did_not_load_it(engines, completions
     stock_log = Path(stock["log_path"]).read_text(errors="replace")
     assert LOG_PREFIX not in stock_log
     assert parse_usage(stock_log) is None
+
+
+LONG_TOKENS = 96  # the first request's length: it decodes while the second one's prefill runs
+MIXED_PROMPTS = PROMPTS[:4]
+
+
+def _stream_choice(url: str, prompt: str, started: threading.Event, into: list) -> None:
+    """A streamed greedy completion, put back together in the non-streamed logprobs shape."""
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": LONG_TOKENS, "temperature": 0.0,
+            "seed": 7, "logprobs": 2, "ignore_eos": True, "stream": True}
+    lp = {"tokens": [], "token_logprobs": [], "top_logprobs": []}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=300) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[len("data: "):])["choices"][0]
+            for key in lp:
+                lp[key].extend((chunk.get("logprobs") or {}).get(key) or [])
+            if lp["tokens"]:
+                started.set()
+    into.append({"logprobs": lp})
+
+
+def _staggered(url: str) -> tuple[dict, list[dict]]:
+    """One long streamed request, and a batch of prompts sent once its first tokens are out:
+    the batch's prefill steps carry the long request's decode row."""
+    started, long_choice = threading.Event(), []
+    t = threading.Thread(target=_stream_choice, args=(url, PROMPTS[-1], started, long_choice))
+    t.start()
+    try:
+        assert started.wait(120), "the long request produced no token"
+        body = json.dumps({"model": "tiny", "prompt": MIXED_PROMPTS, "max_tokens": MAX_TOKENS,
+                           "temperature": 0.0, "seed": 7, "logprobs": 2,
+                           "ignore_eos": True}).encode()
+        req = urllib.request.Request(f"{url}/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=300) as r:
+            batch = sorted(json.loads(r.read())["choices"], key=lambda c: c["index"])
+    finally:
+        t.join(300)
+    assert long_choice, "the long request did not finish"
+    return long_choice[0], batch
+
+
+def test_mixed_batches_split_into_kernel_and_vllm_and_decode_alike(engines, completions):
+    custom, stock = engines.engine("custom"), engines.engine("stock")
+    before = _settled_usage(custom["log_path"])
+    long_ours, batch_ours = _staggered(custom["url"])
+    long_theirs, batch_theirs = _staggered(stock["url"])
+
+    deadline = time.monotonic() + 30
+    while True:
+        now = parse_usage(Path(custom["log_path"]).read_text(errors="replace"))
+        since = now.minus(before)
+        if since.split_calls > 0 and since.decode_tokens >= NUM_LAYERS * LONG_TOKENS // 2:
+            break
+        assert time.monotonic() < deadline, f"no split batches counted: {since}"
+        time.sleep(1.0)
+    print(f"since the staggered requests: {since}")
+    # Each split call holds at least one decode row and one prefill token.
+    assert since.split_prefill_tokens >= since.split_calls
+    assert set(since.fallback_calls) <= {"prefill"}, since.fallback_calls
+
+    # Over a long greedy run a random-weight model meets some near-tie almost surely, so this
+    # test does not count identical prompts; it checks each shared-prefix token's logprob (the
+    # split steps among them) and that a flip is only ever a near-tie.
+    same_long, worst_long, n_long = _compare([long_ours], [long_theirs], LONG_TOKENS)
+    same_batch, worst_batch, n_batch = _compare(batch_ours, batch_theirs, MAX_TOKENS)
+    print(f"mixed steps: long request alike {same_long}/1, batch {same_batch}/"
+          f"{len(MIXED_PROMPTS)}; {n_long + n_batch} shared-prefix tokens compared; worst "
+          f"logprob diffs {worst_long:.4f} {worst_batch:.4f}")
+    assert max(worst_long, worst_batch) < 0.02
+    assert n_long + n_batch >= 2 * MAX_TOKENS, "too few tokens decoded alike to compare"

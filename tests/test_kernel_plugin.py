@@ -59,11 +59,18 @@ def test_plugin_overrides_cpu_attention_when_asked(cpu_attn, monkeypatch):
     assert cls.get_name() == "CPU_ATTN"
     assert issubclass(cls.get_impl_cls(), CPUAttentionBackendImpl)
     assert cls.get_impl_cls() is not CPUAttentionBackendImpl
+    # Its metadata builder asks vLLM to order decodes first, which the mixed-batch split needs.
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionMetadataBuilder
+
+    builder = cls.get_builder_cls()
+    assert issubclass(builder, CPUAttentionMetadataBuilder)
+    assert CPUAttentionMetadataBuilder.reorder_batch_threshold is None
+    assert builder.reorder_batch_threshold == 1
 
 
-def _counters_line(pid: int, calls: int, tokens: int, fallbacks: dict) -> str:
+def _counters_line(pid: int, calls: int, tokens: int, fallbacks: dict, **more) -> str:
     body = json.dumps({"pid": pid, "decode_calls": calls, "decode_tokens": tokens,
-                       "fallback_calls": fallbacks})
+                       "fallback_calls": fallbacks, **more})
     return f"(Worker pid={pid}) INFO 12-03 07:24:12 [usage.py:109] {LOG_PREFIX} counters {body}"
 
 
@@ -73,13 +80,18 @@ def test_parse_usage_takes_each_process_latest_line_and_sums():
         _counters_line(10, 4, 8, {"prefill": 1}),
         _counters_line(11, 2, 2, {}),
         f"{LOG_PREFIX} counters {{not json",
-        _counters_line(10, 9, 30, {"prefill": 2, "ALiBi": 1}),
+        _counters_line(10, 9, 30, {"prefill": 2, "ALiBi": 1}, split_calls=3,
+                       split_prefill_tokens=40, fallback_tokens={"prefill": 50, "ALiBi": 1}),
     ])
     usage = parse_usage(log)
     assert usage is not None
     assert (usage.decode_calls, usage.decode_tokens) == (11, 32)
+    assert (usage.split_calls, usage.split_prefill_tokens) == (3, 40)
     assert usage.fallback_calls == {"prefill": 2, "ALiBi": 1}
+    assert usage.fallback_tokens == {"prefill": 50, "ALiBi": 1}
     assert usage.total_fallback_calls == 3
+    assert usage.calls == 14
+    assert usage.vllm_tokens == 91
     assert parse_usage("(APIServer pid=1) INFO nothing about kernels") is None
 
 
@@ -87,17 +99,27 @@ def test_counter_logs_first_use_once_and_counters_only_on_change(caplog):
     logger = logging.getLogger("test.kernel.usage")
     counter = UsageCounter(logger, report_every_s=3600)  # the test drives report() itself
     with caplog.at_level(logging.INFO, logger=logger.name):
-        counter.fallback("prefill")
-        counter.fallback("prefill")
+        counter.fallback("prefill", 30)
+        counter.fallback("prefill", 12)
         counter.decode(3)
         counter.decode(5)
         assert counter.report()
         assert not counter.report()
+        earlier = parse_usage(caplog.text)
         counter.decode(1)
+        counter.split(4, 100)
+        counter.split(2, 7)
         assert counter.report()
     text = caplog.text
     assert text.count("falling back to vLLM's attention for prefill") == 1
     assert text.count("ran its first batch") == 1
+    assert text.count("mixed batch split") == 1
     usage = parse_usage(text)
     assert usage is not None
-    assert (usage.decode_calls, usage.decode_tokens, usage.fallback_calls) == (3, 9, {"prefill": 2})
+    assert (usage.decode_calls, usage.decode_tokens, usage.fallback_calls) == (5, 15, {"prefill": 2})
+    assert (usage.split_calls, usage.split_prefill_tokens) == (2, 107)
+    assert usage.fallback_tokens == {"prefill": 42}
+    assert usage.calls == 7
+    since = usage.minus(earlier)
+    assert (since.decode_calls, since.decode_tokens, since.split_calls) == (3, 7, 2)
+    assert since.fallback_calls == {} and since.vllm_tokens == 107

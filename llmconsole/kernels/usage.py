@@ -1,5 +1,10 @@
 """How often an engine's attention ran llmconsole's kernel, and how often (and why) it fell back.
 
+Three kinds of attention call: all rows in the kernel (a decode-only step); split (a step
+mixing decode and prefill rows: the decode rows in the kernel, the prefill rows in vLLM's op);
+and fallback (vLLM's op for the whole call, counted per reason). Tokens are counted per kind,
+so a log says both how many calls and how much of the work each path took.
+
 The counters live in each vLLM worker process. They reach the operator through the engine's
 log, which the daemon already keeps: one line when the kernel first runs, one line the first
 time each fallback reason occurs, and a cumulative counters line whenever the counts changed
@@ -29,17 +34,49 @@ REPORT_EVERY_S = 2.0
 class KernelUsage:
     """Counts summed over an engine's worker processes."""
 
-    decode_calls: int = 0
-    decode_tokens: int = 0
-    fallback_calls: dict[str, int] = field(default_factory=dict)
+    decode_calls: int = 0  # calls in which the kernel ran: decode-only and split calls
+    decode_tokens: int = 0  # query tokens the kernel computed
+    split_calls: int = 0  # of decode_calls, those whose prefill rows went to vLLM's op
+    split_prefill_tokens: int = 0  # query tokens of those prefill rows
+    fallback_calls: dict[str, int] = field(default_factory=dict)  # whole calls in vLLM's op
+    fallback_tokens: dict[str, int] = field(default_factory=dict)
 
     @property
     def total_fallback_calls(self) -> int:
         return sum(self.fallback_calls.values())
 
+    @property
+    def total_fallback_tokens(self) -> int:
+        return sum(self.fallback_tokens.values())
+
+    @property
+    def calls(self) -> int:
+        """All attention calls counted (each layer of each step is one)."""
+        return self.decode_calls + self.total_fallback_calls
+
+    @property
+    def vllm_tokens(self) -> int:
+        """Query tokens vLLM's op computed: whole fallbacks plus split calls' prefill rows."""
+        return self.total_fallback_tokens + self.split_prefill_tokens
+
+    def minus(self, earlier: KernelUsage) -> KernelUsage:
+        """The counts since `earlier` (an earlier reading of the same engine)."""
+        def sub(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+            return {k: a.get(k, 0) - b.get(k, 0) for k in a if a.get(k, 0) - b.get(k, 0)}
+
+        return KernelUsage(self.decode_calls - earlier.decode_calls,
+                           self.decode_tokens - earlier.decode_tokens,
+                           self.split_calls - earlier.split_calls,
+                           self.split_prefill_tokens - earlier.split_prefill_tokens,
+                           sub(self.fallback_calls, earlier.fallback_calls),
+                           sub(self.fallback_tokens, earlier.fallback_tokens))
+
     def as_dict(self) -> dict:
         return {"decode_calls": self.decode_calls, "decode_tokens": self.decode_tokens,
-                "fallback_calls": dict(self.fallback_calls)}
+                "split_calls": self.split_calls,
+                "split_prefill_tokens": self.split_prefill_tokens,
+                "fallback_calls": dict(self.fallback_calls),
+                "fallback_tokens": dict(self.fallback_tokens)}
 
 
 def parse_usage(log_text: str) -> KernelUsage | None:
@@ -54,13 +91,21 @@ def parse_usage(log_text: str) -> KernelUsage | None:
             continue
     if not latest:
         return None
-    fallbacks: dict[str, int] = {}
-    for data in latest.values():
-        for reason, n in data.get("fallback_calls", {}).items():
-            fallbacks[reason] = fallbacks.get(reason, 0) + int(n)
-    return KernelUsage(decode_calls=sum(int(d.get("decode_calls", 0)) for d in latest.values()),
-                       decode_tokens=sum(int(d.get("decode_tokens", 0)) for d in latest.values()),
-                       fallback_calls=fallbacks)
+    def total(key: str) -> int:
+        return sum(int(d.get(key, 0)) for d in latest.values())
+
+    def by_reason(key: str) -> dict[str, int]:
+        sums: dict[str, int] = {}
+        for data in latest.values():
+            for reason, n in data.get(key, {}).items():
+                sums[reason] = sums.get(reason, 0) + int(n)
+        return sums
+
+    return KernelUsage(decode_calls=total("decode_calls"), decode_tokens=total("decode_tokens"),
+                       split_calls=total("split_calls"),
+                       split_prefill_tokens=total("split_prefill_tokens"),
+                       fallback_calls=by_reason("fallback_calls"),
+                       fallback_tokens=by_reason("fallback_tokens"))
 
 
 class UsageCounter:
@@ -71,7 +116,10 @@ class UsageCounter:
         self._lock = threading.Lock()
         self._decode_calls = 0
         self._decode_tokens = 0
+        self._split_calls = 0
+        self._split_prefill_tokens = 0
         self._fallbacks: dict[str, int] = {}
+        self._fallback_tokens: dict[str, int] = {}
         self._reported: tuple | None = None
         self._report_every_s = report_every_s
         self._reporter: threading.Thread | None = None
@@ -86,10 +134,23 @@ class UsageCounter:
                            LOG_PREFIX, num_tokens)
             self._start_reporter()
 
-    def fallback(self, reason: str) -> None:
+    def split(self, decode_tokens: int, prefill_tokens: int) -> None:
+        """A mixed call: decode_tokens rows in the kernel, prefill_tokens in vLLM's op."""
+        with self._lock:
+            first = self._split_calls == 0
+            self._split_calls += 1
+            self._split_prefill_tokens += prefill_tokens
+        if first:
+            self._log.info("%s mixed batch split: %d decode rows in the custom kernel, %d "
+                           "prefill tokens in vLLM's attention (logged once, counted)",
+                           LOG_PREFIX, decode_tokens, prefill_tokens)
+        self.decode(decode_tokens)
+
+    def fallback(self, reason: str, num_tokens: int = 0) -> None:
         with self._lock:
             first = reason not in self._fallbacks
             self._fallbacks[reason] = self._fallbacks.get(reason, 0) + 1
+            self._fallback_tokens[reason] = self._fallback_tokens.get(reason, 0) + num_tokens
         if first:
             self._log.info("%s falling back to vLLM's attention for %s (logged once, counted)",
                            LOG_PREFIX, reason)
@@ -97,12 +158,15 @@ class UsageCounter:
 
     def snapshot(self) -> KernelUsage:
         with self._lock:
-            return KernelUsage(self._decode_calls, self._decode_tokens, dict(self._fallbacks))
+            return KernelUsage(self._decode_calls, self._decode_tokens, self._split_calls,
+                               self._split_prefill_tokens, dict(self._fallbacks),
+                               dict(self._fallback_tokens))
 
     def report(self) -> bool:
         """Log the counters line if anything changed since the last one; True if it logged."""
         usage = self.snapshot()
-        key = (usage.decode_calls, usage.decode_tokens, tuple(sorted(usage.fallback_calls.items())))
+        key = (usage.decode_calls, usage.decode_tokens, usage.split_calls,
+               tuple(sorted(usage.fallback_calls.items())))
         if key == self._reported:
             return False
         self._reported = key

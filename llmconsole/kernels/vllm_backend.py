@@ -4,21 +4,31 @@ Imported only inside vLLM processes of engines started with the custom kernel (t
 vllm_plugin.py registers this class in place of CPU_ATTN). It subclasses vLLM's own backend,
 so metadata, KV-cache writes and everything the kernel does not cover stay vLLM's: a batch
 that holds only decode tokens (one query token per sequence) on the "vec"/"vec16" KV layout,
-bf16 or fp32, goes to torch.ops.llmconsole.paged_attention_decode; anything else (prefill,
-mixed batches, sliding windows, ALiBi, soft-capping, sinks, fp8 KV, other dtypes or layouts)
-calls vLLM's op. Each fallback reason is logged once and counted (see usage.py).
+bf16 or fp32, goes to torch.ops.llmconsole.paged_attention_decode; a batch mixing decode and
+prefill rows is split (mixed_batch.py), the decode rows to the kernel and the prefill rows to
+vLLM's op; anything else (prefill-only batches, sliding windows, ALiBi, soft-capping, sinks,
+fp8 KV, other dtypes or layouts) calls vLLM's op for the whole batch. Each fallback reason is
+logged once and counted, and so are split batches (see usage.py).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, fields
 
 import torch
+from vllm import envs
 from vllm.v1.attention.backend import AttentionType
-from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
+from vllm.v1.attention.backends.cpu_attn import (
+    CPUAttentionBackend,
+    CPUAttentionBackendImpl,
+    CPUAttentionMetadata,
+    CPUAttentionMetadataBuilder,
+)
 
 from llmconsole.kernels.build import KernelBuildError, load_cpu_kernel
 from llmconsole.kernels.checks import SUPPORTED_DTYPES
+from llmconsole.kernels.mixed_batch import PrefillPart, plan_prefill_part, run_mixed
 from llmconsole.kernels.usage import LOG_PREFIX, UsageCounter
 
 # Under vLLM's logger so the line gets vLLM's format and lands in the engine log.
@@ -47,6 +57,36 @@ def _kernel_ready() -> bool:
             log.error("%s custom decode kernel unavailable, vLLM's attention runs instead: %s",
                       LOG_PREFIX, exc)
     return _kernel_error is None
+
+
+@dataclass
+class MixedCpuAttentionMetadata(CPUAttentionMetadata):
+    """vLLM's metadata plus, for a step mixing decode and prefill rows, its prefill half."""
+
+    prefill_part: PrefillPart | None = None
+
+
+class LlmconsoleCpuAttentionMetadataBuilder(CPUAttentionMetadataBuilder):
+    # Asks vLLM's model runner to put one-token (decode) requests at the front of every batch,
+    # so a mixed batch splits at one index (see mixed_batch.py).
+    reorder_batch_threshold = 1
+
+    def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
+        meta = super().build(common_prefix_len, common_attn_metadata, fast_build)
+        if (meta.max_query_len == 1 or self.is_cross_attention or self.is_encoder_only_attention
+                or meta.dynamic_causal is not None or meta.causal is not True):
+            return meta
+        part = plan_prefill_part(
+            meta.query_start_loc, meta.seq_lens, meta.block_table,
+            common_attn_metadata.num_reqs, num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, dtype=self.dtype,
+            isa=self.isa, sliding_window=self.window_size, kv_cache_dtype=self.kv_cache_dtype,
+            enable_kv_split=envs.VLLM_CPU_ATTN_SPLIT_KV)
+        if part is None:
+            return meta
+        return MixedCpuAttentionMetadata(
+            **{f.name: getattr(meta, f.name) for f in fields(CPUAttentionMetadata)},
+            prefill_part=part)
 
 
 class LlmconsoleCpuAttentionImpl(CPUAttentionBackendImpl):
@@ -78,10 +118,12 @@ class LlmconsoleCpuAttentionImpl(CPUAttentionBackendImpl):
                                meta) -> str | None:
         if self._static_fallback is not None:
             return self._static_fallback
-        if meta.max_query_len != 1:
-            return "prefill"  # or a batch mixing prefill and decode
         if meta.dynamic_causal is not None:
             return "dynamic causal masks"
+        if meta.max_query_len != 1 and getattr(meta, "prefill_part", None) is None:
+            # No leading decode rows to split off (the builder found none, or the step's
+            # causal mode is one the split does not handle).
+            return "prefill"
         if query.dtype not in SUPPORTED_DTYPES or kv_cache.dtype != query.dtype:
             return f"dtype {query.dtype} with KV cache {kv_cache.dtype}"
         isa = getattr(layer, "isa", None)
@@ -92,7 +134,7 @@ class LlmconsoleCpuAttentionImpl(CPUAttentionBackendImpl):
         if meta.block_table.dtype != torch.int32 or meta.seq_lens.dtype != torch.int32:
             return f"{meta.block_table.dtype} block tables / {meta.seq_lens.dtype} lengths"
         n = meta.num_actual_tokens
-        if meta.seq_lens.shape[0] < n or meta.block_table.shape[0] < n:
+        if meta.max_query_len == 1 and (meta.seq_lens.shape[0] < n or meta.block_table.shape[0] < n):
             return "batches with fewer sequences than tokens"
         if not _kernel_ready():
             return "kernel unavailable (build failed)"
@@ -103,13 +145,22 @@ class LlmconsoleCpuAttentionImpl(CPUAttentionBackendImpl):
         if attn_metadata is None or output_scale is not None or output_block_scale is not None:
             return super().forward(layer, query, key, value, kv_cache, attn_metadata, output,
                                    output_scale, output_block_scale)
+        n = attn_metadata.num_actual_tokens
         reason = self._batch_fallback_reason(layer, query, kv_cache, attn_metadata)
         if reason is not None:
-            USAGE.fallback(reason)
+            USAGE.fallback(reason, n)
             return super().forward(layer, query, key, value, kv_cache, attn_metadata, output,
                                    output_scale, output_block_scale)
-        n = attn_metadata.num_actual_tokens
         num_heads, head_size = self.num_heads, self.head_size
+        part = getattr(attn_metadata, "prefill_part", None)
+        if attn_metadata.max_query_len != 1 and part is not None:
+            run_mixed(query.view(-1, num_heads, head_size), kv_cache,
+                      output.view(-1, num_heads, head_size), attn_metadata.seq_lens,
+                      attn_metadata.block_table, n, part, self.scale,
+                      k_scale=layer._k_scale_float, v_scale=layer._v_scale_float,
+                      kv_cache_dtype=self.kv_cache_dtype)
+            USAGE.split(part.num_decodes, n - part.num_decodes)
+            return output
         torch.ops.llmconsole.paged_attention_decode(
             output[:n].view(n, num_heads, head_size),
             query[:n].view(n, num_heads, head_size),
@@ -130,3 +181,7 @@ class LlmconsoleCpuAttentionBackend(CPUAttentionBackend):
     @staticmethod
     def get_impl_cls() -> type[LlmconsoleCpuAttentionImpl]:
         return LlmconsoleCpuAttentionImpl
+
+    @staticmethod
+    def get_builder_cls() -> type[LlmconsoleCpuAttentionMetadataBuilder]:
+        return LlmconsoleCpuAttentionMetadataBuilder
