@@ -57,6 +57,7 @@ class Row:
     ours_of_read: float
     split: bool
     max_abs_diff: float
+    load_1m: float  # the host's 1-minute load average when the case finished (shared machine)
 
 
 def measure_read_gb_s(size_bytes: int = 1 << 30, reps: int = 7) -> float:
@@ -135,7 +136,8 @@ def run_case(ops, isa: str, batch: int, context: int, flush: bool, budget_s: flo
                ours_gb_s=kv_bytes / ours_s / 1e9, read_gb_s=read_gb_s,
                ours_of_read=kv_bytes / ours_s / 1e9 / read_gb_s,
                split=split_at < context,
-               max_abs_diff=float((out_vllm.float() - out_ours.float()).abs().max()))
+               max_abs_diff=float((out_vllm.float() - out_ours.float()).abs().max()),
+               load_1m=os.getloadavg()[0])
 
 
 def format_table(rows: list[Row], read_gb_s: float, threads: int, flush: bool) -> str:
@@ -146,14 +148,14 @@ def format_table(rows: list[Row], read_gb_s: float, threads: int, flush: bool) -
         f"1 GB read {read_gb_s:.1f} GB/s",
         f"{'batch':>5} {'ctx':>5} {'KV MB':>7} {'vLLM ms':>8} {'ours ms':>8} {'speedup':>7} "
         f"{'vLLM GB/s':>9} {'ours GB/s':>9} {'read GB/s':>9} {'of read':>7} {'of 1GB':>6} "
-        f"{'split':>5} {'max|diff|':>9}",
+        f"{'split':>5} {'max|diff|':>9} {'load':>5}",
     ]
     for r in rows:
         lines.append(
             f"{r.batch:>5} {r.context:>5} {r.kv_mb:>7.1f} {r.vllm_ms:>8.3f} {r.ours_ms:>8.3f} "
             f"{r.speedup:>6.2f}x {r.vllm_gb_s:>9.1f} {r.ours_gb_s:>9.1f} {r.read_gb_s:>9.1f} "
             f"{r.ours_of_read:>6.0%} {r.ours_gb_s / read_gb_s:>6.0%} "
-            f"{'yes' if r.split else 'no':>5} {r.max_abs_diff:>9.2g}")
+            f"{'yes' if r.split else 'no':>5} {r.max_abs_diff:>9.2g} {r.load_1m:>5.2f}")
     return "\n".join(lines)
 
 

@@ -122,8 +122,11 @@ static inline float hsum(__m256 v) {
 // hardware prefetchers follow poorly; without this, memory and compute take turns instead of
 // overlapping (about 10 GB/s instead of 17 on a 2-core EPYC). The inner loops call step()
 // once per iteration; requests are paced so the whole next chunk is asked for over the first
-// LLMC_PREFETCH_PACE_PERCENT of this chunk's iterations, not in one burst that would fill
-// the miss queues and stall the compute.
+// LLMC_PREFETCH_PACE_PERCENT of this chunk's iterations, not in a burst that would fill the
+// miss queues and stall the compute. Spread over the whole chunk (100%) the request rate stays
+// near what memory delivers: on a 2-vCPU EPYC (one core, two SMT threads, so compute and
+// memory share one core's miss queues) that took batch 32 x 4K from 59% to 78% of a plain
+// read, against 50%.
 #ifndef LLMC_PREFETCH
 #define LLMC_PREFETCH 1
 #endif
@@ -131,7 +134,7 @@ static inline float hsum(__m256 v) {
 #define LLMC_PREFETCH_CHUNKS_AHEAD 1
 #endif
 #ifndef LLMC_PREFETCH_PACE_PERCENT
-#define LLMC_PREFETCH_PACE_PERCENT 50
+#define LLMC_PREFETCH_PACE_PERCENT 100
 #endif
 #ifndef LLMC_PREFETCH_NEXT_ITEM
 #define LLMC_PREFETCH_NEXT_ITEM 1
