@@ -7,6 +7,9 @@ model each layer's KV is read once per step, with the weights streaming through 
 Effective bandwidth is KV bytes read / time. The roofline is a plain read (torch.sum) of a
 tensor as large as the case's KV, timed in the same alternation (vLLM, ours, read, ...), so
 the three see the same background load; a 1 GB read before and after the run is printed too.
+The read runs on torch's OpenMP pool, which the kernel shares (one libgomp in the process), so
+both use torch.get_num_threads() threads; each read is as large as the case's KV and follows
+the same 64 MB eviction, so neither is served from cache beyond what the L3 keeps.
 
     VLLM_TARGET_DEVICE=cpu python bench/bench_kernel.py [--quick] [--json out.json]
 """
