@@ -52,12 +52,9 @@ async def post_window(request: web.Request) -> web.Response:
     service = _service(request)
     if service is None:
         return _error(503, "this daemon runs no gateway")
-    try:
-        body = await request.json() if request.can_read_body else {}
-    except ValueError:
-        return _error(400, "request body is not JSON")
-    if not isinstance(body, dict):
-        return _error(400, "request body must be a JSON object")
+    from llmconsole.console.api import _json_body  # api.py imports this module
+
+    body = await _json_body(request)
     unknown = set(body) - set(_SETTINGS) - {"freeze", "set"}
     if unknown:
         return _error(400, f"unknown fields: {', '.join(sorted(unknown))}")
@@ -91,11 +88,9 @@ async def put_group(request: web.Request) -> web.Response:
     service = _service(request)
     if service is None:
         return _error(503, "this daemon runs no gateway")
-    try:
-        body = await request.json() if request.can_read_body else {}
-    except ValueError:
-        return _error(400, "request body is not JSON")
-    engines = body.get("engines") if isinstance(body, dict) else None
+    from llmconsole.console.api import _json_body
+
+    engines = (await _json_body(request)).get("engines")
     if not isinstance(engines, list) or not all(isinstance(e, str) for e in engines):
         return _error(400, 'request body must be {"engines": ["name", ...]}')
     try:
