@@ -63,6 +63,8 @@ def test_successive_halving_rungs_and_the_cut():
     assert keep_going(1.0, [], eta=3) and keep_going(0.1, [5.0], eta=3)  # too few peers to judge
     peers = [5.0, 4.0, 3.0, 2.0, 1.0, 0.5]  # top third: >= 4.0
     assert keep_going(4.0, peers, eta=3) and not keep_going(3.9, peers, eta=3)
+    # With a margin, only a trial clearly below the cut stops: 30% under 4.0 is 2.8.
+    assert keep_going(2.9, peers, eta=3, margin=0.3) and not keep_going(2.7, peers, eta=3, margin=0.3)
 
 
 def test_constraints():

@@ -55,6 +55,9 @@ class TuneSettings:
     seed: int = 0
     eta: int = 3                    # successive halving: keep the top 1/eta at each rung
     min_rung_requests: int = 8
+    # A short rung must fall this share below the cut to stop a trial: measured on a real engine,
+    # the grid's best config made 71% of its full goodput over its first 10 requests.
+    prune_margin: float = 0.3
     bad_attainment: float = 0.5     # below this share of requests in SLO, a config is infeasible
     top_k: int = 3                  # candidates re-measured
     repeats: int = 3                # re-measurements of each
@@ -301,9 +304,10 @@ class Tuner:
             if not last:
                 peers = [t.intermediate_values[n] for t in study.get_trials(deepcopy=False)
                          if t.number != trial.number and n in t.intermediate_values]
-                if not keep_going(good, peers, self.s.eta):
+                if not keep_going(good, peers, self.s.eta, margin=self.s.prune_margin):
                     self._finish(study, trial, params, "pruned", good, n,
-                                 f"stopped early after {n} requests: {good:.2f} req/s, below the top 1/{self.s.eta}")
+                                 f"stopped early after {n} requests: {good:.2f} req/s, clearly below the top "
+                                 f"1/{self.s.eta}")
                     return current
         self._finish(study, trial, params, "complete", good, rungs[-1], point.reason)
         return current

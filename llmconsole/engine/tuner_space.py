@@ -185,15 +185,18 @@ def halving_rungs(full_requests: int, eta: int = 3, min_requests: int = 8) -> tu
     return tuple(rungs)
 
 
-def keep_going(value: float, peers: Sequence[float], eta: int = 3, min_peers: int = 2) -> bool:
+def keep_going(value: float, peers: Sequence[float], eta: int = 3, min_peers: int = 2,
+               margin: float = 0.0) -> bool:
     """Whether a trial's goodput at a rung earns the next rung: it must reach the value that
-    marks the top 1/eta of the earlier trials at that rung. With fewer than `min_peers`
+    marks the top 1/eta of the earlier trials at that rung, less `margin` (a share of it). A
+    short rung is a few requests, and on a shared host their goodput varies by a quarter or
+    more, so only a trial clearly below the cut is stopped. With fewer than `min_peers`
     measured there, nothing is known to compare against, so it goes on."""
     if len(peers) < min_peers:
         return True
     ranked = sorted(peers, reverse=True)
     cut = ranked[max(0, math.ceil(len(ranked) / eta) - 1)]
-    return value >= cut
+    return value >= cut * (1.0 - margin)
 
 
 # --- constraints, re-measurement, the winner ------------------------------------------------------
