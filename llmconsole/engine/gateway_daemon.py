@@ -164,6 +164,24 @@ class GatewayService:
         except Exception:
             log.exception("writing the window trace to the store failed")
 
+    # --- a restart of one engine ------------------------------------------------------------
+
+    def _holding(self, engine: str) -> list[EngineGroup]:
+        """Every group that routes to `engine`: its own or named group, a retired group still
+        finishing, a primary's group that serves it as a standby."""
+        return [g for g in [*self.gateway.groups.values(), *self._draining] if engine in g.upstreams]
+
+    def hold_engine(self, engine: str, held: bool) -> None:
+        """Take one engine out of routing before it restarts, or give it back. The group keeps
+        serving through its other ready engines; with none left, arrivals wait in its queue."""
+        for g in self._holding(engine):
+            g.hold(engine, held)
+
+    def outstanding(self, engine: str) -> int:
+        """Requests the engine has now, through any group: what a restart would cut."""
+        ups = {id(u): u for u in (g.upstreams[engine] for g in self._holding(engine))}
+        return sum(u.outstanding for u in ups.values())
+
     # --- what status and the control API see ----------------------------------------------
 
     def group_of(self, engine: str) -> EngineGroup | None:

@@ -3,6 +3,10 @@
 A group is what a window applies to. By default each engine is its own group; a group with
 several engines routes each request to the ready engine with the fewest outstanding requests,
 and its window counts the whole group's requests in flight.
+
+An engine about to restart (a mode switch, a sweep point, a rollback) is held: it gets no new
+requests, finishes those it has, and the group goes on serving through its other ready engines.
+Only a group with no engine left to route to closes its gate, so that arrivals wait in its queue.
 """
 
 from __future__ import annotations
@@ -27,6 +31,12 @@ class Upstream:
     api_key: str | None = None
     ready: bool = True
     outstanding: int = 0
+    held: bool = False           # taken out of routing for a restart; set apart from `ready`,
+                                 # which the daemon copies from the engine's state
+
+    @property
+    def routable(self) -> bool:
+        return self.ready and not self.held
 
 
 @dataclass(frozen=True)
@@ -64,7 +74,6 @@ class EngineGroup:
         self.admission = Admission(self.controller.window, max_queue, queue_timeout_s)
         self.records: collections.deque[RequestRecord] = collections.deque(maxlen=records_len)
         self.model_names: set[str] = set()
-        self.held = False  # closed on purpose (a guarded restart drains the group first)
         self.refresh_open()
 
     # --- engines --------------------------------------------------------------------------
@@ -84,14 +93,21 @@ class EngineGroup:
         self.refresh_open()
 
     def refresh_open(self) -> None:
-        """Admit only while an engine is ready; otherwise arrivals wait in the queue."""
-        self.admission.set_open(not self.held and any(u.ready for u in self.upstreams.values()))
+        """Admit only while an engine can take requests; otherwise arrivals wait in the queue."""
+        self.admission.set_open(any(u.routable for u in self.upstreams.values()))
 
-    def hold(self, held: bool) -> None:
-        """Keep arrivals queued even while engines are ready: a restart drains the group first,
-        so no request is in flight when its engine goes down."""
-        self.held = held
+    def hold(self, name: str, held: bool) -> None:
+        """Send engine `name` no new requests (a restart drains it first, so none of its requests
+        is cut) or take it back. Its requests in flight run on; the other ready engines take the
+        arrivals, and only when none is left do arrivals wait in the queue."""
+        self.upstreams[name].held = held
         self.refresh_open()
+
+    @property
+    def held(self) -> bool:
+        """The queue is held for a restart: an engine is held and no other can take requests."""
+        ups = self.upstreams.values()
+        return any(u.held for u in ups) and not any(u.routable for u in ups)
 
     def mark_down(self, up: Upstream) -> None:
         """The engine refused a connection: hold requests until the daemon sees it ready again."""
@@ -99,7 +115,7 @@ class EngineGroup:
         self.refresh_open()
 
     def pick(self) -> Upstream | None:
-        ready = [u for u in self.upstreams.values() if u.ready]
+        ready = [u for u in self.upstreams.values() if u.routable]
         return min(ready, key=lambda u: u.outstanding) if ready else None
 
     def api_keys(self) -> list[str]:
@@ -162,6 +178,6 @@ class EngineGroup:
             "max_queue": self.admission.max_queue, "queue_timeout_s": self.admission.queue_timeout_s,
             "admitted_total": st.admitted_total, "rejected_full_total": st.rejected_full_total,
             "timed_out_total": st.timed_out_total, "max_in_flight_seen": st.max_in_flight_seen,
-            "engines": {u.name: {"url": u.url, "ready": u.ready, "outstanding": u.outstanding}
+            "engines": {u.name: {"url": u.url, "ready": u.ready, "held": u.held, "outstanding": u.outstanding}
                         for u in self.upstreams.values()},
         }

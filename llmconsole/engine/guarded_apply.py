@@ -1,10 +1,11 @@
 """A guarded apply: move a serving engine to a new config, or leave it on the old one.
 
-Steps: validate the new spec (the planner's fit check), drain the engine's gateway group (hold
-new arrivals in its queue and let requests in flight finish, so the restart cuts none), restart
-on the new spec, wait for ready, send a smoke request, then release the queue and record the
-change. If any step after the restart fails, the engine goes back to the config it ran before,
-the queue is released once that is ready again, and the caller gets ApplyFailed with the reason.
+Steps: validate the new spec (the planner's fit check), drain the engine (its gateway group
+sends it nothing new, serving through the group's other ready engines or, with none, holding
+arrivals in its queue, and the engine's requests in flight finish, so the restart cuts none),
+restart on the new spec, wait for ready, send a smoke request, then give the engine back to its
+group and record the change. If any step after the restart fails, the engine goes back to the
+config it ran before, rejoins once that is ready again, and the caller gets ApplyFailed with the reason.
 A refusal before the restart (ApplyRefused) changes nothing.
 
 A config that never comes up is also what the fleet's own automatic rollback watches for; when
@@ -36,7 +37,7 @@ _AUTO_ROLLBACK_GRACE_S = 3.0  # how long to let the fleet's own rollback act bef
 
 
 class Gate(Protocol):
-    """The gateway as an apply needs it: hold a group's queue, count what is in flight."""
+    """The gateway as an apply needs it: hold one engine out of routing, count what it has in flight."""
 
     def hold(self, engine: str, held: bool) -> None: ...
 

@@ -69,16 +69,14 @@ def validate_settings(data: dict[str, Any]) -> dict[str, Any]:
 
 
 class GroupGate:
-    """The gateway as guarded_apply's Gate: hold a group, count its requests in flight."""
+    """The gateway as guarded_apply's Gate: take one engine out of its group's routing (the
+    group's other ready engines serve on), count the requests that engine still has."""
 
     def __init__(self, service):
         self.service = service
 
     def hold(self, engine: str, held: bool) -> None:
-        group = self.service.group_of(engine)
-        if group is not None:
-            group.hold(held)
+        self.service.hold_engine(engine, held)
 
     def in_flight(self, engine: str) -> int:
-        group = self.service.group_of(engine)
-        return group.admission.in_flight if group is not None else 0
+        return self.service.outstanding(engine)
