@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from llmconsole.engine.pid import LatencySample, PidController, PidSettings, Signal, percentile
+from llmconsole.engine.pid import LatencySample, PidController, PidSettings, Signal, percentile, tail_chance
 
 
 class Plant:
@@ -160,3 +160,48 @@ def test_ttft_counts_once_when_reported_at_the_first_token():
     assert ctl.measured_ms(1.0) == (pytest.approx(300.0), 1)              # not twice
     ctl.configure(signal="tpot")
     assert ctl.measured_ms(1.0) == (pytest.approx(100.0), 1)              # (0.9 - 0.3) / 6
+
+
+def test_tail_chance_is_a_binomial_tail():
+    assert tail_chance(8, 0, 0.01) == 1.0
+    assert tail_chance(8, 1, 0.01) == pytest.approx(1 - 0.99 ** 8)
+    assert tail_chance(100, 2, 0.01) == pytest.approx(1 - 0.99 ** 100 - 100 * 0.01 * 0.99 ** 99)
+    assert tail_chance(100, 5, 0.01) < 0.01 < tail_chance(100, 3, 0.01)
+    assert tail_chance(10, 1, 0.0) == 0.0   # p100: any sample over is over
+
+
+def _feed(ctl: PidController, dispatched_s: float, ttfts_s: list[float]) -> None:
+    """Requests sent at `dispatched_s` (a millisecond apart), each reporting its first token."""
+    for k, v in enumerate(ttfts_s):
+        ctl.observe(LatencySample(at_s=dispatched_s + k * 1e-3 + v, ttft_s=v))
+
+
+def test_a_cut_needs_more_slow_requests_than_chance_gives_a_window_on_target():
+    # 100 requests at half the target and two stalls at twice it: the nearest-rank p99 (the
+    # second slowest) is over the target, but a window whose p99 is on the target gives two
+    # requests beyond it one time in four. The window stays; five such requests cut it.
+    ctl = _ctl(target_ms=100.0, start_window=20)
+    _feed(ctl, 0.5, [0.05] * 98 + [0.2, 0.2])
+    s = ctl.step(1.0)
+    assert s.measured_ms == pytest.approx(200.0) and (s.action, s.window) == ("hold-unsure", 20)
+    _feed(ctl, 1.5, [0.2] * 3)
+    s = ctl.step(2.0)
+    assert s.action in ("step", "clamped") and s.window < 20
+
+
+def test_a_single_stall_one_seat_up_does_not_cap_later_raises():
+    # The window went 20 -> 21 and one of 30 requests sent under 21 stalled; then it went back
+    # to 20. That one stall is no evidence against 21, so raising there again is not capped;
+    # five slow requests of 35 are, and cap it.
+    clock = [0.0]
+    ctl = PidController(PidSettings(target_ms=100.0, start_window=20), clock=lambda: clock[0], wall=lambda: 0.0)
+    ctl._move_to(21, 1.0)
+    _feed(ctl, 1.1, [0.05] * 29 + [0.3])
+    ctl._move_to(20, 2.0)
+    clock[0] = 3.0
+    assert ctl.ceiling() is None
+    ctl._move_to(21, 4.0)
+    _feed(ctl, 4.1, [0.3] * 4 + [0.05])
+    ctl._move_to(20, 5.0)
+    clock[0] = 6.0
+    assert ctl.ceiling() == 21

