@@ -8,19 +8,26 @@ replays on the table the first one saved.
            the SLO and the engine's config to a table (bench/data/tuner_grid.json). A big grid
            takes long, so it may be measured in parts (`--part kernel=stock`), merged by config.
   tune     `llmconsole tune` over the same knobs, budget a third of the grid's points, on a real
-           engine: its trials, and its pick as re-measured and as the grid measured the same point.
+           engine, once per seed (--seeds): its trials, the re-measurement race, and its pick as
+           re-measured and as the grid measured the same point.
   replay   seeds of each search replayed against the measured table instead of a live engine:
-           the tuner (the planner's start, then the pattern search, then TPE), "bracket" (the pattern
-           search on max_num_seqs alone, then TPE), TPE from the planner's start, TPE as it was
-           (random start), and random search, each with the same
-           budget, each seeing every goodput with a seeded measurement noise (--noise, a share:
-           one run on a shared host varies so), its pick scored by the table's figure.
+           the tuner (the planner's start, then the pattern search, then TPE), "before" (the tuner
+           as it was: no tied leaders, the best 3 re-measured 3 times each in a block, judged on
+           the re-measurements' median alone), "bracket" (the pattern search on max_num_seqs
+           alone, then TPE), TPE from the planner's start, TPE as it was (random start), and
+           random search, each with the same budget, each seeing every goodput with a seeded
+           measurement noise (--noise, a share: one run on a shared host varies so); all but
+           "before" end in the tuner's re-measurement race (tuner_select.py); the pick is scored
+           by the table's figure. The table shows what each spent: trials (new configs, each a
+           restart: the budget), re-measurement runs (extra load runs of configs already tried),
+           and restarts in all.
 
 Target: the tuner's pick reaches >= 95% of the grid's best goodput within a third of its trials.
 
     flock /tmp/llmconsole-bench.lock .venv/bin/python bench/bench_tuner.py measure --part kernel=stock
     flock /tmp/llmconsole-bench.lock .venv/bin/python bench/bench_tuner.py measure --part kernel=custom
     .venv/bin/python bench/bench_tuner.py replay --seeds 40
+    flock /tmp/llmconsole-bench.lock .venv/bin/python bench/bench_tuner.py tune --seeds 2
 """
 
 from __future__ import annotations
@@ -40,8 +47,10 @@ from pathlib import Path
 
 import optuna
 
-from llmconsole.engine.tuner import ask_next, make_sampler
+from llmconsole.engine.tuner_search import LEADER_TIE
+from llmconsole.engine.tuner_select import Remeasured, next_remeasure, pick_winner
 from llmconsole.engine.tuner_space import Budget, Knob
+from llmconsole.engine.tuner_study import ask_next, make_sampler
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = ROOT / "bench" / "data" / "tuner_grid.json"
@@ -58,7 +67,7 @@ WORKLOAD = {"concurrency": 24, "num_requests": 32, "input_len": "100", "output_l
             "slo": "p99_tpot_ms=70,p99_e2e_ms=60000"}
 
 
-TOP_K, REPEATS = 3, 3  # re-measured candidates and their repeats (the tune command's defaults)
+TOP_K, REPEATS = 4, 3  # raced candidates and re-measurements each, on average (the tune command's defaults)
 
 
 def cli(home: Path, *args: str, timeout: float = 3600, progress: bool = False) -> subprocess.CompletedProcess:
@@ -165,10 +174,42 @@ def space_of(table: dict) -> tuple[list[Knob], dict]:
     return list(space.knobs), space.start
 
 
+def race(finalists: list[tuple[float, dict]], names: list[str], observe,
+         last: dict | None) -> tuple[dict | None, int, int]:
+    """The tuner's re-measurement race (tuner_select.py) on replayed runs: its pick, the runs it
+    spent and the restarts they took (the engine runs `last`, the last trial's config, at first)."""
+    cands = [Remeasured(i, p, (v,)) for i, (v, p) in enumerate(finalists)]
+    running = None if last is None else key_of(last, names)
+    prev = next((i for i, c in enumerate(cands) if key_of(c.params, names) == running), None)
+    runs = restarts = 0
+    while runs < TOP_K * REPEATS:
+        i = next_remeasure(cands, REPEATS, prev)
+        if i is None:
+            break
+        c = cands[i]
+        restarts += key_of(c.params, names) != running
+        running = key_of(c.params, names)
+        cands[i] = Remeasured(c.number, c.params, c.goodputs_req_s + (observe(c.params) or 0.0,))
+        runs, prev = runs + 1, i
+    w = pick_winner(cands)
+    return (w.params if w else None), runs, restarts
+
+
+def before_pick(finalists: list[tuple[float, dict]], observe) -> tuple[dict | None, int, int]:
+    """The rule before this change, for the before/after table: the best 3 by their trial run,
+    each re-measured 3 times in one block, the best median of the re-measurements alone."""
+    fin = finalists[:3][::-1]  # worst first, the order it re-measured in (the same noise draws as it had)
+    if not fin:
+        return None, 0, 0
+    best = max(fin, key=lambda vp: statistics.median((observe(vp[1]) or 0.0) for _ in range(3)))
+    return best[1], 3 * len(fin), len(fin)
+
+
 def run_search(method: str, table: dict, knobs: list[Knob], start: dict, budget: int, seed: int,
-               noise: float) -> tuple[float, dict]:
+               noise: float) -> tuple[float, dict, int, int]:
     """One replayed search: every probe sees the table's goodput times a seeded noise; the pick is
-    the config it saw best, scored by the table's own figure."""
+    the config it saw best after the re-measurement race, scored by the table's own figure.
+    Returns (the pick's figure in the table, the pick, re-measurement runs, their restarts)."""
     names = [k.name for k in knobs]
     rng = random.Random(seed * 7919 + 1)
 
@@ -183,11 +224,12 @@ def run_search(method: str, table: dict, knobs: list[Knob], start: dict, budget:
             v = observe(params)
             seen.append((v if v is not None else -1.0, params))
     else:
-        search, first = {"tuner": ("pattern", start), "bracket": ("bracket", start), "tpe+start": ("tpe", start),
-                         "tpe": ("tpe", {})}[method]
+        search, first, tie = {"tuner": ("pattern", start, LEADER_TIE), "before": ("pattern", start, 0.0),
+                              "bracket": ("bracket", start, LEADER_TIE), "tpe+start": ("tpe", start, 0.0),
+                              "tpe": ("tpe", {}, 0.0)}[method]
         study = optuna.create_study(direction="maximize", sampler=make_sampler(seed, Budget(trials=budget)))
         for _ in range(budget):
-            t, params = ask_next(study, knobs, first, search)
+            t, params = ask_next(study, knobs, first, search, tie=tie)
             v = observe(params)
             for attr, val in (("outcome", "complete" if v is not None else "infeasible"), ("goodput_req_s", v),
                               ("requests", 1)):
@@ -195,13 +237,15 @@ def run_search(method: str, table: dict, knobs: list[Knob], start: dict, budget:
             t.set_constraint("constraint", 0.0 if v is not None else 1.0)
             study.tell(t, v or 0.0)
             seen.append((v if v is not None else -1.0, params))
-    # As the tuner does: the best few distinct configs re-measured, the best median recommended.
-    ranked = [p for v, p in sorted(seen, key=lambda s: s[0]) if v >= 0]
-    finalists = list({key_of(p, names): p for p in ranked}.values())[-TOP_K:]
-    if not finalists:
-        return 0.0, {}
-    best = max(finalists, key=lambda p: statistics.median((observe(p) or 0.0) for _ in range(REPEATS)))
-    return table["points"].get(key_of(best, names), {}).get("goodput_req_s") or 0.0, best
+    # The best distinct configs by their trial run, best first (remeasure_candidates' order).
+    finalists = list({key_of(p, names): (v, p) for v, p in sorted(seen, key=lambda s: s[0]) if v >= 0}.values())[::-1]
+    if method == "before":
+        pick, runs, restarts = before_pick(finalists, observe)
+    else:
+        pick, runs, restarts = race(finalists[:TOP_K], names, observe, seen[-1][1] if seen else None)
+    if pick is None:
+        return 0.0, {}, runs, restarts
+    return table["points"].get(key_of(pick, names), {}).get("goodput_req_s") or 0.0, pick, runs, restarts
 
 
 def replay(ns: argparse.Namespace) -> None:
@@ -216,17 +260,34 @@ def replay(ns: argparse.Namespace) -> None:
     print(f"table {ns.table}: {len(table['points'])} of {points} points measured, best {best:.2f} req/s; "
           f"{sum(g >= 0.95 * best for g in goods)} points reach 95% of it; workload {table['workload']}")
     show_table(table)
-    print(f"budget {budget} trials (a third), then the best {TOP_K} re-measured x{REPEATS}; {ns.seeds} seeds; "
-          f"measurement noise {ns.noise:.0%}; "
-          f"the tuner's first trial (planner): {start}\n")
-    print(f"{'search':<12} {'median of best':>15} {'worst':>7} {'seeds >= 95%':>13}")
-    for method in ("tuner", "bracket", "tpe+start", "tpe", "random"):
-        ratios = [run_search(method, table, knobs, start, budget, seed, ns.noise)[0] / best for seed in range(ns.seeds)]
-        hit = sum(r >= 0.95 for r in ratios)
-        print(f"{method:<12} {statistics.median(ratios):>15.0%} {min(ratios):>7.0%} {hit:>7} of {ns.seeds:<4}")
+    print(f"budget {budget} trials (a third: each trial is a new config, one restart); then the best {TOP_K} raced "
+          f"over at most {TOP_K * REPEATS} re-measurement runs (extra load runs of configs already tried, not new "
+          f"configs; each run on another config than the one running is a restart); seeds {ns.first_seed}.."
+          f"{ns.first_seed + ns.seeds - 1}; measurement noise {', '.join(f'{n:.0%}' for n in ns.noise)} of a run; "
+          f"the tuner's first trial (planner): {start}")
+    print("before: the tuner as it was (no tied leaders; the best 3 by their trial run, 3 runs each in a block, "
+          "the best median of the re-measurements alone)\n")
+    for noise in ns.noise:
+        print(f"noise {noise:.0%}\n{'search':<10} {'trials':>6} {'re-measure runs':>16} {'restarts':>9} "
+              f"{'median of best':>15} {'worst':>6} {'seeds >= 95%':>13}")
+        print(f"{'grid':<10} {points:>6} {0:>16} {points:>9} {'100%':>15} {'100%':>6} {'all':>13}")
+        for method in ("tuner", "before", "bracket", "tpe+start", "tpe", "random"):
+            res = [run_search(method, table, knobs, start, budget, seed, noise)
+                   for seed in range(ns.first_seed, ns.first_seed + ns.seeds)]
+            ratios = [r[0] / best for r in res]
+            runs = statistics.median(r[2] for r in res)
+            restarts = statistics.median(budget + r[3] for r in res)
+            hit = sum(r >= 0.95 for r in ratios)
+            print(f"{method:<10} {budget:>6} {runs:>16g} {restarts:>9g} {statistics.median(ratios):>15.0%} "
+                  f"{min(ratios):>6.0%} {hit:>5} of {ns.seeds:<4}")
+        print()
 
 
 def tune(ns: argparse.Namespace) -> None:
+    """`llmconsole tune` on one real engine, once per seed (each seed its own study), every pick
+    scored by the grid's own figure for it."""
+    from llmconsole.paths import resolve
+
     table = json.loads(Path(ns.table).read_text())
     grid = grid_values(table["grid"])
     names = list(grid)
@@ -234,22 +295,37 @@ def tune(ns: argparse.Namespace) -> None:
     budget = max(1, points // 3)
     wl = table["workload"]
     best = max(p["goodput_req_s"] for p in table["points"].values() if p["goodput_req_s"] is not None)
+    rows = []
     with Engine(ns.model, {k: v[-1] for k, v in grid.items()}) as home:
-        t0 = time.monotonic()
-        r = cli(home, "tune", "--engine", "bt", "--workload", f"concurrency={wl['concurrency']}", *load_args(wl),
-                "--budget", str(budget), *[a for k in table["grid"] for a in ("--knob", k)], "--top-k", str(TOP_K),
-                "--repeats", str(REPEATS), "--seed", "0", "--json", progress=True)
-        tune_s = time.monotonic() - t0
-    out = json.loads(r.stdout)
-    for t in out["trials"]:
-        g = table["points"].get(key_of(t["params"], names), {}).get("goodput_req_s")
-        print(f"  trial {t['number']}: {t['params']} {t['state']} "
-              f"{(t['goodput_req_s'] or 0):.2f} req/s (grid: {g if g is None else round(g, 2)})")
-    w = out["winner"]
-    g = table["points"].get(key_of(w["params"], names), {}).get("goodput_req_s") if w else None
-    print(f"\ntuner on a real engine: {len(out['trials'])} trials of {points} points in {tune_s:.0f} s; pick "
-          f"{w and w['params']}: {w and round(w['median_req_s'], 2)} req/s re-measured; the grid measured it at "
-          + (f"{g:.2f} req/s = {g / best:.0%} of the grid's best ({best:.2f})" if g is not None else "infeasible"))
+        for seed in range(ns.seeds):
+            # The study's name does not hold the seed (a rerun resumes it): each seed starts afresh.
+            (resolve({"LLMCONSOLE_HOME": str(home)}).data_dir / "tuning" / "studies.journal").unlink(missing_ok=True)
+            t0 = time.monotonic()
+            r = cli(home, "tune", "--engine", "bt", "--workload", f"concurrency={wl['concurrency']}", *load_args(wl),
+                    "--budget", str(budget), *[a for k in table["grid"] for a in ("--knob", k)],
+                    "--top-k", str(TOP_K), "--repeats", str(REPEATS), "--seed", str(seed), "--json", progress=True)
+            tune_s = time.monotonic() - t0
+            out = json.loads(r.stdout)
+            print(f"seed {seed}:")
+            for t in out["trials"]:
+                g = table["points"].get(key_of(t["params"], names), {}).get("goodput_req_s")
+                print(f"  trial {t['number']}: {t['params']} {t['state']} "
+                      f"{(t['goodput_req_s'] or 0):.2f} req/s (grid: {g if g is None else round(g, 2)})")
+            for m in out["remeasured"]:
+                g = table["points"].get(key_of(m["params"], names), {}).get("goodput_req_s")
+                print(f"  raced trial {m['trial']}: runs {[round(x, 2) for x in m['goodputs_req_s']]} mean "
+                      f"{m['mean_req_s']:.2f} (grid: {g if g is None else round(g, 2)})"
+                      + (f" failed: {m['failed']}" if m.get("failed") else ""))
+            w = out["winner"]
+            g = table["points"].get(key_of(w["params"], names), {}).get("goodput_req_s") if w else None
+            runs = sum(len(m["goodputs_req_s"]) - 1 for m in out["remeasured"])
+            rows.append((seed, len(out["trials"]), runs, w and w["params"], w and w["mean_req_s"], g, tune_s))
+    print(f"\ntuner on a real engine, budget {budget} trials of the grid's {points}; the grid's best "
+          f"{best:.2f} req/s\n{'seed':>4} {'trials':>6} {'re-measure runs':>15} {'tune s':>7} {'re-measured':>11} "
+          f"{'grid figure':>11} {'of best':>7}  pick")
+    for seed, n, runs, params, mean, g, tune_s in rows:
+        print(f"{seed:>4} {n:>6} {runs:>15} {tune_s:>7.0f} {(mean or 0):>11.2f} "
+              f"{(g or 0):>11.2f} {((g or 0) / best):>7.0%}  {params}")
 
 
 def main() -> None:
@@ -258,9 +334,11 @@ def main() -> None:
     m = sub.add_parser("measure", help="sweep the grid on a real engine and save the table")
     m.add_argument("--part", action="append", metavar="KNOB=VALUE", help="measure only the points with this value")
     t = sub.add_parser("tune", help="tune on a real engine, score the pick by the saved table")
+    t.add_argument("--seeds", type=int, default=1, help="tunes in a row on the one engine, seeds 0..N-1")
     r = sub.add_parser("replay", help="replay seeds of each search on the saved table")
     r.add_argument("--seeds", type=int, default=40)
-    r.add_argument("--noise", type=float, default=0.08, help="relative noise of one measurement")
+    r.add_argument("--first-seed", type=int, default=0)
+    r.add_argument("--noise", type=float, nargs="+", default=[0.08, 0.12], help="relative noise of one measurement")
     for p in (m, t):
         p.add_argument("--model", default=str(ROOT / ".models" / "tiny"))
     for p in (t, r):

@@ -117,7 +117,7 @@ def _result(status: str = "done", restored: bool = True, winner: bool = True) ->
 def test_the_end_and_when_the_winner_may_be_applied():
     lines = outcome_lines(_result())
     assert lines[0] == "study t1-abc: done (5 trials, 3 this run)"
-    assert "re-measured trial 2: median 3.10 req/s ±3% over 2 runs · max_num_seqs=8" in lines
+    assert "re-measured trial 2: mean 3.10 req/s ±3% over 2 runs · max_num_seqs=8" in lines
     assert "recommended: max_num_seqs=8 (3.10 req/s goodput)" in lines
     assert can_apply(_result())
     assert not can_apply(_result("cancelled")) and not can_apply(_result(restored=False))

@@ -90,6 +90,25 @@ def test_settled_search_checks_the_runner_ups_neighbours():
     assert next_config(hist, knobs, {"max_num_seqs": 4, "kernel": "stock"}) is None
 
 
+def test_configs_tied_with_the_best_get_their_kernel_tried_before_re_checks():
+    knobs = [Knob("max_num_seqs", choices=(4, 8, 12, 16)), Knob("max_num_batched_tokens", choices=(128, 512)),
+             Knob("kernel", choices=("stock", "custom"))]
+
+    def p(seqs: int, tokens: int, kernel: str, v: float) -> Probe:
+        return Probe({"max_num_seqs": seqs, "max_num_batched_tokens": tokens, "kernel": kernel}, v)
+    start = {"max_num_seqs": 8, "max_num_batched_tokens": 512, "kernel": "stock"}
+    hist = [p(8, 512, "stock", 10.0), p(16, 512, "stock", 7.0), p(4, 512, "stock", 6.0), p(12, 512, "stock", 10.3),
+            p(12, 128, "stock", 10.6), p(12, 128, "custom", 9.0)]
+    # 12/128 leads 12/512 by 3%, one run's noise: the kernel is tried at 12/512 too before the
+    # batch size is re-checked around 12/128.
+    assert next_config(hist, knobs, start) == {"max_num_seqs": 12, "max_num_batched_tokens": 512, "kernel": "custom"}
+    # With no tie allowed, the search follows the 3% lead.
+    assert next_config(hist, knobs, start, tie=0.0)["max_num_batched_tokens"] == 128
+    # A lead past the tie: the re-checks around the best come first.
+    hist[4] = p(12, 128, "stock", 13.0)
+    assert next_config(hist, knobs, start)["max_num_batched_tokens"] == 128
+
+
 def test_pattern_search_walks_down_when_nothing_starts():
     knobs = [Knob("max_num_seqs", choices=(1, 2, 4, 8, 16, 32, 64))]
     hist = [Probe({"max_num_seqs": 16}, None)]

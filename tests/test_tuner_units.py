@@ -73,15 +73,14 @@ def test_constraints():
     assert constraint_value("slo_missed", 0.7, 0.5) == 0.0 and constraint_value("ok", 1.0, 0.5) == 0.0
 
 
-def test_remeasure_the_best_distinct_feasible_configs_and_pick_the_steady_winner():
+def test_remeasure_the_best_distinct_feasible_configs():
     o = [TrialOutcome(0, {"s": 1}, "complete", 2.0, 24), TrialOutcome(1, {"s": 2}, "complete", 3.0, 24),
          TrialOutcome(2, {"s": 2}, "complete", 2.9, 24), TrialOutcome(3, {"s": 4}, "pruned", 9.0, 8),
          TrialOutcome(4, {"s": 8}, "infeasible", 9.5, 24), TrialOutcome(5, {"s": 16}, "complete", 1.0, 24)]
     assert [c.number for c in remeasure_candidates(o, 2)] == [1, 0]
     noisy = Remeasured(1, {"s": 2}, (2.0, 3.1, 4.0))
-    steady = Remeasured(0, {"s": 1}, (2.9, 3.0, 3.0))
-    assert noisy.median_req_s == 3.1 and noisy.spread == pytest.approx(2.0 / 3.1)
-    assert pick_winner([noisy, steady]) is steady  # within the noisy one's spread, and steadier
+    assert noisy.median_req_s == 3.1 and noisy.mean_req_s == pytest.approx(3.0333, abs=1e-3)
+    assert noisy.spread == pytest.approx(2.0 / 3.1)
     assert pick_winner([Remeasured(0, {}, (1.0, 1.0)), Remeasured(1, {}, (2.0, 2.0))]).number == 1
     assert pick_winner([Remeasured(0, {}, ())]) is None
 

@@ -265,7 +265,7 @@ class TuneService:
                "load": load.label, "output_len": out_len.describe(), "trials": len(result.trials),
                "new_trials": result.new_trials, "running": base_spec, "ranges": space.sources,
                "proposal": result.winner.params if result.winner else None,
-               "proposal_req_s": result.winner.median_req_s if result.winner else None, "applied": None}
+               "proposal_req_s": result.winner.mean_req_s if result.winner else None, "applied": None}
         if result.winner and cfg.get("apply") and result.winner.params != base_spec:
             try:
                 run["applied"] = await self.apply(name, result.winner.params, slo, actor="llmconsole schedule",

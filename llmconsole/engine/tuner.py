@@ -9,8 +9,9 @@ window bounds are set at the gateway, no restart, and the load then goes through
 level is run and aggregated as a sweep point is. A config that does not start (or a window the
 gateway refuses), fails requests or breaks the SLO for most requests is a constraint violation
 the sampler learns from, never an error of the tuner. Trials are cut short by successive
-halving on the number of requests; the best few are re-measured with repeats before one is
-recommended. The study lives in a journal file under the data dir, named from engine +
+halving on the number of requests; the best few are re-measured in interleaved rounds, each
+judged on all its runs, the trial's included, before one is recommended (tuner_select.py).
+The study lives in a journal file under the data dir (tuner_study.py), named from engine +
 workload + SLO + space, so an interrupted tune resumes where it stopped. Whatever happens, the
 engine (and the window) goes back to its original config at the end (the caller may then apply
 the winner through the guarded apply).
@@ -25,24 +26,23 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import optuna
-from optuna.storages.journal import JournalFileBackend, JournalStorage
 from optuna.trial import TrialState
 
 from llmconsole.engine.loadgen import run_load
 from llmconsole.engine.sweep import EngineController, EngineStartFailed, EngineTarget, aggregate
 from llmconsole.engine.sweep_plan import LoadLevel, PointResult, SweepPlan
 from llmconsole.engine.sweep_probe import RunProbe
-from llmconsole.engine.tuner_search import Probe, encode, next_config, start_config
-from llmconsole.engine.tuner_space import (Budget, Knob, Remeasured, TrialOutcome, constraint_value, halving_rungs,
-                                           keep_going, pick_winner, remeasure_candidates, split_params,
-                                           startup_trials, study_name)
+from llmconsole.engine.tuner_select import Remeasured, next_remeasure, pick_winner, start_race
+from llmconsole.engine.tuner_space import (Budget, Knob, TrialOutcome, constraint_value, halving_rungs, keep_going,
+                                           split_params, study_name)
+from llmconsole.engine.tuner_study import (ask_next, history, make_sampler, open_study, outcomes,  # noqa: F401
+                                           suggest_params)
 from llmconsole.engine.workload import load_tokenizer, plan_requests
 
 log = logging.getLogger(__name__)
-optuna.logging.set_verbosity(optuna.logging.WARNING)  # progress goes out as TuneProgress events
 
 _CONSTRAINT = "constraint"
 
@@ -59,8 +59,8 @@ class TuneSettings:
     # the grid's best config made 71% of its full goodput over its first 10 requests.
     prune_margin: float = 0.3
     bad_attainment: float = 0.5     # below this share of requests in SLO, a config is infeasible
-    top_k: int = 3                  # candidates re-measured
-    repeats: int = 3                # re-measurements of each
+    top_k: int = 4                  # candidates re-measured (raced: tuner_select.py)
+    repeats: int = 3                # re-measurements of each, on average: top_k x repeats runs at most
     # The first trial's config (the planner's batch size, the running config's other values;
     # tuner_ranges.py), and how the trials after it are chosen: "pattern" (tuner_search.py,
     # TPE once it has settled) or "tpe" throughout.
@@ -104,75 +104,14 @@ class TuneResult:
     def to_json(self) -> dict[str, Any]:
         def rm(m: Remeasured) -> dict[str, Any]:
             return {"trial": m.number, "params": m.params, "goodputs_req_s": list(m.goodputs_req_s),
-                    "median_req_s": m.median_req_s, "spread": m.spread}
+                    "mean_req_s": m.mean_req_s, "median_req_s": m.median_req_s, "spread": m.spread,
+                    "failed": m.failed}
         return {"study": self.study, "status": self.status, "new_trials": self.new_trials,
                 "trials": [dataclasses.asdict(t) for t in self.trials],
                 "remeasured": [rm(m) for m in self.remeasured],
                 "winner": rm(self.winner) if self.winner else None,
                 "original_config_id": self.original.config_id, "restored": self.restored,
                 "restore_error": self.restore_error}
-
-
-def make_sampler(seed: int, budget: Budget) -> optuna.samplers.TPESampler:
-    """TPE, multivariate (batch size and token budget interact), seeded; its random start is
-    cut for small budgets so most of the few restarts a budget allows are guided."""
-    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup_trials(budget), multivariate=True)
-
-
-def open_study(storage_path: Path, name: str, seed: int, budget: Budget = Budget(trials=12)) -> optuna.Study:
-    storage_path.parent.mkdir(parents=True, exist_ok=True)
-    storage = JournalStorage(JournalFileBackend(str(storage_path)))
-    return optuna.create_study(study_name=name, storage=storage, sampler=make_sampler(seed, budget),
-                               direction="maximize", load_if_exists=True)
-
-
-def outcomes(study: optuna.Study) -> list[TrialOutcome]:
-    out = []
-    for t in study.get_trials(deepcopy=False):
-        state = t.user_attrs.get("outcome") or {TrialState.RUNNING: "running", TrialState.FAIL: "interrupted"}.get(
-            t.state, t.state.name.lower())
-        out.append(TrialOutcome(t.number, dict(t.user_attrs.get("config", t.params)), state, t.user_attrs.get("goodput_req_s"),
-                                int(t.user_attrs.get("requests", 0)), t.user_attrs.get("reason")))
-    return out
-
-
-def history(study: optuna.Study) -> list[Probe]:
-    """What the pattern search learns from: every judged trial (a pruned one by its goodput at
-    the rung it reached, an infeasible one as such); interrupted ones judged nothing."""
-    return [Probe(o.params, (o.goodput_req_s or 0.0) if o.state in ("complete", "pruned") else None)
-            for o in outcomes(study) if o.state in ("complete", "pruned", "infeasible")]
-
-
-def ask_next(study: optuna.Study, knobs: Sequence[Knob], start: dict[str, Any],
-             search: str = "pattern") -> tuple[optuna.Trial, dict[str, Any]]:
-    """The next trial and its config. The pattern search's choice is queued into the study, so
-    the sampler and the journal see it as any trial; with nothing left to it, TPE chooses. The
-    tuner and the benchmark's replay both ask here."""
-    if search in ("pattern", "bracket"):
-        nxt = next_config(history(study), knobs, start, main_only=search == "bracket")
-    else:
-        nxt = start_config(knobs, start) if start and not study.trials else None
-    if nxt is not None:
-        study.enqueue_trial(encode(nxt, knobs))
-    trial = study.ask()
-    return trial, suggest_params(trial, knobs)
-
-
-def suggest_params(trial: optuna.Trial, knobs: Sequence[Knob]) -> dict[str, Any]:
-    """A config from the sampler. A list of numbers is searched by its position in sorted
-    order, so TPE sees that 16 seats lie beyond 4 (as a category it would not); the values
-    themselves are kept on the trial."""
-    params: dict[str, Any] = {}
-    for k in knobs:
-        if k.choices and all(isinstance(v, (int, float)) for v in k.choices):
-            ordered = sorted(k.choices)
-            params[k.name] = ordered[trial.suggest_int(k.name, 0, len(ordered) - 1)]
-        elif k.choices:
-            params[k.name] = trial.suggest_categorical(k.name, list(k.choices))
-        else:
-            params[k.name] = trial.suggest_int(k.name, k.low, k.high, log=k.high / k.low >= 4)
-    trial.set_user_attr("config", params)
-    return params
 
 
 class Tuner:
@@ -327,25 +266,33 @@ class Tuner:
 
     async def _remeasure(self, study: optuna.Study, original: EngineTarget,
                          current: EngineTarget) -> tuple[EngineTarget, list[Remeasured]]:
-        out = []
-        for cand in remeasure_candidates(outcomes(study), self.s.top_k):
-            if self.stop.is_set():
+        """The best few configs raced in rounds (tuner_select.py): at most top_k x repeats runs,
+        each pooled with the trial's own run; one that no longer starts is out."""
+        cands = start_race(outcomes(study), self.s.top_k)
+        runs_left = self.s.top_k * self.s.repeats
+        last = next((i for i, c in enumerate(cands)
+                     if all(current.spec.get(k) == v for k, v in split_params(c.params)[0].items())), None)
+        while runs_left > 0 and not self.stop.is_set():
+            i = next_remeasure(cands, self.s.repeats, last)
+            if i is None:
                 break
-            self._emit("remeasuring", cand.number, cand.params, f"re-measuring x{self.s.repeats}", study)
+            cand = cands[i]
+            n = len(cand.goodputs_req_s)
+            self._emit("remeasuring", cand.number, cand.params, f"re-measuring: run {n + 1} of this config", study)
             try:
                 current = await self._switch(cand.params, current)
             except (EngineStartFailed, ValueError) as e:
                 current = await self._after_failed_start(original)
                 log.warning("candidate %s no longer starts: %s", cand.params, e)
-                out.append(Remeasured(cand.number, cand.params, ()))
+                cands[i], last = dataclasses.replace(cand, failed=str(e)), None
                 continue
-            goods = []
-            for r in range(self.s.repeats):
-                point = await self._measure(current, self.s.plan.num_requests, cand.params, seed=1000 + r)
-                if point is not None:
-                    goods.append(point.goodput_req_s or 0.0)
-            out.append(Remeasured(cand.number, cand.params, tuple(goods)))
-        return current, out
+            point = await self._measure(current, self.s.plan.num_requests, cand.params, seed=1000 + n - 1)
+            runs_left -= 1
+            if point is None:  # interrupted
+                break
+            runs = cand.goodputs_req_s + (point.goodput_req_s or 0.0,)
+            cands[i], last = dataclasses.replace(cand, goodputs_req_s=runs), i
+        return current, cands
 
     async def _after_failed_start(self, original: EngineTarget) -> EngineTarget:
         """Where the engine is after a config did not start: a refusal left it as it was; else it

@@ -13,10 +13,11 @@ So the search is a pattern search over a lattice of each knob's values: along on
 time, from the best config so far, it brackets the peak (probing the middle of the larger
 unexplored gap beside the best point, as a golden-section search does) and moves on to the
 next knob once both neighbours of the best are measured; a better config found on one knob
-re-opens the others (its neighbours only: the peak rarely moves far). Settled at the best, it
-checks the runner-up's neighbours too, since one measurement on a shared host can rank two
-close configs either way; then it has nothing left to ask and TPE spends the rest of the budget
-with the whole history to learn from.
+re-opens the others (its neighbours only: the peak rarely moves far). One measurement on a
+shared host can rank two close configs either way, so the configs measured within noise of the
+best (LEADER_TIE) get their categorical knobs tried too before the re-checks around the best;
+settled there, it checks the runner-up's neighbours; then it has nothing left to ask and TPE
+spends the rest of the budget with the whole history to learn from.
 
 Pure functions of the history, so the tuner and the benchmark's replay run the same code.
 """
@@ -33,6 +34,9 @@ from llmconsole.engine.tuner_space import Knob
 SEARCHES = ("pattern", "tpe")
 MAIN_KNOB = "max_num_seqs"
 _RANGE_POINTS = 10  # a range knob is walked on about this many log-spaced values
+# Configs within this share of the best count as tied with it: about one standard deviation of
+# the difference between two single runs at 8% noise each, the least a shared host shows.
+LEADER_TIE = 0.12
 RUNNERS_UP = 1      # configs after the best whose neighbours are checked before TPE
 
 
@@ -108,9 +112,10 @@ def _axis_order(knobs: Sequence[Knob]) -> list[Knob]:
 
 
 def next_config(history: Sequence[Probe], knobs: Sequence[Knob], start: dict[str, Any],
-                main_only: bool = False) -> dict[str, Any] | None:
+                main_only: bool = False, tie: float = LEADER_TIE) -> dict[str, Any] | None:
     """The pattern search's next config, or None when every knob is settled at the best config
-    (or every config was probed): the caller then asks TPE."""
+    (or every config was probed): the caller then asks TPE. Configs measured within `tie` of
+    the best are tied with it (tie=0: the best alone leads)."""
     if not knobs:
         return None
     first = start_config(knobs, start)
@@ -128,8 +133,21 @@ def next_config(history: Sequence[Probe], knobs: Sequence[Knob], start: dict[str
     bracketed = {k.name for k in axes if _searched(history, k)}
     # First every knob gets its own search from the best config; then re-checks of the knobs
     # already searched, around the best config, one neighbour at a time.
-    for knob in [k for k in axes if k.name not in bracketed] + [k for k in axes if k.name in bracketed]:
-        cand = _next_on_axis(knob, incumbent, seen, local=knob.name in bracketed, feasible=bool(feasible))
+    for knob in [k for k in axes if k.name not in bracketed]:
+        cand = _next_on_axis(knob, incumbent, seen, local=False, feasible=bool(feasible))
+        if cand is not None:
+            return cand
+    # The knobs without a settled peak (a kernel: a category has no shape that carries over from
+    # one config to the next) are tried at the configs tied with the best too, before any
+    # re-check: one run decides which of two tied configs leads, and the search must not follow
+    # a coin toss down one branch (in replays, that was most of the misses of the peak).
+    for other in _tied(ranked, seen, tie)[1:]:
+        for knob in [k for k in axes if k.name not in bracketed]:
+            cand = _next_on_axis(knob, dict(other), seen, local=True, feasible=True)
+            if cand is not None:
+                return cand
+    for knob in [k for k in axes if k.name in bracketed]:
+        cand = _next_on_axis(knob, incumbent, seen, local=True, feasible=bool(feasible))
         if cand is not None:
             return cand
     # Settled around the best. One measurement misleads on a shared host, so the runner-up
@@ -140,6 +158,14 @@ def next_config(history: Sequence[Probe], knobs: Sequence[Knob], start: dict[str
             if cand is not None:
                 return cand
     return None
+
+
+def _tied(ranked: list[dict[str, Any]], seen: dict[str, float], tie: float) -> list[dict[str, Any]]:
+    """The feasible configs measured within `tie` (a share) of the best, best first."""
+    if not ranked:
+        return []
+    top = seen[_key(ranked[0])]
+    return [p for p in ranked if seen[_key(p)] >= top * (1 - tie)]
 
 
 def _searched(history: Sequence[Probe], knob: Knob) -> bool:

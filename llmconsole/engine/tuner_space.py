@@ -2,7 +2,8 @@
 
 Kept apart from the runner (tuner.py) so the rules are plain functions with fast tests: the knobs
 and their ranges, the budget, the study's name, successive halving on the number of requests,
-which candidates are re-measured, and which one wins.
+what a trial's outcome holds and when it breaks the constraints. Which candidates are
+re-measured and which one wins: tuner_select.py.
 
 A knob is an engine spec field. Its values are a list (categorical: kernel, or a short list of
 sizes) or an integer range searched on a log scale (batch sizes and token budgets matter by
@@ -16,9 +17,10 @@ import hashlib
 import json
 import math
 import re
-import statistics
 from dataclasses import dataclass
 from typing import Any, Sequence
+
+from llmconsole.engine.tuner_select import Remeasured, pick_winner, remeasure_candidates  # noqa: F401 (moved there)
 
 # Spec fields the tuner may move. Anything else (the model, ports, secrets) stays as it is.
 SPEC_KNOBS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "kv_cache_memory_bytes",
@@ -199,7 +201,7 @@ def keep_going(value: float, peers: Sequence[float], eta: int = 3, min_peers: in
     return value >= cut * (1.0 - margin)
 
 
-# --- constraints, re-measurement, the winner ------------------------------------------------------
+# --- constraints ----------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class TrialOutcome:
@@ -221,47 +223,3 @@ def constraint_value(status: str, slo_attainment: float | None, bad_attainment: 
     if slo_attainment is None:
         return 0.0
     return bad_attainment - slo_attainment if slo_attainment < bad_attainment else 0.0
-
-
-def remeasure_candidates(outcomes: Sequence[TrialOutcome], k: int) -> list[TrialOutcome]:
-    """The best `k` distinct configs that finished the full rung feasibly, best first."""
-    seen: set[str] = set()
-    out = []
-    for o in sorted((o for o in outcomes if o.state == "complete" and o.goodput_req_s is not None),
-                    key=lambda o: -o.goodput_req_s):
-        key = json.dumps(o.params, sort_keys=True)
-        if key not in seen:
-            seen.add(key)
-            out.append(o)
-        if len(out) == k:
-            break
-    return out
-
-
-@dataclass(frozen=True)
-class Remeasured:
-    number: int
-    params: dict[str, Any]
-    goodputs_req_s: tuple[float, ...]
-
-    @property
-    def median_req_s(self) -> float:
-        return statistics.median(self.goodputs_req_s) if self.goodputs_req_s else 0.0
-
-    @property
-    def spread(self) -> float | None:
-        g = self.goodputs_req_s
-        if len(g) < 2 or not self.median_req_s:
-            return None
-        return (max(g) - min(g)) / self.median_req_s
-
-
-def pick_winner(measured: Sequence[Remeasured]) -> Remeasured | None:
-    """The highest median goodput over the repeats; of two within each other's spread, the
-    one that varied less (a steadier config misleads less)."""
-    usable = [m for m in measured if m.goodputs_req_s]
-    if not usable:
-        return None
-    best = max(usable, key=lambda m: m.median_req_s)
-    close = [m for m in usable if m.median_req_s >= best.median_req_s * (1 - (best.spread or 0.0) / 2)]
-    return min(close, key=lambda m: (m.spread if m.spread is not None else 1.0, -m.median_req_s))

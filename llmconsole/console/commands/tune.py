@@ -45,8 +45,10 @@ def register(sub) -> None:
     p.add_argument("--dry-run", action="store_true",
                    help="print the knobs, their ranges and where they come from, and the first trial; run nothing")
     p.add_argument("--seed", type=int, default=0, help="the sampler's seed")
-    p.add_argument("--top-k", type=int, default=3, help="candidates re-measured before one is recommended")
-    p.add_argument("--repeats", type=int, default=3, help="re-measurements of each candidate")
+    p.add_argument("--top-k", type=int, default=4,
+                   help="candidates re-measured (raced in rounds) before one is recommended")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="re-measurements per candidate: top-k x repeats runs at most, fewer once the race is decided")
     p.add_argument("--eta", type=int, default=3, help="successive halving: keep the top 1/eta at each rung")
     p.add_argument("--max-run", type=float, default=300.0, metavar="S", help="time bound of one load run")
     p.add_argument("--apply", action="store_true", help="apply the winner through the guarded apply")
@@ -117,11 +119,11 @@ def render(result: TuneResult) -> str:
         lines += ["", "re-measured:"]
         for m in result.remeasured:
             spread = f" ±{m.spread / 2:.0%}" if m.spread is not None else ""
-            lines.append(f"  trial {m.number}: median {m.median_req_s:.2f} req/s{spread} over "
+            lines.append(f"  trial {m.number}: mean {m.mean_req_s:.2f} req/s{spread} over "
                          f"{len(m.goodputs_req_s)} runs  " + ", ".join(f"{k}={v}" for k, v in m.params.items()))
     w = result.winner
     lines += ["", f"recommended: {', '.join(f'{k}={v}' for k, v in w.params.items())} "
-                  f"({w.median_req_s:.2f} req/s goodput)" if w else "no config met the constraints"]
+                  f"({w.mean_req_s:.2f} req/s goodput)" if w else "no config met the constraints"]
     return "\n".join(lines)
 
 

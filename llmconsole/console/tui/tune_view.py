@@ -170,11 +170,11 @@ def outcome_lines(result: TuneResult) -> list[str]:
     lines = [f"{head} ({len(result.trials)} trials, {result.new_trials} this run)"]
     for m in result.remeasured:
         spread = f" ±{m.spread / 2:.0%}" if m.spread is not None else ""
-        lines.append(f"re-measured trial {m.number}: median {m.median_req_s:.2f} req/s{spread} over "
+        lines.append(f"re-measured trial {m.number}: mean {m.mean_req_s:.2f} req/s{spread} over "
                      f"{len(m.goodputs_req_s)} runs · {params_text(m.params)}")
     w = result.winner
     if w is not None:
-        lines.append(f"recommended: {params_text(w.params)} ({w.median_req_s:.2f} req/s goodput)")
+        lines.append(f"recommended: {params_text(w.params)} ({w.mean_req_s:.2f} req/s goodput)")
     elif result.status == "done":
         lines.append("no config met the constraints")
     lines.append(f"the engine's knobs are back on config {result.original.config_id}" if result.restored

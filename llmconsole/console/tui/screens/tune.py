@@ -165,7 +165,7 @@ class TuneScreen(RunScreen):
                 self.app.refresh_bindings()
 
         self.app.push_screen(ConfirmScreen(
-            f"Apply {params_text(w.params)} ({w.median_req_s:.2f} req/s goodput) to engine {self.engine_name}? "
+            f"Apply {params_text(w.params)} ({w.mean_req_s:.2f} req/s goodput) to engine {self.engine_name}? "
             "A guarded apply: the gateway holds requests while the engine restarts on it, and the daemon then "
             "watches the SLO and rolls back on its own if it degrades.", "Apply"), answered)
 
