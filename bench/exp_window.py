@@ -145,7 +145,10 @@ def main() -> None:
     ap.add_argument("--low-s", type=float, default=5.0)
     ap.add_argument("--high-s", type=float, default=55.0)
     ap.add_argument("--settle-s", type=float, default=30.0, help="the issue's bound on settling")
-    ap.add_argument("--roll-s", type=float, default=10.0, help="the span of the rolling p99 that judges settling")
+    ap.add_argument("--roll-s", type=float, default=20.0,
+                    help="the span of the rolling p99 that judges settling: at 15 requests a second, 20 s gives a p99 "
+                         "over some 300 requests, not just their slowest one")
+    ap.add_argument("--keep", help="keep every configuration's gateway records and controller steps under this folder")
     ap.add_argument("--prompt-words", type=int, default=48)
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--min", type=int, default=4)
@@ -181,7 +184,8 @@ def main() -> None:
           f"tokens; PID starts at 8 in [{ns.min}, {ns.max}]", flush=True)
     rounds: list[dict] = []
     try:
-        with tempfile.TemporaryDirectory(prefix="exp-window-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="exp-window-") as scratch:
+            tmp = ns.keep or scratch
             asyncio.run(load_step(engine_url, body, 2, 3.0, 8, 5.0))  # warm-up, counted nowhere
             for k in range(1, ns.rounds + 1):
                 load_start = load_avg()

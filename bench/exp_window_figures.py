@@ -11,7 +11,7 @@ import collections
 import statistics
 
 WITHIN = 0.10          # the band: p99 within 10% of the target
-MIN_ROLL_SAMPLES = 20  # fewer requests in a rolling span: its p99 is no evidence either way
+MIN_ROLL_SAMPLES = 50  # fewer requests in a rolling span: its p99 is their slowest, no evidence either way
 
 
 def pct(values: list[float], p: float) -> float | None:

@@ -22,14 +22,14 @@ def test_settling_is_the_start_of_the_last_run_inside_the_band():
 
 def test_rolling_p99_counts_requests_by_dispatch_after_the_step_only():
     step_at, end = 100.0, 110.0
-    # Ten requests a second; each second's slowest takes 50 ms more than the one before.
-    ttfts = [(step_at + k / 10.0, 10.0 + (50.0 * (k // 10) if k % 10 == 9 else 0.0)) for k in range(100)]
+    # Twenty requests a second; each second's slowest takes 50 ms more than the one before.
+    ttfts = [(step_at + k / 20.0, 10.0 + (50.0 * (k // 20) if k % 20 == 19 else 0.0)) for k in range(200)]
     ttfts += [(step_at - 1.0 + k / 100.0, 9999.0) for k in range(100)]   # the low phase: never counted
     points = rolling_p99_ms(ttfts, step_at, end, roll_s=3.0)
     assert [t for t, _ in points] == [float(t) for t in range(1, 11)]
-    assert MIN_ROLL_SAMPLES == 20
-    assert points[0][1] is None            # 10 requests so far: fewer than MIN_ROLL_SAMPLES
-    assert points[1][1] == 10.0 + 50.0     # 20: enough
-    # At t=5 s the span is (2 s, 5 s]: 30 requests, nearest-rank p99 is their slowest, from second 4.
+    assert MIN_ROLL_SAMPLES == 50
+    assert points[0][1] is None and points[1][1] is None   # 20 and 40 requests: too few for a p99
+    assert points[2][1] == 10.0 + 50.0 * 2                 # 60: enough
+    # At t=5 s the span is [2 s, 5 s): 60 requests, nearest-rank p99 is their slowest, from second 4.
     assert dict(points)[5.0] == 10.0 + 50.0 * 4
     assert pct([1.0, 2.0, 3.0], 99) == 3.0 and pct([float(v) for v in range(1, 101)], 99) == 99.0
