@@ -6,7 +6,8 @@ window and its PID controller). `name` in a window route is a group, or an engin
   POST /v1/engines/{name}/window    {"target_ms": 800, "signal": "ttft", "min_window": 4,
                                      "max_window": 32, "freeze": true|false, "set": 12}
                                     any subset; "set" fixes the window and freezes the controller
-  GET    /v1/groups                 every group served: named ones and each other engine's own
+  GET    /v1/groups                 every group served: named ones and each other engine's own,
+                                    then removed ones still finishing ("retired": true, no URL)
   PUT    /v1/groups/{name}          {"engines": ["a", "b"]}: form the named group, or change it
   DELETE /v1/groups/{name}          dissolve it; its engines go back to groups of their own
 

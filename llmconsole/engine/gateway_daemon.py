@@ -218,13 +218,16 @@ class GatewayService:
     # --- named groups ---------------------------------------------------------------------
 
     def groups_state(self) -> list[dict[str, Any]]:
-        """Every group the gateway serves, named or an engine's own, for `group ls`."""
+        """Every group the gateway serves, named or an engine's own, for `group ls`; then the
+        retired groups still finishing what they had (their route is gone: no URL)."""
         self.sync()
         out = []
-        for name, g in sorted(self.gateway.groups.items()):
+        served = [(name, g, False) for name, g in sorted(self.gateway.groups.items())]
+        for name, g, retired in [*served, *((g.name, g, True) for g in self._draining)]:
             st = g.admission.stats()
-            out.append({"group": name, "named": name in self.membership.groups, "engines": list(g.upstreams),
-                        "gateway_url": self.gateway.group_url(name), "window": st.window,
+            out.append({"group": name, "named": not retired and name in self.membership.groups,
+                        "retired": retired, "engines": list(g.upstreams),
+                        "gateway_url": None if retired else self.gateway.group_url(name), "window": st.window,
                         "frozen": g.controller.frozen, "in_flight": st.in_flight, "queued": st.queued})
         return out
 
@@ -238,7 +241,7 @@ class GatewayService:
                 group.remove_upstream(gone)
         self.sync()
         self._save()
-        return next(g for g in self.groups_state() if g["group"] == name)
+        return next(g for g in self.groups_state() if g["group"] == name and not g["retired"])
 
     def remove_group(self, name: str) -> list[str]:
         """Dissolve a named group; its engines go back to groups of their own."""

@@ -3,7 +3,8 @@
 ready engine with the fewest requests outstanding. An engine in no named group is a group of
 its own, under its own name.
 
-  llmconsole group ls [--json]                 every group served, named or an engine's own
+  llmconsole group ls [--json]                 every group served, named or an engine's own, and
+                                               a removed group still finishing its requests
   llmconsole group set fast e1 e2              form group "fast" of e1 and e2 (or change it)
   llmconsole group rm fast                     dissolve it (asks first); e1 and e2 go back to
                                                groups of their own
@@ -24,8 +25,9 @@ def format_groups(groups: list[dict[str, Any]]) -> str:
     rows = [("GROUP", "ENGINES", "WINDOW", "IN FLIGHT", "QUEUED", "GATEWAY URL")]
     for g in groups:
         window = f"{g['window']}{' (frozen)' if g['frozen'] else ''}"
-        name = g["group"] if g["named"] else f"{g['group']} (own)"
-        rows.append((name, ",".join(g["engines"]), window, str(g["in_flight"]), str(g["queued"]), g["gateway_url"]))
+        name = g["group"] if g["named"] else f"{g['group']} ({'retired, finishing' if g.get('retired') else 'own'})"
+        rows.append((name, ",".join(g["engines"]), window, str(g["in_flight"]), str(g["queued"]),
+                     g["gateway_url"] or "-"))
     widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
