@@ -4,8 +4,8 @@ A group is what a window applies to. By default each engine is its own group; a 
 several engines routes each request to the ready engine with the fewest outstanding requests,
 and its window counts the whole group's requests in flight.
 
-An engine about to restart (a mode switch, a sweep point, a rollback) is held: it gets no new
-requests, finishes those it has, and the group goes on serving through its other ready engines.
+An engine about to go through a guarded restart (a mode switch, an applied tune) is held: it gets
+no new requests, finishes those it has, and the group goes on serving through its other ready engines.
 Only a group with no engine left to route to closes its gate, so that arrivals wait in its queue.
 """
 
