@@ -67,6 +67,9 @@ WORKLOAD = {"concurrency": 24, "num_requests": 32, "input_len": "100", "output_l
             "slo": "p99_tpot_ms=70,p99_e2e_ms=60000"}
 
 
+# The config the engine runs when a tune begins (the live tune mode, and the replay's planner start):
+# the first trial takes the planner's batch size and the rest of this config.
+RUNNING = {"max_num_seqs": 32, "max_num_batched_tokens": 512, "kernel": "stock"}
 TOP_K, REPEATS = 4, 3  # raced candidates and re-measurements each, on average (the tune command's defaults)
 
 
@@ -159,16 +162,16 @@ def show_table(table: dict) -> None:
               + (f", {p['preemptions']} preemptions" if p.get("preemptions") else ""))
 
 
-def space_of(table: dict) -> tuple[list[Knob], dict]:
-    """The grid's knobs, and the tuner's first trial as the planner derives it for this engine and workload."""
+def space_of(table: dict, running: dict | None = None) -> tuple[list[Knob], dict]:
+    """The grid's knobs, and the tuner's first trial as the planner derives it for this engine and
+    workload, the engine running RUNNING (or `running`)."""
     from llmconsole.engine.tuner_ranges import EngineFacts, derive_space
 
     grid = grid_values(table["grid"])
     knobs = [Knob(k, choices=tuple(v)) for k, v in grid.items()]
     wl = table["workload"]
     facts = EngineFacts(model=str(ROOT / ".models" / "tiny"), device="cpu",
-                        spec={**table["engine"], "max_num_seqs": grid["max_num_seqs"][-1],
-                              "max_num_batched_tokens": grid["max_num_batched_tokens"][-1], "kernel": "stock"})
+                        spec={**table["engine"], **(running or RUNNING)})
     space = derive_space(tuple(knobs), facts, input_len=int(wl["input_len"]), output_len=int(wl["output_len"]),
                          concurrency=int(wl["concurrency"]))
     return list(space.knobs), space.start
@@ -250,7 +253,7 @@ def run_search(method: str, table: dict, knobs: list[Knob], start: dict, budget:
 
 def replay(ns: argparse.Namespace) -> None:
     table = json.loads(Path(ns.table).read_text())
-    knobs, start = space_of(table)
+    knobs, start = space_of(table, {**RUNNING, **grid_values(ns.running)})
     points = 1
     for k in knobs:
         points *= len(k.choices)
@@ -296,7 +299,7 @@ def tune(ns: argparse.Namespace) -> None:
     wl = table["workload"]
     best = max(p["goodput_req_s"] for p in table["points"].values() if p["goodput_req_s"] is not None)
     rows = []
-    with Engine(ns.model, {k: v[-1] for k, v in grid.items()}) as home:
+    with Engine(ns.model, RUNNING) as home:  # the config the replay's tuner starts from
         for seed in range(ns.seeds):
             # The study's name does not hold the seed (a rerun resumes it): each seed starts afresh.
             (resolve({"LLMCONSOLE_HOME": str(home)}).data_dir / "tuning" / "studies.journal").unlink(missing_ok=True)
@@ -338,6 +341,8 @@ def main() -> None:
     r = sub.add_parser("replay", help="replay seeds of each search on the saved table")
     r.add_argument("--seeds", type=int, default=40)
     r.add_argument("--first-seed", type=int, default=0)
+    r.add_argument("--running", action="append", default=[], metavar="KNOB=VALUE",
+                   help="the engine's running config differs from RUNNING (e.g. kernel=custom)")
     r.add_argument("--noise", type=float, nargs="+", default=[0.08, 0.12], help="relative noise of one measurement")
     for p in (m, t):
         p.add_argument("--model", default=str(ROOT / ".models" / "tiny"))
