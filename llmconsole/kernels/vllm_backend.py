@@ -28,6 +28,7 @@ from vllm.v1.attention.backends.cpu_attn import (
 
 from llmconsole.kernels.build import KernelBuildError, load_cpu_kernel
 from llmconsole.kernels.checks import SUPPORTED_DTYPES
+from llmconsole.kernels.cpu_isa import KERNEL_LAYOUT_ISAS, kernel_isa
 from llmconsole.kernels.mixed_batch import PrefillPart, plan_prefill_part, run_mixed
 from llmconsole.kernels.usage import LOG_PREFIX, UsageCounter
 
@@ -35,9 +36,6 @@ from llmconsole.kernels.usage import LOG_PREFIX, UsageCounter
 log = logging.getLogger("vllm.llmconsole_kernel")
 USAGE = UsageCounter(log)
 
-# vLLM's CPU ISAs that store K transposed then V in each (block, kv head) slab, the layout
-# the kernel reads. AMX, NEON and the others lay blocks out differently.
-_LAYOUT_ISAS = ("vec", "vec16")
 
 _kernel_error: str | None = None
 _kernel_checked = False
@@ -70,6 +68,18 @@ class LlmconsoleCpuAttentionMetadataBuilder(CPUAttentionMetadataBuilder):
     # Asks vLLM's model runner to put one-token (decode) requests at the front of every batch,
     # so a mixed batch splits at one index (see mixed_batch.py).
     reorder_batch_threshold = 1
+
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        # On an AMX host vLLM would lay the KV cache out for its AMX path, which the kernel does
+        # not read: this engine writes (and falls back on) the "vec" layout instead, so that the
+        # kernel serves its decode steps there too.
+        isa = kernel_isa(self.isa)
+        if isa != self.isa:
+            log.info("%s KV layout %r instead of vLLM's %r, the layout the kernel reads",
+                     LOG_PREFIX, isa, self.isa)
+            self.isa = isa
+            self._set_isa_to_layers(layer_names)
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
         meta = super().build(common_prefix_len, common_attn_metadata, fast_build)
@@ -127,7 +137,7 @@ class LlmconsoleCpuAttentionImpl(CPUAttentionBackendImpl):
         if query.dtype not in SUPPORTED_DTYPES or kv_cache.dtype != query.dtype:
             return f"dtype {query.dtype} with KV cache {kv_cache.dtype}"
         isa = getattr(layer, "isa", None)
-        if isa not in _LAYOUT_ISAS:
+        if isa not in KERNEL_LAYOUT_ISAS:
             return f"KV layout of ISA {isa!r}"
         if not kv_cache.is_contiguous():
             return "a non-contiguous KV cache"

@@ -1,0 +1,44 @@
+"""Which of vLLM's CPU attention ISAs a process may use, and which one the custom kernel reads.
+
+Imported by the vLLM plugin in every vLLM process, so it imports nothing of llmconsole and
+torch only when called.
+
+AMX: vLLM's CPU attention (0.32) takes its AMX path for bf16 whenever the CPU reports AMX
+tiles (`torch.cpu._is_amx_tile_supported()`, a cpuinfo flag). Linux gives a process the AMX
+tile state only once it has asked for it (arch_prctl ARCH_REQ_XCOMP_PERM), and vLLM never
+asks: its first tile instruction then kills the worker with SIGILL (exit code -4, "Worker
+proc died unexpectedly"). `request_amx_tiles()` asks, through torch's own wrapper.
+"""
+
+from __future__ import annotations
+
+# vLLM's CPU ISAs that store K then V in each (block, kv head) slab, the layout the custom
+# kernel reads. AMX, NEON and the others lay blocks out differently.
+KERNEL_LAYOUT_ISAS = ("vec", "vec16")
+
+
+def amx_tiles_reported() -> bool:
+    """The CPU reports AMX tiles (whether or not this process may use them yet)."""
+    import torch
+
+    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool(probe and probe())
+
+
+def request_amx_tiles() -> bool | None:
+    """Ask the kernel for AMX tile state for this process (all its threads), where the CPU
+    reports AMX. True: granted; False: refused (vLLM's AMX path would then fail); None: the
+    CPU has no AMX, nothing to ask."""
+    if not amx_tiles_reported():
+        return None
+    import torch
+
+    init = getattr(torch.cpu, "_init_amx", None)
+    return bool(init and init())
+
+
+def kernel_isa(vllm_isa: str) -> str:
+    """The ISA a custom-kernel engine runs vLLM's ops with (KV writes, prefill, fallbacks), given
+    the one vLLM would pick: its own where the kernel reads that layout, else "vec". vLLM picks
+    AMX only for block sizes that are multiples of 32, which "vec" handles as well."""
+    return vllm_isa if vllm_isa in KERNEL_LAYOUT_ISAS else "vec"
