@@ -1,7 +1,10 @@
-"""Decode attention on the CPU: llmconsole's kernel against vLLM's own, on the same KV cache.
+"""Decode attention on the CPU: llmconsole's kernel against vLLM's own, on the same K/V.
 
 The cache is written by vLLM's `cpu_attn_reshape_and_cache`, so both kernels read exactly the
-bytes an engine would hold. Calls alternate (vLLM, ours, vLLM, ...) so background load on a
+bytes an engine would hold. vLLM runs the ISA it picks for this host (--vllm-isa another); on
+an AMX host that is "amx", whose block layout the kernel does not read, so the same K/V is
+written twice: once in vLLM's AMX layout for vLLM, once in the "vec" layout a custom-kernel
+engine keeps for the kernel (the process asks for AMX tile state first, as engines do). Calls alternate (vLLM, ours, vLLM, ...) so background load on a
 shared machine hits both alike, and a 64 MB read between calls evicts the caches: in a real
 model each layer's KV is read once per step, with the weights streaming through in between.
 Effective bandwidth is KV bytes read / time. The roofline is a plain read (torch.sum) of a
@@ -40,6 +43,7 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from llmconsole.kernels.cpu import paged_attention_decode, partition_tokens  # noqa: E402
+from llmconsole.kernels.cpu_isa import kernel_isa, request_amx_tiles  # noqa: E402
 from llmconsole.kernels.kv_layout import vllm_cache_views  # noqa: E402
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE = 32, 8, 128, 128
@@ -87,6 +91,8 @@ def build_case(ops, isa: str, batch: int, context: int, gen: torch.Generator):
     num_blocks = batch * blocks_per_seq
     cache = torch.zeros(num_blocks, NUM_KV_HEADS, BLOCK_SIZE, 2 * HEAD_SIZE, dtype=DTYPE)
     key_cache, value_cache = vllm_cache_views(cache)
+    ours_isa = kernel_isa(isa)
+    ours = cache if ours_isa == isa else torch.zeros_like(cache)
     table = torch.randperm(num_blocks, generator=gen).to(torch.int32).view(batch, blocks_per_seq)
     positions = torch.arange(context)
     for s in range(batch):  # one sequence at a time keeps the staging K/V small
@@ -94,9 +100,11 @@ def build_case(ops, isa: str, batch: int, context: int, gen: torch.Generator):
         key = torch.randn(context, NUM_KV_HEADS, HEAD_SIZE, generator=gen).to(DTYPE)
         value = torch.randn(context, NUM_KV_HEADS, HEAD_SIZE, generator=gen).to(DTYPE)
         ops.cpu_attn_reshape_and_cache(key, value, key_cache, value_cache, slots, isa)
+        if ours is not cache:
+            ops.cpu_attn_reshape_and_cache(key, value, *vllm_cache_views(ours), slots, ours_isa)
     lens = torch.full((batch,), context, dtype=torch.int32)
     query = torch.randn(batch, NUM_HEADS, HEAD_SIZE, generator=gen).to(DTYPE)
-    return cache, key_cache, value_cache, table, lens, query
+    return ours, key_cache, value_cache, table, lens, query
 
 
 def run_case(ops, isa: str, batch: int, context: int, flush: bool, budget_s: float,
@@ -215,6 +223,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="time per case after the 7th sample pair (default 3)")
     p.add_argument("--rounds", type=int, default=1,
                    help="run the grid this many times and report per-case medians (default 1)")
+    p.add_argument("--vllm-isa", help="the ISA vLLM's kernel runs (default: the one vLLM picks here)")
     p.add_argument("--json", type=Path, help="also write the rows here")
     p.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     return p.parse_args(argv)
@@ -225,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     from vllm import _custom_ops as ops
     from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
-    isa = _get_attn_isa(DTYPE, BLOCK_SIZE, HEAD_SIZE)
+    request_amx_tiles()
+    isa = args.vllm_isa or _get_attn_isa(DTYPE, BLOCK_SIZE, HEAD_SIZE)
     gen = torch.Generator().manual_seed(0)
     read_before = measure_read_gb_s()
     if args.rounds < 1:
@@ -243,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     read_gb_s = max(read_before, read_after)
     print(format_table(rows, read_gb_s, torch.get_num_threads(), not args.warm))
     print(f"plain read: {read_before:.1f} GB/s before, {read_after:.1f} GB/s after; "
-          f"vLLM ISA '{isa}'")
+          f"vLLM ISA '{isa}', the kernel's KV layout '{kernel_isa(isa)}'")
     if len(rounds) > 1:
         print("\n".join(spread_lines(rounds)))
     ok, text = verdict(rows)
