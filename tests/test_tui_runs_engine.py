@@ -39,10 +39,8 @@ def eng(tiny_model):
     shutil.rmtree(home, ignore_errors=True)
 
 
-async def _wait(pilot, cond, what: str, timeout_s: float = 30.0, every=None) -> None:
+async def _wait(pilot, cond, what: str, timeout_s: float = 30.0) -> None:
     for _ in range(int(timeout_s / 0.05)):
-        if every is not None:
-            every()
         if cond():
             return
         await pilot.pause(0.05)
@@ -64,11 +62,35 @@ async def _open(pilot, key: str, cls, form: dict[str, str]):
     for name, value in form.items():
         screen.query_one(f"#run-{name}", Input).value = value
     await pilot.press("ctrl+s")
-    await _wait(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
+    await _confirm(pilot, "the question")
     question = app.screen.question
+    shown = _record_status(screen)
     await pilot.press("y")
     await _wait(pilot, lambda: screen.running, "the run")
-    return screen, question
+    return screen, question, shown
+
+
+async def _confirm(pilot, what: str) -> None:
+    """Wait for the question to be up and ready for keys: shown, mounted and its "no" focused (a
+    key pressed before it is mounted may reach nothing)."""
+    app = pilot.app
+    await _wait(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.is_mounted
+                and app.focused is not None and app.focused.id == "confirm-no", what)
+
+
+def _record_status(screen) -> list[str]:
+    """Every text the screen's status line is given, however briefly it stays: on a fast host a
+    trial can start and end between two looks at the screen."""
+    status = screen.query_one("#run-status", Static)
+    shown: list[str] = []
+    update = status.update
+
+    def recording(content="", *args, **kwargs):
+        shown.append(str(content))
+        return update(content, *args, **kwargs)
+
+    status.update = recording
+    return shown
 
 
 def _text(screen, wid: str) -> str:
@@ -83,14 +105,12 @@ def test_sweep_screen_runs_the_clis_sweep_live_and_writes_its_results(eng):
         try:
             async with app.run_test(size=(120, 40)) as pilot:
                 form = dict(SMALL, load="concurrency=1,2", repeats="1", num_requests="6")
-                screen, question = await _open(pilot, "S", SweepScreen, form)
+                screen, question, shown = await _open(pilot, "S", SweepScreen, form)
                 assert "No restart" in question
-                seen: set[str] = set()
                 polls = app.polls_applied
-                await _wait(pilot, lambda: not screen.running, "the sweep's end", 240,
-                            every=lambda: seen.add(_text(screen, "#run-status").split("\n")[0]))
+                await _wait(pilot, lambda: not screen.running, "the sweep's end", 240)
                 # Live progress while it ran, and the console kept polling the daemon meanwhile.
-                assert any(s.startswith("point 1 of 2") for s in seen) and any("point 2 of 2" in s for s in seen)
+                assert any(s.startswith("point 1 of 2") for s in shown) and any("point 2 of 2" in s for s in shown)
                 assert app.polls_applied > polls
                 return screen.result, screen.files, screen.query_one(DataTable).row_count, _text(screen, "#run-notes")
         finally:
@@ -121,7 +141,7 @@ def test_cancel_stops_the_sweep_and_keeps_what_it_measured(eng):
         try:
             async with app.run_test(size=(120, 40)) as pilot:
                 form = dict(SMALL, load="concurrency=1,2", repeats="3", num_requests="40")
-                screen, _ = await _open(pilot, "S", SweepScreen, form)
+                screen, _, _ = await _open(pilot, "S", SweepScreen, form)
                 await _wait(pilot, lambda: screen.view is not None and screen.view.index >= 1, "the first point", 60)
                 await pilot.press("c")
                 assert screen.cancel_requested
@@ -146,17 +166,15 @@ def test_tune_screen_runs_trials_recommends_and_applies_after_asking(eng):
             async with app.run_test(size=(120, 40)) as pilot:
                 form = dict(SMALL, workload="concurrency=2", budget="2", knobs="max_num_seqs=4", num_requests="8",
                             top_k="1", repeats="1")
-                screen, question = await _open(pilot, "T", TuneScreen, form)
+                screen, question, shown = await _open(pilot, "T", TuneScreen, form)
                 assert "2 trials over max_num_seqs=4" in question
-                seen: set[str] = set()
-                await _wait(pilot, lambda: not screen.running, "the tune's end", 240,
-                            every=lambda: seen.add(_text(screen, "#run-status")))
-                assert any("trial 1 of 2" in s for s in seen) and any("trial 2 of 2" in s for s in seen)
+                await _wait(pilot, lambda: not screen.running, "the tune's end", 240)
+                assert any("trial 1 of 2" in s for s in shown) and any("trial 2 of 2" in s for s in shown)
                 assert screen.check_action("apply_winner", ()) is True
                 table = screen.query_one(DataTable)
                 states = [str(table.get_row_at(i)[1]) for i in range(table.row_count)]
                 await pilot.press("a")
-                await _wait(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the apply question")
+                await _confirm(pilot, "the apply question")
                 await pilot.press("y")
                 await _wait(pilot, lambda: screen.applied is not None or "not applied" in _text(screen, "#run-notes"),
                             "the apply", 120)
