@@ -109,6 +109,8 @@ def test_streamed_and_plain_bodies_pass_through_unchanged():
             assert [r.outcome for r in rec] == ["ok", "ok", "ok"]
             streamed = rec[0]
             assert streamed.streamed and streamed.output_chunks == 5
+            # No usage frame in the stub's stream: the length falls back to its events.
+            assert streamed.output_tokens is None and streamed.output_len == 4
             assert 0 <= streamed.queue_s <= streamed.ttft_s <= streamed.e2e_s
             assert streamed.engine_ttft_s <= streamed.ttft_s
             assert not rec[1].streamed and rec[1].ttft_s is None
@@ -265,3 +267,19 @@ def test_requests_wait_for_an_engine_that_is_not_ready():
             await _teardown(gw, [stub])
 
     run(main())
+
+
+def test_usage_frame_gives_the_token_count_when_events_merge_tokens():
+    from llmconsole.engine.gateway import completion_tokens
+    from llmconsole.engine.gateway_group import RequestRecord
+
+    # vLLM merges tokens into fewer events when its consumer lags: 3 events for 8 tokens here.
+    tail = (b'data: {"choices":[{"text":"ab"}]}\n\ndata: {"choices":[{"text":"cdefgh"}]}\n\n'
+            b'data: {"choices":[],"usage":{"prompt_tokens":16,"total_tokens":24,"completion_tokens":8}}\n\n'
+            b'data: [DONE]\n\n')
+    assert completion_tokens(tail) == 8
+    assert completion_tokens(b'data: {"choices":[{"text":"x"}]}\n\n') is None
+    rec = RequestRecord("g", "e", "/v1/completions", 200, "ok", True, 0.0, 0.0, 0.1, 1.0, 0.1, 1.0,
+                        output_chunks=3, output_tokens=8)
+    assert rec.output_len == 8
+    assert RequestRecord("g", "e", "/v1/completions", 200, "ok", False, 0.0, 0.0, None, 1.0, None, 1.0).output_len is None

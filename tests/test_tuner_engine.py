@@ -106,7 +106,7 @@ def test_scheduled_run_on_a_short_schedule_proposes_from_gateway_traffic(eng):
         assert c._call("GET", "/tune")["schedule"] == {}
     run = runs[0]
     assert run["status"] == "done", run
-    assert run["load"].startswith("rate=") and run["output_len"] in ("8", "9")  # the shape the gateway saw
+    assert run["load"].startswith("rate=") and run["output_len"] == "8"  # the shape the gateway saw (its usage frames' count)
     assert run["proposal"] == {"max_num_seqs": 4} and run["proposal_req_s"] > 0 and run["applied"] is None
 
 

@@ -224,9 +224,7 @@ class TuneService:
             return LoadLevel("concurrency", float(cfg.get("concurrency", 4))), LengthDist.parse(cfg.get("output_len", "64"))
         span = max(1.0, max(r.finished_at_s for r in recent) - min(r.finished_at_s - r.e2e_s for r in recent))
         rate = round(len(recent) / span, 2)
-        # Streamed frames stand for tokens: less the closing [DONE] frame (a usage frame, when the
-        # client asks for one, still counts: one token long at most).
-        outs = [r.output_chunks - 1 for r in recent if r.streamed and r.output_chunks > 1]
+        outs = [r.output_len for r in recent if r.output_len]
         out_len = LengthDist.fixed(max(1, int(statistics.median(outs)))) if outs else LengthDist.parse(
             cfg.get("output_len", "64"))
         return LoadLevel("rate", max(rate, 0.1)), out_len

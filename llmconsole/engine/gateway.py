@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from typing import Callable
 
@@ -30,6 +31,18 @@ log = logging.getLogger(__name__)
 
 _API_PATHS = ("/v1/completions", "/v1/chat/completions")
 # Hop-by-hop and framing headers are the gateway's own business; everything else passes.
+# The usage frame's token count, read from a stream's last bytes (the frame comes just before
+# [DONE]); the tail is bounded so that reading it costs the same for any answer length.
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+_TAIL_BYTES = 4096
+
+
+def completion_tokens(tail: bytes) -> int | None:
+    """The last usage frame's completion_tokens in a stream's tail, or None without one."""
+    found = _COMPLETION_TOKENS.findall(tail)
+    return int(found[-1]) if found else None
+
+
 _DROP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "server", "date",
                  "upgrade", "proxy-connection", "te", "trailer"}
 _NOT_READY_RETRY_S = 0.2
@@ -210,6 +223,7 @@ class Gateway:
         up.outstanding += 1
         first_s = None
         chunks = 0
+        tail = b""
         resp: web.StreamResponse | None = None
         try:
             try:
@@ -230,6 +244,7 @@ class Gateway:
                             first_s = time.monotonic()
                             group.first_token(first_s - dispatched)
                         chunks += chunk.count(b"data: ")
+                        tail = chunk[-_TAIL_BYTES:] if len(chunk) >= _TAIL_BYTES else (tail + chunk)[-_TAIL_BYTES:]
                         await resp.write(chunk)
                     await resp.write_eof()
             except BaseException:
@@ -251,12 +266,13 @@ class Gateway:
             up.outstanding -= 1
         done = b"data: [DONE]" in chunk if first_s is not None else False
         self._finish(group, up.name, path, r.status, "ok" if r.status < 400 else "upstream_error", arrived,
-                     queue_s, dispatched=dispatched, first_s=first_s, chunks=max(0, chunks - int(done)))
+                     queue_s, dispatched=dispatched, first_s=first_s, chunks=max(0, chunks - int(done)),
+                     tokens=completion_tokens(tail))
         return resp
 
     def _finish(self, group: EngineGroup, engine: str | None, path: str, status: int, outcome: str,
                 arrived: float, queue_s: float, message: str | None = None, *, dispatched: float | None = None,
-                first_s: float | None = None, chunks: int = 0) -> web.Response | None:
+                first_s: float | None = None, chunks: int = 0, tokens: int | None = None) -> web.Response | None:
         now = time.monotonic()
         rec = RequestRecord(
             group=group.name, engine=engine, path=path, status=status, outcome=outcome,
@@ -264,6 +280,7 @@ class Gateway:
             ttft_s=None if first_s is None else first_s - arrived, e2e_s=now - arrived,
             engine_ttft_s=None if first_s is None or dispatched is None else first_s - dispatched,
             engine_e2e_s=None if dispatched is None else now - dispatched, output_chunks=chunks,
+            output_tokens=tokens,
         )
         group.record(rec)
         if self._on_record is not None:

@@ -57,6 +57,17 @@ class RequestRecord:
     engine_ttft_s: float | None
     engine_e2e_s: float | None
     output_chunks: int = 0
+    # The engine's own count from a stream's usage frame (clients that ask for one); events
+    # undercount tokens when vLLM merges several into one event under load.
+    output_tokens: int | None = None
+
+    @property
+    def output_len(self) -> int | None:
+        """Tokens streamed: the usage frame's count, else one per event carrying output (less
+        the usage frame's own event, which has none)."""
+        if self.output_tokens is not None:
+            return self.output_tokens
+        return self.output_chunks - 1 if self.streamed and self.output_chunks > 1 else None
 
 
 class EngineGroup:

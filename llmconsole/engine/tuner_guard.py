@@ -51,8 +51,8 @@ def window_figures(records: Iterable, slo: Slo, since_s: float, until_s: float) 
             errors += 1
             continue
         tpot = None
-        if r.ttft_s is not None and r.output_chunks > 1:
-            tpot = (r.e2e_s - r.ttft_s) / (r.output_chunks - 1)
+        if r.ttft_s is not None and (r.output_len or 0) > 1:
+            tpot = (r.e2e_s - r.ttft_s) / (r.output_len - 1)
         if slo.request_is_good(r.ttft_s, tpot, r.e2e_s, None):
             good += 1
     return WindowFigures(n, errors, good)
