@@ -49,7 +49,7 @@ async def _wait(pilot, cond, what: str, timeout_s: float = 30.0) -> None:
 
 def _console(eng):
     source = DaemonSource(resolve({"LLMCONSOLE_HOME": str(eng.home)}))
-    return make_app(source, refresh_s=0.5, cursor_blink=False), source
+    return make_app(source, refresh_s=0.2, cursor_blink=False), source
 
 
 async def _open(pilot, key: str, cls, form: dict[str, str]):
@@ -66,7 +66,8 @@ async def _open(pilot, key: str, cls, form: dict[str, str]):
     question = app.screen.question
     shown = _record_status(screen)
     await pilot.press("y")
-    await _wait(pilot, lambda: screen.running, "the run")
+    # started, not running: on a fast host a small run can begin and end between two looks.
+    await _wait(pilot, lambda: screen.started, "the run")
     return screen, question, shown
 
 
@@ -104,7 +105,8 @@ def test_sweep_screen_runs_the_clis_sweep_live_and_writes_its_results(eng):
         app, source = _console(eng)
         try:
             async with app.run_test(size=(120, 40)) as pilot:
-                form = dict(SMALL, load="concurrency=1,2", repeats="1", num_requests="6")
+                # Enough requests that the sweep outlasts a few of the console's polls on a fast host.
+                form = dict(SMALL, load="concurrency=1,2", repeats="1", num_requests="40")
                 screen, question, shown = await _open(pilot, "S", SweepScreen, form)
                 assert "No restart" in question
                 polls = app.polls_applied
