@@ -16,6 +16,7 @@ def test_kernel_isa_keeps_layouts_the_kernel_reads_and_maps_the_rest_to_vec():
     for isa in KERNEL_LAYOUT_ISAS:
         assert kernel_isa(isa) == isa
     assert kernel_isa("amx") == "vec"
+    assert kernel_isa("neon") == "neon"  # not an x86 host: no "vec" to move to; the backend falls back
 
 
 def test_request_answers_none_only_without_amx():

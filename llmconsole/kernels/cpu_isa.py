@@ -39,9 +39,10 @@ def request_amx_tiles() -> bool | None:
 
 def kernel_isa(vllm_isa: str) -> str:
     """The ISA a custom-kernel engine runs vLLM's ops with (KV writes, prefill, fallbacks), given
-    the one vLLM would pick: its own where the kernel reads that layout, else "vec". vLLM picks
-    AMX only for block sizes that are multiples of 32, which "vec" handles as well."""
-    return vllm_isa if vllm_isa in KERNEL_LAYOUT_ISAS else "vec"
+    the one vLLM would pick: "vec" in place of AMX (an x86 host, where vLLM always builds "vec",
+    and block sizes that are multiples of 32, which "vec" handles as well); any other stays,
+    and the backend falls back on layouts the kernel does not read."""
+    return "vec" if vllm_isa == "amx" else vllm_isa
 
 
 def host_attention_isas(head_size: int = 128, block_size: int = 128) -> dict:
