@@ -283,3 +283,18 @@ def test_usage_frame_gives_the_token_count_when_events_merge_tokens():
                         output_chunks=3, output_tokens=8)
     assert rec.output_len == 8
     assert RequestRecord("g", "e", "/v1/completions", 200, "ok", False, 0.0, 0.0, None, 1.0, None, 1.0).output_len is None
+
+
+def test_the_controllers_tpot_counts_the_usage_frames_tokens():
+    import time
+
+    import pytest
+
+    from llmconsole.engine.gateway_group import EngineGroup, RequestRecord
+    from llmconsole.engine.pid import PidSettings, Signal
+
+    group = EngineGroup("g", settings=PidSettings(signal=Signal.TPOT, target_ms=100.0, min_samples=1))
+    # 1 s of decoding after the first token, 11 tokens in 3 merged events: 100 ms per token.
+    group.record(RequestRecord("g", "e", "/v1/completions", 200, "ok", True, time.time(), 0.0, 0.1, 1.1, 0.1, 1.1,
+                               output_chunks=3, output_tokens=11))
+    assert group.controller.measured_ms(time.monotonic()) == (pytest.approx(100.0), 1)

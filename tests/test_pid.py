@@ -135,6 +135,8 @@ def test_signals_and_bad_settings():
     assert ctl.settings.signal is Signal.TPOT
     ctl.observe(LatencySample(at_s=0.5, ttft_s=0.1, e2e_s=1.1, output_chunks=11))
     assert ctl.measured_ms(1.0) == (pytest.approx(100.0), 1)
+    # Eleven tokens that reached the gateway in three merged events: the usage count decides.
+    assert LatencySample(at_s=0.5, ttft_s=0.1, e2e_s=1.1, output_chunks=3, output_tokens=11).tpot_s == pytest.approx(0.1)
     ctl.configure(signal=Signal.E2E)
     assert ctl.measured_ms(1.0) == (pytest.approx(1100.0), 1)
     for bad in ({"min_window": 10, "max_window": 5}, {"target_ms": 0}, {"start_window": 50}, {"signal": "x"}):

@@ -151,7 +151,7 @@ class EngineGroup:
         if rec.outcome == "ok" and rec.engine_e2e_s is not None:
             self.controller.observe(LatencySample(
                 at_s=time.monotonic(), ttft_s=rec.engine_ttft_s, e2e_s=rec.engine_e2e_s,
-                output_chunks=rec.output_chunks, count_ttft=False,
+                output_chunks=rec.output_chunks, output_tokens=rec.output_tokens, count_ttft=False,
             ))
 
     def step(self, now_s: float | None = None) -> TraceSample | None:

@@ -27,6 +27,7 @@ class LatencySample:
     e2e_s: float | None = None   # None: the request is still generating
     output_chunks: int = 0       # streamed events carrying output (about one token each)
     count_ttft: bool = True      # False when this request's TTFT was reported on its own
+    output_tokens: int | None = None  # the stream's usage frame's count, where it had one
 
     @property
     def dispatched_at_s(self) -> float:
@@ -37,9 +38,12 @@ class LatencySample:
 
     @property
     def tpot_s(self) -> float | None:
-        if self.ttft_s is None or self.e2e_s is None or self.output_chunks < 2:
+        # Events stand for tokens only without a usage count: vLLM merges tokens into fewer
+        # events under load, which would make each look slower than it was.
+        tokens = self.output_tokens if self.output_tokens is not None else self.output_chunks
+        if self.ttft_s is None or self.e2e_s is None or tokens < 2:
             return None
-        return (self.e2e_s - self.ttft_s) / (self.output_chunks - 1)
+        return (self.e2e_s - self.ttft_s) / (tokens - 1)
 
 
 @dataclass(frozen=True)
