@@ -23,6 +23,7 @@ import pytest
 
 from llmconsole.console.client import DaemonClient
 from llmconsole.paths import resolve
+from tests.client_team import ClientTeam
 from tests.conftest import Cli, _short_home, _stop_daemon
 
 pytestmark = pytest.mark.engine
@@ -84,16 +85,15 @@ def _until(pred, timeout_s: float, what: str):
     raise AssertionError(f"{what} within {timeout_s} s")
 
 
-class GroupLoad:
+class GroupLoad(ClientTeam):
     """Clients sending short completions through a group's route back to back; each request is
     kept as (began, ended, status) in monotonic seconds."""
 
     def __init__(self, url: str, clients: int = 3):
+        super().__init__(clients)
         self.url = f"{url}/v1/completions"
-        self.stop = threading.Event()
         self.done: list[tuple[float, float, int]] = []
         self.errors: list[bytes] = []
-        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(clients)]
 
     def _run(self) -> None:
         body = {"model": "tiny", "prompt": "one engine restarts", "max_tokens": 16, "ignore_eos": True}
@@ -106,16 +106,6 @@ class GroupLoad:
             self.done.append((began, time.monotonic(), status))
             if status != 200:
                 self.errors.append(raw[:200])
-
-    def __enter__(self) -> "GroupLoad":
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(120)
 
 
 class Outage:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
 import urllib.error
 import urllib.request
 
 import pytest
 
 from llmconsole.db import Store
+from tests.client_team import ClientTeam
 from tests.conftest import Cli, _short_home, _stop_daemon
 
 pytestmark = pytest.mark.engine
@@ -40,15 +40,14 @@ def mcli(tiny_model):
     shutil.rmtree(home, ignore_errors=True)
 
 
-class SteadyLoad:
+class SteadyLoad(ClientTeam):
     """Three clients sending short completions through the gateway back to back."""
 
     def __init__(self, url: str, clients: int = 3):
+        super().__init__(clients)
         self.url = f"{url}/v1/completions"
-        self.stop = threading.Event()
         self.statuses: list[int] = []
         self.errors: list[str] = []
-        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(clients)]
 
     def _run(self) -> None:
         body = json.dumps({"model": "tiny", "prompt": "memory modes", "max_tokens": 16, "ignore_eos": True}).encode()
@@ -64,16 +63,6 @@ class SteadyLoad:
             except OSError as e:
                 self.statuses.append(-1)
                 self.errors.append(str(e))
-
-    def __enter__(self) -> "SteadyLoad":
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(120)
 
 
 def _switch_under_load(mcli: Cli, mode: str) -> tuple[dict, SteadyLoad]:
