@@ -23,7 +23,7 @@ from llmconsole.console.api_history import add_routes as add_history_routes
 from llmconsole.console.api_history import on_config_failed
 from llmconsole.console.api_history import rollback as history_rollback
 from llmconsole.console.api_modes import start_services as start_mode_services
-from llmconsole.console.tune_service import start_services as start_tune_services
+from llmconsole.console.api_tune import start_services as start_tune_services
 from llmconsole.db import Store, StoreError
 from llmconsole.db.recorder import Recorder
 from llmconsole.engine.fleet import Fleet

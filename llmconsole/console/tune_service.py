@@ -1,11 +1,5 @@
-"""The daemon's side of auto-tuning: applying a winner, watching it, and the optional schedule.
-
-  POST /v1/engines/{name}/tune/apply  {"overrides": {...}, "slo": {"p99_e2e_ms": 2000}, "guard": {...}?}
-                                      a guarded apply of the tuned config; then the engine is watched
-  GET  /v1/tune                       the schedule, the watches and the last scheduled runs
-  POST /v1/tune/schedule              {"engine": NAME, "interval_s": S, "budget_trials": N, "apply": bool,
-                                       "slo": {...}, "knobs": [...], "input_len": "64", ...} or
-                                      {"engine": NAME, "off": true}
+"""The daemon's side of auto-tuning: applying a winner, watching it, and the optional schedule
+(its HTTP routes: console/api_tune.py).
 
 After any applied change the engine's gateway records are judged every few seconds against the
 SLO and an error-rate limit (engine/tuner_guard.py). A degradation that holds for a whole window
@@ -27,15 +21,12 @@ import statistics
 import time
 from typing import Any
 
-from aiohttp import web
-
+from llmconsole.console.tune_target import FleetController
 from llmconsole.engine.guarded_apply import ApplyFailed, ApplyRefused, guarded_apply
 from llmconsole.engine.latency_stats import Slo
 from llmconsole.engine.responses_settings import GroupGate
 from llmconsole.engine.status import EngineState
-from llmconsole.engine.sweep import EngineStartFailed, EngineTarget
 from llmconsole.engine.sweep_plan import LoadLevel, SweepPlan
-from llmconsole.engine.sweep_probe import ResourceSample
 from llmconsole.engine.tuner import Tuner, TuneSettings
 from llmconsole.engine.tuner_guard import GuardSettings, breach, sustained, window_figures
 from llmconsole.engine.tuner_ranges import EngineFacts, derive_space
@@ -43,63 +34,6 @@ from llmconsole.engine.tuner_space import Budget, Knob, clamp_to_workload, parse
 from llmconsole.engine.workload import LengthDist
 
 log = logging.getLogger(__name__)
-
-
-class FleetController:
-    """The tuner's engine controller inside the daemon: restarts through the fleet, the window
-    bounds through the gateway service."""
-
-    def __init__(self, fleet, name: str, ready_timeout_s: float = 900.0, gateway=None):
-        self.fleet, self.name, self.ready_timeout_s, self.gateway = fleet, name, ready_timeout_s, gateway
-
-    def _gateway(self):
-        if self.gateway is None:
-            raise ValueError("this daemon runs no gateway: the window cannot be tuned")
-        return self.gateway
-
-    async def gateway_url(self) -> str:
-        svc = self._gateway()
-        return svc.gateway.group_url(svc.group(self.name).name)  # the engine's group's door
-
-    async def window(self) -> dict[str, int]:
-        s = self._gateway().group(self.name).controller.settings
-        return {"min_window": s.min_window, "max_window": s.max_window}
-
-    async def set_window(self, bounds: dict[str, int]) -> None:
-        self._gateway().change_window(self.name, settings=dict(bounds))  # ValueError: refused, unchanged
-
-    def _target(self) -> EngineTarget:
-        sup = self.fleet.get(self.name)
-        st = sup.status()
-        return EngineTarget(st.url, st.served_model_name, sup.spec.model, sup.spec.config_id, sup.spec.public_dict())
-
-    async def current(self) -> EngineTarget:
-        return self._target()
-
-    async def apply(self, overrides: dict[str, Any]) -> EngineTarget:
-        sup = self.fleet.get(self.name)
-        try:
-            spec = sup.spec.model_copy(update=overrides)
-            spec = type(spec).model_validate(spec.model_dump())
-            await self.fleet.restart(self.name, spec)
-        except Exception as e:  # the fit check's refusal, a bad value: this config cannot run
-            raise EngineStartFailed(str(e)) from None
-        deadline = time.monotonic() + self.ready_timeout_s
-        while time.monotonic() < deadline:
-            if sup.state == EngineState.READY and sup.status().url:
-                return self._target()
-            if sup.state in (EngineState.FAILED, EngineState.STOPPED, EngineState.CRASHED) \
-                    or sup.spec.config_id != spec.config_id:
-                raise EngineStartFailed(sup.last_error or str(sup.state))
-            await asyncio.sleep(0.5)
-        raise EngineStartFailed(f"not ready within {self.ready_timeout_s:.0f} s")
-
-    async def restore(self, original: EngineTarget) -> EngineTarget:
-        return await self.apply(original.spec)
-
-    async def resources(self) -> ResourceSample:
-        return ResourceSample(None, None, None, None, "not sampled by the scheduled tune",
-                              "not sampled by the scheduled tune")
 
 
 class TuneService:
@@ -298,61 +232,3 @@ class TuneService:
 
     def state(self) -> dict[str, Any]:
         return {"schedule": self.schedule, "watches": self.watches, "runs": self.runs[-20:]}
-
-
-TUNE = web.AppKey("tune", TuneService)
-
-
-def _error(status: int, message: str, details: list[str] | None = None) -> web.Response:
-    return web.json_response({"error": message, "details": details or []}, status=status)
-
-
-async def post_apply(request: web.Request) -> web.Response:
-    from llmconsole.console.api import _json_body, peer_user
-    from llmconsole.engine.fleet import UnknownEngine
-
-    body = await _json_body(request)
-    name = request.match_info["name"]
-    try:
-        slo = Slo.parse([f"{k}={v}" for k, v in (body.get("slo") or {}).items()])
-        guard = GuardSettings(**(body.get("guard") or {}))
-        result = await request.app[TUNE].apply(name, dict(body.get("overrides") or {}), slo,
-                                               actor=peer_user(request), guard=guard,
-                                               detail={"study": body.get("study")})
-    except UnknownEngine as e:
-        return _error(404, str(e))
-    except ApplyRefused as e:
-        return _error(400, str(e), e.details)
-    except ApplyFailed as e:
-        return _error(409, str(e))
-    except (ValueError, TypeError) as e:
-        return _error(400, str(e))
-    return web.json_response(result)
-
-
-async def get_tune(request: web.Request) -> web.Response:
-    return web.json_response(request.app[TUNE].state())
-
-
-async def post_schedule(request: web.Request) -> web.Response:
-    from llmconsole.console.api import _json_body
-    from llmconsole.engine.fleet import UnknownEngine
-
-    body = await _json_body(request)
-    try:
-        return web.json_response(request.app[TUNE].set_schedule(body))
-    except UnknownEngine as e:
-        return _error(404, str(e))
-    except ValueError as e:
-        return _error(400, str(e))
-
-
-async def start_services(app: web.Application, fleet, store, gateway, rollback) -> list:
-    """The tune service wired into the daemon; returns what to close on the way out."""
-    svc = app[TUNE] = TuneService(fleet, store, gateway, rollback)
-    app.router.add_post("/v1/engines/{name}/tune/apply", post_apply)
-    app.router.add_get("/v1/tune", get_tune)
-    app.router.add_post("/v1/tune/schedule", post_schedule)
-    await svc.start()
-    return [svc]
-
