@@ -109,8 +109,8 @@ def test_streamed_and_plain_bodies_pass_through_unchanged():
             assert [r.outcome for r in rec] == ["ok", "ok", "ok"]
             streamed = rec[0]
             assert streamed.streamed and streamed.output_chunks == 5
-            # No usage frame in the stub's stream: the length falls back to its events.
-            assert streamed.output_tokens is None and streamed.output_len == 4
+            # No usage frame in the stub's stream: the length falls back to its five events.
+            assert streamed.output_tokens is None and streamed.output_len == 5
             assert 0 <= streamed.queue_s <= streamed.ttft_s <= streamed.e2e_s
             assert streamed.engine_ttft_s <= streamed.ttft_s
             assert not rec[1].streamed and rec[1].ttft_s is None

@@ -104,6 +104,17 @@ def test_guard_window_figures_breach_and_sustained():
     assert sustained([(5.0, "bad"), (6.0, "bad")], 6.0, 4.0) is None  # watched for less than a window
 
 
+def test_guard_tpot_counts_tokens_as_the_controller_does():
+    from dataclasses import replace
+
+    slo = Slo.parse(["p99_tpot_ms=100"])
+    # 1 s after the first token: 11 events with no usage frame are 11 tokens, 100 ms each (good);
+    # a usage count of 6 over 3 merged events is 200 ms each (bad).
+    events = replace(_rec(10.0, e2e=1.1, ttft=0.1), output_chunks=11)
+    merged = replace(_rec(11.0, e2e=1.1, ttft=0.1), output_chunks=3, output_tokens=6)
+    assert window_figures([events, merged], slo, 10.0, 20.0) == WindowFigures(2, 0, 1)
+
+
 def test_journal_keeps_constraints_and_resumes(tmp_path):
     path = tmp_path / "studies.journal"
     study = open_study(path, "s", seed=1)

@@ -63,11 +63,11 @@ class RequestRecord:
 
     @property
     def output_len(self) -> int | None:
-        """Tokens streamed: the usage frame's count, else one per event carrying output (less
-        the usage frame's own event, which has none)."""
+        """Tokens streamed: the usage frame's count, else one per event (a stream without a usage
+        frame has only output events), as the controller's TPOT counts them."""
         if self.output_tokens is not None:
             return self.output_tokens
-        return self.output_chunks - 1 if self.streamed and self.output_chunks > 1 else None
+        return self.output_chunks if self.streamed and self.output_chunks > 0 else None
 
 
 class EngineGroup:
