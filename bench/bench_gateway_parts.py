@@ -27,9 +27,9 @@ import aiohttp
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from llmconsole.engine.gateway import Gateway  # noqa: E402
-from llmconsole.engine.gateway_group import EngineGroup, Upstream  # noqa: E402
-from llmconsole.engine.pid import PidSettings  # noqa: E402
+from llmconsole.engine.gateway.proxy import Gateway  # noqa: E402
+from llmconsole.engine.gateway.group import EngineGroup, Upstream  # noqa: E402
+from llmconsole.engine.gateway.pid import PidSettings  # noqa: E402
 
 
 def free_port() -> int:

@@ -32,8 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from llmconsole.engine.loadgen import run_load  # noqa: E402
-from llmconsole.engine.workload import LengthDist, Workload, load_tokenizer, plan_requests  # noqa: E402
+from llmconsole.engine.load.generator import run_load  # noqa: E402
+from llmconsole.engine.load.workload import LengthDist, Workload, load_tokenizer, plan_requests  # noqa: E402
 from llmconsole.kernels.usage import REPORT_EVERY_S, KernelUsage, parse_usage  # noqa: E402
 
 KERNELS = ("stock", "custom")

@@ -20,8 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from llmconsole.engine.loadgen import run_load
-from llmconsole.engine.workload import Workload, load_tokenizer, plan_requests
+from llmconsole.engine.load.generator import run_load
+from llmconsole.engine.load.workload import Workload, load_tokenizer, plan_requests
 
 HERE = Path(__file__).resolve().parent
 MODEL = Path(__file__).resolve().parent.parent / ".models" / "tiny"

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmconsole.engine.metrics import parse_metrics
-from llmconsole.engine.metrics_window import MetricsWindow
+from llmconsole.engine.metrics.page import parse_metrics
+from llmconsole.engine.metrics.window import MetricsWindow
 
 FIX = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "metrics"
 

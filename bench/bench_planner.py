@@ -27,14 +27,14 @@ import time
 import urllib.request
 from pathlib import Path
 
-from llmconsole.engine.devices import cpu_profile, gpu_profile
-from llmconsole.engine.model_shape import read_shape, shape_from_config
-from llmconsole.engine.planner import make_plan
-from llmconsole.engine.recommend import Workload as PlanWorkload
-from llmconsole.engine.roofline import LLAMA2_7B_CONFIG, REFERENCE_DEVICE, StepModel, non_attention_step_s, \
+from llmconsole.engine.plan.devices import cpu_profile, gpu_profile
+from llmconsole.engine.plan.model_shape import read_shape, shape_from_config
+from llmconsole.engine.plan.planner import make_plan
+from llmconsole.engine.plan.recommend import Workload as PlanWorkload
+from llmconsole.engine.plan.roofline import LLAMA2_7B_CONFIG, REFERENCE_DEVICE, StepModel, non_attention_step_s, \
     operating_point
 from llmconsole.engine.spec import EngineSpec
-from llmconsole.engine.validate import host_memory, validate
+from llmconsole.engine.plan.validate import host_memory, validate
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT, OUTPUT = 100, 128
@@ -96,8 +96,8 @@ def _wait_health(url: str, proc: subprocess.Popen, timeout_s: float = 600) -> No
 
 
 def engine(model: Path, runs: int) -> None:
-    from llmconsole.engine.loadgen import run_load
-    from llmconsole.engine.workload import LengthDist, Workload, load_tokenizer, plan_requests
+    from llmconsole.engine.load.generator import run_load
+    from llmconsole.engine.load.workload import LengthDist, Workload, load_tokenizer, plan_requests
 
     port = _free_port()
     log = tempfile.NamedTemporaryFile(prefix="bench-planner-", suffix=".log", delete=False)

@@ -17,7 +17,7 @@ replays on the table the first one saved.
            alone, then TPE), TPE from the planner's start, TPE as it was (random start), and
            random search, each with the same budget, each seeing every goodput with a seeded
            measurement noise (--noise, a share: one run on a shared host varies so); all but
-           "before" end in the tuner's re-measurement race (tuner_select.py); the pick is scored
+           "before" end in the tuner's re-measurement race (engine/tune/select.py); the pick is scored
            by the table's figure. The table shows what each spent: trials (new configs, each a
            restart: the budget), re-measurement runs (extra load runs of configs already tried),
            and restarts in all.
@@ -47,10 +47,10 @@ from pathlib import Path
 
 import optuna
 
-from llmconsole.engine.tuner_search import LEADER_TIE
-from llmconsole.engine.tuner_select import Remeasured, next_remeasure, pick_winner
-from llmconsole.engine.tuner_space import Budget, Knob
-from llmconsole.engine.tuner_study import ask_next, make_sampler
+from llmconsole.engine.tune.search import LEADER_TIE
+from llmconsole.engine.tune.select import Remeasured, next_remeasure, pick_winner
+from llmconsole.engine.tune.space import Budget, Knob
+from llmconsole.engine.tune.study import ask_next, make_sampler
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = ROOT / "bench" / "data" / "tuner_grid.json"
@@ -173,7 +173,7 @@ def show_table(table: dict) -> None:
 def space_of(table: dict, running: dict | None = None) -> tuple[list[Knob], dict]:
     """The grid's knobs, and the tuner's first trial as the planner derives it for this engine and
     workload, the engine running RUNNING (or `running`)."""
-    from llmconsole.engine.tuner_ranges import EngineFacts, derive_space
+    from llmconsole.engine.tune.ranges import EngineFacts, derive_space
 
     grid = grid_values(table["grid"])
     knobs = [Knob(k, choices=tuple(v)) for k, v in grid.items()]
@@ -187,7 +187,7 @@ def space_of(table: dict, running: dict | None = None) -> tuple[list[Knob], dict
 
 def race(finalists: list[tuple[float, dict]], names: list[str], observe,
          last: dict | None) -> tuple[dict | None, int, int]:
-    """The tuner's re-measurement race (tuner_select.py) on replayed runs: its pick, the runs it
+    """The tuner's re-measurement race (engine/tune/select.py) on replayed runs: its pick, the runs it
     spent and the restarts they took (the engine runs `last`, the last trial's config, at first)."""
     cands = [Remeasured(i, p, (v,)) for i, (v, p) in enumerate(finalists)]
     running = None if last is None else key_of(last, names)

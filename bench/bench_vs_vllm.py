@@ -32,8 +32,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from llmconsole.engine.loadgen import run_load
-from llmconsole.engine.workload import Workload, load_tokenizer, plan_requests
+from llmconsole.engine.load.generator import run_load
+from llmconsole.engine.load.workload import Workload, load_tokenizer, plan_requests
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIM = (

@@ -20,7 +20,7 @@ def tiny_model() -> Path:
     given = os.environ.get("LLMCONSOLE_TEST_MODEL")
     if given and (Path(given) / "config.json").exists():
         return Path(given)
-    from llmconsole.engine.local_model import build_model
+    from llmconsole.random_model import build_model
 
     out = Path(tempfile.gettempdir()) / "llmconsole-test-models" / "tiny"
     return build_model("tiny", out)

@@ -12,7 +12,7 @@ import collections
 import math
 import random
 
-from llmconsole.engine.pid import LatencySample, PidController
+from llmconsole.engine.gateway.pid import LatencySample, PidController
 
 
 class KneePlant:

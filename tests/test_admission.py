@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from llmconsole.engine.admission import Admission, QueueFull, QueueTimeout, Slot
+from llmconsole.engine.gateway.admission import Admission, QueueFull, QueueTimeout, Slot
 
 
 class CheckedAdmission(Admission):

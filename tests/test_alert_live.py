@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from llmconsole.db import Store
-from llmconsole.engine.responses_settings import cpu_has_avx512
+from llmconsole.engine.alerts.response_settings import cpu_has_avx512
 from tests.conftest import Cli, _short_home, _stop_daemon
 
 pytestmark = [pytest.mark.engine,

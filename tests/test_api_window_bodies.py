@@ -10,7 +10,7 @@ import asyncio
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from llmconsole.console import api_window
+from llmconsole.daemon.api import window as api_window
 
 
 class _RecordingService:

@@ -24,7 +24,7 @@ def test_one_daemon_per_home_with_a_private_socket(cli, home):
     assert stat.S_IMODE(sock.stat().st_mode) == 0o600
     assert stat.S_IMODE((home / "run").stat().st_mode) == 0o700
     assert "already running" in cli("daemon", "start").stdout
-    second = subprocess.run([sys.executable, "-m", "llmconsole.console.daemon"], env=cli.env,
+    second = subprocess.run([sys.executable, "-m", "llmconsole.daemon.main"], env=cli.env,
                             capture_output=True, text=True, timeout=30)
     assert second.returncode == 3
     assert "already running" in second.stderr

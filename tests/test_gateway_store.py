@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from llmconsole.db import Store
-from llmconsole.engine.gateway_daemon import write_trace
-from llmconsole.engine.pid import LatencySample, PidController, PidSettings
+from llmconsole.daemon.services.gateway_service import write_trace
+from llmconsole.engine.gateway.pid import LatencySample, PidController, PidSettings
 
 
 def test_controller_steps_are_written_to_the_window_trace(tmp_path):

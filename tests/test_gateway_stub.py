@@ -10,9 +10,9 @@ import json
 import aiohttp
 from aiohttp import web
 
-from llmconsole.engine.gateway import Gateway
-from llmconsole.engine.gateway_group import EngineGroup, Upstream
-from llmconsole.engine.pid import PidSettings
+from llmconsole.engine.gateway.proxy import Gateway
+from llmconsole.engine.gateway.group import EngineGroup, Upstream
+from llmconsole.engine.gateway.pid import PidSettings
 
 
 class Stub:
@@ -270,8 +270,8 @@ def test_requests_wait_for_an_engine_that_is_not_ready():
 
 
 def test_usage_frame_gives_the_token_count_when_events_merge_tokens():
-    from llmconsole.engine.gateway import completion_tokens
-    from llmconsole.engine.gateway_group import RequestRecord
+    from llmconsole.engine.gateway.proxy import completion_tokens
+    from llmconsole.engine.gateway.group import RequestRecord
 
     # vLLM merges tokens into fewer events when its consumer lags: 3 events for 8 tokens here.
     tail = (b'data: {"choices":[{"text":"ab"}]}\n\ndata: {"choices":[{"text":"cdefgh"}]}\n\n'
@@ -290,8 +290,8 @@ def test_the_controllers_tpot_counts_the_usage_frames_tokens():
 
     import pytest
 
-    from llmconsole.engine.gateway_group import EngineGroup, RequestRecord
-    from llmconsole.engine.pid import PidSettings, Signal
+    from llmconsole.engine.gateway.group import EngineGroup, RequestRecord
+    from llmconsole.engine.gateway.pid import PidSettings, Signal
 
     group = EngineGroup("g", settings=PidSettings(signal=Signal.TPOT, target_ms=100.0, min_samples=1))
     # 1 s of decoding after the first token, 11 tokens in 3 merged events: 100 ms per token.

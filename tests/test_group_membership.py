@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmconsole.engine.gateway_groups import GroupError, Membership, UnknownGroup
+from llmconsole.engine.gateway.membership import GroupError, Membership, UnknownGroup
 
 ENGINES = ["a", "b", "c", "d"]
 

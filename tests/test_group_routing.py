@@ -14,11 +14,11 @@ import asyncio
 import aiohttp
 
 from llmconsole.engine.fleet import Fleet
-from llmconsole.engine.gateway_daemon import GatewayService
-from llmconsole.engine.gateway_group import EngineGroup, Upstream
-from llmconsole.engine.guarded_apply import _drain
-from llmconsole.engine.pid import PidSettings
-from llmconsole.engine.responses_settings import GroupGate
+from llmconsole.daemon.services.gateway_service import GatewayService
+from llmconsole.engine.gateway.group import EngineGroup, Upstream
+from llmconsole.engine.modes.guarded_apply import _drain
+from llmconsole.engine.gateway.pid import PidSettings
+from llmconsole.engine.alerts.response_settings import GroupGate
 from llmconsole.paths import Paths
 from tests.test_gateway_stub import Stub
 

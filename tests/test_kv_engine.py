@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from llmconsole.engine.kv_math import blocks_for, kv_bytes_for, kv_capacity, layout_for
-from llmconsole.engine.model_shape import read_shape
+from llmconsole.engine.plan.kv_math import blocks_for, kv_bytes_for, kv_capacity, layout_for
+from llmconsole.engine.plan.model_shape import read_shape
 from llmconsole.engine.spec import EngineSpec
 from llmconsole.engine.startup_log import failure_reason, parse_facts
-from llmconsole.engine.validate import host_memory, validate
+from llmconsole.engine.plan.validate import host_memory, validate
 
 pytestmark = pytest.mark.engine
 

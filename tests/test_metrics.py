@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llmconsole.engine.metrics import HistogramSample, MetricsParseError, histogram_quantile, parse_metrics
-from llmconsole.engine.metrics_window import MetricsWindow
+from llmconsole.engine.metrics.page import HistogramSample, MetricsParseError, histogram_quantile, parse_metrics
+from llmconsole.engine.metrics.window import MetricsWindow
 
 FIX = Path(__file__).parent / "fixtures" / "metrics"
 # vLLM's buckets for time_to_first_token_seconds.
@@ -164,7 +164,7 @@ def test_histogram_minus_refuses_other_layouts():
 
 
 def test_series_cache_gives_the_same_sample_as_a_fresh_parse():
-    from llmconsole.engine import metrics
+    from llmconsole.engine.metrics import page as metrics
 
     metrics._SERIES.clear()
     fresh = parse_metrics(page("load.txt"), 1.0)

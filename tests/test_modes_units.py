@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from llmconsole.engine import alert_rules as ar
-from llmconsole.engine.mode_policy import PolicySettings, PolicyState, replay, step, used_fraction, wanted_mode
-from llmconsole.engine.modes import Mode, ModeError, cpu_kv_budget_bytes, mode_of, mode_spec, parse_mode
-from llmconsole.engine.responses_settings import kv_dtype_spec, kv_dtype_support, validate_settings
+from llmconsole.engine.alerts import rules as ar
+from llmconsole.engine.modes.policy import PolicySettings, PolicyState, replay, step, used_fraction, wanted_mode
+from llmconsole.engine.modes.memory import Mode, ModeError, cpu_kv_budget_bytes, mode_of, mode_spec, parse_mode
+from llmconsole.engine.alerts.response_settings import kv_dtype_spec, kv_dtype_support, validate_settings
 from llmconsole.engine.spec import EngineSpec
 
 TRACE = Path(__file__).parent / "fixtures" / "memory" / "host_trace.jsonl"

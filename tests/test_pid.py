@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from llmconsole.engine.pid import LatencySample, PidController, PidSettings, Signal, percentile, tail_chance
+from llmconsole.engine.gateway.pid import LatencySample, PidController, PidSettings, Signal, percentile, tail_chance
 
 
 class Plant:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 
-from llmconsole.engine.pid import PidController, PidSettings
+from llmconsole.engine.gateway.pid import PidController, PidSettings
 from tests.pid_plants import run_step
 
 SEEDS = (11, 12, 13, 14, 15, 16)

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from llmconsole.engine.kv_math import blocks_for, kv_bytes_for, kv_capacity, layout_for
-from llmconsole.engine.model_shape import ModelShapeError, read_shape, shape_from_config
-from llmconsole.engine.roofline import LLAMA2_7B_CONFIG
+from llmconsole.engine.plan.kv_math import blocks_for, kv_bytes_for, kv_capacity, layout_for
+from llmconsole.engine.plan.model_shape import ModelShapeError, read_shape, shape_from_config
+from llmconsole.engine.plan.roofline import LLAMA2_7B_CONFIG
 from llmconsole.engine.spec import EngineSpec
 from llmconsole.engine.startup_log import parse_facts
-from llmconsole.engine.validate import ConfigDoesNotFit, HostMemory, enforce, validate
+from llmconsole.engine.plan.validate import ConfigDoesNotFit, HostMemory, enforce, validate
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CPU_24G = HostMemory("cpu", 24 * 2**30, 0)

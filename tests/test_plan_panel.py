@@ -9,7 +9,7 @@ from textual.widgets import Input
 from llmconsole.console.tui.screens.form import EngineFormScreen
 from llmconsole.console.tui.widgets.planner_panel import PlannerPanel, planner_lines
 from llmconsole.engine.spec import EngineSpec
-from llmconsole.engine.validate import HostMemory
+from llmconsole.engine.plan.validate import HostMemory
 from tests.test_tui_support import recorded_app, replay
 
 

@@ -34,7 +34,7 @@ def test_rules_name_what_the_daemon_evaluates():
     """The daemon's own evaluator and the shipped file must speak of the same alerts."""
     import yaml
 
-    from llmconsole.engine import alert_rules
+    from llmconsole.engine.alerts import rules as alert_rules
 
     names = {r["alert"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]}
     assert names == set(alert_rules.DEFAULT_RULES)

@@ -5,7 +5,7 @@ import asyncio
 
 from llmconsole.console.commands.sweep import DaemonController
 from llmconsole.engine.spec import EngineSpec
-from llmconsole.engine.sweep import EngineTarget
+from llmconsole.engine.sweep.runner import EngineTarget
 
 
 class RecordingClient:

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from llmconsole.engine.latency_stats import LatencyStats, Slo, percentile
-from llmconsole.engine.loadgen import RequestRecord, summarize
-from llmconsole.engine.tradeoff import TradeoffPoint, best_under_slo, knee, pareto_front, step_ratio
+from llmconsole.engine.metrics.latency import LatencyStats, Slo, percentile
+from llmconsole.engine.load.generator import RequestRecord, summarize
+from llmconsole.engine.sweep.tradeoff import TradeoffPoint, best_under_slo, knee, pareto_front, step_ratio
 
 
 def test_percentile_interpolates_like_numpy():

@@ -20,8 +20,8 @@ from llmconsole.console.tui.screens.run_base import NO_DAEMON, RunFinished, RunP
 from llmconsole.console.tui.screens.sweep import SweepScreen
 from llmconsole.console.tui.sweep_view import (SWEEP_DEFAULTS, SweepView, confirm_question, current_text, fold_sweep,
                                                headline, restarts_engine, sweep_plan, table)
-from llmconsole.engine.sweep import EngineTarget, SweepResult
-from llmconsole.engine.sweep_plan import LoadLevel, PointResult, SweepProgress
+from llmconsole.engine.sweep.runner import EngineTarget, SweepResult
+from llmconsole.engine.sweep.plan import LoadLevel, PointResult, SweepProgress
 from tests.test_tui_support import recorded_app, replay
 
 SPEC = {"max_num_seqs": 4, "max_model_len": 512}
@@ -123,7 +123,7 @@ def test_events_fold_into_the_view():
 
 
 def test_the_table_is_the_clis_table():
-    from llmconsole.engine.sweep_report import render_table
+    from llmconsole.engine.sweep.report import render_table
 
     plan = sweep_plan("t1", FORM)
     headers, rows, notes = table(plan, (P1, P2))
@@ -230,7 +230,7 @@ async def stage(pilot, events, finished=None) -> SweepScreen:
 
 
 def _result(out: Path):
-    from llmconsole.engine.sweep_report import write_results
+    from llmconsole.engine.sweep.report import write_results
 
     plan = sweep_plan("t1", FORM)
     result = SweepResult(plan, (P1, P2, P3, P4), EngineTarget("u", "tiny", "m", "89f45120175e", {}), "done",

@@ -18,9 +18,9 @@ from llmconsole.console.tui.screens.run_base import RunFinished, RunProgressed
 from llmconsole.console.tui.screens.tune import PriorTrials, TuneScreen
 from llmconsole.console.tui.tune_view import (TUNE_DEFAULTS, TuneView, best_text, can_apply, current_text, fold_tune,
                                               headline, outcome_lines, snapshot_facts, trial_rows, tune_settings)
-from llmconsole.engine.sweep import EngineTarget
-from llmconsole.engine.tuner import TuneProgress, TuneResult
-from llmconsole.engine.tuner_space import Budget, Remeasured, TrialOutcome
+from llmconsole.engine.sweep.runner import EngineTarget
+from llmconsole.engine.tune.tuner import TuneProgress, TuneResult
+from llmconsole.engine.tune.space import Budget, Remeasured, TrialOutcome
 from tests.test_tui_support import frames, recorded_app, replay
 
 SPEC = frames()[-1]["status"]["engines"][0]["spec"]   # t1 as the daemon reports it

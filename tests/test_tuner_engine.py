@@ -18,9 +18,9 @@ import time
 import pytest
 
 from llmconsole.console.client import DaemonClient, DaemonError
-from llmconsole.engine.latency_stats import Slo
-from llmconsole.engine.loadgen import run_load
-from llmconsole.engine.workload import Workload
+from llmconsole.engine.metrics.latency import Slo
+from llmconsole.engine.load.generator import run_load
+from llmconsole.engine.load.workload import Workload
 from llmconsole.paths import resolve
 from tests.conftest import Cli, _short_home, _stop_daemon
 

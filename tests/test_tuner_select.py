@@ -1,10 +1,10 @@
-"""The re-measurement race and the recommendation (tuner_select.py): pure rules, no engine."""
+"""The re-measurement race and the recommendation (engine/tune/select.py): pure rules, no engine."""
 
 from __future__ import annotations
 
-from llmconsole.engine.tuner_select import (MIN_REL_SD, Remeasured, contenders, next_remeasure, pick_winner,
+from llmconsole.engine.tune.select import (MIN_REL_SD, Remeasured, contenders, next_remeasure, pick_winner,
                                             start_race)
-from llmconsole.engine.tuner_space import TrialOutcome
+from llmconsole.engine.tune.space import TrialOutcome
 
 
 def _c(n: int, *runs: float, failed: str | None = None) -> Remeasured:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from llmconsole.engine.gateway_group import RequestRecord
-from llmconsole.engine.latency_stats import Slo
-from llmconsole.engine.tuner import open_study, outcomes, suggest_params
-from llmconsole.engine.tuner_guard import GuardSettings, WindowFigures, breach, sustained, window_figures
-from llmconsole.engine.tuner_space import (Budget, Knob, Remeasured, TrialOutcome, clamp_to_workload,
+from llmconsole.engine.gateway.group import RequestRecord
+from llmconsole.engine.metrics.latency import Slo
+from llmconsole.engine.tune.tuner import open_study, outcomes, suggest_params
+from llmconsole.engine.tune.guard import GuardSettings, WindowFigures, breach, sustained, window_figures
+from llmconsole.engine.tune.space import (Budget, Knob, Remeasured, TrialOutcome, clamp_to_workload,
                                            constraint_value, default_space, halving_rungs, keep_going,
                                            parse_budget, parse_knob, pick_winner, remeasure_candidates, startup_trials,
                                            study_name)

@@ -75,7 +75,7 @@ def cmd_daemon(ns: argparse.Namespace) -> int:
     paths = resolve()
     if ns.daemon_cmd == "start":
         if ns.foreground:
-            from llmconsole.console.daemon import main as daemon_main
+            from llmconsole.daemon.main import main as daemon_main
             return daemon_main()
         client, started = ensure_daemon(paths)
         info = client.daemon_info()
@@ -244,7 +244,7 @@ def _follow_logs(client: DaemonClient, ns: argparse.Namespace) -> int:
 # --- models ---------------------------------------------------------------------------------
 
 def cmd_model(ns: argparse.Namespace) -> int:
-    from llmconsole.engine.local_model import build_model
+    from llmconsole.random_model import build_model
 
     try:
         out = build_model(ns.size, Path(ns.out), seed=ns.seed)

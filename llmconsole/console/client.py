@@ -162,7 +162,7 @@ class DaemonClient:
         return self._call("POST", f"/engines/{name}/mode", json=body, timeout=timeout_s)
 
     def change_window(self, name: str, **changes: Any) -> dict[str, Any]:
-        """Window settings, "freeze" or "set" (see api_window.py); nothing changes on a 400."""
+        """Window settings, "freeze" or "set" (see daemon/api/window.py); nothing changes on a 400."""
         return self._call("POST", f"/engines/{name}/window", json=changes)
 
     def groups(self) -> list[dict[str, Any]]:
@@ -181,7 +181,7 @@ def spawn_daemon(paths: Paths) -> subprocess.Popen:
     try:
         # A new session: the daemon must not die with the terminal or SSH login that started it.
         return subprocess.Popen(
-            [sys.executable, "-m", "llmconsole.console.daemon"],
+            [sys.executable, "-m", "llmconsole.daemon.main"],
             stdin=subprocess.DEVNULL,
             stdout=fd,
             stderr=subprocess.STDOUT,

@@ -25,7 +25,7 @@ from llmconsole.engine.runtime import Runtime
 from llmconsole.engine.spec import EngineSpec
 from llmconsole.engine.status import EngineState, EngineStatus
 from llmconsole.engine.supervisor import EngineBusy, EngineSupervisor, SupervisionPolicy
-from llmconsole.engine.validate import enforce as enforce_fit
+from llmconsole.engine.plan.validate import enforce as enforce_fit
 from llmconsole.paths import Paths
 
 log = logging.getLogger(__name__)

@@ -25,8 +25,8 @@ import aiohttp
 
 from llmconsole.engine import runtime as runtime_mod
 from llmconsole.engine.host import HostProbe
-from llmconsole.engine.metrics import parse_metrics
-from llmconsole.engine.metrics_window import MetricsWindow
+from llmconsole.engine.metrics.page import parse_metrics
+from llmconsole.engine.metrics.window import MetricsWindow
 from llmconsole.engine.process import EngineProcess, ProcessRecord
 from llmconsole.engine.spec import EngineSpec
 from llmconsole.engine.startup_log import StartupFacts, failure_reason, parse_facts

@@ -45,7 +45,7 @@ def cmd_ls(ns: argparse.Namespace) -> int:
 
 def cmd_set(ns: argparse.Namespace) -> int:
     from llmconsole.console.client import DaemonError
-    from llmconsole.engine.gateway_groups import GroupError, check_group_name
+    from llmconsole.engine.gateway.membership import GroupError, check_group_name
 
     try:
         check_group_name(ns.name)  # before it becomes part of a URL

@@ -19,13 +19,13 @@ from typing import Any
 from llmconsole.console.cli_common import EXIT_USAGE, CliError, daemon_client
 from llmconsole.console.client import DaemonClient, DaemonError
 from llmconsole.console.commands.load import add_workload_flags, engine_target
-from llmconsole.engine.latency_stats import Slo
+from llmconsole.engine.metrics.latency import Slo
 from llmconsole.engine.spec import EngineSpec
-from llmconsole.engine.sweep import EngineStartFailed, EngineTarget, SweepRunner
-from llmconsole.engine.sweep_plan import SweepPlan, SweepProgress, parse_grid, parse_loads
-from llmconsole.engine.sweep_probe import ResourceSample
-from llmconsole.engine.sweep_report import analyse, picks_text, render_table, to_json, write_results
-from llmconsole.engine.workload import LengthDist
+from llmconsole.engine.sweep.runner import EngineStartFailed, EngineTarget, SweepRunner
+from llmconsole.engine.sweep.plan import SweepPlan, SweepProgress, parse_grid, parse_loads
+from llmconsole.engine.sweep.probe import ResourceSample
+from llmconsole.engine.sweep.report import analyse, picks_text, render_table, to_json, write_results
+from llmconsole.engine.load.workload import LengthDist
 
 
 class DaemonController:

@@ -18,13 +18,13 @@ from llmconsole.console.cli_common import EXIT_USAGE, CliError, daemon_client
 from llmconsole.console.client import DaemonError
 from llmconsole.console.commands.load import add_workload_flags, engine_target
 from llmconsole.console.commands.sweep import DaemonController
-from llmconsole.engine.latency_stats import Slo
-from llmconsole.engine.sweep_plan import SweepPlan, parse_loads
-from llmconsole.engine.tuner import Tuner, TuneProgress, TuneResult, TuneSettings
-from llmconsole.engine.tuner_ranges import EngineFacts, TuneSpace, derive_space
-from llmconsole.engine.tuner_search import SEARCHES
-from llmconsole.engine.tuner_space import Knob, clamp_to_workload, parse_budget, parse_knob, workload_len_tokens
-from llmconsole.engine.workload import LengthDist
+from llmconsole.engine.metrics.latency import Slo
+from llmconsole.engine.sweep.plan import SweepPlan, parse_loads
+from llmconsole.engine.tune.tuner import Tuner, TuneProgress, TuneResult, TuneSettings
+from llmconsole.engine.tune.ranges import EngineFacts, TuneSpace, derive_space
+from llmconsole.engine.tune.search import SEARCHES
+from llmconsole.engine.tune.space import Knob, clamp_to_workload, parse_budget, parse_knob, workload_len_tokens
+from llmconsole.engine.load.workload import LengthDist
 
 
 def register(sub) -> None:

@@ -54,7 +54,7 @@ def whole_number(text: str, what: str, minimum: int = 1) -> int:
 
 def length(text: str, what: str) -> str:
     """A form's token-length field, checked as the CLI will parse it; ValueError names the field."""
-    from llmconsole.engine.workload import LengthDist
+    from llmconsole.engine.load.workload import LengthDist
 
     try:
         LengthDist.parse(text.strip())

@@ -17,9 +17,9 @@ from llmconsole.console.cli_common import CliError
 from llmconsole.console.commands import sweep as sweep_cmd
 from llmconsole.console.tui.run_view import (cli_defaults, fmt_duration, length, params_text, split_items, ticked,
                                              whole_number)
-from llmconsole.engine.sweep import EngineTarget, SweepResult
-from llmconsole.engine.sweep_plan import PointResult, SweepPlan, SweepProgress
-from llmconsole.engine.sweep_report import HEADERS, table_rows
+from llmconsole.engine.sweep.runner import EngineTarget, SweepResult
+from llmconsole.engine.sweep.plan import PointResult, SweepPlan, SweepProgress
+from llmconsole.engine.sweep.report import HEADERS, table_rows
 
 # The form's fields and their safe small defaults: a load-only sweep (no restart) of two light loads.
 SWEEP_FIELDS: tuple[tuple[str, str, str, str], ...] = (

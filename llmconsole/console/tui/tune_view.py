@@ -16,9 +16,9 @@ from llmconsole.console.cli_common import CliError
 from llmconsole.console.commands import tune as tune_cmd
 from llmconsole.console.tui.run_view import (cli_defaults, fmt_duration, length, params_text, split_items, ticked,
                                              whole_number)
-from llmconsole.engine.tuner import TuneProgress, TuneResult, TuneSettings
-from llmconsole.engine.tuner_ranges import EngineFacts, TuneSpace
-from llmconsole.engine.tuner_space import Budget, TrialOutcome
+from llmconsole.engine.tune.tuner import TuneProgress, TuneResult, TuneSettings
+from llmconsole.engine.tune.ranges import EngineFacts, TuneSpace
+from llmconsole.engine.tune.space import Budget, TrialOutcome
 
 # The form's fields and their safe small defaults: a short study around the running config.
 TUNE_FIELDS: tuple[tuple[str, str, str, str], ...] = (

@@ -21,7 +21,7 @@ from textual.widgets import Static
 from llmconsole.console.tui.screens.run_base import RunScreen
 from llmconsole.console.tui.sweep_view import (SWEEP_FIELDS, SweepView, confirm_question, current_text, fold_sweep,
                                                headline, outcome_lines, sweep_plan, table)
-from llmconsole.engine.sweep_plan import SweepPlan, SweepProgress
+from llmconsole.engine.sweep.plan import SweepPlan, SweepProgress
 
 
 class SweepScreen(RunScreen):
@@ -57,7 +57,7 @@ class SweepScreen(RunScreen):
         from llmconsole.console.client import DaemonClient
         from llmconsole.console.commands.sweep import DaemonController
         from llmconsole.db import Store, StoreError
-        from llmconsole.engine.sweep import SweepRunner
+        from llmconsole.engine.sweep.runner import SweepRunner
 
         client = DaemonClient(self.paths, timeout_s=180.0)
         try:
@@ -73,7 +73,7 @@ class SweepScreen(RunScreen):
             client.close()
 
     def after_run(self, result) -> Any:
-        from llmconsole.engine.sweep_report import write_results
+        from llmconsole.engine.sweep.report import write_results
 
         return result, write_results(result, self.out_dir)
 
@@ -101,7 +101,7 @@ class SweepScreen(RunScreen):
         self.query_one("#run-notes", Static).update(Text("\n".join(lines), style=style))
 
     def finished_with(self, outcome, error: str | None) -> None:
-        from llmconsole.engine.sweep_report import analyse, picks_text
+        from llmconsole.engine.sweep.report import analyse, picks_text
 
         if error is not None or outcome is None:
             self.render_status()

@@ -24,8 +24,8 @@ from llmconsole.console.tui.run_view import params_text, split_items
 from llmconsole.console.tui.tune_view import (TRIAL_HEADERS, TUNE_FIELDS, TuneView, best_text, can_apply,
                                               confirm_question, current_text, fold_tune, headline, outcome_lines,
                                               snapshot_facts, trial_rows, tune_settings, with_prior)
-from llmconsole.engine.tuner import TuneProgress, TuneResult, TuneSettings
-from llmconsole.engine.tuner_ranges import EngineFacts, TuneSpace
+from llmconsole.engine.tune.tuner import TuneProgress, TuneResult, TuneSettings
+from llmconsole.engine.tune.ranges import EngineFacts, TuneSpace
 
 
 class PriorTrials(tuple):
@@ -89,7 +89,7 @@ class TuneScreen(RunScreen):
     async def run_async(self, prepared: tuple[TuneSettings, TuneSpace], stop: asyncio.Event, emit) -> TuneResult:
         from llmconsole.console.client import DaemonClient
         from llmconsole.console.commands.tune import TuneController
-        from llmconsole.engine.tuner import Tuner, open_study, outcomes
+        from llmconsole.engine.tune.tuner import Tuner, open_study, outcomes
 
         settings = prepared[0]
         storage = self.paths.data_dir / "tuning" / "studies.journal"

@@ -12,9 +12,9 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import Static
 
-from llmconsole.engine.recommend import Workload, recommend
+from llmconsole.engine.plan.recommend import Workload, recommend
 from llmconsole.engine.spec import EngineSpec
-from llmconsole.engine.validate import HostMemory, Verdict, host_memory, validate
+from llmconsole.engine.plan.validate import HostMemory, Verdict, host_memory, validate
 
 
 def planner_lines(spec: EngineSpec | None, mem: HostMemory | None) -> list[tuple[str, str]]:

@@ -1,0 +1,160 @@
+"""The per-host daemon: one per LLMCONSOLE_HOME (a lock), detached, outliving every console.
+
+Run as `python -m llmconsole.daemon.main`; `llmconsole daemon start` does that in a new
+session with its output in the daemon log. SIGTERM stops the daemon and leaves the engines
+serving (a new daemon adopts them); `daemon stop --stop-engines` stops them first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import signal
+import sys
+import time
+
+from aiohttp import web
+
+from llmconsole.daemon.api.engines import STOP, STOP_ENGINES, make_app
+from llmconsole.daemon.api.window import GATEWAY
+from llmconsole.daemon.api.history import add_routes as add_history_routes
+from llmconsole.daemon.api.history import on_config_failed
+from llmconsole.daemon.api.history import rollback as history_rollback
+from llmconsole.daemon.api.modes import start_services as start_mode_services
+from llmconsole.daemon.api.tune import start_services as start_tune_services
+from llmconsole.db import Store, StoreError
+from llmconsole.db.recorder import Recorder
+from llmconsole.engine.fleet import Fleet
+from llmconsole.daemon.services.gateway_service import GatewayService
+from llmconsole.paths import Paths, resolve
+
+log = logging.getLogger("llmconsole.daemon")
+
+EXIT_ALREADY_RUNNING = 3
+EXIT_STORE = 4
+
+
+class AlreadyRunning(RuntimeError):
+    pass
+
+
+def acquire_lock(paths: Paths) -> int:
+    """Hold an exclusive lock for the daemon's lifetime; the kernel drops it if we die."""
+    fd = os.open(paths.lock_file, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        try:
+            pid = paths.daemon_pid_file.read_text().strip()
+        except OSError:
+            pid = "?"
+        raise AlreadyRunning(f"a daemon is already running for {paths.data_dir} (pid {pid})") from None
+    os.set_inheritable(fd, False)
+    return fd
+
+
+async def serve(paths: Paths) -> None:
+    fleet = Fleet(paths)
+    # The store opens first: a database that is damaged or not ours stops the daemon with the
+    # store's message (and the file untouched) before any engine is adopted or started.
+    store = Store.open(paths.database)
+    recorder = Recorder(store, stable_after_s=fleet.policy.stable_after_s)
+    fleet.status_listeners.append(recorder.observe)
+    fleet.config_failed_listeners.append(on_config_failed(fleet, store))
+    for line in await fleet.open():
+        log.info("resumed %s", line)
+    recorder.close_orphans(fleet.statuses())
+    for st in fleet.statuses():
+        recorder.observe(st)
+    app = make_app(fleet)
+    add_history_routes(app, store, recorder)
+    gateway = app[GATEWAY] = GatewayService(fleet, store=store)  # the engines' front door and window loop
+    await gateway.start()
+    mode_services = await start_mode_services(app, fleet, store, gateway, history_rollback)  # modes, alerts, /metrics
+    mode_services += await start_tune_services(app, fleet, store, gateway, history_rollback)  # tune apply, guard, schedule
+    sampler = asyncio.create_task(_sample_forever(fleet, recorder), name="recorder")
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    if paths.socket.exists() or paths.socket.is_symlink():
+        paths.socket.unlink()  # a stale socket of a dead daemon; the lock proves it is dead
+    old_umask = os.umask(0o177)  # the socket is born 0600: no window where others could connect
+    try:
+        site = web.UnixSite(runner, str(paths.socket))
+        await site.start()
+    finally:
+        os.umask(old_umask)
+    os.chmod(paths.socket, 0o600)
+    log.info("daemon %d listening on %s", os.getpid(), paths.socket)
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, app[STOP].set)
+    loop.add_signal_handler(signal.SIGHUP, lambda: None)  # losing a terminal changes nothing
+
+    await app[STOP].wait()
+    stop_engines = any(app[STOP_ENGINES])
+    log.info("daemon stopping (%s)", "stopping engines" if stop_engines else "engines keep serving")
+    sampler.cancel()
+    for service in mode_services:
+        await service.close()
+    await gateway.close()
+    await fleet.close(stop_engines=stop_engines)
+    await runner.cleanup()
+    store.close()
+    try:
+        paths.socket.unlink()
+    except FileNotFoundError:
+        pass
+
+
+async def _sample_forever(fleet: Fleet, recorder: Recorder, interval_s: float = 1.0,
+                         compact_every_s: float = 300.0) -> None:
+    """1 Hz metric samples of every serving engine, written off the event loop; compaction
+    (the retention policy) every few minutes."""
+    last_compact = time.monotonic()
+    while True:
+        began = time.monotonic()
+        try:
+            await asyncio.to_thread(recorder.sample, fleet.statuses())
+            if began - last_compact > compact_every_s:
+                last_compact = began
+                await asyncio.to_thread(recorder.store.compact)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a full disk must not stop supervision; say so and go on
+            log.exception("recording metric samples failed")
+        await asyncio.sleep(max(0.05, interval_s - (time.monotonic() - began)))
+
+
+def main() -> int:
+    paths = resolve().ensure()
+    logging.basicConfig(
+        level=os.environ.get("LLMCONSOLE_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        lock_fd = acquire_lock(paths)
+    except AlreadyRunning as e:
+        print(f"llmconsole daemon: {e}", file=sys.stderr)
+        return EXIT_ALREADY_RUNNING
+    paths.daemon_pid_file.write_text(f"{os.getpid()}\n")
+    try:
+        asyncio.run(serve(paths))
+    except StoreError as e:
+        print(f"llmconsole daemon: {e}", file=sys.stderr)
+        return EXIT_STORE
+    finally:
+        try:
+            paths.daemon_pid_file.unlink()
+        except FileNotFoundError:
+            pass
+        os.close(lock_fd)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""The auto-tuner's engine controller inside the daemon: each trial restarts the engine through the
+fleet (the same supervised restart an operator's change takes), and the window bounds move through
+the gateway service. The scheduled tune drives its Tuner through this."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from llmconsole.engine.status import EngineState
+from llmconsole.engine.sweep.runner import EngineStartFailed, EngineTarget
+from llmconsole.engine.sweep.probe import ResourceSample
+
+
+class FleetController:
+    """The tuner's engine controller inside the daemon: restarts through the fleet, the window
+    bounds through the gateway service."""
+
+    def __init__(self, fleet, name: str, ready_timeout_s: float = 900.0, gateway=None):
+        self.fleet, self.name, self.ready_timeout_s, self.gateway = fleet, name, ready_timeout_s, gateway
+
+    def _gateway(self):
+        if self.gateway is None:
+            raise ValueError("this daemon runs no gateway: the window cannot be tuned")
+        return self.gateway
+
+    async def gateway_url(self) -> str:
+        svc = self._gateway()
+        return svc.gateway.group_url(svc.group(self.name).name)  # the engine's group's door
+
+    async def window(self) -> dict[str, int]:
+        s = self._gateway().group(self.name).controller.settings
+        return {"min_window": s.min_window, "max_window": s.max_window}
+
+    async def set_window(self, bounds: dict[str, int]) -> None:
+        self._gateway().change_window(self.name, settings=dict(bounds))  # ValueError: refused, unchanged
+
+    def _target(self) -> EngineTarget:
+        sup = self.fleet.get(self.name)
+        st = sup.status()
+        return EngineTarget(st.url, st.served_model_name, sup.spec.model, sup.spec.config_id, sup.spec.public_dict())
+
+    async def current(self) -> EngineTarget:
+        return self._target()
+
+    async def apply(self, overrides: dict[str, Any]) -> EngineTarget:
+        sup = self.fleet.get(self.name)
+        try:
+            spec = sup.spec.model_copy(update=overrides)
+            spec = type(spec).model_validate(spec.model_dump())
+            await self.fleet.restart(self.name, spec)
+        except Exception as e:  # the fit check's refusal, a bad value: this config cannot run
+            raise EngineStartFailed(str(e)) from None
+        deadline = time.monotonic() + self.ready_timeout_s
+        while time.monotonic() < deadline:
+            if sup.state == EngineState.READY and sup.status().url:
+                return self._target()
+            if sup.state in (EngineState.FAILED, EngineState.STOPPED, EngineState.CRASHED) \
+                    or sup.spec.config_id != spec.config_id:
+                raise EngineStartFailed(sup.last_error or str(sup.state))
+            await asyncio.sleep(0.5)
+        raise EngineStartFailed(f"not ready within {self.ready_timeout_s:.0f} s")
+
+    async def restore(self, original: EngineTarget) -> EngineTarget:
+        return await self.apply(original.spec)
+
+    async def resources(self) -> ResourceSample:
+        return ResourceSample(None, None, None, None, "not sampled by the scheduled tune",
+                              "not sampled by the scheduled tune")

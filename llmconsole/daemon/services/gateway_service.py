@@ -1,0 +1,318 @@
+"""The gateway as the daemon runs it: one front door for the host, its engine groups (the
+operator's named groups, and a group of its own for every other engine), the controller loop,
+and the operator's groups and window settings kept across daemon restarts.
+
+Every few hundred milliseconds the service copies each engine's state into its group (its URL,
+whether it is ready, its API key), so a restarting engine closes its group's gate (when it was
+the group's last ready engine) and requests wait in the queue until it is ready again. A group
+that a membership change retires stops taking requests at once but keeps serving what it had
+admitted or queued, on the same engines, until it is empty. Every controller interval each group's controller
+steps and its window moves. The trace stays in memory for the console (bounded by the
+controller) and goes to the store through `_store_trace`, the one place that writes it.
+
+The front door's port is stable per LLMCONSOLE_HOME: LLMCONSOLE_GATEWAY_PORT if set, else the
+port used last time (in gateway.json), else a free one, which is then remembered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import tempfile
+import time
+from typing import Any
+
+from llmconsole.engine.gateway.proxy import Gateway
+from llmconsole.engine.gateway.group import EngineGroup, Upstream
+from llmconsole.engine.gateway.membership import Membership, UnknownGroup
+from llmconsole.engine.gateway.pid import PidSettings, TraceSample
+from llmconsole.engine.fleet import UnknownEngine
+from llmconsole.engine.status import EngineState, EngineStatus
+
+log = logging.getLogger(__name__)
+
+SYNC_INTERVAL_S = 0.25
+_SETTING_KEYS = ("target_ms", "signal", "min_window", "max_window", "start_window", "kp", "ki", "kd")
+
+
+class GatewayService:
+    def __init__(self, fleet, host: str = "127.0.0.1", port: int | None = None, store=None):
+        self.fleet = fleet
+        self.store = store  # llmconsole.db.Store, or None: the trace then lives in memory only
+        self.host = host
+        self._file = fleet.paths.data_dir / "gateway.json"
+        saved = self._read_file()
+        env_port = os.environ.get("LLMCONSOLE_GATEWAY_PORT")
+        self._port = port if port is not None else int(env_port) if env_port else int(saved.get("port") or 0)
+        self._saved_groups: dict[str, dict] = saved.get("groups", {})
+        self.membership = Membership.from_json(saved.get("members"))
+        self.gateway = Gateway(host, self._port)
+        self._draining: list[EngineGroup] = []  # retired groups still finishing their requests
+        self._task: asyncio.Task | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> str:
+        try:
+            url = await self.gateway.start()
+        except OSError as e:
+            if self._port == 0 or os.environ.get("LLMCONSOLE_GATEWAY_PORT"):
+                raise
+            log.warning("gateway port %d is taken (%s); choosing another", self._port, e)
+            self.gateway = Gateway(self.host, 0)
+            url = await self.gateway.start()
+        self.sync()
+        self._save()
+        self.fleet.status_annotators.append(self.annotate)
+        self._task = asyncio.create_task(self._loop(), name="gateway-control")
+        return url
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        self._save()
+        await self.gateway.close()
+
+    # --- engines -> groups ----------------------------------------------------------------
+
+    def sync(self) -> None:
+        groups = self.gateway.groups
+        names = list(self.fleet.engines)
+        pruned = self.membership.pruned(names)
+        if pruned is not self.membership:
+            self.membership = pruned  # engines that left the fleet left their groups
+            self._save()
+        layout = self.membership.layout(names)
+        known: dict[str, Upstream] = {}
+        for g in [*self._draining, *groups.values()]:
+            known.update(g.upstreams)
+        for gname, members in layout.items():
+            group = groups.get(gname)
+            if group is None:
+                group = self.gateway.add_group(EngineGroup(gname, settings=self._settings_for(gname, members)))
+                saved = self._saved_groups.get(gname, {})
+                if saved.get("frozen"):
+                    group.set_window(int(saved.get("window", group.controller.window)))
+            models: set[str] = set()
+            for name in members:
+                if name not in group.upstreams and name in known:
+                    group.upstreams[name] = known[name]  # one object: its outstanding count carries over
+                st = self.fleet.engines[name].status()
+                spec = self.fleet.engines[name].spec
+                key = spec.api_key.get_secret_value() if spec.api_key else None
+                group.set_upstream(name, st.url, st.state == EngineState.READY, key)
+                models |= {st.served_model_name, st.model}
+            group.model_names = models
+        for gname in [n for n in groups if n not in layout]:
+            self._draining.append(groups.pop(gname))  # new arrivals find no such group: 404
+        self._drain()
+
+    def _drain(self) -> None:
+        """Let retired groups finish what they admitted or queued, on the engines they had."""
+        still = []
+        for g in self._draining:
+            for name in [n for n in g.upstreams if n not in self.fleet.engines]:
+                g.remove_upstream(name)
+            g.refresh_open()
+            if g.admission.in_flight or g.admission.queued:
+                still.append(g)
+        self._draining = still
+
+    def _settings_for(self, name: str, members: tuple[str, ...] = ()) -> PidSettings:
+        """A group's saved settings; a new named group starts from its first engine's."""
+        saved = self._saved_groups.get(name) or (self._saved_groups.get(members[0], {}) if members else {})
+        try:
+            return PidSettings(**{k: saved[k] for k in _SETTING_KEYS if k in saved})
+        except (TypeError, ValueError) as e:
+            log.warning("window settings of %s in %s are not valid (%s); using defaults", name, self._file, e)
+            return PidSettings()
+
+    async def _loop(self) -> None:
+        next_step = time.monotonic()
+        while True:
+            try:
+                self.sync()
+                now = time.monotonic()
+                if now >= next_step:
+                    next_step = now + PidSettings().interval_s
+                    samples = []
+                    for group in self.gateway.groups.values():
+                        s = group.step(now)
+                        if s is not None and s.action not in ("hold-idle", "hold-samples", "hold-settling"):
+                            samples.append((group.name, s))
+                    if samples and self.store is not None:
+                        await asyncio.to_thread(self._store_trace, samples)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the front door must keep serving whatever a step does
+                log.exception("gateway control step failed")
+            await asyncio.sleep(SYNC_INTERVAL_S)
+
+    def _store_trace(self, samples: list[tuple[str, TraceSample]]) -> None:
+        """Write controller steps to the store when the daemon has one; idle holds are not kept."""
+        if self.store is None:
+            return
+        try:
+            write_trace(self.store, samples)
+        except Exception:
+            log.exception("writing the window trace to the store failed")
+
+    # --- a restart of one engine ------------------------------------------------------------
+
+    def _holding(self, engine: str) -> list[EngineGroup]:
+        """Every group that routes to `engine`: its own or named group, a retired group still
+        finishing, a primary's group that serves it as a standby."""
+        return [g for g in [*self.gateway.groups.values(), *self._draining] if engine in g.upstreams]
+
+    def hold_engine(self, engine: str, held: bool) -> None:
+        """Take one engine out of routing before it restarts, or give it back. The group keeps
+        serving through its other ready engines; with none left, arrivals wait in its queue."""
+        for g in self._holding(engine):
+            g.hold(engine, held)
+
+    def outstanding(self, engine: str) -> int:
+        """Requests the engine has now, through any group: what a restart would cut."""
+        ups = {id(u): u for u in (g.upstreams[engine] for g in self._holding(engine))}
+        return sum(u.outstanding for u in ups.values())
+
+    # --- what status and the control API see ----------------------------------------------
+
+    def group_of(self, engine: str) -> EngineGroup | None:
+        """The group an engine is served in, or None (an engine not yet synced, or one whose name
+        a named group holds)."""
+        group = self.gateway.groups.get(self.membership.group_of(engine))
+        return group if group is not None and engine in group.upstreams else None
+
+    def group(self, name: str) -> EngineGroup:
+        """A group by its name, or the group of the engine by that name."""
+        self.sync()
+        if name in self.membership.groups and name in self.gateway.groups:
+            return self.gateway.groups[name]
+        self.fleet.get(name)  # UnknownEngine for a name that is neither
+        group = self.group_of(name)
+        if group is None:
+            raise UnknownEngine(name)
+        return group
+
+    def annotate(self, status: EngineStatus) -> EngineStatus:
+        group = self.group_of(status.name)
+        if group is None:
+            return status
+        return dataclasses.replace(
+            status, gateway_url=self.gateway.group_url(group.name), window=group.admission.window,
+            controller=group.state_json(trace_points=60),
+        )
+
+    def window_state(self, name: str, trace_points: int = 600) -> dict[str, Any]:
+        group = self.group(name)
+        return {"engine": name, "group": group.name, "gateway_url": self.gateway.group_url(group.name),
+                **group.state_json(trace_points)}
+
+    # --- named groups ---------------------------------------------------------------------
+
+    def groups_state(self) -> list[dict[str, Any]]:
+        """Every group the gateway serves, named or an engine's own, for `group ls`; then the
+        retired groups still finishing what they had (their route is gone: no URL)."""
+        self.sync()
+        out = []
+        served = [(name, g, False) for name, g in sorted(self.gateway.groups.items())]
+        for name, g, retired in [*served, *((g.name, g, True) for g in self._draining)]:
+            st = g.admission.stats()
+            out.append({"group": name, "named": not retired and name in self.membership.groups,
+                        "retired": retired, "engines": list(g.upstreams),
+                        "gateway_url": None if retired else self.gateway.group_url(name), "window": st.window,
+                        "frozen": g.controller.frozen, "in_flight": st.in_flight, "queued": st.queued})
+        return out
+
+    def set_group(self, name: str, engines: list[str]) -> dict[str, Any]:
+        """Form or change a named group; bad input raises GroupError and changes nothing."""
+        new = self.membership.with_group(name, engines, self.fleet.engines)
+        group = self.gateway.groups.get(name)
+        self.membership = new
+        if group is not None:  # engines the group no longer names go back to groups of their own
+            for gone in [e for e in group.upstreams if e in self.fleet.engines and e not in engines]:
+                group.remove_upstream(gone)
+        self.sync()
+        self._save()
+        return next(g for g in self.groups_state() if g["group"] == name and not g["retired"])
+
+    def remove_group(self, name: str) -> list[str]:
+        """Dissolve a named group; its engines go back to groups of their own."""
+        if name not in self.membership.groups:
+            raise UnknownGroup(name)
+        members = list(self.membership.groups[name])
+        self.membership = self.membership.without_group(name)
+        group = self.gateway.groups.get(name)
+        if group is not None and name in self.fleet.engines:  # the group was named after one of its
+            for other in [e for e in members if e != name]:   # engines: it goes on as that one's own
+                group.remove_upstream(other)
+        self.sync()
+        self._save()
+        return members
+
+    def change_window(self, name: str, *, settings: dict[str, Any] | None = None,
+                      freeze: bool | None = None, window: int | None = None) -> dict[str, Any]:
+        """Apply an operator's change; bad input raises ValueError and changes nothing."""
+        group = self.group(name)
+        settings = {k: v for k, v in (settings or {}).items() if v is not None}
+        unknown = set(settings) - set(_SETTING_KEYS)
+        if unknown:
+            raise ValueError(f"unknown window settings: {', '.join(sorted(unknown))}")
+        if window is not None and freeze is False:
+            raise ValueError("setting the window freezes the controller; do not also release it")
+        old = group.controller.settings
+        if ("min_window" in settings or "max_window" in settings) and "start_window" not in settings:
+            lo, hi = settings.get("min_window", old.min_window), settings.get("max_window", old.max_window)
+            if isinstance(lo, int) and isinstance(hi, int):  # keep the start inside new bounds
+                settings["start_window"] = min(max(old.start_window, lo), max(lo, hi))
+        new = dataclasses.replace(old, **settings) if settings else old
+        if window is not None and not new.min_window <= int(window) <= new.max_window:
+            raise ValueError(f"window {window} is outside [{new.min_window}, {new.max_window}]")
+        if settings:
+            group.configure(**settings)
+        if window is not None:
+            group.set_window(int(window))
+        elif freeze is not None:
+            group.freeze(freeze)
+        self._save()
+        return self.window_state(name, trace_points=60)
+
+    # --- persistence ----------------------------------------------------------------------
+
+    def _read_file(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self._file.read_text())
+            return data if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def _save(self) -> None:
+        groups = dict(self._saved_groups)
+        for name, g in self.gateway.groups.items():
+            s = g.controller.settings
+            groups[name] = {**{k: getattr(s, k) for k in _SETTING_KEYS}, "signal": str(s.signal),
+                            "frozen": g.controller.frozen, "window": g.controller.window}
+        groups = {n: v for n, v in groups.items() if n in self.fleet.engines or n in self.membership.groups}
+        self._saved_groups = groups
+        data = json.dumps({"port": self.gateway.port, "groups": groups, "members": self.membership.to_json()},
+                          indent=1)
+        fd, tmp = tempfile.mkstemp(dir=self._file.parent, prefix=".gateway.", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(data)
+        os.replace(tmp, self._file)
+
+
+def write_trace(store, samples: list[tuple[str, TraceSample]]) -> int:
+    """Controller steps as rows of the store's window_trace table (group, time, terms, window)."""
+    return store.add_window_trace([
+        {"group_name": g, "at_s": s.at_s, "target": s.target_ms, "measured": s.measured_ms,
+         "error": s.error, "p": s.p, "i": s.i, "d": s.d, "window": float(s.window)}
+        for g, s in samples
+    ])

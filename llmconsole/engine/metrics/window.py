@@ -1,0 +1,147 @@
+"""Rates and latency percentiles over a sliding window of /metrics samples.
+
+A single page holds only totals since the engine started. What an operator needs is "how many
+tokens per second now" and "p99 TTFT over the last minute", which come from the difference
+between the newest sample and the oldest one still inside a window: counter deltas over elapsed
+time, histogram bucket deltas fed to histogram_quantile. Rates use a short window so they react;
+percentiles a longer one so that a p99 rests on enough requests.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+
+from llmconsole.engine.metrics.page import COUNTER_FIELDS, HISTOGRAM_FIELDS, HistogramSample, MetricsSample
+
+QUANTILES = (("p50", 0.50), ("p90", 0.90), ("p99", 0.99))
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    taken_at_s: float
+    running: float | None = None
+    waiting: float | None = None
+    kv_cache_usage: float | None = None
+    preemptions_total: float | None = None
+    preemptions_per_s: float | None = None
+    prompt_tok_s: float | None = None
+    generation_tok_s: float | None = None
+    request_per_s: float | None = None
+    requests_in_window: float | None = None
+    p50_ttft_s: float | None = None
+    p90_ttft_s: float | None = None
+    p99_ttft_s: float | None = None
+    p50_itl_s: float | None = None
+    p90_itl_s: float | None = None
+    p99_itl_s: float | None = None
+    p50_tpot_s: float | None = None
+    p90_tpot_s: float | None = None
+    p99_tpot_s: float | None = None
+    p50_e2e_s: float | None = None
+    p90_e2e_s: float | None = None
+    p99_e2e_s: float | None = None
+    p50_queue_s: float | None = None
+    p90_queue_s: float | None = None
+    p99_queue_s: float | None = None
+    num_gpu_blocks: int | None = None
+    block_size: int | None = None
+    stale: bool = False
+    scrape_errors: int = 0
+    last_error: str | None = None
+
+
+def _is_reset(newer: MetricsSample, older: MetricsSample) -> bool:
+    """A counter that went down, or a histogram that changed layout: the engine restarted."""
+    for f in COUNTER_FIELDS:
+        a, b = getattr(newer, f), getattr(older, f)
+        if a is not None and b is not None and a < b:
+            return True
+    for f in HISTOGRAM_FIELDS:
+        a, b = getattr(newer, f), getattr(older, f)
+        if a is not None and b is not None and a.minus(b) is None:
+            return True
+    return False
+
+
+class MetricsWindow:
+    """Keeps recent samples of one engine and turns each new one into a MetricsSnapshot."""
+
+    def __init__(self, rate_window_s: float = 10.0, percentile_window_s: float = 60.0):
+        self.rate_window_s = rate_window_s
+        self.percentile_window_s = percentile_window_s
+        self._samples: collections.deque[MetricsSample] = collections.deque()
+        self._last: MetricsSnapshot | None = None
+        self._errors = 0
+
+    def _oldest_within(self, now_s: float, window_s: float) -> MetricsSample | None:
+        for s in self._samples:  # oldest first; the deque holds at most the longest window
+            if now_s - s.taken_at_s <= window_s + 1e-9:
+                return s
+        return None
+
+    def add(self, sample: MetricsSample) -> MetricsSnapshot:
+        if self._samples and _is_reset(sample, self._samples[-1]):
+            # Everything after a restart counts from zero: the new totals are the deltas since
+            # the last sample of the old engine (the restart happened in between).
+            restarted_after_s = self._samples[-1].taken_at_s
+            self._samples.clear()
+            self._samples.append(_zero_like(sample, restarted_after_s))
+        self._samples.append(sample)
+        horizon = max(self.rate_window_s, self.percentile_window_s)
+        while len(self._samples) > 2 and sample.taken_at_s - self._samples[1].taken_at_s >= horizon:
+            self._samples.popleft()
+
+        fields: dict[str, object] = {}
+        rate_base = self._oldest_within(sample.taken_at_s, self.rate_window_s)
+        if rate_base is not None and rate_base is not sample:
+            dt = sample.taken_at_s - rate_base.taken_at_s
+            for name, counter in (("prompt_tok_s", "prompt_tokens_total"),
+                                  ("generation_tok_s", "generation_tokens_total"),
+                                  ("request_per_s", "request_success_total"),
+                                  ("preemptions_per_s", "preemptions_total")):
+                a, b = getattr(sample, counter), getattr(rate_base, counter)
+                if a is not None and b is not None and dt > 0:
+                    fields[name] = (a - b) / dt
+        pct_base = self._oldest_within(sample.taken_at_s, self.percentile_window_s)
+        if pct_base is not None and pct_base is not sample:
+            for h in HISTOGRAM_FIELDS:
+                a, b = getattr(sample, h), getattr(pct_base, h)
+                delta: HistogramSample | None = a.minus(b) if a is not None and b is not None else None
+                if delta is None or delta.count <= 0:
+                    continue
+                if h == "e2e":
+                    fields["requests_in_window"] = delta.count
+                for label, q in QUANTILES:
+                    fields[f"{label}_{h}_s"] = delta.quantile(q)
+        cache = sample.cache
+        snap = MetricsSnapshot(
+            taken_at_s=sample.taken_at_s,
+            running=sample.num_requests_running,
+            waiting=sample.num_requests_waiting,
+            kv_cache_usage=sample.kv_cache_usage,
+            preemptions_total=sample.preemptions_total,
+            num_gpu_blocks=cache.num_gpu_blocks if cache else None,
+            block_size=cache.block_size if cache else None,
+            scrape_errors=self._errors,
+            **fields,
+        )
+        self._last = snap
+        return snap
+
+    def failed(self, error: str, at_s: float) -> MetricsSnapshot:
+        """A scrape failed: keep the last figures, marked stale, and count the error."""
+        self._errors += 1
+        base = self._last or MetricsSnapshot(taken_at_s=at_s)
+        snap = MetricsSnapshot(**{**base.__dict__, "stale": True, "scrape_errors": self._errors, "last_error": error})
+        self._last = snap
+        return snap
+
+
+def _zero_like(sample: MetricsSample, at_s: float) -> MetricsSample:
+    zeros: dict[str, object] = {f: 0.0 for f in COUNTER_FIELDS if getattr(sample, f) is not None}
+    for h in HISTOGRAM_FIELDS:
+        v = getattr(sample, h)
+        if v is not None:
+            zeros[h] = v.zeroed()
+    return MetricsSample(taken_at_s=at_s, **zeros)
