@@ -19,13 +19,11 @@ from typing import Any
 from llmconsole.console.cli_common import EXIT_USAGE, CliError, daemon_client
 from llmconsole.console.client import DaemonClient, DaemonError
 from llmconsole.console.commands.load import add_workload_flags, engine_target
-from llmconsole.engine.metrics.latency import Slo
-from llmconsole.engine.spec import EngineSpec
-from llmconsole.engine.sweep.runner import EngineStartFailed, EngineTarget, SweepRunner
-from llmconsole.engine.sweep.plan import SweepPlan, SweepProgress, parse_grid, parse_loads
-from llmconsole.engine.sweep.probe import ResourceSample
+from llmconsole.engine.sweep.plan import SweepPlan, SweepProgress
+from llmconsole.engine.sweep.probe import ResourceSample, resource_sample
 from llmconsole.engine.sweep.report import analyse, picks_text, render_table, to_json, write_results
-from llmconsole.engine.load.workload import LengthDist
+from llmconsole.engine.sweep.request import SweepRequest, default
+from llmconsole.engine.sweep.runner import EngineStartFailed, EngineTarget, SweepRunner
 
 
 class DaemonController:
@@ -66,23 +64,7 @@ class DaemonController:
     async def resources(self) -> ResourceSample:
         status = await asyncio.to_thread(self.client.status)
         e = next((x for x in status["engines"] if x["name"] == self.name), None) or {}
-        host = status.get("host") or {}
-        gpus = host.get("gpus") or []
-        if e.get("device") not in (None, "cpu") and gpus:
-            used = [g["memory_used_bytes"] for g in gpus if g.get("memory_used_bytes") is not None]
-            comp = [g["utilization_gpu_pct"] for g in gpus if g.get("utilization_gpu_pct") is not None]
-            bw = [g["utilization_memory_pct"] for g in gpus if g.get("utilization_memory_pct") is not None]
-            return ResourceSample(sum(used) if used else None, "GPU memory in use (NVML, all GPUs)",
-                                  sum(comp) / len(comp) / 100 if comp else None,
-                                  sum(bw) / len(bw) / 100 if bw else None,
-                                  None if comp else "NVML gave no utilization rates",
-                                  None if used else "NVML gave no memory figures")
-        proc = e.get("process") or {}
-        why = host.get("nvml_error") or "no NVIDIA GPU"
-        return ResourceSample(proc.get("rss_bytes"), "host RSS of the engine's processes", None, None,
-                              f"CPU engine: NVML reports compute and memory-bandwidth utilization only for "
-                              f"GPUs ({why})", None if proc.get("rss_bytes") is not None else
-                              "the daemon has no process sample for the engine")
+        return resource_sample(e, status.get("host") or {})
 
 
 def register(sub) -> None:
@@ -93,14 +75,18 @@ def register(sub) -> None:
     p.add_argument("--load", action="append", required=True, metavar="KIND=V1,V2",
                    help="concurrency=4,16 or rate=2,8 (requests/s)")
     add_workload_flags(p)
-    p.set_defaults(num_requests=32)
-    p.add_argument("--repeats", type=int, default=3, help="runs per point, reported as the median")
-    p.add_argument("--burstiness", type=float, default=1.0, help="rate loads: gamma shape of arrivals")
-    p.add_argument("--max-run", type=float, default=300.0, metavar="S", help="time bound of one run")
-    p.add_argument("--max-error-rate", type=float, default=0.05, help="stop rule: failed share of requests")
-    p.add_argument("--spread-limit", type=float, default=0.15, help="flag points whose repeats spread more")
-    p.add_argument("--knee-threshold", type=float, default=2.5, help="accept a step while its ratio exceeds this")
-    p.add_argument("--knee-units", choices=["relative", "absolute"], default="relative",
+    p.set_defaults(**{f: default(f) for f in ("num_requests", "input_len", "output_len", "warmup", "ignore_eos")})
+    p.add_argument("--repeats", type=int, default=default("repeats"), help="runs per point, reported as the median")
+    p.add_argument("--burstiness", type=float, default=default("burstiness"),
+                   help="rate loads: gamma shape of arrivals")
+    p.add_argument("--max-run", type=float, default=default("max_run_s"), metavar="S", help="time bound of one run")
+    p.add_argument("--max-error-rate", type=float, default=default("max_error_rate"),
+                   help="stop rule: failed share of requests")
+    p.add_argument("--spread-limit", type=float, default=default("spread_limit"),
+                   help="flag points whose repeats spread more")
+    p.add_argument("--knee-threshold", type=float, default=default("knee_threshold"),
+                   help="accept a step while its ratio exceeds this")
+    p.add_argument("--knee-units", choices=["relative", "absolute"], default=default("knee_units"),
                    help="relative: (dT/T)/(dL/L); absolute: (req/s) per ms")
     p.add_argument("--out", required=True, metavar="DIR", help="results.json, results.csv, report.md, tradeoff.svg")
     p.add_argument("--no-history", action="store_true", help="do not record the sweep in the database")
@@ -108,15 +94,17 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_sweep)
 
 
+def sweep_request(ns: argparse.Namespace) -> SweepRequest:
+    return SweepRequest(
+        engine=ns.engine, grid=ns.grid, loads=ns.load, slo=ns.slo, repeats=ns.repeats, num_requests=ns.num_requests,
+        input_len=ns.input_len, output_len=ns.output_len, warmup=ns.warmup, ignore_eos=ns.ignore_eos,
+        burstiness=ns.burstiness, max_run_s=ns.max_run, max_error_rate=ns.max_error_rate,
+        spread_limit=ns.spread_limit, knee_threshold=ns.knee_threshold, knee_units=ns.knee_units)
+
+
 def build_plan(ns: argparse.Namespace) -> SweepPlan:
     try:
-        return SweepPlan(
-            engine=ns.engine, grid=parse_grid(ns.grid, set(EngineSpec.model_fields) - {"model", "api_key"}),
-            loads=parse_loads(ns.load), slo=Slo.parse(ns.slo), repeats=ns.repeats, num_requests=ns.num_requests,
-            input_len=LengthDist.parse(ns.input_len), output_len=LengthDist.parse(ns.output_len),
-            burstiness=ns.burstiness, warmup_requests=ns.warmup, ignore_eos=ns.ignore_eos, max_run_s=ns.max_run,
-            max_error_rate=ns.max_error_rate, spread_limit=ns.spread_limit, knee_threshold=ns.knee_threshold,
-            knee_units=ns.knee_units)
+        return sweep_request(ns).plan()
     except ValueError as e:
         raise CliError(str(e), EXIT_USAGE) from None
 

@@ -16,15 +16,14 @@ import sys
 
 from llmconsole.console.cli_common import EXIT_USAGE, CliError, daemon_client
 from llmconsole.console.client import DaemonError
+from llmconsole.console.client import engine_facts as client_engine_facts
 from llmconsole.console.commands.load import add_workload_flags, engine_target
 from llmconsole.console.commands.sweep import DaemonController
-from llmconsole.engine.metrics.latency import Slo
-from llmconsole.engine.sweep.plan import SweepPlan, parse_loads
-from llmconsole.engine.tune.tuner import Tuner, TuneProgress, TuneResult, TuneSettings
-from llmconsole.engine.tune.ranges import EngineFacts, TuneSpace, derive_space
+from llmconsole.engine.tune.guard import applied_text
+from llmconsole.engine.tune.ranges import EngineFacts, TuneSpace
+from llmconsole.engine.tune.request import TuneRequest, default
 from llmconsole.engine.tune.search import SEARCHES
-from llmconsole.engine.tune.space import Knob, clamp_to_workload, parse_budget, parse_knob, workload_len_tokens
-from llmconsole.engine.load.workload import LengthDist
+from llmconsole.engine.tune.tuner import Tuner, TuneProgress, TuneResult, TuneSettings
 
 
 def register(sub) -> None:
@@ -33,71 +32,47 @@ def register(sub) -> None:
     p.add_argument("--workload", required=True, metavar="KIND=V",
                    help="the load of every trial: concurrency=N or rate=R (requests/s)")
     add_workload_flags(p)
-    p.set_defaults(num_requests=48)
+    p.set_defaults(**{f: default(f) for f in ("num_requests", "input_len", "output_len", "warmup", "ignore_eos")})
     p.add_argument("--budget", required=True, metavar="N|Mm", help="trials (12) or minutes (30m) of searching")
     p.add_argument("--knob", action="append", default=[], metavar="FIELD[=LOW:HIGH|V1,V2]",
                    help="a knob and its range or values (repeatable); a bare FIELD takes its range from the "
                         "planner, else the engine's limits; default: max_num_seqs and max_num_batched_tokens "
                         "(gateway_min_window / gateway_max_window move the gateway's window bounds)")
-    p.add_argument("--search", choices=SEARCHES, default="pattern",
+    p.add_argument("--search", choices=SEARCHES, default=default("search"),
                    help="pattern: from the planner's start along one knob at a time, then TPE; tpe: TPE "
                         "throughout (from the same start)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the knobs, their ranges and where they come from, and the first trial; run nothing")
-    p.add_argument("--seed", type=int, default=0, help="the sampler's seed")
-    p.add_argument("--top-k", type=int, default=4,
+    p.add_argument("--seed", type=int, default=default("seed"), help="the sampler's seed")
+    p.add_argument("--top-k", type=int, default=default("top_k"),
                    help="candidates re-measured (raced in rounds) before one is recommended")
-    p.add_argument("--repeats", type=int, default=3,
+    p.add_argument("--repeats", type=int, default=default("repeats"),
                    help="re-measurements per candidate: top-k x repeats runs at most, fewer once the race is decided")
-    p.add_argument("--eta", type=int, default=3, help="successive halving: keep the top 1/eta at each rung")
-    p.add_argument("--max-run", type=float, default=300.0, metavar="S", help="time bound of one load run")
+    p.add_argument("--eta", type=int, default=default("eta"),
+                   help="successive halving: keep the top 1/eta at each rung")
+    p.add_argument("--max-run", type=float, default=default("max_run_s"), metavar="S",
+                   help="time bound of one load run")
     p.add_argument("--apply", action="store_true", help="apply the winner through the guarded apply")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=cmd_tune)
 
 
-def build_settings(ns: argparse.Namespace, spec: dict, facts: EngineFacts | None = None) -> TuneSettings:
-    return build(ns, facts or EngineFacts(model=str(spec.get("model", "")), spec=spec))[0]
+def tune_request(ns: argparse.Namespace) -> TuneRequest:
+    try:
+        return TuneRequest(engine=ns.engine, workload=ns.workload, slo=ns.slo, budget=ns.budget, knobs=ns.knob,
+                           input_len=ns.input_len, output_len=ns.output_len, num_requests=ns.num_requests,
+                           warmup=ns.warmup, ignore_eos=ns.ignore_eos, search=ns.search, seed=ns.seed,
+                           top_k=ns.top_k, repeats=ns.repeats, eta=ns.eta, max_run_s=ns.max_run)
+    except ValueError as e:
+        raise CliError(str(e), EXIT_USAGE) from None
 
 
 def build(ns: argparse.Namespace, facts: EngineFacts) -> tuple[TuneSettings, TuneSpace]:
     """The settings of the tune and the space as derived (each knob's source, the first trial)."""
     try:
-        loads = parse_loads([ns.workload])
-        if len(loads) != 1:
-            raise ValueError("--workload is one load level, e.g. concurrency=8")
-        slo = Slo.parse(ns.slo)
-        if not slo:
-            raise ValueError("give an SLO (--slo p99_e2e_ms=2000,...): goodput is measured against it")
-        lin, lout = LengthDist.parse(ns.input_len), LengthDist.parse(ns.output_len)
-        plan = SweepPlan(engine=ns.engine, grid={}, loads=loads, slo=slo, repeats=1, num_requests=ns.num_requests,
-                         input_len=lin, output_len=lout, warmup_requests=ns.warmup, ignore_eos=ns.ignore_eos,
-                         max_run_s=ns.max_run)
-        knobs = tuple(parse_knob(k) for k in ns.knob) or _default_knobs(facts.spec)
-        if len({k.name for k in knobs}) != len(knobs):
-            raise ValueError("each knob once")
-        need = workload_len_tokens(_max_len(lin), _max_len(lout))
-        closed = loads[0].kind == "concurrency"
-        space = derive_space(knobs, facts, input_len=_max_len(lin), output_len=_max_len(lout),
-                             concurrency=int(loads[0].value) if closed else None)
-        knobs = clamp_to_workload(space.knobs, need)
-        settings = TuneSettings(plan, knobs, parse_budget(ns.budget), seed=ns.seed, eta=ns.eta, top_k=ns.top_k,
-                                repeats=ns.repeats, start=space.start, search=getattr(ns, "search", "pattern"))
-        return settings, space
+        return tune_request(ns).settings(facts)
     except ValueError as e:
         raise CliError(str(e), EXIT_USAGE) from None
-
-
-def _default_knobs(spec: dict) -> tuple[Knob, ...]:
-    """Batch size and token budget (the two knobs that move goodput most on any device), and the
-    KV size when the engine runs with an explicit one; their ranges come from derive_space."""
-    names = ["max_num_seqs", "max_num_batched_tokens"] + (["kv_cache_memory_bytes"]
-                                                          if spec.get("kv_cache_memory_bytes") else [])
-    return tuple(Knob(n) for n in names)
-
-
-def _max_len(d: LengthDist) -> int:
-    return d.high if d.kind == "uniform" else (d.max_value or d.value * (4 if d.kind == "lognormal" else 1))
 
 
 def _progress(ev: TuneProgress) -> None:
@@ -160,27 +135,19 @@ def cmd_tune(ns: argparse.Namespace) -> int:
 
 def apply_winner(client, engine: str, result: TuneResult, settings: TuneSettings) -> dict:
     """The winner through the daemon's guarded apply, which then watches the SLO and rolls back
-    on its own if production degrades. The CLI's --apply and the console's apply both come here."""
-    return client._call("POST", f"/engines/{engine}/tune/apply",
-                        json={"overrides": result.winner.params, "slo": settings.plan.slo.as_dict(),
-                              "study": result.study})
-
-
-def applied_text(applied: dict) -> str:
-    if applied["to_config_id"] == applied["from_config_id"]:
-        return f"applied: the engine already runs the winner (config {applied['to_config_id']}); nothing restarted"
-    return (f"applied: config {applied['to_config_id']} (was {applied['from_config_id']}); "
-            f"the daemon watches the SLO for {applied['watch_s']:.0f} s and rolls back if it degrades")
+    on its own if production degrades."""
+    return client.apply_tuned(engine, result.winner.params, settings.plan.slo.as_dict(), result.study)
 
 
 def engine_facts(client, name: str, knobs: list[str]) -> EngineFacts:
     """What the knobs' ranges come from, as the daemon reports the engine (it must be ready);
     the gateway's window bounds only when a window knob is asked for."""
-    e = engine_target(client, name)
-    wants_window = any(k.partition("=")[0].replace("-", "_").startswith("gateway_") for k in knobs)
-    window = _window_bounds(client, name) if wants_window else None
-    return EngineFacts(model=str(e["model"]), device=str(e.get("device") or "cpu"), spec=dict(e["spec"]),
-                       window=window)
+    engine_target(client, name)  # the CLI's own words for an unknown or unready engine
+    wants_window = TuneRequest(engine=name, workload="concurrency=1", budget="1", knobs=knobs).wants_window()
+    try:
+        return client_engine_facts(client, name, with_window=wants_window)
+    except DaemonError as err:
+        raise CliError(str(err)) from None
 
 
 def _window_bounds(client, name: str) -> dict[str, int]:

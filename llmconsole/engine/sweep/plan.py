@@ -7,6 +7,7 @@ the lightest up, so the stop rules can skip what lies beyond a broken SLO or sat
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from dataclasses import dataclass, field
@@ -183,6 +184,21 @@ class PointResult:
     def p99_e2e_ms(self) -> float | None:
         return self.latency_ms.get("p99_e2e")
 
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["load"] = {"kind": self.load.kind, "value": self.load.value}
+        d["flags"] = list(self.flags)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> PointResult:
+        """The inverse of to_json; keys it does not know (a report's `label`, `params`) are left out."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        fields = {k: v for k, v in d.items() if k in names}
+        fields["load"] = LoadLevel(d["load"]["kind"], float(d["load"]["value"]))
+        fields["flags"] = tuple(d.get("flags") or ())
+        return cls(**fields)
+
 
 @dataclass(frozen=True)
 class SweepProgress:
@@ -196,3 +212,14 @@ class SweepProgress:
     eta_s: float | None        # None until a point has been measured
     message: str = ""
     result: PointResult | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"event": self.event, "index": self.index, "total": self.total, "params": self.params,
+                "elapsed_s": self.elapsed_s, "eta_s": self.eta_s, "message": self.message,
+                "result": None if self.result is None else self.result.to_json()}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> SweepProgress:
+        return cls(d["event"], int(d["index"]), int(d["total"]), dict(d["params"]), float(d["elapsed_s"]),
+                   d.get("eta_s"), d.get("message", ""),
+                   None if d.get("result") is None else PointResult.from_json(d["result"]))

@@ -12,7 +12,7 @@ import asyncio
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import aiohttp
 
@@ -27,6 +27,28 @@ class ResourceSample:
     bandwidth_util: float | None = None
     util_na_reason: str | None = None  # why the utilizations are None
     memory_na_reason: str | None = None
+
+
+def resource_sample(engine: dict[str, Any], host: dict[str, Any]) -> ResourceSample:
+    """What the engine uses now, from the daemon's status of it and of its host (as the control
+    API reports them): GPU memory and utilization through NVML on a GPU engine, else the host RSS
+    of the engine's processes, with the reason for every figure nobody can give."""
+    gpus = host.get("gpus") or []
+    if engine.get("device") not in (None, "cpu") and gpus:
+        used = [g["memory_used_bytes"] for g in gpus if g.get("memory_used_bytes") is not None]
+        comp = [g["utilization_gpu_pct"] for g in gpus if g.get("utilization_gpu_pct") is not None]
+        bw = [g["utilization_memory_pct"] for g in gpus if g.get("utilization_memory_pct") is not None]
+        return ResourceSample(sum(used) if used else None, "GPU memory in use (NVML, all GPUs)",
+                              sum(comp) / len(comp) / 100 if comp else None,
+                              sum(bw) / len(bw) / 100 if bw else None,
+                              None if comp else "NVML gave no utilization rates",
+                              None if used else "NVML gave no memory figures")
+    proc = engine.get("process") or {}
+    why = host.get("nvml_error") or "no NVIDIA GPU"
+    return ResourceSample(proc.get("rss_bytes"), "host RSS of the engine's processes", None, None,
+                          f"CPU engine: NVML reports compute and memory-bandwidth utilization only for "
+                          f"GPUs ({why})", None if proc.get("rss_bytes") is not None else
+                          "the daemon has no process sample for the engine")
 
 
 @dataclass(frozen=True)

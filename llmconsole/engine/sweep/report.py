@@ -10,15 +10,14 @@ says N/A and points to a note with the reason.
 from __future__ import annotations
 
 import csv
-import dataclasses
 import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmconsole.engine.sweep.runner import SweepResult
-from llmconsole.engine.sweep.plan import PointResult
+from llmconsole.engine.sweep.plan import PointResult, SweepPlan
+from llmconsole.engine.sweep.runner import EngineTarget, SweepResult
 from llmconsole.engine.sweep.plot import tradeoff_chart
 from llmconsole.engine.sweep.tradeoff import KneePick, TradeoffPoint, best_under_slo, knee, pareto_front, relative_change
 
@@ -131,11 +130,16 @@ def to_json(result: SweepResult) -> dict[str, Any]:
 
 
 def _point_json(p: PointResult) -> dict[str, Any]:
-    d = dataclasses.asdict(p)
-    d["load"] = {"kind": p.load.kind, "value": p.load.value}
-    d["params"] = p.params
-    d["label"] = p.label
-    return d
+    return {**p.to_json(), "params": p.params, "label": p.label}
+
+
+def result_from_json(d: dict[str, Any], plan: SweepPlan) -> SweepResult:
+    """A sweep's result back from its results.json form (to_json), for a client that watched it
+    run elsewhere: its points, how it ended and whether the engine's config is back."""
+    original = EngineTarget("", "", "", str(d.get("original_config_id") or ""), {})
+    return SweepResult(plan, tuple(PointResult.from_json(p) for p in d.get("points") or ()), original,
+                       str(d["status"]), float(d["started_at_s"]), float(d["finished_at_s"]), bool(d["restored"]),
+                       d.get("restore_error"), d.get("error"), d.get("sweep_id"))
 
 
 CSV_FIELDS = ("index", "label", "status", "reason", "throughput_req_s", "throughput_tok_s", "goodput_req_s",

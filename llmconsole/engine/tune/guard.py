@@ -8,7 +8,7 @@ check is noise on a shared host; a breach must hold for a whole window before it
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from llmconsole.engine.metrics.latency import Slo
 
@@ -80,3 +80,11 @@ def sustained(checks: Sequence[tuple[float, str | None]], now_s: float, window_s
     if not older and recent[0][0] > now_s - window_s * 0.9:
         return None  # watched for less than a window
     return recent[-1][1]
+
+
+def applied_text(applied: dict[str, Any]) -> str:
+    """What an applied tuned config did, from the daemon's answer to the apply."""
+    if applied["to_config_id"] == applied["from_config_id"]:
+        return f"applied: the engine already runs the winner (config {applied['to_config_id']}); nothing restarted"
+    return (f"applied: config {applied['to_config_id']} (was {applied['from_config_id']}); "
+            f"the daemon watches the SLO for {applied['watch_s']:.0f} s and rolls back if it degrades")

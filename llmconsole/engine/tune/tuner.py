@@ -88,6 +88,15 @@ class TuneProgress:
     elapsed_s: float
     outcome: TrialOutcome | None = None
 
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "outcome": None if self.outcome is None else dataclasses.asdict(self.outcome)}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> TuneProgress:
+        outcome = d.get("outcome")
+        return cls(d["event"], d.get("trial"), dict(d.get("params") or {}), d.get("message", ""), d.get("best_req_s"),
+                   float(d.get("elapsed_s", 0.0)), None if outcome is None else TrialOutcome(**outcome))
+
 
 @dataclass(frozen=True)
 class TuneResult:
@@ -112,6 +121,16 @@ class TuneResult:
                 "winner": rm(self.winner) if self.winner else None,
                 "original_config_id": self.original.config_id, "restored": self.restored,
                 "restore_error": self.restore_error}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> TuneResult:
+        """The inverse of to_json, for a client that watched the study run elsewhere."""
+        def rm(m: dict[str, Any]) -> Remeasured:
+            return Remeasured(int(m["trial"]), dict(m["params"]), tuple(m["goodputs_req_s"]), m.get("failed"))
+        original = EngineTarget("", "", "", str(d.get("original_config_id") or ""), {})
+        return cls(str(d["study"]), tuple(TrialOutcome(**t) for t in d.get("trials") or ()),
+                   tuple(rm(m) for m in d.get("remeasured") or ()), rm(d["winner"]) if d.get("winner") else None,
+                   original, bool(d["restored"]), d.get("restore_error"), str(d["status"]), int(d.get("new_trials", 0)))
 
 
 class Tuner:
