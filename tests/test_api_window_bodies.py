@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import asyncio
 
-from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from llmconsole.daemon.api import window as api_window
+from llmconsole.daemon.api import make_app
+from llmconsole.daemon.context import DaemonContext
 
 
 class _RecordingService:
@@ -28,10 +28,8 @@ class _RecordingService:
 
 def _post(method: str, path: str, data: str) -> tuple[int, dict, list]:
     async def go():
-        app = web.Application()
         service = _RecordingService()
-        app[api_window.GATEWAY] = service
-        api_window.add_routes(app)
+        app = make_app(DaemonContext(fleet=None, gateway=service))  # the routes and their error mapping
         async with TestClient(TestServer(app)) as client:
             resp = await client.request(method, path, data=data, headers={"Content-Type": "application/json"})
             return resp.status, await resp.json(), service.calls

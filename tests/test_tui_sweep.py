@@ -1,7 +1,8 @@
-"""The console's sweep screen without an engine: its form makes the CLI's plan, bad input starts
-nothing, a given sequence of the runner's events shows as it should (and as a fixed picture),
-and a running sweep cannot be left or quit without a cancel. The real path, on a real engine,
-is in test_tui_runs_engine.py."""
+"""The console's sweep screen without an engine: its form makes the CLI's request and plan, bad
+input starts nothing, a given sequence of the runner's events shows as it should (and as a fixed
+picture), and a sweep the daemon cannot start says why. The run itself is the daemon's: the real
+path, on a real engine, with the console quit half-way, is in test_tui_runs_engine.py and
+test_tui_tmux.py."""
 
 from __future__ import annotations
 
@@ -12,14 +13,16 @@ from pathlib import Path
 import pytest
 from textual.widgets import DataTable, Input, Static
 
-from llmconsole.console.commands.sweep import build_plan
-from llmconsole.console.tui.run_view import cli_defaults, fmt_duration, split_items, ticked, whole_number
+import argparse
+
+from llmconsole.console.commands.sweep import build_plan, sweep_request as cli_sweep_request
+from llmconsole.console.tui.run_view import fmt_duration, split_items, ticked, whole_number
 from llmconsole.console.tui.screens.confirm import ConfirmScreen
 from llmconsole.console.tui.screens.dashboard import DashboardScreen
 from llmconsole.console.tui.screens.run_base import NO_DAEMON, RunFinished, RunProgressed
 from llmconsole.console.tui.screens.sweep import SweepScreen
 from llmconsole.console.tui.sweep_view import (SWEEP_DEFAULTS, SweepView, confirm_question, current_text, fold_sweep,
-                                               headline, restarts_engine, sweep_plan, table)
+                                               headline, restarts_engine, sweep_plan, sweep_request, table)
 from llmconsole.engine.sweep.runner import EngineTarget, SweepResult
 from llmconsole.engine.sweep.plan import LoadLevel, PointResult, SweepProgress
 from tests.test_tui_support import recorded_app, replay
@@ -51,13 +54,16 @@ def test_durations_and_ticking():
         whole_number("two", "repeats")
 
 
-def test_the_form_makes_the_plan_the_cli_makes():
+def test_the_form_makes_the_request_and_plan_the_cli_makes():
     from llmconsole.console.commands.sweep import register
 
+    parser = argparse.ArgumentParser(prog="llmconsole")
+    register(parser.add_subparsers())
+    ns = parser.parse_args(["sweep", "--engine", "t1", "--grid", "max_num_seqs=4,8", "--load", "concurrency=1,2",
+                            "--slo", "p99_e2e_ms=5000", "--repeats", "2", "--num-requests", "16",
+                            "--input-len", "64", "--output-len", "32", "--out", "."])
     plan = sweep_plan("t1", FORM)
-    ns = cli_defaults(register, ["sweep", "--engine", "t1", "--grid", "max_num_seqs=4,8", "--load", "concurrency=1,2",
-                                 "--slo", "p99_e2e_ms=5000", "--repeats", "2", "--num-requests", "16",
-                                 "--input-len", "64", "--output-len", "32", "--out", "."])
+    assert sweep_request("t1", FORM) == cli_sweep_request(ns)  # what travels to the daemon
     assert plan == build_plan(ns)
     assert plan.total_points == 4 and plan.grid == {"max_num_seqs": (4, 8)}
     # The defaults alone are a load-only sweep: nothing restarts.
@@ -175,14 +181,14 @@ def test_bad_input_shows_a_message_and_starts_nothing():
     asyncio.run(go())
 
 
-def test_a_running_sweep_asks_first_and_cannot_be_left_or_quit_until_cancelled(tmp_path):
+def test_a_sweep_asks_first_and_one_the_daemon_cannot_start_says_why(tmp_path):
     from llmconsole.paths import Paths
 
     async def go():
         app, source = recorded_app()
         async with app.run_test(size=(100, 30)) as pilot:
             screen = await _open(pilot)
-            screen.paths = Paths(tmp_path, tmp_path)  # no daemon answers there: the run must fail cleanly
+            screen.paths = Paths(tmp_path, tmp_path)  # no daemon answers there: the start must fail cleanly
             _set(screen, grid="max_num_seqs=4,8")
             await pilot.press("ctrl+s")
             await _wait(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
@@ -196,22 +202,25 @@ def test_a_running_sweep_asks_first_and_cannot_be_left_or_quit_until_cancelled(t
             await _wait(pilot, lambda: screen.started, "the run")
             await _wait(pilot, lambda: not screen.running, "the run's end")
             notes = str(screen.query_one("#run-notes", Static).render())
-            assert "the sweep stopped" in notes and "control.sock" in notes  # no daemon: said, not raised
-            # While a run is under way, esc and q refuse and say how to cancel.
-            screen.running = True
-            await pilot.press("escape")
-            await pilot.press("q")
-            await pilot.pause(0.05)
-            assert app.screen is screen and app.is_running
-            assert app.screen.check_action("cancel_run", ()) is True
+            assert "the sweep did not start" in notes and "control.sock" in notes  # no daemon: said, not raised
+            assert screen.run_id is None and source.commands == []
+    asyncio.run(go())
+
+
+def test_a_sweep_under_way_is_the_daemons_leaving_or_quitting_stops_nothing():
+    async def go():
+        app, source = recorded_app()
+        async with app.run_test(size=(100, 30)) as pilot:
+            screen = await stage(pilot, EVENTS)
+            assert screen.running and app.screen.check_action("cancel_run", ()) is True
             await pilot.press("c")
             await pilot.pause(0.05)
             assert screen.cancel_requested and app.screen.check_action("cancel_run", ()) is None
             assert "cancelling" in str(screen.query_one("#run-status", Static).render())
-            screen.running = False
-            await pilot.press("escape")
+            await pilot.press("escape")  # the run is the daemon's: the screen goes, the run does not
             await pilot.pause(0.05)
             assert isinstance(app.screen, DashboardScreen) and source.commands == []
+            assert screen.farewell_note == "the sweep of t1 runs on in the daemon; S on the engine shows it"
     asyncio.run(go())
 
 
@@ -236,6 +245,18 @@ def _result(out: Path):
     result = SweepResult(plan, (P1, P2, P3, P4), EngineTarget("u", "tiny", "m", "89f45120175e", {}), "done",
                          time.time() - 120, time.time(), True)
     return result, write_results(result, out)
+
+
+def test_what_the_daemon_sends_reads_as_the_runners_own_values(tmp_path):
+    from llmconsole.engine.sweep.report import analyse, picks_text, result_from_json, table_rows, to_json
+
+    result, _ = _result(tmp_path / "out")
+    back = result_from_json(to_json(result), result.plan)
+    assert back.points == result.points and table_rows(back) == table_rows(result)
+    assert picks_text(back, analyse(back)) == picks_text(result, analyse(result))
+    assert (back.status, back.restored, back.original.config_id) == ("done", True, "89f45120175e")
+    for ev in EVENTS + TAIL:
+        assert SweepProgress.from_json(ev.to_json()) == ev
 
 
 def test_progress_and_the_end_show_in_the_screen(tmp_path):

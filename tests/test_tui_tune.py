@@ -1,5 +1,5 @@
-"""The console's tune screen without an engine: its form makes the CLI's settings, bad input
-starts nothing, a given sequence of the tuner's events shows trial i of the budget, the best so
+"""The console's tune screen without an engine: its form makes the CLI's request and settings,
+bad input starts nothing, what the daemon sends back reads as the tuner's own values, a given sequence of the tuner's events shows trial i of the budget, the best so
 far and the trial table (and as a fixed picture), and the winner is applied only after a
 question, only when the CLI's --apply would apply it. The real path, on a real engine, is in
 test_tui_runs_engine.py."""
@@ -11,13 +11,15 @@ import asyncio
 import pytest
 from textual.widgets import DataTable, Input, Static
 
-from llmconsole.console.commands.tune import build, register
-from llmconsole.console.tui.run_view import cli_defaults
+import argparse
+
+from llmconsole.console.commands.tune import build, register, tune_request as cli_tune_request
 from llmconsole.console.tui.screens.confirm import ConfirmScreen
 from llmconsole.console.tui.screens.run_base import RunFinished, RunProgressed
-from llmconsole.console.tui.screens.tune import PriorTrials, TuneScreen
+from llmconsole.console.tui.screens.tune import PriorTrials, TunePrepared, TuneScreen
 from llmconsole.console.tui.tune_view import (TUNE_DEFAULTS, TuneView, best_text, can_apply, current_text, fold_tune,
-                                              headline, outcome_lines, snapshot_facts, trial_rows, tune_settings)
+                                              headline, outcome_lines, snapshot_facts, trial_rows, tune_request,
+                                              tune_settings)
 from llmconsole.engine.sweep.runner import EngineTarget
 from llmconsole.engine.tune.tuner import TuneProgress, TuneResult
 from llmconsole.engine.tune.space import Budget, Remeasured, TrialOutcome
@@ -38,9 +40,12 @@ async def _wait(pilot, cond, what: str, tries: int = 300) -> None:
 
 def test_the_form_makes_the_settings_the_cli_makes():
     s, space = tune_settings("t1", FACTS, FORM)
-    ns = cli_defaults(register, ["tune", "--engine", "t1", "--workload", "concurrency=2", "--slo", "p99_e2e_ms=10000",
-                                 "--budget", "4", "--knob", "max_num_seqs=2,4,8", "--input-len", "64",
-                                 "--output-len", "32", "--num-requests", "24", "--top-k", "2", "--repeats", "2"])
+    parser = argparse.ArgumentParser(prog="llmconsole")
+    register(parser.add_subparsers())
+    ns = parser.parse_args(["tune", "--engine", "t1", "--workload", "concurrency=2", "--slo", "p99_e2e_ms=10000",
+                            "--budget", "4", "--knob", "max_num_seqs=2,4,8", "--input-len", "64",
+                            "--output-len", "32", "--num-requests", "24", "--top-k", "2", "--repeats", "2"])
+    assert tune_request("t1", FORM) == cli_tune_request(ns)  # what travels to the daemon
     assert (s, space) == build(ns, FACTS)
     assert s.budget == Budget(trials=4) and [k.name for k in s.knobs] == ["max_num_seqs"]
     assert space.describe()[0].startswith("max_num_seqs=2,4,8")
@@ -114,6 +119,16 @@ def _result(status: str = "done", restored: bool = True, winner: bool = True) ->
                       None if restored else "RuntimeError: no", status, 3)
 
 
+def test_what_the_daemon_sends_reads_as_the_tuners_own_values():
+    for r in (_result(), _result("cancelled", restored=False, winner=False)):
+        back = TuneResult.from_json(r.to_json())
+        assert outcome_lines(back) == outcome_lines(r) and can_apply(back) == can_apply(r)
+        assert back.trials == r.trials and back.winner == r.winner
+    for ev in EVENTS:
+        if isinstance(ev, TuneProgress):
+            assert TuneProgress.from_json(ev.to_json()) == ev
+
+
 def test_the_end_and_when_the_winner_may_be_applied():
     lines = outcome_lines(_result())
     assert lines[0] == "study t1-abc: done (5 trials, 3 this run)"
@@ -137,7 +152,8 @@ async def _open(pilot) -> TuneScreen:
 async def stage(pilot, events, finished=None) -> TuneScreen:
     screen = await _open(pilot)
     screen.clock = lambda: 1000.0
-    screen.show_run(tune_settings("t1", FACTS, FORM))
+    settings, space = tune_settings("t1", FACTS, FORM)
+    screen.show_run(TunePrepared(tune_request("t1", FORM), settings, tuple(space.describe())))
     screen.running = finished is None
     for ev in events:
         screen.post_message(RunProgressed(ev))

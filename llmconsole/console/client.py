@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 
 from llmconsole.engine.startup_log import read_tail
+from llmconsole.engine.tune.ranges import EngineFacts
 from llmconsole.paths import Paths
 
 
@@ -173,6 +174,50 @@ class DaemonClient:
 
     def remove_group(self, name: str) -> dict[str, Any]:
         return self._call("DELETE", f"/groups/{name}")
+
+
+    # --- sweeps and tunes run in the daemon (daemon/api/runs.py) ---------------------------
+
+    def start_run(self, kind: str, request: dict[str, Any]) -> dict[str, Any]:
+        """Start a sweep or tune in the daemon; it runs on whatever happens to this client."""
+        return self._call("POST", "/runs", json={"kind": kind, "request": request})
+
+    def run(self, run_id: int, since: int = 0) -> dict[str, Any]:
+        """The run, its progress events from the `since`-th on, and its outcome once it ended."""
+        return self._call("GET", f"/runs/{run_id}", params={"since": since})
+
+    def runs(self, engine: str | None = None) -> list[dict[str, Any]]:
+        return self._call("GET", "/runs", params={"engine": engine} if engine else None)["runs"]
+
+    def cancel_run(self, run_id: int) -> dict[str, Any]:
+        return self._call("POST", f"/runs/{run_id}/cancel")
+
+    def apply_tuned(self, name: str, overrides: dict[str, Any], slo: dict[str, Any],
+                    study: str | None = None) -> dict[str, Any]:
+        """A tuned config through the daemon's guarded apply, which then watches the SLO and rolls
+        back on its own if production degrades."""
+        return self._call("POST", f"/engines/{name}/tune/apply", timeout=900.0,
+                          json={"overrides": overrides, "slo": slo, "study": study})
+
+
+def engine_facts(client: DaemonClient, name: str, *, with_window: bool) -> EngineFacts:
+    """What a tune's ranges come from, as the daemon reports the engine: its model, device and
+    spec, and the gateway's window bounds when a knob moves them. DaemonError when the engine is
+    unknown or not ready (a tune restarts it: it must be serving first)."""
+    e = client.engine(name)
+    if e is None:
+        raise DaemonError(404, f"no engine named {name!r}")
+    if e["state"] != "ready" or not e.get("url"):
+        raise DaemonError(409, f"engine {name} is {e['state']}, not ready; nothing was sent")
+    window = None
+    if with_window:
+        try:
+            w = client.window(name, trace_points=0)
+        except DaemonError as err:
+            raise DaemonError(err.status, f"the gateway's window cannot be tuned: {err}") from None
+        window = {"min_window": int(w["min_window"]), "max_window": int(w["max_window"])}
+    return EngineFacts(model=str(e["model"]), device=str(e.get("device") or "cpu"), spec=dict(e["spec"]),
+                       window=window)
 
 
 def spawn_daemon(paths: Paths) -> subprocess.Popen:

@@ -17,17 +17,15 @@ import time
 
 from aiohttp import web
 
-from llmconsole.daemon.api.engines import STOP, STOP_ENGINES, make_app
-from llmconsole.daemon.api.window import GATEWAY
-from llmconsole.daemon.api.history import add_routes as add_history_routes
-from llmconsole.daemon.api.history import on_config_failed
-from llmconsole.daemon.api.history import rollback as history_rollback
-from llmconsole.daemon.api.modes import start_services as start_mode_services
-from llmconsole.daemon.api.tune import start_services as start_tune_services
+from llmconsole.daemon.api import make_app
+from llmconsole.daemon.api.engines import STOP, STOP_ENGINES
+from llmconsole.daemon.context import DaemonContext
+from llmconsole.daemon.hosted import HostedServices
+from llmconsole.daemon.services.gateway_service import GatewayService
+from llmconsole.daemon.services.rollback import on_config_failed
 from llmconsole.db import Store, StoreError
 from llmconsole.db.recorder import Recorder
 from llmconsole.engine.fleet import Fleet
-from llmconsole.daemon.services.gateway_service import GatewayService
 from llmconsole.paths import Paths, resolve
 
 log = logging.getLogger("llmconsole.daemon")
@@ -63,18 +61,18 @@ async def serve(paths: Paths) -> None:
     store = Store.open(paths.database)
     recorder = Recorder(store, stable_after_s=fleet.policy.stable_after_s)
     fleet.status_listeners.append(recorder.observe)
-    fleet.config_failed_listeners.append(on_config_failed(fleet, store))
     for line in await fleet.open():
         log.info("resumed %s", line)
     recorder.close_orphans(fleet.statuses())
     for st in fleet.statuses():
         recorder.observe(st)
-    app = make_app(fleet)
-    add_history_routes(app, store, recorder)
-    gateway = app[GATEWAY] = GatewayService(fleet, store=store)  # the engines' front door and window loop
+    gateway = GatewayService(fleet, store=store)  # the engines' front door and window loop
     await gateway.start()
-    mode_services = await start_mode_services(app, fleet, store, gateway, history_rollback)  # modes, alerts, /metrics
-    mode_services += await start_tune_services(app, fleet, store, gateway, history_rollback)  # tune apply, guard, schedule
+    ctx = DaemonContext(fleet=fleet, store=store, gateway=gateway, recorder=recorder)
+    fleet.config_failed_listeners.append(on_config_failed(ctx))
+    services = HostedServices.build(ctx)  # modes, alerts, /metrics, tunes, console-started runs
+    await services.start()
+    app = make_app(ctx, services)
     sampler = asyncio.create_task(_sample_forever(fleet, recorder), name="recorder")
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
@@ -98,8 +96,7 @@ async def serve(paths: Paths) -> None:
     stop_engines = any(app[STOP_ENGINES])
     log.info("daemon stopping (%s)", "stopping engines" if stop_engines else "engines keep serving")
     sampler.cancel()
-    for service in mode_services:
-        await service.close()
+    await services.close()
     await gateway.close()
     await fleet.close(stop_engines=stop_engines)
     await runner.cleanup()

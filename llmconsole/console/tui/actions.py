@@ -265,8 +265,10 @@ class ConsoleActions:
         self.push_screen(HelpScreen())
 
     async def action_quit(self) -> None:
-        if getattr(self.screen, "busy", False):  # a sweep or tune may have the engine on another config
-            self.notify("a sweep or tune is under way: c cancels it and puts the engine's config back; "
-                        "then q quits", severity="warning")
+        if getattr(self.screen, "busy", False):  # an apply whose answer is on its way
+            self.notify("a tuned config is being applied: its outcome shows here in a moment; then q quits",
+                        severity="warning")
             return
-        self.exit(goodbye(self.snapshot, daemon_lost=self.lost_reason is not None))
+        farewell = goodbye(self.snapshot, daemon_lost=self.lost_reason is not None)
+        note = getattr(self.screen, "farewell_note", None)
+        self.exit(f"{farewell}; {note}" if note else farewell)

@@ -1,15 +1,14 @@
 """What the sweep and tune screens share, as plain functions: durations, params, and a form's
-text turned into the same argparse namespace the CLI builds, so the console and the CLI check
-and run exactly the same plan.
+fields checked and named the way the screens report them (the typed requests in engine/sweep
+and engine/tune then check the rest exactly as they do for the CLI).
 
 No Textual here: these are the parts with fast unit tests.
 """
 
 from __future__ import annotations
 
-import argparse
 import re
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 
 def fmt_duration(seconds: float | None) -> str:
@@ -61,10 +60,3 @@ def length(text: str, what: str) -> str:
     except ValueError as e:
         raise ValueError(f"{what}: {e}") from None
     return text.strip()
-
-
-def cli_defaults(register: Callable[[Any], None], argv: list[str]) -> argparse.Namespace:
-    """The namespace a CLI subcommand gets for `argv`: every default from the one place they live."""
-    parser = argparse.ArgumentParser(prog="llmconsole")
-    register(parser.add_subparsers())
-    return parser.parse_args(argv)

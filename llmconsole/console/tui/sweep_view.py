@@ -1,4 +1,4 @@
-"""The sweep screen's view: the form into the CLI's plan, and the runner's events folded into
+"""The sweep screen's view: the form into the typed request the CLI builds too, and the runner's events folded into
 what the screen shows (point i of n, elapsed and time left, the point under way, the rows so
 far in the CLI's table form).
 
@@ -13,13 +13,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from llmconsole.console.cli_common import CliError
-from llmconsole.console.commands import sweep as sweep_cmd
-from llmconsole.console.tui.run_view import (cli_defaults, fmt_duration, length, params_text, split_items, ticked,
-                                             whole_number)
-from llmconsole.engine.sweep.runner import EngineTarget, SweepResult
+from llmconsole.console.tui.run_view import fmt_duration, length, params_text, split_items, ticked, whole_number
 from llmconsole.engine.sweep.plan import PointResult, SweepPlan, SweepProgress
 from llmconsole.engine.sweep.report import HEADERS, table_rows
+from llmconsole.engine.sweep.request import SweepRequest
+from llmconsole.engine.sweep.runner import EngineTarget, SweepResult
 
 # The form's fields and their safe small defaults: a load-only sweep (no restart) of two light loads.
 SWEEP_FIELDS: tuple[tuple[str, str, str, str], ...] = (
@@ -35,22 +33,26 @@ SWEEP_FIELDS: tuple[tuple[str, str, str, str], ...] = (
 SWEEP_DEFAULTS = {name: default for name, _, default, _ in SWEEP_FIELDS}
 
 
+def sweep_request(engine: str, form: Mapping[str, str]) -> SweepRequest:
+    """The request `llmconsole sweep` would make of the same values (the fields the form does not
+    show keep the CLI's defaults); ValueError names the field that is wrong."""
+    loads = split_items(form.get("load", ""))
+    if not loads:
+        raise ValueError("give at least one load level, e.g. concurrency=1,2")
+    slo = form.get("slo", "").strip()
+    request = SweepRequest(
+        engine=engine, grid=split_items(form.get("grid", "")), loads=loads, slo=[slo] if slo else [],
+        repeats=whole_number(form.get("repeats", ""), "repeats per point"),
+        num_requests=whole_number(form.get("num_requests", ""), "requests per run"),
+        input_len=length(form.get("input_len", ""), "input length"),
+        output_len=length(form.get("output_len", ""), "output length"))
+    request.plan()  # ValueError for what only the plan can tell (an unknown grid field, a bad SLO)
+    return request
+
+
 def sweep_plan(engine: str, form: Mapping[str, str]) -> SweepPlan:
     """The plan `llmconsole sweep` would run for the same values; ValueError says what is wrong."""
-    ns = cli_defaults(sweep_cmd.register, ["sweep", "--engine", engine, "--load", "concurrency=1", "--out", "."])
-    ns.grid = split_items(form.get("grid", ""))
-    ns.load = split_items(form.get("load", ""))
-    if not ns.load:
-        raise ValueError("give at least one load level, e.g. concurrency=1,2")
-    ns.slo = [form["slo"].strip()] if form.get("slo", "").strip() else []
-    ns.repeats = whole_number(form.get("repeats", ""), "repeats per point")
-    ns.num_requests = whole_number(form.get("num_requests", ""), "requests per run")
-    ns.input_len = length(form.get("input_len", ""), "input length")
-    ns.output_len = length(form.get("output_len", ""), "output length")
-    try:
-        return sweep_cmd.build_plan(ns)
-    except CliError as e:
-        raise ValueError(str(e)) from None
+    return sweep_request(engine, form).plan()
 
 
 def restarts_engine(plan: SweepPlan, spec: Mapping[str, Any]) -> bool:

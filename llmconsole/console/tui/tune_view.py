@@ -1,4 +1,4 @@
-"""The tune screen's view: the form into the CLI's tune settings, and the tuner's events folded
+"""The tune screen's view: the form into the typed request the CLI builds too, and the tuner's events folded
 into what the screen shows (trial i of the budget, the best so far, the trial table, the
 recommendation at the end).
 
@@ -12,10 +12,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from llmconsole.console.cli_common import CliError
-from llmconsole.console.commands import tune as tune_cmd
-from llmconsole.console.tui.run_view import (cli_defaults, fmt_duration, length, params_text, split_items, ticked,
-                                             whole_number)
+from llmconsole.console.tui.run_view import fmt_duration, length, params_text, split_items, ticked, whole_number
+from llmconsole.engine.tune.request import TuneRequest
 from llmconsole.engine.tune.tuner import TuneProgress, TuneResult, TuneSettings
 from llmconsole.engine.tune.ranges import EngineFacts, TuneSpace
 from llmconsole.engine.tune.space import Budget, TrialOutcome
@@ -40,25 +38,29 @@ def snapshot_facts(spec: Mapping[str, Any], window: Mapping[str, int] | None = N
     return EngineFacts(model=str(spec.get("model", "")), spec=dict(spec), window=dict(window) if window else None)
 
 
+def tune_request(engine: str, form: Mapping[str, str]) -> TuneRequest:
+    """The request `llmconsole tune` would make of the same values (the fields the form does not
+    show keep the CLI's defaults); ValueError names the field that is wrong."""
+    workload = form.get("workload", "").strip()
+    if not workload:
+        raise ValueError("give the workload, e.g. concurrency=2")
+    slo = form.get("slo", "").strip()
+    request = TuneRequest(
+        engine=engine, workload=workload, slo=[slo] if slo else [], budget=form.get("budget", "").strip(),
+        knobs=split_items(form.get("knobs", "")),
+        input_len=length(form.get("input_len", ""), "input length"),
+        output_len=length(form.get("output_len", ""), "output length"),
+        num_requests=whole_number(form.get("num_requests", ""), "requests per trial"),
+        top_k=whole_number(form.get("top_k", ""), "re-measured candidates"),
+        repeats=whole_number(form.get("repeats", ""), "re-measurements"))
+    request.check()
+    return request
+
+
 def tune_settings(engine: str, facts: EngineFacts, form: Mapping[str, str]) -> tuple[TuneSettings, TuneSpace]:
     """The settings `llmconsole tune` would use for the same values, and the space as derived
     (each knob's range and where it came from); ValueError says what is wrong."""
-    ns = cli_defaults(tune_cmd.register, ["tune", "--engine", engine, "--workload", "concurrency=1", "--budget", "1"])
-    ns.workload = form.get("workload", "").strip()
-    if not ns.workload:
-        raise ValueError("give the workload, e.g. concurrency=2")
-    ns.slo = [form["slo"].strip()] if form.get("slo", "").strip() else []
-    ns.budget = form.get("budget", "").strip()
-    ns.knob = split_items(form.get("knobs", ""))
-    ns.input_len = length(form.get("input_len", ""), "input length")
-    ns.output_len = length(form.get("output_len", ""), "output length")
-    ns.num_requests = whole_number(form.get("num_requests", ""), "requests per trial")
-    ns.top_k = whole_number(form.get("top_k", ""), "re-measured candidates")
-    ns.repeats = whole_number(form.get("repeats", ""), "re-measurements")
-    try:
-        return tune_cmd.build(ns, facts)
-    except CliError as e:
-        raise ValueError(str(e)) from None
+    return tune_request(engine, form).settings(facts)
 
 
 def confirm_question(engine: str, settings: TuneSettings) -> str:

@@ -1,4 +1,4 @@
-"""The daemon's control API: HTTP on a Unix socket (0600), JSON in and out.
+"""The daemon itself and its engines' lifecycle on the control API.
 
 Routes (all under /v1):
   GET  /daemon                      the daemon itself (pid, version, home, uptime)
@@ -15,7 +15,7 @@ Routes (all under /v1):
   GET  /engines/{name}/logs         ?offset=N (bytes; omit for the tail) &max_bytes=M
 
 Errors are {"error": "...", "details": [...]} with 400 (bad input: nothing was changed),
-404 (unknown engine), 409 (not allowed in the engine's current state).
+404 (unknown engine), 409 (not allowed in the engine's current state): see daemon/http.py.
 """
 
 from __future__ import annotations
@@ -24,57 +24,24 @@ import asyncio
 import dataclasses
 import logging
 import os
-import pwd
-import socket
-import struct
 import time
 from typing import Any
 
 from aiohttp import web
-from pydantic import ValidationError
 
 from llmconsole import __version__
-from llmconsole.daemon.api.history import STORE, ActionLog, session_of
-from llmconsole.daemon.api.window import add_routes as add_window_routes
-from llmconsole.daemon.api.modes import add_routes as add_mode_routes
-from llmconsole.engine.fleet import Fleet, UnknownEngine, check_name
-from llmconsole.engine.spec import EngineSpec, validation_messages
+from llmconsole.daemon.context import context_of
+from llmconsole.daemon.http import error_response, json_body, peer_user, session_of
+from llmconsole.daemon.services.rollback import ActionLog
+from llmconsole.engine.fleet import Fleet, check_name
+from llmconsole.engine.spec import EngineSpec
 from llmconsole.engine.supervisor import EngineBusy
-from llmconsole.engine.plan.validate import ConfigDoesNotFit
 
 log = logging.getLogger(__name__)
 
-FLEET = web.AppKey("fleet", Fleet)
 STOP = web.AppKey("stop", asyncio.Event)
-STOP_ENGINES = web.AppKey("stop_engines", list)
+STOP_ENGINES = web.AppKey("stop_engines", list[bool])
 STARTED_AT = web.AppKey("started_at", float)
-
-
-def _error(status: int, message: str, details: list[str] | None = None) -> web.Response:
-    return web.json_response({"error": message, "details": details or []}, status=status)
-
-
-def peer_user(request: web.Request) -> str:
-    """Who is on the other end of the socket (SO_PEERCRED), for the daemon's audit log."""
-    sock = request.transport.get_extra_info("socket") if request.transport else None
-    try:
-        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        _pid, uid, _gid = struct.unpack("3i", creds)
-        return pwd.getpwuid(uid).pw_name
-    except (AttributeError, OSError, KeyError):
-        return "unknown"
-
-
-async def _json_body(request: web.Request) -> dict[str, Any]:
-    if not request.can_read_body:
-        return {}
-    try:
-        body = await request.json()
-    except ValueError:
-        raise web.HTTPBadRequest(text='{"error": "request body is not JSON"}', content_type="application/json")
-    if not isinstance(body, dict):
-        raise web.HTTPBadRequest(text='{"error": "request body must be a JSON object"}', content_type="application/json")
-    return body
 
 
 def _spec_from_body(fleet: Fleet, name: str, body: dict[str, Any]) -> EngineSpec | None:
@@ -98,12 +65,8 @@ def _spec_from_body(fleet: Fleet, name: str, body: dict[str, Any]) -> EngineSpec
     return EngineSpec(**fields)
 
 
-def _status_json(fleet: Fleet, name: str) -> dict[str, Any]:
-    return fleet.get(name).status().to_json()
-
-
 async def get_daemon(request: web.Request) -> web.Response:
-    fleet = request.app[FLEET]
+    fleet = context_of(request).fleet
     return web.json_response({
         "pid": os.getpid(),
         "version": __version__,
@@ -115,7 +78,7 @@ async def get_daemon(request: web.Request) -> web.Response:
 
 
 async def post_daemon_stop(request: web.Request) -> web.Response:
-    body = await _json_body(request)
+    body = await json_body(request)
     stop_engines = bool(body.get("stop_engines", False))
     log.info("daemon stop requested by %s (stop_engines=%s)", peer_user(request), stop_engines)
     request.app[STOP_ENGINES].append(stop_engines)
@@ -124,7 +87,7 @@ async def post_daemon_stop(request: web.Request) -> web.Response:
 
 
 async def get_status(request: web.Request) -> web.Response:
-    fleet = request.app[FLEET]
+    fleet = context_of(request).fleet
     host = fleet.probe.sample_host()
     return web.json_response({
         "daemon": {"pid": os.getpid(), "version": __version__},
@@ -133,24 +96,24 @@ async def get_status(request: web.Request) -> web.Response:
     })
 
 
-def _engine_handler(action: str):
+def _engine_handler(action: str) -> Any:
     async def handler(request: web.Request) -> web.Response:
-        fleet = request.app[FLEET]
+        ctx = context_of(request)
+        fleet = ctx.fleet
         name = request.match_info["name"]
-        body = await _json_body(request)
-        actions = ActionLog(request.app.get(STORE))
-        action_id = None
+        body = await json_body(request)
+        actions = ActionLog(ctx.store)
+        check_name(name)
+        before = fleet.engines[name].spec if name in fleet.engines else None
+        spec = None
+        if action in ("start", "restart"):
+            spec = None if name not in fleet.engines and body.get("spec") is None else _spec_from_body(fleet, name, body)
+            if name not in fleet.engines and spec is None:
+                return error_response(400, f"engine {name} is new: give it a spec (at least a model)")
+        after = spec if spec is not None else (before if action != "stop" else None)
+        action_id = actions.begin(action, name, peer_user(request), session_id=session_of(request),
+                                  from_spec=before, to_spec=after)
         try:
-            check_name(name)
-            before = fleet.engines[name].spec if name in fleet.engines else None
-            spec = None
-            if action in ("start", "restart"):
-                spec = None if name not in fleet.engines and body.get("spec") is None else _spec_from_body(fleet, name, body)
-                if name not in fleet.engines and spec is None:
-                    return _error(400, f"engine {name} is new: give it a spec (at least a model)")
-            after = spec if spec is not None else (before if action != "stop" else None)
-            action_id = actions.begin(action, name, peer_user(request), session_id=session_of(request),
-                                      from_spec=before, to_spec=after)
             if action == "start":
                 await fleet.start(name, spec, force=bool(body.get("force")))
             elif action == "restart":
@@ -158,48 +121,30 @@ def _engine_handler(action: str):
             elif action == "stop":
                 drain = body.get("drain_timeout_s")
                 await fleet.stop(name, float(drain) if drain is not None else None)
-            actions.end(action_id, "done")
-            log.info("%s %s by %s", action, name, peer_user(request))
-        except ValidationError as e:
-            return _error(400, "invalid engine spec", validation_messages(e))
-        except (ValueError, TypeError) as e:
+        except (ValueError, TypeError, EngineBusy) as e:  # refused: recorded, then answered by the middleware
             actions.end(action_id, "refused", {"error": str(e)})
-            return _error(400, str(e), e.verdict.details() if isinstance(e, ConfigDoesNotFit) else None)
-        except UnknownEngine as e:
-            return _error(404, str(e))
-        except EngineBusy as e:
-            actions.end(action_id, "refused", {"error": str(e)})
-            return _error(409, str(e))
-        return web.json_response(_status_json(fleet, name), status=202 if action != "stop" else 200)
+            raise
+        actions.end(action_id, "done")
+        log.info("%s %s by %s", action, name, peer_user(request))
+        return web.json_response(fleet.get(name).status().to_json(), status=202 if action != "stop" else 200)
 
     return handler
 
 
 async def delete_engine(request: web.Request) -> web.Response:
-    fleet = request.app[FLEET]
     name = request.match_info["name"]
-    try:
-        await fleet.remove(name)
-    except UnknownEngine as e:
-        return _error(404, str(e))
-    except EngineBusy as e:
-        return _error(409, str(e))
+    await context_of(request).fleet.remove(name)
     return web.json_response({"removed": name})
 
 
 async def get_logs(request: web.Request) -> web.Response:
-    fleet = request.app[FLEET]
-    name = request.match_info["name"]
-    try:
-        path = fleet.get(name).log_path
-    except UnknownEngine as e:
-        return _error(404, str(e))
+    path = context_of(request).fleet.get(request.match_info["name"]).log_path
     try:
         max_bytes = min(int(request.query.get("max_bytes", 64 * 1024)), 4 * 1024 * 1024)
         offset = request.query.get("offset")
         offset_i = int(offset) if offset is not None else None
     except ValueError:
-        return _error(400, "offset and max_bytes must be integers")
+        return error_response(400, "offset and max_bytes must be integers")
     try:
         size = path.stat().st_size
     except FileNotFoundError:
@@ -211,9 +156,7 @@ async def get_logs(request: web.Request) -> web.Response:
     return web.json_response({"text": data.decode("utf-8", errors="replace"), "offset": start + len(data), "size": size})
 
 
-def make_app(fleet: Fleet) -> web.Application:
-    app = web.Application()
-    app[FLEET] = fleet
+def add_routes(app: web.Application) -> None:
     app[STOP] = asyncio.Event()
     app[STOP_ENGINES] = []
     app[STARTED_AT] = time.time()
@@ -225,6 +168,3 @@ def make_app(fleet: Fleet) -> web.Application:
     app.router.add_post("/v1/engines/{name}/restart", _engine_handler("restart"))
     app.router.add_delete("/v1/engines/{name}", delete_engine)
     app.router.add_get("/v1/engines/{name}/logs", get_logs)
-    add_window_routes(app)
-    add_mode_routes(app)
-    return app

@@ -12,17 +12,22 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, StateSetMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from llmconsole.daemon.context import DaemonContext
 from llmconsole.engine.alerts import rules as ar
 from llmconsole.engine.modes.policy import used_fraction
 from llmconsole.engine.modes.memory import FRACTIONS
 from llmconsole.engine.status import EngineState
+
+if TYPE_CHECKING:
+    from llmconsole.daemon.services.mode_service import ModeService
+    from llmconsole.daemon.services.response_service import ResponseService
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +37,10 @@ _MODES = [m.value for m in FRACTIONS]
 
 
 class DaemonCollector:
-    def __init__(self, fleet, gateway=None, responses=None, modes=None):
-        self.fleet = fleet
-        self.gateway = gateway
+    def __init__(self, ctx: DaemonContext, responses: ResponseService | None = None,
+                 modes: ModeService | None = None):
+        self.fleet = ctx.fleet
+        self.gateway = ctx.gateway
         self.responses = responses
         self.modes = modes
 

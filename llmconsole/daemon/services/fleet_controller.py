@@ -1,26 +1,31 @@
-"""The auto-tuner's engine controller inside the daemon: each trial restarts the engine through the
-fleet (the same supervised restart an operator's change takes), and the window bounds move through
-the gateway service. The scheduled tune drives its Tuner through this."""
+"""The sweep runner's and the tuner's engine controller inside the daemon: each point or trial
+restarts the engine through the fleet (the same supervised restart an operator's change takes),
+and the window bounds move through the gateway service. The scheduled tune and the runs a
+console starts in the daemon drive their runners through this."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from typing import Any
 
+from llmconsole.daemon.services.gateway_service import GatewayService
+from llmconsole.engine.fleet import Fleet
 from llmconsole.engine.status import EngineState
 from llmconsole.engine.sweep.runner import EngineStartFailed, EngineTarget
-from llmconsole.engine.sweep.probe import ResourceSample
+from llmconsole.engine.sweep.probe import ResourceSample, resource_sample
+from llmconsole.engine.tune.ranges import EngineFacts
 
 
 class FleetController:
-    """The tuner's engine controller inside the daemon: restarts through the fleet, the window
-    bounds through the gateway service."""
+    """Restarts through the fleet, the window bounds through the gateway service."""
 
-    def __init__(self, fleet, name: str, ready_timeout_s: float = 900.0, gateway=None):
+    def __init__(self, fleet: Fleet, name: str, ready_timeout_s: float = 900.0,
+                 gateway: GatewayService | None = None):
         self.fleet, self.name, self.ready_timeout_s, self.gateway = fleet, name, ready_timeout_s, gateway
 
-    def _gateway(self):
+    def _gateway(self) -> GatewayService:
         if self.gateway is None:
             raise ValueError("this daemon runs no gateway: the window cannot be tuned")
         return self.gateway
@@ -35,6 +40,14 @@ class FleetController:
 
     async def set_window(self, bounds: dict[str, int]) -> None:
         self._gateway().change_window(self.name, settings=dict(bounds))  # ValueError: refused, unchanged
+
+    async def facts(self, *, with_window: bool) -> EngineFacts:
+        """What the tuner's ranges come from: the engine as it runs now, and the gateway's window
+        bounds when a knob moves them."""
+        sup = self.fleet.get(self.name)
+        window = await self.window() if with_window else None
+        return EngineFacts(model=str(sup.spec.model), device=str(sup.status().device or "cpu"),
+                           spec=sup.spec.public_dict(), window=window)
 
     def _target(self) -> EngineTarget:
         sup = self.fleet.get(self.name)
@@ -66,5 +79,5 @@ class FleetController:
         return await self.apply(original.spec)
 
     async def resources(self) -> ResourceSample:
-        return ResourceSample(None, None, None, None, "not sampled by the scheduled tune",
-                              "not sampled by the scheduled tune")
+        host = self.fleet.probe.sample_host()  # cached and cheap, as the status route takes it
+        return resource_sample(self.fleet.get(self.name).status().to_json(), dataclasses.asdict(host))

@@ -22,8 +22,10 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
+from llmconsole.daemon.context import DaemonContext
+from llmconsole.daemon.services.rollback import rollback
 from llmconsole.engine.alerts import rules as ar
 from llmconsole.engine.modes.guarded_apply import ApplyFailed, ApplyRefused, guarded_apply
 from llmconsole.engine.modes.policy import used_fraction
@@ -40,13 +42,12 @@ _TIGHTER = {Mode.PERFORMANCE: Mode.BALANCED, Mode.BALANCED: Mode.AGGRESSIVE}
 
 
 class ResponseService:
-    def __init__(self, fleet, store, gateway, *, rollback: Callable[..., Awaitable[dict]] | None = None,
-                 settings_path: Path | None = None):
-        self.fleet = fleet
-        self.store = store
-        self.gateway = gateway  # GatewayService, or None
-        self.rollback = rollback
-        self.settings_path = settings_path or fleet.paths.data_dir / "responses.json"
+    def __init__(self, ctx: DaemonContext, *, settings_path: Path | None = None):
+        self.ctx = ctx
+        self.fleet = ctx.fleet
+        self.store = ctx.need_store()
+        self.gateway = ctx.gateway
+        self.settings_path = settings_path or ctx.data_dir / "responses.json"
         self.settings = self._read_settings()
         self.tracker = ar.AlertTracker()
         self._apply_for_s()
@@ -313,10 +314,8 @@ class ResponseService:
                 group.remove_upstream(name)
             return {"stopped": name}
         if "rollback_to" in undo:
-            if self.rollback is None:
-                raise ResponseRefused("this daemon keeps no history to roll back with")
-            return await self.rollback(self.fleet, self.store, engine, actor="operator",
-                                       to_config_id=undo["rollback_to"], reason="undo of an automated response")
+            return await rollback(self.ctx, engine, actor="operator", to_config_id=undo["rollback_to"],
+                                  reason="undo of an automated response")
         raise ResponseRefused("this response records no way to undo it")
 
     # --- what status, /metrics and the console read ---------------------------------------

@@ -21,7 +21,9 @@ import statistics
 import time
 from typing import Any
 
+from llmconsole.daemon.context import DaemonContext
 from llmconsole.daemon.services.fleet_controller import FleetController
+from llmconsole.daemon.services.rollback import rollback
 from llmconsole.engine.modes.guarded_apply import ApplyFailed, ApplyRefused, guarded_apply
 from llmconsole.engine.metrics.latency import Slo
 from llmconsole.engine.alerts.response_settings import GroupGate
@@ -29,7 +31,7 @@ from llmconsole.engine.status import EngineState
 from llmconsole.engine.sweep.plan import LoadLevel, SweepPlan
 from llmconsole.engine.tune.tuner import Tuner, TuneSettings
 from llmconsole.engine.tune.guard import GuardSettings, breach, sustained, window_figures
-from llmconsole.engine.tune.ranges import EngineFacts, derive_space
+from llmconsole.engine.tune.ranges import derive_space
 from llmconsole.engine.tune.space import Budget, Knob, clamp_to_workload, parse_knob, split_params
 from llmconsole.engine.load.workload import LengthDist
 
@@ -37,9 +39,10 @@ log = logging.getLogger(__name__)
 
 
 class TuneService:
-    def __init__(self, fleet, store, gateway, rollback):
-        self.fleet, self.store, self.gateway, self.rollback = fleet, store, gateway, rollback
-        self.path = fleet.paths.data_dir / "tune_schedule.json"
+    def __init__(self, ctx: DaemonContext):
+        self.ctx = ctx
+        self.fleet, self.store, self.gateway = ctx.fleet, ctx.store, ctx.gateway
+        self.path = ctx.data_dir / "tune_schedule.json"
         self.schedule: dict[str, dict[str, Any]] = self._read()
         self.watches: dict[str, dict[str, Any]] = {}
         self.runs: list[dict[str, Any]] = []
@@ -123,8 +126,8 @@ class TuneService:
                     if window_before:
                         await FleetController(self.fleet, name, gateway=self.gateway).set_window(window_before)
                     if before_id != applied_id:
-                        await self.rollback(self.fleet, self.store, name, actor="llmconsole", to_config_id=before_id,
-                                            automatic=True, reason=reason)
+                        await rollback(self.ctx, name, actor="llmconsole", to_config_id=before_id,
+                                       automatic=True, reason=reason)
                 except Exception as e:
                     w.update(state="rollback failed", reason=f"{reason}; rollback failed: {e}")
                     log.exception("automatic rollback of %s failed", name)
@@ -179,9 +182,8 @@ class TuneService:
         knobs = tuple(parse_knob(k) for k in cfg.get("knobs") or ()) or (Knob("max_num_seqs"),
                                                                           Knob("max_num_batched_tokens"))
         ctl = FleetController(self.fleet, name, gateway=self.gateway)
-        window = await ctl.window() if self.gateway is not None else None
-        facts = EngineFacts(model=str(sup.spec.model), device=str(sup.status().device or "cpu"), spec=spec,
-                            window=window)
+        facts = await ctl.facts(with_window=self.gateway is not None)
+        window = facts.window
         space = await asyncio.to_thread(derive_space, knobs, facts, input_len=in_len.value, output_len=out_len.value,
                                         concurrency=int(load.value) if load.kind == "concurrency" else None)
         knobs = clamp_to_workload(space.knobs, in_len.value + out_len.value)

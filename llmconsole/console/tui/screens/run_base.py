@@ -1,17 +1,17 @@
 """What the sweep and tune screens share: a small form, a question before anything restarts the
-engine, a run in a thread of its own, its progress as messages, and a cancel that ends it the
+engine, the run itself in the daemon, its progress polled back, and a cancel that ends it the
 way Ctrl-C ends the CLI's run.
 
-The run gets its own thread and event loop: the load generator's timings then never wait on
-the console's rendering, and the console stays responsive however busy the run is. The runner's
-immutable progress events come back as `RunProgressed` messages; the UI thread folds them into
-the screen's view. A cancel sets the runner's stop event inside its loop; the runner then
-finishes what is under way and puts the engine back (its own finally).
+The console is a client: the run is a typed request sent to the daemon (POST /v1/runs), which
+runs it whatever happens to this console, so quitting or losing the SSH session stops nothing.
+The screen polls the run (poll, then re-arm: a slow daemon stretches the period instead of
+piling up requests); each poll's new progress events come back, as the runner's own immutable
+events, in `RunProgressed` messages, and the end in `RunFinished`. The UI thread folds them
+into the screen's view. Opening the screen of an engine whose run is under way picks it up.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -47,6 +47,25 @@ class RunFinished(Message):
         self.error = error
 
 
+class RunStarted(Message):
+    """The daemon took the run (or the screen found one under way): from now on it is polled."""
+
+    def __init__(self, run: dict[str, Any], found: bool = False) -> None:
+        super().__init__()
+        self.run = run
+        self.found = found
+
+
+class RunPolled(Message):
+    def __init__(self, reply: dict[str, Any] | None, error: str | None = None) -> None:
+        super().__init__()
+        self.reply = reply
+        self.error = error
+
+
+POLL_S = 1.0
+
+
 def error_text(e: BaseException) -> str:
     # The CLI's own errors (engine not ready, ...) and the daemon's refusals read as sentences.
     from llmconsole.console.cli_common import CliError
@@ -56,14 +75,16 @@ def error_text(e: BaseException) -> str:
 
 
 class RunScreen(Screen):
-    """A subclass names its FIELDS (name, label, default, placeholder), builds its run from the
-    form (`prepare`, ValueError for bad input), runs it (`run_async`, in the run's own loop) and
-    shows its events (`progressed`, `finished_with`)."""
+    """A subclass names its FIELDS (name, label, default, placeholder), builds its typed request
+    from the form (`prepare`, ValueError for bad input; `request_of`), reads the daemon's JSON back
+    as the runner's own values (`event_from_json`, `outcome_from_json`) and shows its events
+    (`progressed`, `finished_with`)."""
 
     BINDINGS = bindings_for("run")
     FIELDS: tuple[tuple[str, str, str, str], ...] = ()
     TITLE = "run"
-    WHAT = "run"
+    WHAT = "run"       # the daemon's run kind: sweep | tune
+    KEY = "?"          # the dashboard key that opens this screen
     YES = "Run"
 
     def __init__(self, engine_name: str, paths: Paths | None, spec: Mapping[str, Any],
@@ -78,13 +99,30 @@ class RunScreen(Screen):
         self.cancel_requested = False
         self.clock = time.monotonic          # tests fix it, so a pictured screen holds still
         self._event_at: float | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
+        self.run_id: int | None = None       # the daemon's run, once it took it
+        self.events_seen = 0
+        self.poll_error: str | None = None
+        self.prepared: Any = None
+        self._client: Any = None
 
     @property
     def busy(self) -> bool:
-        """While a run is under way the console does not quit: the engine may sit on another config."""
-        return self.running
+        """Nothing here holds the console: a run is the daemon's, and goes on after a quit."""
+        return False
+
+    @property
+    def farewell_note(self) -> str | None:
+        if self.running:
+            return f"the {self.WHAT} of {self.engine_name} runs on in the daemon; {self.KEY} on the engine shows it"
+        return None
+
+    def client(self) -> Any:
+        """One client of the daemon for this screen's calls (made in worker threads, one at a time)."""
+        if self._client is None:
+            from llmconsole.console.client import DaemonClient
+
+            self._client = DaemonClient(self.paths, timeout_s=30.0)
+        return self._client
 
     # --- layout ----------------------------------------------------------------------------
 
@@ -110,6 +148,12 @@ class RunScreen(Screen):
         self._title(self.app)
         if self.FIELDS:
             self.query_one(f"#run-{self.FIELDS[0][0]}", Input).focus()
+        if self.paths is not None:  # a run of this engine under way (started by any console) is shown
+            self.run_worker(self._find_run, thread=True, group="run-io", exit_on_error=False)
+
+    def on_unmount(self) -> None:
+        if self._client is not None:
+            self._client.close()
 
     def on_screen_resume(self) -> None:
         self.show_state(self.app)
@@ -161,53 +205,124 @@ class RunScreen(Screen):
     # --- the run ---------------------------------------------------------------------------
 
     def begin(self, prepared: Any) -> None:
-        """Show the progress view and start the run in its own thread."""
+        """Show the progress view and hand the run to the daemon."""
         self.running = True
         self.show_run(prepared)
         self.set_interval(1.0, self.tick)
-        self.run_worker(lambda: self._thread(prepared), thread=True, group="run", exit_on_error=False)
+        request = self.request_of(prepared)
+        self.run_worker(lambda: self._start(request), thread=True, group="run-io", exit_on_error=False)
 
     def show_run(self, prepared: Any) -> None:
         """The form gives way to the progress view (tests stage a run's events on it)."""
         self.started = True
+        self.prepared = prepared
         self.add_class("-started")
         self.start_view(prepared)
         self.query_one("#run-table", DataTable).focus()
         self.app.refresh_bindings()
 
-    def _thread(self, prepared: Any) -> None:
-        async def main() -> Any:
-            stop = asyncio.Event()
-            self._stop = stop
-            self._loop = asyncio.get_running_loop()
-            if self.cancel_requested:  # a cancel that came before the loop did
-                stop.set()
-            return await self.run_async(prepared, stop, lambda ev: self.post_message(RunProgressed(ev)))
+    # --- talking to the daemon (worker threads) ---------------------------------------------
 
+    def _start(self, request: Any) -> None:
         try:
-            outcome = self.after_run(asyncio.run(main()))
-        except BaseException as e:  # noqa: BLE001 - whatever ends the run is shown, never raised
-            self.post_message(RunFinished(None, error_text(e)))
+            run = self.client().start_run(self.WHAT, request.model_dump())
+        except Exception as e:  # noqa: BLE001 - the daemon's refusal, or no daemon: shown, never raised
+            self.post_message(RunFinished(None, f"the {self.WHAT} did not start: {error_text(e)}"))
         else:
-            self.post_message(RunFinished(outcome, None))
+            self.post_message(RunStarted(run))
 
-    async def run_async(self, prepared: Any, stop: asyncio.Event, emit) -> Any:
+    def _find_run(self) -> None:
+        try:
+            runs = self.client().runs(self.engine_name)
+        except Exception:  # noqa: BLE001 - an older daemon, or none: the form stays as it is
+            return
+        running = [r for r in runs if r["kind"] == self.WHAT and r["state"] == "running"]
+        if running:
+            self.post_message(RunStarted(running[-1], found=True))
+
+    def _poll(self) -> None:
+        if self.run_id is None:
+            return
+        try:
+            reply = self.client().run(self.run_id, since=self.events_seen)
+        except Exception as e:  # noqa: BLE001 - a daemon restart, say: shown, and polled again
+            self.post_message(RunPolled(None, error_text(e)))
+        else:
+            self.post_message(RunPolled(reply))
+
+    def _cancel(self, run_id: int) -> None:
+        try:
+            self.client().cancel_run(run_id)
+        except Exception as e:  # noqa: BLE001
+            self.post_message(RunPolled(None, f"the cancel did not reach the daemon: {error_text(e)}"))
+
+    def _poll_later(self, delay_s: float = POLL_S) -> None:
+        # A timer of 0 s divides by its interval in Textual: the first poll waits a moment.
+        self.set_timer(max(0.05, delay_s),
+                       lambda: self.run_worker(self._poll, thread=True, group="run-io", exit_on_error=False))
+
+    # --- what the daemon said (UI thread) ----------------------------------------------------
+
+    def on_run_started(self, message: RunStarted) -> None:
+        run = message.run
+        if message.found:
+            if self.started:  # this screen started one meanwhile: it is that one
+                return
+            try:
+                prepared = self.prepared_from_request(run["request"])
+            except ValueError:
+                return
+            self.running = True
+            self.show_run(prepared)
+            self.set_interval(1.0, self.tick)
+            self.app.notify(f"a {self.WHAT} of {self.engine_name} is under way (run {run['id']}): showing it")
+        self.run_id = int(run["id"])
+        if self.cancel_requested:  # a cancel that came before the daemon's answer
+            self.run_worker(lambda: self._cancel(int(run["id"])), thread=True, group="run-io", exit_on_error=False)
+        self._poll_later(0.05)
+
+    def on_run_polled(self, message: RunPolled) -> None:
+        if not self.running:
+            return
+        if message.reply is None:
+            self.poll_error = message.error
+            self.render_status()
+            self._poll_later(POLL_S * 3)
+            return
+        self.poll_error = None
+        reply = message.reply
+        for raw in reply["new_events"]:
+            self.events_seen += 1
+            self.on_run_progressed(RunProgressed(self.event_from_json(raw)))
+        if reply["state"] == "running":
+            self._poll_later()
+            return
+        try:
+            outcome = None if reply.get("outcome") is None else self.outcome_from_json(reply["outcome"])
+        except (KeyError, TypeError, ValueError) as e:
+            outcome, reply["error"] = None, f"the daemon's outcome could not be read: {e}"
+        self.on_run_finished(RunFinished(outcome, reply.get("error") if outcome is None else None))
+
+    # What a subclass knows: its request, and the daemon's JSON as the runner's own values.
+    def request_of(self, prepared: Any) -> Any:
         raise NotImplementedError
 
-    def after_run(self, outcome: Any) -> Any:
-        """Blocking follow-up in the run's thread (writing files); the outcome as shown."""
-        return outcome
+    def prepared_from_request(self, request: Mapping[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def event_from_json(self, raw: Mapping[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def outcome_from_json(self, raw: Mapping[str, Any]) -> Any:
+        raise NotImplementedError
 
     def action_cancel_run(self) -> None:
         if not self.running or self.cancel_requested:
             return
         self.cancel_requested = True
-        loop, stop = self._loop, self._stop
-        if loop is not None and stop is not None:
-            try:
-                loop.call_soon_threadsafe(stop.set)
-            except RuntimeError:
-                pass  # the loop just ended: the run is over anyway
+        if self.run_id is not None and self.paths is not None:
+            run_id = self.run_id
+            self.run_worker(lambda: self._cancel(run_id), thread=True, group="run-io", exit_on_error=False)
         self.cancelled()
         self.app.refresh_bindings()
 
@@ -216,6 +331,8 @@ class RunScreen(Screen):
         self.progressed(message.event)
 
     def on_run_finished(self, message: RunFinished) -> None:
+        if not self.started:
+            return
         self.running = False
         self.finished_with(message.outcome, message.error)
         self.app.refresh_bindings()
@@ -226,6 +343,12 @@ class RunScreen(Screen):
     def tick(self) -> None:
         if self.running:
             self.render_status()
+
+    def poll_note(self) -> Text:
+        """A line under the status while the daemon does not answer the polls (it is retried)."""
+        if not self.poll_error:
+            return Text("")
+        return Text(f"\nthe daemon did not answer ({self.poll_error}); asking again", style="bold yellow")
 
     # What a subclass shows.
     def start_view(self, prepared: Any) -> None: ...
@@ -258,7 +381,6 @@ class RunScreen(Screen):
 
     def action_back(self) -> None:
         if self.running:
-            self.app.notify(f"the {self.WHAT} is under way: c cancels it (the engine's config is put back), "
-                            "then esc leaves", severity="warning")
-            return
+            self.app.notify(f"the {self.WHAT} runs on in the daemon; {self.KEY} on {self.engine_name} shows it again, "
+                            "c there cancels it")
         self.app.pop_screen()

@@ -1,17 +1,17 @@
-"""The sweep screen: `llmconsole sweep` for the selected engine, with a live progress view.
+"""The sweep screen: `llmconsole sweep` for the selected engine, run by the daemon, with a live
+progress view.
 
-It runs the CLI's own parts (the plan from `build_plan`, `SweepRunner` driving the engine through
-the daemon with `DaemonController`, the history store, `write_results`), so a sweep started here
-is the one the CLI would run: each server point a daemon restart recorded in the history, the
-original config restored at the end, also after a failure or a cancel. Results go where
-`sweep --out` would put them, under the data dir: sweeps/<time>/.
+The form becomes the same typed request the CLI builds (engine/sweep/request.py), so a sweep
+started here is the one the CLI would run: each server point a daemon restart recorded in the
+history, the original config restored at the end, also after a failure or a cancel. The daemon
+runs it (quitting the console stops nothing) and writes the results where `sweep --out` would put
+them, under its data dir: sweeps/<time>/.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,66 +20,62 @@ from textual.widgets import Static
 
 from llmconsole.console.tui.screens.run_base import RunScreen
 from llmconsole.console.tui.sweep_view import (SWEEP_FIELDS, SweepView, confirm_question, current_text, fold_sweep,
-                                               headline, outcome_lines, sweep_plan, table)
+                                               headline, outcome_lines, sweep_request, table)
 from llmconsole.engine.sweep.plan import SweepPlan, SweepProgress
+from llmconsole.engine.sweep.report import analyse, picks_text, result_from_json
+from llmconsole.engine.sweep.request import SweepRequest
+from llmconsole.engine.sweep.runner import SweepResult
+
+Prepared = tuple[SweepRequest, SweepPlan]
 
 
 class SweepScreen(RunScreen):
     FIELDS = SWEEP_FIELDS
     TITLE = "mini sweep"
     WHAT = "sweep"
+    KEY = "S"
     YES = "Sweep"
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.plan: SweepPlan | None = None
         self.view: SweepView | None = None
-        self.out_dir: Path | None = None
-        self.result = None
+        self.result: SweepResult | None = None
         self.files: dict[str, Path] = {}
 
-    def prepare(self, form) -> SweepPlan:
-        return sweep_plan(self.engine_name, form)
+    def prepare(self, form: Mapping[str, str]) -> Prepared:
+        request = sweep_request(self.engine_name, form)
+        return request, request.plan()
 
-    def question(self, plan: SweepPlan) -> str:
-        return confirm_question(self.engine_name, plan, self.spec)
+    def request_of(self, prepared: Prepared) -> SweepRequest:
+        return prepared[0]
 
-    def start_view(self, plan: SweepPlan) -> None:
+    def prepared_from_request(self, request: Mapping[str, Any]) -> Prepared:
+        req = SweepRequest.model_validate(request)
+        return req, req.plan()
+
+    def event_from_json(self, raw: Mapping[str, Any]) -> SweepProgress:
+        return SweepProgress.from_json(dict(raw))
+
+    def outcome_from_json(self, raw: Mapping[str, Any]) -> tuple[SweepResult, dict[str, Path]]:
+        assert self.plan is not None
+        return result_from_json(dict(raw), self.plan), {k: Path(v) for k, v in (raw.get("files") or {}).items()}
+
+    def question(self, prepared: Prepared) -> str:
+        return confirm_question(self.engine_name, prepared[1], self.spec)
+
+    def start_view(self, prepared: Prepared | SweepPlan) -> None:
+        plan = prepared[1] if isinstance(prepared, tuple) else prepared
         self.plan = plan
         self.view = SweepView(total=plan.total_points)
-        if self.paths is not None:
-            self.out_dir = self.paths.data_dir / "sweeps" / time.strftime("%Y%m%d-%H%M%S")
         self.render_status()
         self.set_table(*table(plan, ())[:2])
         self._notes([])
 
-    async def run_async(self, plan: SweepPlan, stop: asyncio.Event, emit) -> Any:
-        from llmconsole.console.client import DaemonClient
-        from llmconsole.console.commands.sweep import DaemonController
-        from llmconsole.db import Store, StoreError
-        from llmconsole.engine.sweep.runner import SweepRunner
-
-        client = DaemonClient(self.paths, timeout_s=180.0)
-        try:
-            store = Store.open(self.paths.database)
-        except StoreError:
-            store = None  # the sweep runs all the same; only its history row is missing
-        try:
-            return await SweepRunner(plan, DaemonController(client, self.engine_name), on_progress=emit,
-                                     stop=stop, store=store).run()
-        finally:
-            if store is not None:
-                store.close()
-            client.close()
-
-    def after_run(self, result) -> Any:
-        from llmconsole.engine.sweep.report import write_results
-
-        return result, write_results(result, self.out_dir)
-
     # --- what it shows ---------------------------------------------------------------------
 
     def progressed(self, ev: SweepProgress) -> None:
+        assert self.view is not None and self.plan is not None
         self.view = fold_sweep(self.view, ev)
         self.render_status()
         if ev.result is not None:
@@ -88,27 +84,27 @@ class SweepScreen(RunScreen):
             self._notes([f"[{i}] {n}" for i, n in enumerate(notes, 1)])
 
     def cancelled(self) -> None:
-        self.view = dataclasses.replace(self.view, cancelling=True)
+        if self.view is not None:
+            self.view = dataclasses.replace(self.view, cancelling=True)
         self.render_status()
 
     def render_status(self) -> None:
         if self.view is None:
             return
         self.query_one("#run-status", Static).update(Text.assemble(
-            (headline(self.view, self.since_event_s()), "bold"), "\n", current_text(self.view)))
+            (headline(self.view, self.since_event_s()), "bold"), "\n", current_text(self.view), self.poll_note()))
 
     def _notes(self, lines: list[str], style: str = "") -> None:
         self.query_one("#run-notes", Static).update(Text("\n".join(lines), style=style))
 
-    def finished_with(self, outcome, error: str | None) -> None:
-        from llmconsole.engine.sweep.report import analyse, picks_text
-
+    def finished_with(self, outcome: tuple[SweepResult, dict[str, Path]] | None, error: str | None) -> None:
         if error is not None or outcome is None:
             self.render_status()
             self._notes([f"the sweep stopped: {error}",
                          "the runner puts the original config back before it stops; check the engine's state above"],
                         "bold red")
             return
+        assert self.plan is not None and self.view is not None
         self.result, self.files = outcome
         self.view = dataclasses.replace(self.view, eta_s=0.0)
         headers, rows, notes = table(self.plan, self.result.points)

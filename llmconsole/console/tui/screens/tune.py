@@ -1,35 +1,55 @@
-"""The tune screen: `llmconsole tune` for the selected engine, with progress, the best so far and
-the trial table.
+"""The tune screen: `llmconsole tune` for the selected engine, run by the daemon, with progress,
+the best so far and the trial table.
 
-It runs the CLI's own parts: the settings from `build_settings`, the `Tuner` driving the engine
-through the daemon with `DaemonController`, and the study journal under the data dir, so a
-study started here resumes from the CLI and the other way round. A cancel ends the trial under
-way, puts the engine's knobs back and leaves the study resumable. The winner is applied only on
-request, after a question, through the same guarded apply as `tune --apply`.
+The form becomes the same typed request the CLI builds (engine/tune/request.py), with the ranges
+derived from the same engine facts, and the study journal is the daemon's, under its data dir,
+so a study started here resumes from the CLI and the other way round. The daemon runs it
+(quitting the console stops nothing). A cancel ends the trial under way, puts the engine's knobs
+back and leaves the study resumable. The winner is applied only on request, after a question,
+through the same guarded apply as `tune --apply`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from rich.text import Text
 from textual.message import Message
 from textual.widgets import Static
 
+from llmconsole.console.tui.run_view import params_text
 from llmconsole.console.tui.screens.confirm import ConfirmScreen
 from llmconsole.console.tui.screens.run_base import RunScreen, error_text
-from llmconsole.console.tui.run_view import params_text, split_items
 from llmconsole.console.tui.tune_view import (TRIAL_HEADERS, TUNE_FIELDS, TuneView, best_text, can_apply,
                                               confirm_question, current_text, fold_tune, headline, outcome_lines,
-                                              snapshot_facts, trial_rows, tune_settings, with_prior)
+                                              snapshot_facts, trial_rows, tune_request, with_prior)
+from llmconsole.engine.metrics.latency import Slo
+from llmconsole.engine.tune.guard import applied_text
+from llmconsole.engine.tune.ranges import EngineFacts
+from llmconsole.engine.tune.request import TuneRequest
+from llmconsole.engine.tune.space import TrialOutcome, parse_budget
 from llmconsole.engine.tune.tuner import TuneProgress, TuneResult, TuneSettings
-from llmconsole.engine.tune.ranges import EngineFacts, TuneSpace
 
 
-class PriorTrials(tuple):
+class PriorTrials(tuple[TrialOutcome, ...]):
     """The study's trials from earlier runs, read before this run starts."""
+
+
+@dataclass(frozen=True)
+class SpaceDerived:
+    """The knobs' ranges as the daemon derived them for the run (where each came from)."""
+
+    lines: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TunePrepared:
+    request: TuneRequest
+    settings: TuneSettings | None      # None for a run picked up from the daemon: it derived them
+    space_lines: tuple[str, ...] = ()
 
 
 class WinnerApplied(Message):
@@ -43,78 +63,85 @@ class TuneScreen(RunScreen):
     FIELDS = TUNE_FIELDS
     TITLE = "auto-tune"
     WHAT = "tune"
+    KEY = "T"
     YES = "Tune"
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
-        self.settings: TuneSettings | None = None
+        self.request: TuneRequest | None = None
         self.view: TuneView | None = None
         self.result: TuneResult | None = None
         self.applying = False
         self.applied: dict[str, Any] | None = None
         self._lines: list[str] = []
 
-    def facts(self, form) -> EngineFacts:
-        """The engine as the CLI reads it from the daemon (one short local call), so both derive
-        the same ranges; a replayed console has only its last status."""
+    def facts(self, request: TuneRequest) -> EngineFacts:
+        """The engine as the daemon reports it (one short local call), so the ranges shown here are
+        the ones the run will derive; a replayed console has only its last status."""
         if self.paths is None:
             e = self.app.snapshot.engine(self.engine_name) if self.app.snapshot else None
             c = e.controller if e else None
             window = {"min_window": c.min_window, "max_window": c.max_window} \
                 if c and c.min_window is not None and c.max_window is not None else None
             return snapshot_facts(self.spec, window)
-        from llmconsole.console.cli_common import CliError
-        from llmconsole.console.client import DaemonClient, DaemonError, DaemonNotRunning
-        from llmconsole.console.commands.tune import engine_facts
+        from llmconsole.console.client import DaemonClient, DaemonError, DaemonNotRunning, engine_facts
 
         try:
             with DaemonClient(self.paths, timeout_s=5.0) as client:
-                return engine_facts(client, self.engine_name, split_items(form.get("knobs", "")))
-        except (CliError, DaemonError, DaemonNotRunning) as e:
+                return engine_facts(client, self.engine_name, with_window=request.wants_window())
+        except (DaemonError, DaemonNotRunning) as e:
             raise ValueError(str(e)) from None
 
-    def prepare(self, form) -> tuple[TuneSettings, TuneSpace]:
-        return tune_settings(self.engine_name, self.facts(form), form)
+    def prepare(self, form: Mapping[str, str]) -> TunePrepared:
+        request = tune_request(self.engine_name, form)
+        settings, space = request.settings(self.facts(request))
+        return TunePrepared(request, settings, tuple(space.describe()))
 
-    def question(self, prepared: tuple[TuneSettings, TuneSpace]) -> str:
-        return confirm_question(self.engine_name, prepared[0])
+    def request_of(self, prepared: TunePrepared) -> TuneRequest:
+        return prepared.request
 
-    def start_view(self, prepared: tuple[TuneSettings, TuneSpace]) -> None:
-        self.settings, space = prepared
-        self.view = TuneView(budget=self.settings.budget)
+    def prepared_from_request(self, request: Mapping[str, Any]) -> TunePrepared:
+        req = TuneRequest.model_validate(request)
+        req.check()
+        return TunePrepared(req, None)
+
+    def event_from_json(self, raw: Mapping[str, Any]) -> Any:
+        if raw.get("event") == "prior":  # the daemon's first word: the study's earlier trials, the ranges
+            return [SpaceDerived(tuple(raw.get("space") or ())),
+                    PriorTrials(TrialOutcome(**t) for t in raw.get("trials") or ())]
+        return TuneProgress.from_json(dict(raw))
+
+    def outcome_from_json(self, raw: Mapping[str, Any]) -> TuneResult:
+        return TuneResult.from_json(dict(raw))
+
+    def question(self, prepared: TunePrepared) -> str:
+        assert prepared.settings is not None
+        return confirm_question(self.engine_name, prepared.settings)
+
+    def start_view(self, prepared: TunePrepared) -> None:
+        self.request = prepared.request
+        self.view = TuneView(budget=parse_budget(prepared.request.budget))
         self.render_status()
         self.set_table(TRIAL_HEADERS, [])
-        self._notes(space.describe())
-
-    async def run_async(self, prepared: tuple[TuneSettings, TuneSpace], stop: asyncio.Event, emit) -> TuneResult:
-        from llmconsole.console.client import DaemonClient
-        from llmconsole.console.commands.tune import TuneController
-        from llmconsole.engine.tune.tuner import Tuner, open_study, outcomes
-
-        settings = prepared[0]
-        storage = self.paths.data_dir / "tuning" / "studies.journal"
-        prior = await asyncio.to_thread(
-            lambda: outcomes(open_study(storage, settings.name, settings.seed, settings.budget)))
-        emit(PriorTrials(prior))
-        client = DaemonClient(self.paths, timeout_s=180.0)
-        try:
-            return await Tuner(settings, TuneController(client, self.engine_name), storage, on_progress=emit,
-                               stop=stop).run()
-        finally:
-            client.close()
+        self._notes(list(prepared.space_lines))
 
     # --- what it shows ---------------------------------------------------------------------
 
-    def progressed(self, ev: TuneProgress | PriorTrials) -> None:
-        if isinstance(ev, PriorTrials):
-            self.view = with_prior(self.view, ev)
-        else:
-            self.view = fold_tune(self.view, ev)
+    def progressed(self, ev: Any) -> None:
+        assert self.view is not None
+        for one in ev if isinstance(ev, list) else [ev]:
+            if isinstance(one, SpaceDerived):
+                self._notes(list(one.lines))
+            elif isinstance(one, PriorTrials):
+                self.view = with_prior(self.view, one)
+            else:
+                self.view = fold_tune(self.view, one)
         self.render_status()
         self.set_table(TRIAL_HEADERS, trial_rows(self.view))
 
     def cancelled(self) -> None:
-        self.view = dataclasses.replace(self.view, cancelling=True)
+        if self.view is not None:
+            self.view = dataclasses.replace(self.view, cancelling=True)
         self.render_status()
 
     def render_status(self) -> None:
@@ -122,7 +149,7 @@ class TuneScreen(RunScreen):
             return
         self.query_one("#run-status", Static).update(Text.assemble(
             (headline(self.view, self.since_event_s()), "bold"), "\n", current_text(self.view), "\n",
-            (best_text(self.view), "green" if self.view.best else "")))
+            (best_text(self.view), "green" if self.view.best else ""), self.poll_note()))
 
     def _notes(self, lines: list[str], style: str = "") -> None:
         self._lines = lines
@@ -134,6 +161,7 @@ class TuneScreen(RunScreen):
             self._notes([f"the tune stopped: {error}", "the tuner puts the engine's knobs back before it stops; "
                          "check the engine's state above; the same settings resume the study"], "bold red")
             return
+        assert self.view is not None
         self.result = outcome
         # The study's own record is the final word (a trial the stop interrupted shows so).
         self.view = dataclasses.replace(self.view, trials=tuple(outcome.trials), trial=None, params={})
@@ -155,6 +183,7 @@ class TuneScreen(RunScreen):
     def action_apply_winner(self) -> None:
         if not can_apply(self.result) or self.applying or self.applied is not None:
             return
+        assert self.result is not None and self.result.winner is not None
         w = self.result.winner
 
         def answered(yes: bool | None) -> None:
@@ -170,30 +199,29 @@ class TuneScreen(RunScreen):
             "watches the SLO and rolls back on its own if it degrades.", "Apply"), answered)
 
     def _apply(self) -> None:
+        assert self.result is not None and self.result.winner is not None and self.request is not None
         from llmconsole.console.client import DaemonClient
-        from llmconsole.console.commands.tune import apply_winner
 
         try:
             with DaemonClient(self.paths, timeout_s=900.0) as client:
-                reply = apply_winner(client, self.engine_name, self.result, self.settings)
+                reply = client.apply_tuned(self.engine_name, self.result.winner.params,
+                                           Slo.parse(self.request.slo).as_dict(), self.result.study)
         except Exception as e:  # noqa: BLE001 - shown under the table; nothing else changed
             self.post_message(WinnerApplied(None, error_text(e)))
         else:
             self.post_message(WinnerApplied(reply, None))
 
     def on_winner_applied(self, message: WinnerApplied) -> None:
-        from llmconsole.console.commands.tune import applied_text
-
         self.applying = False
         lines = [line for line in self._lines if not line.startswith(("a: apply", "applying "))]
         if message.error is not None:
             self._notes(lines + [f"the winner was not applied: {message.error}"], "bold red")
         else:
             self.applied = message.reply
-            self._notes(lines + [applied_text(message.reply)])
+            self._notes(lines + [applied_text(message.reply or {})])
         self.app.refresh_bindings()
 
     @property
     def busy(self) -> bool:
-        return self.running or self.applying
-
+        """An apply waits for the daemon's answer: the console stays to show it."""
+        return self.applying

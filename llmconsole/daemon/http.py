@@ -1,0 +1,116 @@
+"""What every route of the control API shares: reading a request (its JSON body, who sent it,
+which operator session it belongs to) and one place that turns the domain's errors into HTTP.
+
+Handlers raise the domain's own exceptions; `domain_errors` maps them, so a route says what it
+does, not how each failure reads on the wire. Every error is {"error": "...", "details": [...]}:
+400 bad input (nothing was changed), 404 unknown engine or group, 409 not allowed in the current
+state (or an apply that was tried and rolled back), 503 a service this daemon does not run.
+"""
+
+from __future__ import annotations
+
+import logging
+import pwd
+import socket
+import struct
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from pydantic import ValidationError
+
+from llmconsole.engine.fleet import UnknownEngine
+from llmconsole.engine.modes.guarded_apply import ApplyFailed, ApplyRefused
+from llmconsole.engine.plan.validate import ConfigDoesNotFit
+from llmconsole.engine.spec import validation_messages
+from llmconsole.engine.supervisor import EngineBusy
+
+log = logging.getLogger(__name__)
+
+SESSION_HEADER = "X-Llmconsole-Session"
+
+
+class NotFound(LookupError):
+    """Something the daemon keeps by name or number (a run, say) that it does not have."""
+
+
+class ServiceUnavailable(RuntimeError):
+    """The daemon runs without the service a route needs (a daemon with no gateway, say)."""
+
+
+def error_response(status: int, message: str, details: list[str] | None = None) -> web.Response:
+    return web.json_response({"error": message, "details": details or []}, status=status)
+
+
+def _bad_body(message: str) -> web.HTTPBadRequest:
+    return web.HTTPBadRequest(text=f'{{"error": "{message}", "details": []}}', content_type="application/json")
+
+
+async def json_body(request: web.Request) -> dict[str, Any]:
+    """The request's JSON object; an empty body is {}. Anything else is a 400 that says why."""
+    if not request.can_read_body:
+        return {}
+    try:
+        body = await request.json()
+    except ValueError:
+        raise _bad_body("request body is not JSON") from None
+    if not isinstance(body, dict):
+        raise _bad_body("request body must be a JSON object")
+    return body
+
+
+def peer_user(request: web.Request) -> str:
+    """Who is on the other end of the socket (SO_PEERCRED), for the daemon's audit log."""
+    sock = request.transport.get_extra_info("socket") if request.transport else None
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        _pid, uid, _gid = struct.unpack("3i", creds)
+        return pwd.getpwuid(uid).pw_name
+    except (AttributeError, OSError, KeyError):
+        return "unknown"
+
+
+def session_of(request: web.Request) -> int | None:
+    """The operator session a client named in its X-Llmconsole-Session header, if any."""
+    raw = request.headers.get(SESSION_HEADER)
+    try:
+        return int(raw) if raw else None
+    except ValueError:
+        return None
+
+
+def error_for(e: Exception) -> web.Response | None:
+    """The HTTP answer to one of the domain's errors; None for anything else (a bug: 500)."""
+    if isinstance(e, (UnknownEngine, NotFound)):  # UnknownGroup too
+        return error_response(404, str(e))
+    if isinstance(e, ValidationError):
+        return error_response(400, "invalid engine spec", validation_messages(e))
+    if isinstance(e, ConfigDoesNotFit):
+        return error_response(400, str(e), e.verdict.details())
+    if isinstance(e, ApplyRefused):
+        return error_response(400, str(e), e.details)
+    if isinstance(e, ApplyFailed):
+        return error_response(409, str(e), [f"restored config: {e.restored_config_id}"])
+    if isinstance(e, EngineBusy):
+        return error_response(409, str(e))
+    if isinstance(e, ServiceUnavailable):
+        return error_response(503, str(e))
+    if isinstance(e, (ValueError, TypeError)):  # RollbackError, GroupError, ModeError, bad values
+        return error_response(400, str(e))
+    return None
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def domain_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPException:
+        raise
+    except Exception as e:
+        mapped = error_for(e)
+        if mapped is None:
+            raise
+        return mapped

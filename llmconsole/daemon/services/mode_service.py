@@ -1,0 +1,149 @@
+"""Memory-mode switches and the auto mode policy: the daemon's side of `llmconsole mode`.
+
+A switch is a guarded apply (engine/modes/guarded_apply.py): the engine's gateway group holds
+it, it restarts on the mode's spec, and goes back to its old config if anything after the
+restart fails. The auto policy (engine/modes/policy.py) runs every few seconds for the engines
+that ask for it; its choice is kept in modes.json, so a daemon restart keeps it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import time
+from typing import Any
+
+from llmconsole.daemon.context import DaemonContext
+from llmconsole.engine.alerts.response_settings import GroupGate
+from llmconsole.engine.modes.guarded_apply import ApplyFailed, ApplyRefused, guarded_apply
+from llmconsole.engine.modes.memory import AUTO, Mode, ModeError, cpu_kv_budget_bytes, mode_of, mode_spec, parse_mode
+from llmconsole.engine.modes.policy import PolicySettings, PolicyState, step, used_fraction
+from llmconsole.engine.status import EngineState, EngineStatus
+from llmconsole.engine.supervisor import EngineBusy
+
+log = logging.getLogger(__name__)
+
+AUTO_INTERVAL_S = 5.0
+
+
+class ModeService:
+    """Mode switches (guarded applies) and the auto policy for the engines that ask for it."""
+
+    def __init__(self, ctx: DaemonContext, policy: PolicySettings | None = None):
+        self.ctx = ctx
+        self.fleet, self.store, self.gateway = ctx.fleet, ctx.store, ctx.gateway
+        self.policy = policy or PolicySettings()
+        self._file = ctx.data_dir / "modes.json"
+        self.auto: dict[str, PolicyState] = {}
+        self._busy: set[str] = set()
+        self._task: asyncio.Task | None = None
+        for name in self._read_auto():  # a daemon restart also waits an interval before switching
+            if name in ctx.fleet.engines:
+                now = mode_of(ctx.fleet.engines[name].spec, self.device_of(name))
+                self.auto[name] = PolicyState(Mode(now) if now else Mode.PERFORMANCE, time.monotonic())
+
+    def _read_auto(self) -> list[str]:
+        try:
+            return list(json.loads(self._file.read_text()).get("auto", []))
+        except (OSError, ValueError, AttributeError):
+            return []
+
+    def _save(self) -> None:
+        tmp = self._file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"auto": sorted(self.auto)}))
+        os.replace(tmp, self._file)
+
+    def device_of(self, name: str) -> str:
+        device = self.fleet.get(name).status().device
+        return "cpu" if device in ("cpu", "unknown") else device
+
+    def annotate(self, st: EngineStatus) -> EngineStatus:
+        device = "cpu" if st.device in ("cpu", "unknown") else st.device
+        return dataclasses.replace(st, mode=mode_of(st.spec, device), mode_auto=st.name in self.auto)
+
+    def state(self, name: str, budget_bytes: int | None = None) -> dict[str, Any]:
+        sup = self.fleet.get(name)
+        device = self.device_of(name)
+        return {"engine": name, "mode": mode_of(sup.spec, device), "auto": name in self.auto, "device": device,
+                "budget_bytes": (budget_bytes or cpu_kv_budget_bytes()) if device == "cpu" else None,
+                "gpu_memory_utilization": sup.spec.gpu_memory_utilization,
+                "kv_cache_memory_bytes": sup.spec.kv_cache_memory_bytes,
+                "kv_cache_tokens": sup.status().kv_cache_tokens}
+
+    async def set_mode(self, name: str, mode_text: str, *, actor: str, force: bool = False,
+                       budget_bytes: int | None = None, automatic: bool = False) -> dict[str, Any]:
+        sup = self.fleet.get(name)
+        if mode_text.strip().lower() == AUTO:
+            # Enabling the policy counts as a switch: its first restart waits a full interval.
+            self.auto[name] = PolicyState(Mode(mode_of(sup.spec, self.device_of(name)) or Mode.PERFORMANCE),
+                                          time.monotonic())
+            self._save()
+            return {**self.state(name), "applied": None}
+        mode = parse_mode(mode_text)
+        if not automatic and name in self.auto:
+            del self.auto[name]  # an operator's choice ends the policy's
+            self._save()
+        device = self.device_of(name)
+        budget = budget_bytes if budget_bytes is not None else cpu_kv_budget_bytes() if device == "cpu" else None
+        new = mode_spec(sup.spec, mode, device, budget)
+        if name in self._busy:
+            raise EngineBusy(f"a mode switch of {name} is under way")
+        self._busy.add(name)
+        try:
+            gate = GroupGate(self.gateway) if self.gateway is not None else None
+            result = await guarded_apply(self.fleet, name, new, store=self.store, gate=gate, actor=actor,
+                                         kind="mode", automatic=automatic, force=force,
+                                         detail={"mode": mode.value, "budget_bytes": budget})
+        finally:
+            self._busy.discard(name)
+        return {**self.state(name, budget), "applied": result.to_json()}
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._auto_loop(), name="mode-auto")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    async def _auto_loop(self) -> None:
+        while True:
+            try:
+                await self.auto_step(time.monotonic())
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("auto mode step failed")
+            await asyncio.sleep(AUTO_INTERVAL_S)
+
+    async def auto_step(self, now_s: float) -> None:
+        if not self.auto:
+            return
+        frac = used_fraction(self.fleet.probe.sample_host())
+        if frac is None:
+            return
+        for name in list(self.auto):
+            if name not in self.fleet.engines:
+                del self.auto[name]
+                continue
+            new_state, decision = step(self.auto[name], frac, now_s, self.policy)
+            self.auto[name] = new_state
+            if decision is None or name in self._busy:
+                continue
+            if self.fleet.get(name).state != EngineState.READY:
+                continue
+            log.warning("auto mode: %s memory at %.0f%%: %s -> %s", name, frac * 100, decision.from_mode,
+                        decision.to_mode)
+            asyncio.create_task(self._auto_apply(name, decision.to_mode))
+
+    async def _auto_apply(self, name: str, mode: Mode) -> None:
+        try:
+            await self.set_mode(name, mode.value, actor="llmconsole", automatic=True)
+        except (ApplyFailed, ApplyRefused, EngineBusy, ModeError) as e:
+            log.warning("auto mode switch of %s to %s did not happen: %s", name, mode, e)

@@ -1,0 +1,104 @@
+"""Rollback to a stored config version, and the audit log every change goes through.
+
+Every action is committed to the store before it is carried out, and its outcome after, so a
+daemon that dies half-way leaves a record that says what it was doing. A config the supervisor
+gives up on (a crash loop, or a start that never came up) is rolled back here automatically to
+the engine's last known-good config.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from llmconsole.daemon.context import DaemonContext
+from llmconsole.db import Store
+from llmconsole.db.history import RollbackError, choose_target, spec_from_version
+from llmconsole.engine.spec import EngineSpec
+
+log = logging.getLogger(__name__)
+
+
+class ActionLog:
+    """Writes an action before it happens and its outcome after; a daemon with no store (unit
+    tests of the API) logs nothing."""
+
+    def __init__(self, store: Store | None):
+        self.store = store
+
+    def begin(self, kind: str, engine: str | None, actor: str, *, session_id: int | None = None,
+              from_spec: EngineSpec | None = None, to_spec: EngineSpec | None = None,
+              automatic: bool = False, detail: dict[str, Any] | None = None) -> int | None:
+        if self.store is None:
+            return None
+        for spec in (from_spec, to_spec):  # an action names configs the store must hold
+            if spec is not None:
+                self.store.record_config(spec.config_id, spec.public_dict())
+        return self.store.record_action(
+            kind, engine=engine, actor=actor, session_id=session_id,
+            from_config_id=from_spec.config_id if from_spec else None,
+            to_config_id=to_spec.config_id if to_spec else None,
+            automatic=automatic, detail=detail)
+
+    def end(self, action_id: int | None, outcome: str, detail: dict[str, Any] | None = None) -> None:
+        if self.store is not None and action_id is not None:
+            self.store.update_action_outcome(action_id, outcome, detail)
+
+
+async def rollback(ctx: DaemonContext, name: str, *, actor: str, to_config_id: str | None = None,
+                   automatic: bool = False, session_id: int | None = None,
+                   reason: str | None = None) -> dict[str, Any]:
+    """Restart `name` on a stored version. Raises RollbackError (nothing changed) when there is
+    no such version or it cannot run any more."""
+    store = ctx.need_store()
+    sup = ctx.fleet.get(name)
+    current = sup.spec
+    actions = ActionLog(store)
+    try:
+        target = choose_target(store, name, current.config_id, to_config_id)
+        spec = spec_from_version(target, current)
+    except RollbackError as e:
+        action_id = actions.begin("rollback", name, actor, session_id=session_id, automatic=automatic,
+                                  from_spec=current, detail={"reason": reason})
+        actions.end(action_id, "refused", {"error": str(e)})
+        raise
+    action_id = actions.begin("rollback", name, actor, session_id=session_id, automatic=automatic,
+                              from_spec=current, to_spec=spec, detail={"reason": reason} if reason else None)
+    try:
+        await ctx.fleet.restart(name, spec)
+    except Exception as e:
+        actions.end(action_id, "failed", {"error": str(e)})
+        raise
+    actions.end(action_id, "applied")
+    log.info("rolled %s back from %s to %s (%s)", name, current.config_id, target.config_id,
+             "automatic" if automatic else actor)
+    return {"engine": name, "from_config_id": current.config_id, "to_config_id": spec.config_id,
+            "action_id": action_id}
+
+
+def on_config_failed(ctx: DaemonContext) -> Callable[[str], None]:
+    """The fleet's listener for configs the supervisor gave up on (a crash loop, or a start that
+    never came up): roll the engine back to its last known-good config, if it has one."""
+    store = ctx.need_store()
+
+    def listener(name: str) -> None:
+        async def go() -> None:
+            sup = ctx.fleet.get(name)
+            reason = sup.last_error
+            try:
+                choose_target(store, name, sup.spec.config_id)
+            except RollbackError as e:  # a new engine's first config: nothing to go back to
+                log.warning("engine %s failed on config %s and stays down: %s", name, sup.spec.config_id, e)
+                return
+            try:
+                await rollback(ctx, name, actor="llmconsole", automatic=True,
+                               reason=f"config {sup.spec.config_id} failed: {reason}")
+            except Exception:
+                log.exception("automatic rollback of %s failed", name)
+
+        # The supervisor calls this from its own task, holding its lock: roll back afterwards.
+        asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(go()))
+
+    return listener
