@@ -7,7 +7,7 @@ import json
 import pytest
 
 from llmconsole.db import Store
-from llmconsole.db.history import RollbackError, choose_target, spec_from_version, versions
+from llmconsole.db.versions import RollbackError, choose_target, spec_from_version, versions
 from llmconsole.db.recorder import Recorder
 from llmconsole.engine.metrics.window import MetricsSnapshot
 from llmconsole.engine.spec import EngineSpec

@@ -20,7 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from llmconsole.db import Store
-from llmconsole.db.history import RollbackError, choose_target, spec_from_version, versions
+from llmconsole.db.versions import RollbackError, choose_target, spec_from_version, versions
 from llmconsole.db.recorder import Recorder
 from llmconsole.engine.fleet import Fleet, UnknownEngine
 from llmconsole.engine.spec import EngineSpec
