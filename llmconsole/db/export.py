@@ -44,7 +44,7 @@ class Span:
 
 
 @dataclass(frozen=True)
-class Snapshot:
+class ExportSnapshot:
     """The records of one span, as the report and the writers see them."""
 
     span: Span
@@ -69,7 +69,7 @@ class ExportResult:
 
 
 def collect(store: Store, *, session_id: int | None = None, since_s: float | None = None,
-            until_s: float | None = None) -> Snapshot:
+            until_s: float | None = None) -> ExportSnapshot:
     """The records in the span: the session's span when `session_id` is given."""
     if session_id is not None:
         s = store.session(session_id)
@@ -99,7 +99,7 @@ def collect(store: Store, *, session_id: int | None = None, since_s: float | Non
         if cid and cid not in wanted:
             wanted.append(cid)
     configs = tuple(c for c in (store.config(cid) for cid in wanted) if c is not None)
-    return Snapshot(Span(since, until), session_id, sessions, configs, runs, actions, alerts,
+    return ExportSnapshot(Span(since, until), session_id, sessions, configs, runs, actions, alerts,
                     samples, window, sweeps, points)
 
 
@@ -218,7 +218,7 @@ def _cell(v: Any) -> Any:
     return json.dumps(v) if isinstance(v, (dict, list)) else v
 
 
-def _write_plots(out: Path, snap: Snapshot) -> list[str]:
+def _write_plots(out: Path, snap: ExportSnapshot) -> list[str]:
     (out / "plots").mkdir(mode=0o700, exist_ok=True)
     engines = sorted({s.engine for s in snap.samples})
 

@@ -7,7 +7,7 @@ import time
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 if TYPE_CHECKING:
-    from llmconsole.db.export import Snapshot
+    from llmconsole.db.export import ExportSnapshot
 
 
 def _utc(t: float | None) -> str:
@@ -61,7 +61,7 @@ def _change(action, specs: Mapping[str, dict]) -> str:
     return src or ""
 
 
-def render(snap: "Snapshot", *, plots: list[str], logs: Mapping[str, str], files: list[str]) -> str:
+def render(snap: "ExportSnapshot", *, plots: list[str], logs: Mapping[str, str], files: list[str]) -> str:
     span = snap.span
     duration_s = span.until_s - (span.since_s if span.since_s is not None else span.until_s)
     title = f"session {snap.session_id}" if snap.session_id is not None else "span"
