@@ -18,14 +18,23 @@ import dataclasses
 import json
 import os
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
-from llmconsole.db import report, svgplot
+from llmconsole.db import report
+from llmconsole.db.charts import Series, line_chart
 from llmconsole.db.logclip import clip_file
 from llmconsole.db.records import (
-    Action, Alert, ConfigVersion, EngineRun, MetricSample, OperatorSession, Sweep, SweepPoint,
+    Action,
+    Alert,
+    ConfigVersion,
+    EngineRun,
+    MetricSample,
+    OperatorSession,
+    Sweep,
+    SweepPoint,
     WindowSample,
 )
 from llmconsole.db.schema import METRIC_FIELDS, SWEEP_FIGURES
@@ -222,7 +231,7 @@ def _write_plots(out: Path, snap: ExportSnapshot) -> list[str]:
     (out / "plots").mkdir(mode=0o700, exist_ok=True)
     engines = sorted({s.engine for s in snap.samples})
 
-    def series(field: str, label: str = "") -> list[svgplot.Series]:
+    def series(field: str, label: str = "") -> list[Series]:
         return [(f"{e}{label}", [(s.at_s, getattr(s, field)) for s in snap.samples if s.engine == e])
                 for e in engines]
 
@@ -241,7 +250,7 @@ def _write_plots(out: Path, snap: ExportSnapshot) -> list[str]:
     )
     written = []
     for name, (title, data, y_label) in charts.items():
-        (out / "plots" / name).write_text(svgplot.line_chart(title, data, y_label), encoding="utf-8")
+        (out / "plots" / name).write_text(line_chart(title, data, y_label), encoding="utf-8")
         written.append(f"plots/{name}")
     return written
 
