@@ -14,6 +14,7 @@ database they share (database.py, which also says how threads and durability wor
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from llmconsole.db import database, migrations
 from llmconsole.db.actions import Actions
@@ -23,6 +24,9 @@ from llmconsole.db.configs import RUN_OUTCOMES, Configs
 from llmconsole.db.series import Series
 from llmconsole.db.sessions import Sessions
 from llmconsole.db.sweeps import SWEEP_STATUSES, Sweeps
+
+if TYPE_CHECKING:
+    from llmconsole.engine.audit import AuditStore
 
 __all__ = ["RUN_OUTCOMES", "SWEEP_STATUSES", "Store"]
 
@@ -67,3 +71,8 @@ class Store(Sessions, Configs, Actions, Alerts, Series, Sweeps):
     def integrity_check(self) -> str:
         """SQLite's full check: 'ok', or what it found."""
         return self._db.integrity_check()
+
+
+if TYPE_CHECKING:
+    def _is_an_audit_store(store: Store) -> AuditStore:
+        return store  # engine/ is handed a Store typed as its Protocol; mypy checks it fits here
