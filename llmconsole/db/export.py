@@ -18,7 +18,7 @@ import dataclasses
 import json
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -191,7 +191,7 @@ def _utc(t: float | None) -> str:
     return "" if t is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
-def _write_samples_csv(path: Path, samples: Iterable[MetricSample], clean) -> str:
+def _write_samples_csv(path: Path, samples: Iterable[MetricSample], clean: Callable[[Any], Any]) -> str:
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(["engine", "at_s", "at_utc", "resolution_s", *METRIC_FIELDS])
@@ -201,7 +201,7 @@ def _write_samples_csv(path: Path, samples: Iterable[MetricSample], clean) -> st
     return path.name
 
 
-def _write_points_csv(path: Path, points: Iterable[SweepPoint], clean) -> str:
+def _write_points_csv(path: Path, points: Iterable[SweepPoint], clean: Callable[[Any], Any]) -> str:
     points = list(points)
     param_keys: list[str] = []
     for p in points:
