@@ -8,8 +8,7 @@ import sqlite3
 
 import pytest
 
-from llmconsole.db import SCHEMA_VERSION, Store, StoreError
-from llmconsole.db import guard, migrations
+from llmconsole.db import SCHEMA_VERSION, Store, StoreError, guard, migrations
 from llmconsole.db.schema import TABLES
 
 

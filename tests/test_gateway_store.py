@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from llmconsole.db import Store
 from llmconsole.daemon.services.gateway_service import write_trace
+from llmconsole.db import Store
 from llmconsole.engine.gateway.pid import LatencySample, PidController, PidSettings
 
 

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from llmconsole.db import Store
-from llmconsole.db.history import RollbackError, choose_target, spec_from_version, versions
 from llmconsole.db.recorder import Recorder
+from llmconsole.db.versions import RollbackError, choose_target, spec_from_version, versions
 from llmconsole.engine.metrics.window import MetricsSnapshot
 from llmconsole.engine.spec import EngineSpec
 from llmconsole.engine.status import EngineState, EngineStatus

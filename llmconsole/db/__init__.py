@@ -7,8 +7,17 @@ from llmconsole.db.compaction import Retention
 from llmconsole.db.guard import StoreError
 from llmconsole.db.migrations import SCHEMA_VERSION
 from llmconsole.db.records import (
-    Action, Alert, CompactionResult, ConfigHistory, ConfigVersion, EngineRun, MetricSample,
-    OperatorSession, Sweep, SweepPoint, WindowSample,
+    Action,
+    Alert,
+    CompactionResult,
+    ConfigHistory,
+    ConfigVersion,
+    EngineRun,
+    MetricSample,
+    OperatorSession,
+    Sweep,
+    SweepPoint,
+    WindowSample,
 )
 from llmconsole.db.store import Store
 

@@ -18,14 +18,23 @@ import dataclasses
 import json
 import os
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
-from llmconsole.db import report, svgplot
+from llmconsole.db import report
+from llmconsole.db.charts import Series, line_chart
 from llmconsole.db.logclip import clip_file
 from llmconsole.db.records import (
-    Action, Alert, ConfigVersion, EngineRun, MetricSample, OperatorSession, Sweep, SweepPoint,
+    Action,
+    Alert,
+    ConfigVersion,
+    EngineRun,
+    MetricSample,
+    OperatorSession,
+    Sweep,
+    SweepPoint,
     WindowSample,
 )
 from llmconsole.db.schema import METRIC_FIELDS, SWEEP_FIGURES
@@ -44,7 +53,7 @@ class Span:
 
 
 @dataclass(frozen=True)
-class Snapshot:
+class ExportSnapshot:
     """The records of one span, as the report and the writers see them."""
 
     span: Span
@@ -69,7 +78,7 @@ class ExportResult:
 
 
 def collect(store: Store, *, session_id: int | None = None, since_s: float | None = None,
-            until_s: float | None = None) -> Snapshot:
+            until_s: float | None = None) -> ExportSnapshot:
     """The records in the span: the session's span when `session_id` is given."""
     if session_id is not None:
         s = store.session(session_id)
@@ -99,7 +108,7 @@ def collect(store: Store, *, session_id: int | None = None, since_s: float | Non
         if cid and cid not in wanted:
             wanted.append(cid)
     configs = tuple(c for c in (store.config(cid) for cid in wanted) if c is not None)
-    return Snapshot(Span(since, until), session_id, sessions, configs, runs, actions, alerts,
+    return ExportSnapshot(Span(since, until), session_id, sessions, configs, runs, actions, alerts,
                     samples, window, sweeps, points)
 
 
@@ -182,7 +191,7 @@ def _utc(t: float | None) -> str:
     return "" if t is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
-def _write_samples_csv(path: Path, samples: Iterable[MetricSample], clean) -> str:
+def _write_samples_csv(path: Path, samples: Iterable[MetricSample], clean: Callable[[Any], Any]) -> str:
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(["engine", "at_s", "at_utc", "resolution_s", *METRIC_FIELDS])
@@ -192,7 +201,7 @@ def _write_samples_csv(path: Path, samples: Iterable[MetricSample], clean) -> st
     return path.name
 
 
-def _write_points_csv(path: Path, points: Iterable[SweepPoint], clean) -> str:
+def _write_points_csv(path: Path, points: Iterable[SweepPoint], clean: Callable[[Any], Any]) -> str:
     points = list(points)
     param_keys: list[str] = []
     for p in points:
@@ -218,11 +227,11 @@ def _cell(v: Any) -> Any:
     return json.dumps(v) if isinstance(v, (dict, list)) else v
 
 
-def _write_plots(out: Path, snap: Snapshot) -> list[str]:
+def _write_plots(out: Path, snap: ExportSnapshot) -> list[str]:
     (out / "plots").mkdir(mode=0o700, exist_ok=True)
     engines = sorted({s.engine for s in snap.samples})
 
-    def series(field: str, label: str = "") -> list[svgplot.Series]:
+    def series(field: str, label: str = "") -> list[Series]:
         return [(f"{e}{label}", [(s.at_s, getattr(s, field)) for s in snap.samples if s.engine == e])
                 for e in engines]
 
@@ -241,7 +250,7 @@ def _write_plots(out: Path, snap: Snapshot) -> list[str]:
     )
     written = []
     for name, (title, data, y_label) in charts.items():
-        (out / "plots" / name).write_text(svgplot.line_chart(title, data, y_label), encoding="utf-8")
+        (out / "plots" / name).write_text(line_chart(title, data, y_label), encoding="utf-8")
         written.append(f"plots/{name}")
     return written
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Iterable, Iterator, TextIO
+from typing import TextIO
 
 _VLLM_STAMP = re.compile(r"^(?:\(\w+ pid=\d+\) )?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) "
                          r"(?P<mon>\d\d)-(?P<day>\d\d) (?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)")
@@ -64,7 +65,7 @@ def clip_lines(lines: Iterable[str], since_s: float | None, until_s: float | Non
 
 
 def clip_file(src: Path, dst: TextIO, since_s: float | None, until_s: float | None,
-              scrub_line=lambda s: s) -> int:
+              scrub_line: Callable[[str], str] = lambda s: s) -> int:
     """Copy the part of `src` within the span to `dst`, each line through `scrub_line`; lines written."""
     n = 0
     with open(src, encoding="utf-8", errors="replace") as f:

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 from llmconsole.db.records import MetricSample
 from llmconsole.db.store import Store
@@ -60,7 +60,7 @@ class Recorder:
         if st.pid is not None and (run is None or run.pid != st.pid):
             if run is not None:  # the old process went without a snapshot saying so
                 self._close(st.name, run, None, "replaced by a new process", "pending")
-            run = self._begin(st)
+            run = self._begin(st, st.pid)
         if run is None:
             return
         if st.state in _LIVE and run.ready_at is None:
@@ -71,16 +71,16 @@ class Recorder:
         elif st.state in _ENDED:
             self._close(st.name, run, st.last_exit_code, st.last_error, self._verdict(st, run))
 
-    def _begin(self, st: EngineStatus) -> _OpenRun:
+    def _begin(self, st: EngineStatus, pid: int) -> _OpenRun:
         # After a daemon restart an adopted engine is the run already open in the store.
         for r in reversed(self.store.runs(st.name, limit=5)):
-            if r.exited_at is None and r.pid == st.pid and r.config_id == st.config_id:
-                run = _OpenRun(r.id, st.pid, st.config_id, r.ready_at)
+            if r.exited_at is None and r.pid == pid and r.config_id == st.config_id:
+                run = _OpenRun(r.id, pid, st.config_id, r.ready_at)
                 break
         else:
-            run_id = self.store.run_started(st.name, st.config_id, pid=st.pid, port=st.port,
+            run_id = self.store.run_started(st.name, st.config_id, pid=pid, port=st.port,
                                             spec_public=st.spec, at=st.started_at_s)
-            run = _OpenRun(run_id, st.pid, st.config_id)
+            run = _OpenRun(run_id, pid, st.config_id)
         self._open[st.name] = run
         return run
 
@@ -122,8 +122,9 @@ def _sample(st: EngineStatus, at_s: float) -> MetricSample:
     m = st.metrics
     p = st.process
 
-    def g(name: str):
-        return getattr(m, name, None)
+    def g(name: str) -> float | None:
+        value: float | None = getattr(m, name, None)  # the snapshot's gauges are floats or None
+        return value
 
     return MetricSample(
         engine=st.name, at_s=at_s, running=g("running"), waiting=g("waiting"),

@@ -11,6 +11,12 @@ from dataclasses import dataclass
 from typing import Any
 
 
+def _object(text: str) -> dict[str, Any]:
+    """A JSON column's text as the object the store wrote there (always an object)."""
+    value: dict[str, Any] = json.loads(text)
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class OperatorSession:
     id: int
@@ -30,7 +36,7 @@ class ConfigVersion:
 
     @property
     def spec(self) -> dict[str, Any]:
-        return json.loads(self.spec_json)
+        return _object(self.spec_json)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +73,7 @@ class ConfigHistory:
 
     @property
     def spec(self) -> dict[str, Any]:
-        return json.loads(self.spec_json)
+        return _object(self.spec_json)
 
     @property
     def verdict(self) -> str:
@@ -91,7 +97,7 @@ class Action:
 
     @property
     def detail(self) -> dict[str, Any]:
-        return json.loads(self.detail_json)
+        return _object(self.detail_json)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +113,7 @@ class Alert:
 
     @property
     def detail(self) -> dict[str, Any]:
-        return json.loads(self.detail_json)
+        return _object(self.detail_json)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,15 +169,15 @@ class Sweep:
 
     @property
     def grid(self) -> dict[str, Any]:
-        return json.loads(self.grid_json)
+        return _object(self.grid_json)
 
     @property
     def load(self) -> dict[str, Any]:
-        return json.loads(self.load_json)
+        return _object(self.load_json)
 
     @property
     def slo(self) -> dict[str, Any]:
-        return json.loads(self.slo_json)
+        return _object(self.slo_json)
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +208,7 @@ class SweepPoint:
 
     @property
     def params(self) -> dict[str, Any]:
-        return json.loads(self.params_json)
+        return _object(self.params_json)
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from llmconsole.db.records import Action
 
 if TYPE_CHECKING:
-    from llmconsole.db.export import Snapshot
+    from llmconsole.db.export import ExportSnapshot
 
 
 def _utc(t: float | None) -> str:
@@ -49,7 +52,7 @@ def config_diff(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[tup
     return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
 
-def _change(action, specs: Mapping[str, dict]) -> str:
+def _change(action: Action, specs: Mapping[str, dict[str, Any]]) -> str:
     src, dst = action.from_config_id, action.to_config_id
     if src and dst and src != dst and src in specs and dst in specs:
         diff = config_diff(specs[src], specs[dst])
@@ -61,7 +64,7 @@ def _change(action, specs: Mapping[str, dict]) -> str:
     return src or ""
 
 
-def render(snap: "Snapshot", *, plots: list[str], logs: Mapping[str, str], files: list[str]) -> str:
+def render(snap: ExportSnapshot, *, plots: list[str], logs: Mapping[str, str], files: list[str]) -> str:
     span = snap.span
     duration_s = span.until_s - (span.since_s if span.since_s is not None else span.until_s)
     title = f"session {snap.session_id}" if snap.session_id is not None else "span"

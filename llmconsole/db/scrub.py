@@ -8,7 +8,8 @@ names a secret is replaced, and so is every occurrence of a string the caller kn
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 REDACTED = "<redacted>"
 
@@ -48,7 +49,7 @@ def _scrub_text(text: str, known: list[str]) -> str:
     text = _FLAG_VALUE_IN_TEXT.sub(
         lambda m: f"{m['flag']}{m['sep']}{REDACTED}" if is_secret_key(m["flag"].lstrip("-")) else m[0], text)
 
-    def _value(m: re.Match) -> str:
+    def _value(m: re.Match[str]) -> str:
         if not is_secret_key(m["key"]) or m["value"] in ("None", "null", "True", "False", REDACTED):
             return m[0]
         return f"{m['key']}{m['sep']}{REDACTED}"

@@ -64,7 +64,7 @@ def format_versions(engine: str, entries: list[dict[str, Any]]) -> str:
 
 
 def cmd_history(ns: argparse.Namespace) -> int:
-    from llmconsole.db.history import versions
+    from llmconsole.db.versions import versions
 
     with _store() as store:
         engines = [ns.engine] if ns.engine else sorted({r.engine for r in store.runs()})

@@ -21,7 +21,7 @@ from aiohttp import web
 from llmconsole.daemon.context import context_of
 from llmconsole.daemon.http import error_response, json_body, peer_user, session_of
 from llmconsole.daemon.services.rollback import rollback
-from llmconsole.db.history import versions
+from llmconsole.db.versions import versions
 
 
 async def post_session(request: web.Request) -> web.Response:

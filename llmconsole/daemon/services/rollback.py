@@ -15,7 +15,7 @@ from typing import Any
 
 from llmconsole.daemon.context import DaemonContext
 from llmconsole.db import Store
-from llmconsole.db.history import RollbackError, choose_target, spec_from_version
+from llmconsole.db.versions import RollbackError, choose_target, spec_from_version
 from llmconsole.engine.spec import EngineSpec
 
 log = logging.getLogger(__name__)

@@ -22,13 +22,18 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 
+from llmconsole.engine.audit import AuditStore
+from llmconsole.engine.plan.validate import ConfigDoesNotFit, enforce
 from llmconsole.engine.spec import EngineSpec
 from llmconsole.engine.status import EngineState
-from llmconsole.engine.plan.validate import ConfigDoesNotFit, enforce
+
+if TYPE_CHECKING:
+    from llmconsole.engine.fleet import Fleet
+    from llmconsole.engine.supervisor import EngineSupervisor
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +91,8 @@ class ApplyResult:
         return dict(self.__dict__)
 
 
-def _record_begin(store, kind: str, name: str, actor: str, before: EngineSpec, after: EngineSpec,
-                  automatic: bool, detail: dict[str, Any] | None) -> int | None:
+def _record_begin(store: AuditStore | None, kind: str, name: str, actor: str, before: EngineSpec,
+                  after: EngineSpec, automatic: bool, detail: dict[str, Any] | None) -> int | None:
     if store is None:
         return None
     for spec in (before, after):
@@ -96,14 +101,15 @@ def _record_begin(store, kind: str, name: str, actor: str, before: EngineSpec, a
                                to_config_id=after.config_id, automatic=automatic, detail=detail)
 
 
-def _record_end(store, action_id: int | None, outcome: str, detail: dict[str, Any] | None = None) -> None:
+def _record_end(store: AuditStore | None, action_id: int | None, outcome: str,
+                detail: dict[str, Any] | None = None) -> None:
     if store is not None and action_id is not None:
         store.update_action_outcome(action_id, outcome, detail)
 
 
-async def guarded_apply(fleet, name: str, new_spec: EngineSpec, *, store=None, gate: Gate | None = None,
-                        actor: str = "llmconsole", kind: str = "apply", automatic: bool = False,
-                        detail: dict[str, Any] | None = None, force: bool = False,
+async def guarded_apply(fleet: Fleet, name: str, new_spec: EngineSpec, *, store: AuditStore | None = None,
+                        gate: Gate | None = None, actor: str = "llmconsole", kind: str = "apply",
+                        automatic: bool = False, detail: dict[str, Any] | None = None, force: bool = False,
                         ready_timeout_s: float = 600.0, drain_timeout_s: float = 120.0) -> ApplyResult:
     """Restart `name` on `new_spec` with a way back. See the module docstring."""
     began = time.monotonic()
@@ -133,7 +139,7 @@ async def guarded_apply(fleet, name: str, new_spec: EngineSpec, *, store=None, g
             await fleet.restart(name, new_spec, force=True)  # checked above
             await _wait_ready(sup, new_spec.config_id, ready_timeout_s)
             await _smoke(sup)
-        except (_StepFailed, asyncio.TimeoutError, OSError, aiohttp.ClientError) as e:
+        except (TimeoutError, _StepFailed, OSError, aiohttp.ClientError) as e:
             reason = str(e) or type(e).__name__
             why = _exit_reason(store, name, new_spec.config_id) if isinstance(e, _MovedAway) else None
             if why:
@@ -156,7 +162,7 @@ async def guarded_apply(fleet, name: str, new_spec: EngineSpec, *, store=None, g
     return ApplyResult(name, before.config_id, new_spec.config_id, kv, took, action_id)
 
 
-def _exit_reason(store, name: str, config_id: str) -> str | None:
+def _exit_reason(store: AuditStore | None, name: str, config_id: str) -> str | None:
     """Why the last run on `config_id` ended, as the recorder wrote it when the run failed."""
     if store is None:
         return None
@@ -172,7 +178,7 @@ async def _drain(gate: Gate, name: str, timeout_s: float) -> None:
         await asyncio.sleep(_POLL_S)
 
 
-async def _wait_ready(sup, config_id: str, timeout_s: float) -> None:
+async def _wait_ready(sup: EngineSupervisor, config_id: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         if sup.spec.config_id != config_id:
@@ -187,10 +193,10 @@ async def _wait_ready(sup, config_id: str, timeout_s: float) -> None:
         await asyncio.sleep(_POLL_S)
 
 
-async def _smoke(sup) -> None:
+async def _smoke(sup: EngineSupervisor) -> None:
     """One token from the engine itself: ready is /health, this is a request actually served."""
     st = sup.status()
-    headers = {}
+    headers: dict[str, str] = {}
     if sup.spec.api_key is not None:
         headers["Authorization"] = f"Bearer {sup.spec.api_key.get_secret_value()}"
     body = {"model": st.served_model_name, "prompt": "ping", "max_tokens": 1}
@@ -200,7 +206,7 @@ async def _smoke(sup) -> None:
                 raise _StepFailed(f"smoke request answered {r.status}: {(await r.text())[:200]}")
 
 
-async def _restore(fleet, sup, name: str, before: EngineSpec, failed: EngineSpec, timeout_s: float) -> str:
+async def _restore(fleet: Fleet, sup: EngineSupervisor, name: str, before: EngineSpec, failed: EngineSpec, timeout_s: float) -> str:
     """Put the engine back on `before` (or wait for the fleet's own rollback that already did)."""
     grace_end = time.monotonic() + _AUTO_ROLLBACK_GRACE_S
     while sup.spec.config_id == failed.config_id and sup.state == EngineState.FAILED \

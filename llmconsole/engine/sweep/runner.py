@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
+from llmconsole.engine.audit import AuditStore
 from llmconsole.engine.metrics.latency import Slo
 from llmconsole.engine.load.generator import LoadSummary, run_load
 from llmconsole.engine.sweep.plan import LoadLevel, PointResult, SweepPlan, SweepProgress
@@ -166,12 +167,12 @@ class SweepRunner:
     """Runs one plan. `stop` (set from a Ctrl-C handler) ends it early; the engine is restored."""
 
     def __init__(self, plan: SweepPlan, controller: EngineController, *, on_progress: ProgressFn | None = None,
-                 stop: asyncio.Event | None = None, store=None, api_key: str | None = None):
+                 stop: asyncio.Event | None = None, store: AuditStore | None = None, api_key: str | None = None):
         self.plan = plan
         self.ctl = controller
         self.on_progress = on_progress or (lambda ev: None)
         self.stop = stop or asyncio.Event()
-        self.store = store            # llmconsole.db.Store or None
+        self.store = store            # where the sweep and its points are recorded, if anywhere
         self.api_key = api_key
         self.points: list[PointResult] = []
         self._t0 = time.monotonic()
@@ -314,11 +315,12 @@ class SweepRunner:
         if self.store is None or self._sweep_id is None:
             return
         flags = list(p.flags) + ([p.reason] if p.reason else [])
-        common = dict(status=p.status, flags=flags, config_id=p.config_id, peak_kv_usage=p.peak_kv_usage,
-                      preemptions=p.preemptions, memory_bytes=p.memory_bytes, compute_util=p.compute_util,
-                      bandwidth_util=p.bandwidth_util)
+        figures: dict[str, float | int | None] = dict(
+            peak_kv_usage=p.peak_kv_usage, preemptions=p.preemptions, memory_bytes=p.memory_bytes,
+            compute_util=p.compute_util, bandwidth_util=p.bandwidth_util)
         if not summaries:
-            self.store.add_sweep_point(self._sweep_id, p.params, repeat=0, **common)
+            self.store.add_sweep_point(self._sweep_id, p.params, repeat=0, status=p.status, flags=flags,
+                                       config_id=p.config_id, **figures)
             return
         for r, s in enumerate(summaries):
             sec = lambda v: None if v is None else v / 1000.0  # noqa: E731
@@ -327,7 +329,7 @@ class SweepRunner:
                 throughput_tok_s=s.output_throughput_tok_s, p50_ttft_s=sec(s.ttft.median_ms),
                 p99_ttft_s=sec(s.ttft.p99_ms), p50_itl_s=sec(s.itl.median_ms), p99_itl_s=sec(s.itl.p99_ms),
                 p50_tpot_s=sec(s.tpot.median_ms), p99_tpot_s=sec(s.tpot.p99_ms), p50_e2e_s=sec(s.e2e.median_ms),
-                p99_e2e_s=sec(s.e2e.p99_ms), **common)
+                p99_e2e_s=sec(s.e2e.p99_ms), status=p.status, flags=flags, config_id=p.config_id, **figures)
 
     def _close_store(self, status: str) -> None:
         if self.store is not None and self._sweep_id is not None:

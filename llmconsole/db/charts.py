@@ -1,45 +1,22 @@
 """Line charts over time as plain SVG, for the export's report.
 
-Written by hand rather than with matplotlib: an export runs on the inference host, often with
-no display and a minimal Python, and a chart of a few series needs no font cache or backend.
-A None value is a gap in the line, not a zero.
+Built on llmconsole.svgplot, as every chart llmconsole writes is. A None value is a gap in the
+line, not a zero.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from html import escape
-from typing import Sequence
+
+from llmconsole.svgplot import COLOURS, fmt_number, nice_ticks, no_data, open_svg
 
 Series = tuple[str, Sequence[tuple[float, float | None]]]  # (label, [(epoch s, value)])
 
 _W, _H = 760, 300
 _LEFT, _RIGHT, _TOP, _BOTTOM = 70, 150, 34, 40
-_COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
-
-
-def _nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
-    if hi <= lo:
-        hi = lo + (abs(lo) or 1.0)
-    raw = (hi - lo) / n
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    first = math.floor(lo / step) * step
-    return [first + k * step for k in range(int(math.ceil((hi - first) / step)) + 1)]
-
-
-def _fmt(v: float) -> str:
-    if v == 0:
-        return "0"
-    a = abs(v)
-    if a >= 1e9:
-        return f"{v / 1e9:g}G"
-    if a >= 1e6:
-        return f"{v / 1e6:g}M"
-    if a >= 1e4:
-        return f"{v / 1e3:g}k"
-    return f"{v:.3g}"
 
 
 def _clock(t: float, span_s: float) -> str:
@@ -50,17 +27,14 @@ def _clock(t: float, span_s: float) -> str:
 def line_chart(title: str, series: Sequence[Series], y_label: str) -> str:
     """An SVG document charting `series` against UTC time."""
     points = [(t, v) for _, pts in series for t, v in pts if v is not None and math.isfinite(v)]
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{_H}" '
-           f'viewBox="0 0 {_W} {_H}" font-family="sans-serif" font-size="11">',
-           f'<rect width="{_W}" height="{_H}" fill="white"/>',
-           f'<text x="{_LEFT}" y="20" font-size="14" font-weight="bold">{escape(title)}</text>']
+    out = open_svg(_W, _H, _LEFT, title)
     if not points:
-        out.append(f'<text x="{_W / 2}" y="{_H / 2}" text-anchor="middle" fill="#777">no data</text></svg>')
+        out.append(no_data(_W, _H, "no data"))
         return "\n".join(out)
     t0, t1 = min(p[0] for p in points), max(p[0] for p in points)
     if t1 <= t0:
         t0, t1 = t0 - 30, t1 + 30
-    ticks = _nice_ticks(min(0.0, min(p[1] for p in points)), max(p[1] for p in points))
+    ticks = nice_ticks(min(0.0, min(p[1] for p in points)), max(p[1] for p in points))
     y0, y1 = ticks[0], ticks[-1]
     pw, ph = _W - _LEFT - _RIGHT, _H - _TOP - _BOTTOM
 
@@ -72,7 +46,7 @@ def line_chart(title: str, series: Sequence[Series], y_label: str) -> str:
 
     for v in ticks:
         out.append(f'<line x1="{_LEFT}" x2="{_LEFT + pw}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="#e5e5e5"/>')
-        out.append(f'<text x="{_LEFT - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{_fmt(v)}</text>')
+        out.append(f'<text x="{_LEFT - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{fmt_number(v)}</text>')
     for k in range(6):
         t = t0 + (t1 - t0) * k / 5
         out.append(f'<text x="{x(t):.1f}" y="{_TOP + ph + 16}" text-anchor="middle">{_clock(t, t1 - t0)}</text>')
@@ -82,15 +56,16 @@ def line_chart(title: str, series: Sequence[Series], y_label: str) -> str:
     out.append(f'<rect x="{_LEFT}" y="{_TOP}" width="{pw}" height="{ph}" fill="none" stroke="#999"/>')
 
     for k, (label, pts) in enumerate(series):
-        colour = _COLOURS[k % len(_COLOURS)]
-        runs, current = [], []
-        for t, v in sorted(pts, key=lambda p: p[0]):
-            if v is None or not math.isfinite(v):
+        colour = COLOURS[k % len(COLOURS)]
+        runs: list[list[str]] = []
+        current: list[str] = []
+        for t, value in sorted(pts, key=lambda p: p[0]):
+            if value is None or not math.isfinite(value):
                 if current:
                     runs.append(current)
                 current = []
             else:
-                current.append(f"{x(t):.1f},{y(v):.1f}")
+                current.append(f"{x(t):.1f},{y(value):.1f}")
         if current:
             runs.append(current)
         for run in runs:
