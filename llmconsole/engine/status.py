@@ -45,7 +45,7 @@ class EngineStatus:
     kv_cache_tokens: int | None = None
     max_concurrency: float | None = None
     max_concurrency_len: int | None = None
-    metrics: Any = None                 # MetricsSnapshot or None
+    metrics: Any = None                 # WindowedMetrics or None
     process: Any = None                 # ProcessSample or None
     spec: dict[str, Any] = field(default_factory=dict)
     log_path: str | None = None

@@ -73,7 +73,7 @@ class CacheInfo:
 
 
 @dataclass(frozen=True)
-class MetricsSample:
+class ScrapeSample:
     """One engine's /metrics page at one moment. A series the page lacks is None."""
 
     taken_at_s: float
@@ -300,8 +300,8 @@ def _samples(kept: str) -> Iterable[tuple[str, dict[str, str], float]]:
         yield name, labels, value
 
 
-def parse_metrics(text: str, taken_at_s: float) -> MetricsSample:
-    """The page as one MetricsSample. taken_at_s is the scraper's clock (monotonic is best)."""
+def parse_metrics(text: str, taken_at_s: float) -> ScrapeSample:
+    """The page as one ScrapeSample. taken_at_s is the scraper's clock (monotonic is best)."""
     # field -> rank -> accumulated value(s)
     gauges: dict[str, dict[int, list[float]]] = {}
     counters: dict[str, dict[int, float]] = {}
@@ -349,7 +349,7 @@ def parse_metrics(text: str, taken_at_s: float) -> MetricsSample:
         fields[field] = by_rank[min(by_rank)]
     for field, by_rank in histos.items():
         fields[field] = by_rank[min(by_rank)].freeze()
-    return MetricsSample(taken_at_s=taken_at_s, cache=cache, **fields)
+    return ScrapeSample(taken_at_s=taken_at_s, cache=cache, **fields)
 
 
 def histogram_quantile(q: float, upper_bounds: tuple[float, ...] | list[float],

@@ -12,13 +12,13 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass
 
-from llmconsole.engine.metrics.page import COUNTER_FIELDS, HISTOGRAM_FIELDS, HistogramSample, MetricsSample
+from llmconsole.engine.metrics.page import COUNTER_FIELDS, HISTOGRAM_FIELDS, HistogramSample, ScrapeSample
 
 QUANTILES = (("p50", 0.50), ("p90", 0.90), ("p99", 0.99))
 
 
 @dataclass(frozen=True)
-class MetricsSnapshot:
+class WindowedMetrics:
     taken_at_s: float
     running: float | None = None
     waiting: float | None = None
@@ -51,7 +51,7 @@ class MetricsSnapshot:
     last_error: str | None = None
 
 
-def _is_reset(newer: MetricsSample, older: MetricsSample) -> bool:
+def _is_reset(newer: ScrapeSample, older: ScrapeSample) -> bool:
     """A counter that went down, or a histogram that changed layout: the engine restarted."""
     for f in COUNTER_FIELDS:
         a, b = getattr(newer, f), getattr(older, f)
@@ -65,22 +65,22 @@ def _is_reset(newer: MetricsSample, older: MetricsSample) -> bool:
 
 
 class MetricsWindow:
-    """Keeps recent samples of one engine and turns each new one into a MetricsSnapshot."""
+    """Keeps recent samples of one engine and turns each new one into a WindowedMetrics."""
 
     def __init__(self, rate_window_s: float = 10.0, percentile_window_s: float = 60.0):
         self.rate_window_s = rate_window_s
         self.percentile_window_s = percentile_window_s
-        self._samples: collections.deque[MetricsSample] = collections.deque()
-        self._last: MetricsSnapshot | None = None
+        self._samples: collections.deque[ScrapeSample] = collections.deque()
+        self._last: WindowedMetrics | None = None
         self._errors = 0
 
-    def _oldest_within(self, now_s: float, window_s: float) -> MetricsSample | None:
+    def _oldest_within(self, now_s: float, window_s: float) -> ScrapeSample | None:
         for s in self._samples:  # oldest first; the deque holds at most the longest window
             if now_s - s.taken_at_s <= window_s + 1e-9:
                 return s
         return None
 
-    def add(self, sample: MetricsSample) -> MetricsSnapshot:
+    def add(self, sample: ScrapeSample) -> WindowedMetrics:
         if self._samples and _is_reset(sample, self._samples[-1]):
             # Everything after a restart counts from zero: the new totals are the deltas since
             # the last sample of the old engine (the restart happened in between).
@@ -115,7 +115,7 @@ class MetricsWindow:
                 for label, q in QUANTILES:
                     fields[f"{label}_{h}_s"] = delta.quantile(q)
         cache = sample.cache
-        snap = MetricsSnapshot(
+        snap = WindowedMetrics(
             taken_at_s=sample.taken_at_s,
             running=sample.num_requests_running,
             waiting=sample.num_requests_waiting,
@@ -129,19 +129,19 @@ class MetricsWindow:
         self._last = snap
         return snap
 
-    def failed(self, error: str, at_s: float) -> MetricsSnapshot:
+    def failed(self, error: str, at_s: float) -> WindowedMetrics:
         """A scrape failed: keep the last figures, marked stale, and count the error."""
         self._errors += 1
-        base = self._last or MetricsSnapshot(taken_at_s=at_s)
-        snap = MetricsSnapshot(**{**base.__dict__, "stale": True, "scrape_errors": self._errors, "last_error": error})
+        base = self._last or WindowedMetrics(taken_at_s=at_s)
+        snap = WindowedMetrics(**{**base.__dict__, "stale": True, "scrape_errors": self._errors, "last_error": error})
         self._last = snap
         return snap
 
 
-def _zero_like(sample: MetricsSample, at_s: float) -> MetricsSample:
+def _zero_like(sample: ScrapeSample, at_s: float) -> ScrapeSample:
     zeros: dict[str, object] = {f: 0.0 for f in COUNTER_FIELDS if getattr(sample, f) is not None}
     for h in HISTOGRAM_FIELDS:
         v = getattr(sample, h)
         if v is not None:
             zeros[h] = v.zeroed()
-    return MetricsSample(taken_at_s=at_s, **zeros)
+    return ScrapeSample(taken_at_s=at_s, **zeros)
