@@ -34,7 +34,7 @@ class ProcessRecord:
 
 
 class EngineProcess:
-    def __init__(self, record: ProcessRecord, popen: subprocess.Popen | None):
+    def __init__(self, record: ProcessRecord, popen: subprocess.Popen[bytes] | None) -> None:
         self.record = record
         self._popen = popen
         self._exit_code: int | None = None
