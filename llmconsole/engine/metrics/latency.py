@@ -55,7 +55,8 @@ class LatencyStats:
 
     def at(self, q: float) -> float | None:
         """The stored percentile q (50, 90, 99 or 100)."""
-        return {50: self.median_ms, 90: self.p90_ms, 99: self.p99_ms, 100: self.max_ms}.get(q)
+        stored: dict[float, float | None] = {50: self.median_ms, 90: self.p90_ms, 99: self.p99_ms, 100: self.max_ms}
+        return stored.get(q)
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Iterator
 
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 
@@ -250,7 +251,7 @@ class _Histo:
         return HistogramSample(tuple(bounds), tuple(counts), count, self.sum)
 
 
-def _families(text: str) -> Iterable:
+def _families(text: str) -> Iterator[Metric]:
     try:
         yield from text_string_to_metric_families(text)
     except MetricsParseError:
@@ -341,15 +342,32 @@ def parse_metrics(text: str, taken_at_s: float) -> ScrapeSample:
             else:
                 h.sum += value
 
-    fields: dict[str, object] = {}
-    for field, by_rank in gauges.items():
-        values = by_rank[min(by_rank)]
-        fields[field] = sum(values) / len(values) if field in _AVERAGED_GAUGES else sum(values)
-    for field, by_rank in counters.items():
-        fields[field] = by_rank[min(by_rank)]
-    for field, by_rank in histos.items():
-        fields[field] = by_rank[min(by_rank)].freeze()
-    return ScrapeSample(taken_at_s=taken_at_s, cache=cache, **fields)
+    # Of each field's aliases, the newest present (lowest rank) wins.
+    figures: dict[str, float] = {}
+    for field, values_by_rank in gauges.items():
+        values = values_by_rank[min(values_by_rank)]
+        figures[field] = sum(values) / len(values) if field in _AVERAGED_GAUGES else sum(values)
+    for field, total_by_rank in counters.items():
+        figures[field] = total_by_rank[min(total_by_rank)]
+    hists = {field: by_rank[min(by_rank)].freeze() for field, by_rank in histos.items()}
+    return ScrapeSample(
+        taken_at_s=taken_at_s,
+        num_requests_running=figures.get("num_requests_running"),
+        num_requests_waiting=figures.get("num_requests_waiting"),
+        num_requests_swapped=figures.get("num_requests_swapped"),
+        kv_cache_usage=figures.get("kv_cache_usage"),
+        cpu_cache_usage=figures.get("cpu_cache_usage"),
+        preemptions_total=figures.get("preemptions_total"),
+        prompt_tokens_total=figures.get("prompt_tokens_total"),
+        generation_tokens_total=figures.get("generation_tokens_total"),
+        request_success_total=figures.get("request_success_total"),
+        ttft=hists.get("ttft"),
+        itl=hists.get("itl"),
+        tpot=hists.get("tpot"),
+        e2e=hists.get("e2e"),
+        queue=hists.get("queue"),
+        cache=cache,
+    )
 
 
 def histogram_quantile(q: float, upper_bounds: tuple[float, ...] | list[float],
