@@ -23,7 +23,7 @@ def fmt_na(value: Any, fmt: str = "{}") -> str:
 
 
 try:  # nvidia-ml-py is a dependency, but a broken install must not stop the console
-    import pynvml
+    import pynvml as pynvml  # re-exported: plan/ reads the topology through this guarded import
 except Exception:  # pragma: no cover - exercised only on broken installs
     pynvml = None
 

@@ -16,7 +16,7 @@ import psutil
 from llmconsole.engine.plan.cost import CostEstimate, CostInputs, estimate_cost
 from llmconsole.engine.plan.devices import DeviceProfile
 from llmconsole.engine.plan.kv_math import (
-    RUNTIME_RESERVE_BYTES, GpuBudget, KvCapacity, activation_bytes, kv_capacity, layout_for,
+    RUNTIME_RESERVE_BYTES, GpuBudget, KvCapacity, KvLayout, activation_bytes, kv_capacity, layout_for,
 )
 from llmconsole.engine.plan.model_shape import ModelShape, ModelShapeError, local_config_dir, read_shape
 from llmconsole.engine.plan.recommend import (
@@ -88,7 +88,7 @@ class Plan:
         }
 
 
-def _kv_pool(spec: EngineSpec, shape: ModelShape, device: DeviceProfile, weights: int, layout) -> tuple[
+def _kv_pool(spec: EngineSpec, shape: ModelShape, device: DeviceProfile, weights: int, layout: KvLayout) -> tuple[
         int | None, bool, GpuBudget | None]:
     """(KV bytes per rank, whether that figure is exact, the estimated budget behind it)."""
     if spec.num_gpu_blocks_override is not None:
