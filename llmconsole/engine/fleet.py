@@ -14,18 +14,18 @@ import logging
 import os
 import re
 import tempfile
-from pathlib import Path
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 
 from llmconsole.engine.host import HostProbe
+from llmconsole.engine.plan.validate import enforce as enforce_fit
 from llmconsole.engine.process import ProcessRecord
 from llmconsole.engine.runtime import Runtime
 from llmconsole.engine.spec import EngineSpec
 from llmconsole.engine.status import EngineState, EngineStatus
 from llmconsole.engine.supervisor import EngineBusy, EngineSupervisor, SupervisionPolicy
-from llmconsole.engine.plan.validate import enforce as enforce_fit
 from llmconsole.paths import Paths
 
 log = logging.getLogger(__name__)

@@ -10,8 +10,9 @@ process tree is re-listed only every few seconds.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import psutil
 

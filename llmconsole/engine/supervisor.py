@@ -17,9 +17,9 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import aiohttp
 
@@ -291,7 +291,7 @@ class EngineSupervisor:
             timeout = aiohttp.ClientTimeout(total=self.policy.health_timeout_s)
             async with self._http.get(url, timeout=timeout) as r:
                 return r.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        except (TimeoutError, aiohttp.ClientError, OSError):
             return False
 
     async def _run(self, first_launch_is_fresh: bool) -> None:

@@ -20,7 +20,6 @@ from llmconsole.kernels.cuda_build import (
     find_nvcc,
 )
 
-
 _DEFAULT_OPTIONS = CudaBuildOptions()
 
 

@@ -9,8 +9,9 @@ it fires, and resolves as soon as it no longer holds, as Prometheus does. The tr
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable
+from typing import Any
 
 KV_CACHE_HIGH = "LlmconsoleKvCacheHigh"
 GPU_MEMORY_HIGH = "LlmconsoleGpuMemoryHighManySeqs"

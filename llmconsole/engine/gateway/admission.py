@@ -103,7 +103,7 @@ class Admission:
         self._saturated = True
         try:
             await asyncio.wait_for(asyncio.shield(fut), self.queue_timeout_s if timeout_s is None else timeout_s)
-        except (asyncio.TimeoutError, asyncio.CancelledError) as e:
+        except (TimeoutError, asyncio.CancelledError) as e:
             if fut.done() and not fut.cancelled():
                 self.release()  # granted in the same instant: pass the slot on
             else:

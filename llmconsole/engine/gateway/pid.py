@@ -50,8 +50,9 @@ from __future__ import annotations
 import collections
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 # Re-exported: the gateway, the daemon and the tests take them from here with the controller.
 from llmconsole.engine.gateway.measures import LatencySample as LatencySample

@@ -19,13 +19,14 @@ import asyncio
 import functools
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import aiohttp
 
-from llmconsole.engine.metrics.latency import LatencyStats, Slo
 from llmconsole.engine.load.workload import PlannedRequest, Workload, load_tokenizer, plan_requests
+from llmconsole.engine.metrics.latency import LatencyStats, Slo
 
 ProgressFn = Callable[[int, int], None]  # (finished measured requests, measured requests)
 
@@ -170,7 +171,7 @@ class _Sender:
         self.t0 = 0.0   # the measured phase's start, perf_counter seconds
         self.done_measured = 0
 
-    async def __aenter__(self) -> "_Sender":
+    async def __aenter__(self) -> _Sender:
         # No connection limit: the workload, not the pool, decides how many are in flight.
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=self.timeout)
         return self
@@ -225,7 +226,7 @@ class _Sender:
         except asyncio.CancelledError:
             self._keep(record(status="cancelled"))
             raise
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return self._keep(record(status="timeout", error="no data within the read timeout"))
         except aiohttp.ClientConnectionError as e:
             return self._keep(record(status="connect", error=str(e)[:300]))

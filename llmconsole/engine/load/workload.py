@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 Arrival = Literal["closed", "poisson", "gamma"]
 
@@ -28,7 +29,7 @@ class LengthDist:
     max_value: int | None = None
 
     @classmethod
-    def parse(cls, text: str) -> "LengthDist":
+    def parse(cls, text: str) -> LengthDist:
         """`64`, `uniform:32-128`, `lognormal:64` or `lognormal:64:0.8` (median, sigma)."""
         t = text.strip()
         try:
@@ -49,7 +50,7 @@ class LengthDist:
         return d
 
     @classmethod
-    def fixed(cls, n: int) -> "LengthDist":
+    def fixed(cls, n: int) -> LengthDist:
         d = cls("fixed", n)
         d.check()
         return d

@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 import re
 import statistics
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 METRICS = ("ttft", "tpot", "itl", "e2e")
 _TARGET = re.compile(r"^(?:p(\d{1,2}(?:\.\d+)?|100)_)?(ttft|tpot|itl|e2e)_ms$")
@@ -46,7 +46,7 @@ class LatencyStats:
     max_ms: float | None
 
     @classmethod
-    def of_seconds(cls, values_s: Iterable[float]) -> "LatencyStats":
+    def of_seconds(cls, values_s: Iterable[float]) -> LatencyStats:
         ms = [v * 1000.0 for v in values_s]
         if not ms:
             return cls(0, None, None, None, None, None)
@@ -75,7 +75,7 @@ class Slo:
     targets: tuple[SloTarget, ...] = ()
 
     @classmethod
-    def parse(cls, items: Iterable[str]) -> "Slo":
+    def parse(cls, items: Iterable[str]) -> Slo:
         """From `KEY=MS` items, comma- or argument-separated: `p99_e2e_ms=2000,ttft_ms=500`.
 
         Raises ValueError naming the bad item; nothing is kept from a list with one bad item.

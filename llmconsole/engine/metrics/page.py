@@ -16,8 +16,8 @@ Windowed figures (rates, percentiles) live in window.py; this module knows one p
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable, Iterator
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
@@ -36,7 +36,7 @@ class HistogramSample:
     count: float
     sum: float
 
-    def minus(self, older: "HistogramSample") -> "HistogramSample | None":
+    def minus(self, older: HistogramSample) -> HistogramSample | None:
         """What was observed between `older` and this one; None when the two cannot be compared.
 
         None means a different bucket layout (another vLLM release answered) or a count that
@@ -44,7 +44,7 @@ class HistogramSample:
         """
         if self.upper_bounds != older.upper_bounds:
             return None
-        counts = tuple(a - b for a, b in zip(self.cumulative_counts, older.cumulative_counts))
+        counts = tuple(a - b for a, b in zip(self.cumulative_counts, older.cumulative_counts, strict=True))
         if any(c < 0 for c in counts) or self.count < older.count:
             return None
         return HistogramSample(self.upper_bounds, counts, self.count - older.count, self.sum - older.sum)
@@ -52,7 +52,7 @@ class HistogramSample:
     def quantile(self, q: float) -> float | None:
         return histogram_quantile(q, self.upper_bounds, self.cumulative_counts)
 
-    def zeroed(self) -> "HistogramSample":
+    def zeroed(self) -> HistogramSample:
         """The same layout with nothing observed: the baseline right after an engine restart."""
         return HistogramSample(self.upper_bounds, (0.0,) * len(self.upper_bounds), 0.0, 0.0)
 

@@ -9,8 +9,8 @@ in, new state and decision out) so that it is tested by replaying a recorded mem
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from llmconsole.engine.host import HostSample
 from llmconsole.engine.modes.memory import Mode
