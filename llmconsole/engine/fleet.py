@@ -15,7 +15,7 @@ import os
 import re
 import tempfile
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 
@@ -29,6 +29,8 @@ from llmconsole.engine.supervisor import EngineBusy, EngineSupervisor, Supervisi
 from llmconsole.paths import Paths
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 STATE_VERSION = 1
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -164,7 +166,7 @@ class Fleet:
             self._notify(self.status_listeners, sup.status())
 
     @staticmethod
-    def _notify(listeners: list[Callable[[Any], None]], value: Any) -> None:
+    def _notify(listeners: list[Callable[[_T], None]], value: _T) -> None:
         for listener in listeners:
             try:
                 listener(value)

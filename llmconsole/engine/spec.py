@@ -169,7 +169,7 @@ class EngineSpec(BaseModel):
             "--port", str(port),
         ]
 
-        def opt(flag: str, value: Any) -> None:
+        def opt(flag: str, value: object) -> None:
             if value is not None:
                 flags.extend([flag, str(value)])
 

@@ -92,5 +92,6 @@ def read_topology() -> Topology | None:
         ha, hb = handles[a], handles[b]
         p2p = _nvml(pynvml.nvmlDeviceGetP2PStatus, ha, hb, _P2P_CAPS_INDEX_NVLINK)
         level = _nvml(pynvml.nvmlDeviceGetTopologyCommonAncestor, ha, hb)
-        links.append(GpuLink(a, b, p2p == _P2P_STATUS_OK, _LEVELS.get(level, "N/A")))
+        path = _LEVELS.get(level, "N/A") if level is not None else "N/A"
+        links.append(GpuLink(a, b, p2p == _P2P_STATUS_OK, path))
     return Topology(tuple(names), tuple(links), "NVML")
