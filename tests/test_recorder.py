@@ -9,7 +9,7 @@ import pytest
 from llmconsole.db import Store
 from llmconsole.db.recorder import Recorder
 from llmconsole.db.versions import RollbackError, choose_target, spec_from_version, versions
-from llmconsole.engine.metrics.window import MetricsSnapshot
+from llmconsole.engine.metrics.window import WindowedMetrics
 from llmconsole.engine.spec import EngineSpec
 from llmconsole.engine.status import EngineState, EngineStatus
 
@@ -109,7 +109,7 @@ def test_orphaned_runs_are_closed_and_samples_written(tmp_path, model_dir):
     assert store.runs("e1")[0].exit_reason == "ended while no daemon was watching"
 
     live = status(a, EngineState.READY, 32,
-                  metrics=MetricsSnapshot(taken_at_s=1.0, running=3, kv_cache_usage=0.25, p99_ttft_s=0.2))
+                  metrics=WindowedMetrics(taken_at_s=1.0, running=3, kv_cache_usage=0.25, p99_ttft_s=0.2))
     starting = status(a, EngineState.STARTING, 33)
     assert rec.sample([live, starting], at_s=5000.0) == 1
     (s,) = store.metric_samples("e1")

@@ -14,21 +14,23 @@ import logging
 import os
 import re
 import tempfile
-from pathlib import Path
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import aiohttp
 
 from llmconsole.engine.host import HostProbe
+from llmconsole.engine.plan.validate import enforce as enforce_fit
 from llmconsole.engine.process import ProcessRecord
 from llmconsole.engine.runtime import Runtime
 from llmconsole.engine.spec import EngineSpec
 from llmconsole.engine.status import EngineState, EngineStatus
 from llmconsole.engine.supervisor import EngineBusy, EngineSupervisor, SupervisionPolicy
-from llmconsole.engine.plan.validate import enforce as enforce_fit
 from llmconsole.paths import Paths
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 STATE_VERSION = 1
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -164,7 +166,7 @@ class Fleet:
             self._notify(self.status_listeners, sup.status())
 
     @staticmethod
-    def _notify(listeners: list[Callable[[Any], None]], value: Any) -> None:
+    def _notify(listeners: list[Callable[[_T], None]], value: _T) -> None:
         for listener in listeners:
             try:
                 listener(value)

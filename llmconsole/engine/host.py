@@ -10,25 +10,29 @@ process tree is re-listed only every few seconds.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TypeVar
 
 import psutil
 
 _CHILDREN_REFRESH_S = 5.0
 
 
-def fmt_na(value: Any, fmt: str = "{}") -> str:
+_T = TypeVar("_T")
+
+
+def fmt_na(value: object, fmt: str = "{}") -> str:
     return "N/A" if value is None else fmt.format(value)
 
 
 try:  # nvidia-ml-py is a dependency, but a broken install must not stop the console
-    import pynvml
+    import pynvml as pynvml  # re-exported: plan/ reads the topology through this guarded import
 except Exception:  # pragma: no cover - exercised only on broken installs
     pynvml = None
 
 
-def _nvml(fn: Callable[..., Any], *args: Any) -> Any:
+def _nvml(fn: Callable[..., _T], *args: object) -> _T | None:
     """Call an NVML function; any failure is None (a missing value is a value)."""
     try:
         return fn(*args)

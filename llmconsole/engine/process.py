@@ -34,7 +34,7 @@ class ProcessRecord:
 
 
 class EngineProcess:
-    def __init__(self, record: ProcessRecord, popen: subprocess.Popen | None):
+    def __init__(self, record: ProcessRecord, popen: subprocess.Popen[bytes] | None) -> None:
         self.record = record
         self._popen = popen
         self._exit_code: int | None = None
@@ -55,7 +55,7 @@ class EngineProcess:
         return self._popen is None
 
     @classmethod
-    def launch(cls, argv: list[str], env_extra: dict[str, str], log_path: Path, port: int) -> "EngineProcess":
+    def launch(cls, argv: list[str], env_extra: dict[str, str], log_path: Path, port: int) -> EngineProcess:
         env = dict(os.environ)
         env.update(env_extra)
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -81,7 +81,7 @@ class EngineProcess:
         return cls(ProcessRecord(popen.pid, create_time, port, tuple(argv)), popen)
 
     @classmethod
-    def adopt(cls, record: ProcessRecord) -> "EngineProcess | None":
+    def adopt(cls, record: ProcessRecord) -> EngineProcess | None:
         """The running engine behind `record`, or None if that pid is now something else.
 
         A pid can be reused by an unrelated process after a reboot or a long time, so the

@@ -115,7 +115,7 @@ class EngineSpec(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _consistent(self) -> "EngineSpec":
+    def _consistent(self) -> EngineSpec:
         if (
             self.max_num_batched_tokens is not None
             and self.max_model_len is not None
@@ -146,7 +146,7 @@ class EngineSpec(BaseModel):
         canonical = json.dumps(self.config_dict(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
-    def diff(self, other: "EngineSpec") -> list[tuple[str, Any, Any]]:
+    def diff(self, other: EngineSpec) -> list[tuple[str, Any, Any]]:
         """(field, this value, other value) for every config field that differs."""
         mine, theirs = self.config_dict(), other.config_dict()
         return [(k, mine[k], theirs[k]) for k in mine if mine[k] != theirs[k]]
@@ -169,7 +169,7 @@ class EngineSpec(BaseModel):
             "--port", str(port),
         ]
 
-        def opt(flag: str, value: Any) -> None:
+        def opt(flag: str, value: object) -> None:
             if value is not None:
                 flags.extend([flag, str(value)])
 

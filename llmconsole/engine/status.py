@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from llmconsole.engine.host import ProcessSample
+from llmconsole.engine.metrics.window import WindowedMetrics
+
 
 class EngineState(StrEnum):
     STARTING = "starting"    # launched, /health not yet 200
@@ -45,8 +48,8 @@ class EngineStatus:
     kv_cache_tokens: int | None = None
     max_concurrency: float | None = None
     max_concurrency_len: int | None = None
-    metrics: Any = None                 # MetricsSnapshot or None
-    process: Any = None                 # ProcessSample or None
+    metrics: WindowedMetrics | None = None
+    process: ProcessSample | None = None
     spec: dict[str, Any] = field(default_factory=dict)
     log_path: str | None = None
     gateway_url: str | None = None      # the engine group's door at the gateway: clients use it
@@ -61,14 +64,14 @@ class EngineStatus:
         d["state"] = str(self.state)
         m = self.metrics
         d.update(
-            kv_cache_usage=getattr(m, "kv_cache_usage", None),
-            num_requests_running=getattr(m, "running", None),
-            num_requests_waiting=getattr(m, "waiting", None),
-            generation_tok_s=getattr(m, "generation_tok_s", None),
-            prompt_tok_s=getattr(m, "prompt_tok_s", None),
-            p99_ttft_s=getattr(m, "p99_ttft_s", None),
-            p99_e2e_s=getattr(m, "p99_e2e_s", None),
-            metrics_stale=getattr(m, "stale", None),
+            kv_cache_usage=m.kv_cache_usage if m else None,
+            num_requests_running=m.running if m else None,
+            num_requests_waiting=m.waiting if m else None,
+            generation_tok_s=m.generation_tok_s if m else None,
+            prompt_tok_s=m.prompt_tok_s if m else None,
+            p99_ttft_s=m.p99_ttft_s if m else None,
+            p99_e2e_s=m.p99_e2e_s if m else None,
+            metrics_stale=m.stale if m else None,
             kernel=self.spec.get("kernel", "stock"),
         )
         return d

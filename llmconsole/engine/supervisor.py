@@ -17,16 +17,16 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import aiohttp
 
 from llmconsole.engine import runtime as runtime_mod
-from llmconsole.engine.host import HostProbe
+from llmconsole.engine.host import HostProbe, ProcessSample
 from llmconsole.engine.metrics.page import parse_metrics
-from llmconsole.engine.metrics.window import MetricsWindow
+from llmconsole.engine.metrics.window import MetricsWindow, WindowedMetrics
 from llmconsole.engine.process import EngineProcess, ProcessRecord
 from llmconsole.engine.spec import EngineSpec
 from llmconsole.engine.startup_log import StartupFacts, failure_reason, parse_facts
@@ -58,7 +58,8 @@ class EngineBusy(RuntimeError):
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def _connect_host(host: str) -> str:
@@ -74,9 +75,9 @@ class EngineSupervisor:
         http: aiohttp.ClientSession,
         policy: SupervisionPolicy,
         probe: HostProbe | None = None,
-        on_change: Callable[["EngineSupervisor"], None] | None = None,
-        on_crash_loop: Callable[["EngineSupervisor"], None] | None = None,
-    ):
+        on_change: Callable[[EngineSupervisor], None] | None = None,
+        on_crash_loop: Callable[[EngineSupervisor], None] | None = None,
+    ) -> None:
         self.name = name
         self.spec = spec
         self.log_path = log_path
@@ -102,10 +103,10 @@ class EngineSupervisor:
         self._next_restart_mono: float | None = None
         self._crash_times: collections.deque[float] = collections.deque()
         self._consecutive_crashes = 0
-        self._metrics = None
-        self._process_sample = None
-        self._run_task: asyncio.Task | None = None
-        self._scrape_task: asyncio.Task | None = None
+        self._metrics: WindowedMetrics | None = None
+        self._process_sample: ProcessSample | None = None
+        self._run_task: asyncio.Task[None] | None = None
+        self._scrape_task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         self._log_offset = 0
 
@@ -182,7 +183,7 @@ class EngineSupervisor:
             if self._next_restart_mono is not None and self.state == EngineState.CRASHED
             else None
         )
-        running = self.proc is not None and self.state.running
+        proc = self.proc if self.state.running else None
         return EngineStatus(
             name=self.name,
             state=self.state,
@@ -190,7 +191,7 @@ class EngineSupervisor:
             model=self.spec.model,
             served_model_name=self.spec.display_name,
             device=self.runtime.device if self.runtime else "unknown",
-            pid=self.proc.pid if running else None,
+            pid=proc.pid if proc is not None else None,
             port=self.port,
             url=f"http://{_connect_host(self.spec.host)}:{self.port}" if self.port else None,
             restarts=self.restarts,
@@ -206,7 +207,7 @@ class EngineSupervisor:
             max_concurrency=self.facts.max_concurrency if self.facts else None,
             max_concurrency_len=self.facts.max_concurrency_len if self.facts else None,
             metrics=self._metrics if self.state in (EngineState.READY, EngineState.UNHEALTHY) else None,
-            process=self._process_sample if running else None,
+            process=self._process_sample if proc is not None else None,
             spec=self.spec.public_dict(),
             log_path=str(self.log_path),
         )
@@ -290,7 +291,7 @@ class EngineSupervisor:
             timeout = aiohttp.ClientTimeout(total=self.policy.health_timeout_s)
             async with self._http.get(url, timeout=timeout) as r:
                 return r.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        except (TimeoutError, aiohttp.ClientError, OSError):
             return False
 
     async def _run(self, first_launch_is_fresh: bool) -> None:

@@ -11,8 +11,10 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 CSRC_DIR = Path(__file__).parent / "csrc"
 CPU_SOURCE = CSRC_DIR / "paged_attention_cpu.cpp"
@@ -38,7 +40,7 @@ class CpuBuildStatus:
     error: str | None = None
     build_s: float | None = None
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "built": self.built,
             "library_path": self.library_path,
@@ -55,7 +57,7 @@ _status = CpuBuildStatus()
 _lock = threading.Lock()
 
 
-def cache_dir(env: dict[str, str] | None = None) -> Path:
+def cache_dir(env: Mapping[str, str] | None = None) -> Path:
     """Where compiled kernels live: $LLMCONSOLE_KERNEL_CACHE, else the user's cache
     ($XDG_CACHE_HOME or ~/.cache)/llmconsole/kernels.
 
@@ -72,7 +74,7 @@ def cache_dir(env: dict[str, str] | None = None) -> Path:
     return base / "llmconsole" / "kernels"
 
 
-def find_cxx(env: dict[str, str] | None = None) -> str | None:
+def find_cxx(env: Mapping[str, str] | None = None) -> str | None:
     """The C++ compiler torch's extension loader will call (it honours $CXX, else `c++`)."""
     env = os.environ if env is None else env
     candidate = env.get("CXX") or "c++"

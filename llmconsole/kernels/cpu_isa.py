@@ -12,6 +12,8 @@ proc died unexpectedly"). `request_amx_tiles()` asks, through torch's own wrappe
 
 from __future__ import annotations
 
+from typing import Any
+
 # vLLM's CPU ISAs that store K then V in each (block, kv head) slab, the layout the custom
 # kernel reads. AMX, NEON and the others lay blocks out differently.
 KERNEL_LAYOUT_ISAS = ("vec", "vec16")
@@ -45,13 +47,13 @@ def kernel_isa(vllm_isa: str) -> str:
     return "vec" if vllm_isa == "amx" else vllm_isa
 
 
-def host_attention_isas(head_size: int = 128, block_size: int = 128) -> dict:
+def host_attention_isas(head_size: int = 128, block_size: int = 128) -> dict[str, Any]:
     """For `kernels info`: whether this CPU has AMX tiles, the ISA vLLM's CPU attention picks here
     for a bf16 model (None, with the reason, where vLLM is not importable) and the one a
     custom-kernel engine runs instead."""
     import torch
 
-    out: dict = {"amx_tiles": amx_tiles_reported(), "dtype": "bfloat16", "head_size": head_size,
+    out: dict[str, Any] = {"amx_tiles": amx_tiles_reported(), "dtype": "bfloat16", "head_size": head_size,
                  "block_size": block_size, "vllm_isa": None, "kernel_isa": None, "error": None}
     try:
         from vllm.v1.attention.backends.cpu_attn import _get_attn_isa

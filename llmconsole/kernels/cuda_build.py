@@ -19,8 +19,10 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from llmconsole.kernels.build import CSRC_DIR, cache_dir
 
@@ -62,7 +64,7 @@ class CudaBuildOptions:
             flags.append("--use_fast_math")
         return flags
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
@@ -84,11 +86,11 @@ class CudaBuildResult:
     nvcc: str
     nvcc_version: str
     flags: list[str]
-    options: dict
+    options: dict[str, Any]                     # CudaBuildOptions.as_dict()
     resources: dict[str, dict[str, KernelResources]] = field(default_factory=dict)
     cached: bool = False
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "path": self.path,
             "kind": self.kind,
@@ -105,7 +107,7 @@ class CudaBuildResult:
         }
 
 
-def find_nvcc(env: dict[str, str] | None = None) -> str | None:
+def find_nvcc(env: Mapping[str, str] | None = None) -> str | None:
     env = os.environ if env is None else env
     for home in (env.get("CUDA_HOME"), env.get("CUDA_PATH")):
         if home and (Path(home) / "bin" / "nvcc").exists():
@@ -150,13 +152,13 @@ def demangle(names: list[str]) -> dict[str, str]:
     if len(out) != len(names):
         return {n: n for n in names}
     # Drop the return type and parameter list: every kernel here is void(llmc::Params).
-    return {n: re.sub(r"^void |\(.*\)$", "", d) for n, d in zip(names, out)}
+    return {n: re.sub(r"^void |\(.*\)$", "", d) for n, d in zip(names, out, strict=True)}
 
 
 def parse_ptxas_report(text: str) -> dict[str, dict[str, KernelResources]]:
     """`-Xptxas -v` output -> {arch: {kernel: KernelResources}}, names demangled."""
-    raw: dict[str, dict[str, dict]] = {}
-    current: dict | None = None
+    raw: dict[str, dict[str, dict[str, int]]] = {}   # arch -> mangled kernel name -> figures
+    current: dict[str, int] | None = None
     for line in text.splitlines():
         entry = _ENTRY.search(line)
         if entry:
@@ -190,7 +192,7 @@ def parse_ptxas_report(text: str) -> dict[str, dict[str, KernelResources]]:
     }
 
 
-def _result_from_json(data: dict) -> CudaBuildResult:
+def _result_from_json(data: dict[str, Any]) -> CudaBuildResult:
     resources = {arch: {name: KernelResources(**r) for name, r in kernels.items()}
                  for arch, kernels in data["resources"].items()}
     return CudaBuildResult(path=data["path"], kind=data["kind"], archs=tuple(data["archs"]),

@@ -19,7 +19,7 @@ class CudaKernelError(RuntimeError):
 
 
 class CudaKernelLibrary:
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path) -> None:
         self.path = str(path)
         lib = ctypes.CDLL(self.path)
         lib.llmc_paged_attention_decode.restype = ctypes.c_int
@@ -35,7 +35,8 @@ class CudaKernelLibrary:
         self._lib = lib
 
     def build_options(self) -> str:
-        return self._lib.llmc_paged_attention_build_options().decode()
+        options: bytes = self._lib.llmc_paged_attention_build_options()  # restype c_char_p
+        return options.decode()
 
     def workspace_bytes(self, num_seqs: int, num_heads: int, head_size: int,
                         max_context_len: int, partition_size: int = 0) -> int:
@@ -43,7 +44,8 @@ class CudaKernelLibrary:
             num_seqs, num_heads, head_size, max_context_len, partition_size))
 
     def error_string(self, code: int) -> str:
-        return self._lib.llmc_cuda_error_string(code).decode()
+        message: bytes = self._lib.llmc_cuda_error_string(code)  # restype c_char_p
+        return message.decode()
 
     def paged_attention_decode(self, query: torch.Tensor, kv_cache: torch.Tensor,
                                block_tables: torch.Tensor, context_lens: torch.Tensor,
@@ -62,8 +64,11 @@ class CudaKernelLibrary:
             max_context_len = int(context_lens.max()) if num_seqs else 0
         need = self.workspace_bytes(num_seqs, num_heads, head_size, max_context_len,
                                     partition_size)
-        if need and (workspace is None or workspace.numel() * workspace.element_size() < need):
-            workspace = torch.empty(need, dtype=torch.uint8, device=query.device)
+        workspace_ptr: int | None = None
+        if need:
+            if workspace is None or workspace.numel() * workspace.element_size() < need:
+                workspace = torch.empty(need, dtype=torch.uint8, device=query.device)
+            workspace_ptr = workspace.data_ptr()
         stream = torch.cuda.current_stream(query.device).cuda_stream
         code = self._lib.llmc_paged_attention_decode(
             out.data_ptr(), query.data_ptr(), kv_cache.data_ptr(), block_tables.data_ptr(),
@@ -71,7 +76,7 @@ class CudaKernelLibrary:
             kv_cache.shape[2], block_tables.shape[1], max_context_len,
             query.stride(0), query.stride(1), out.stride(0), out.stride(1), float(scale),
             _DTYPE_CODES[query.dtype], int(partition_size),
-            workspace.data_ptr() if need else None, need, stream)
+            workspace_ptr, need, stream)
         if code != 0:
             raise CudaKernelError(f"paged_attention_decode launch failed: "
                                   f"{self.error_string(code)} (code {code})")

@@ -8,6 +8,8 @@ A missing compiler is a value in the report (with the reason), never an exceptio
 
 from __future__ import annotations
 
+from typing import Any
+
 from llmconsole.kernels.build import KernelBuildError, cpu_status, load_cpu_kernel
 from llmconsole.kernels.cpu_isa import host_attention_isas
 from llmconsole.kernels.cuda_build import (
@@ -18,9 +20,11 @@ from llmconsole.kernels.cuda_build import (
     find_nvcc,
 )
 
+_DEFAULT_OPTIONS = CudaBuildOptions()
 
-def kernel_info(build_cpu: bool = True, cuda_options: CudaBuildOptions = CudaBuildOptions(),
-                archs: tuple[str, ...] = DEFAULT_ARCHS) -> dict:
+
+def kernel_info(build_cpu: bool = True, cuda_options: CudaBuildOptions = _DEFAULT_OPTIONS,
+                archs: tuple[str, ...] = DEFAULT_ARCHS) -> dict[str, Any]:
     """{"cpu": build status, "host": cpu_isa.host_attention_isas(), "cuda": {nvcc, flags,
     options, error, archs: {arch: {kernel: {registers, spill_store_bytes, ...}}}}}.
     build_cpu=False reports without compiling."""
@@ -31,7 +35,7 @@ def kernel_info(build_cpu: bool = True, cuda_options: CudaBuildOptions = CudaBui
             pass  # recorded in the status
     cpu = cpu_status().as_dict()
 
-    cuda: dict = {"nvcc": find_nvcc(), "options": cuda_options.as_dict(),
+    cuda: dict[str, Any] = {"nvcc": find_nvcc(), "options": cuda_options.as_dict(),
                   "flags": cuda_options.nvcc_flags(), "error": None, "archs": {}}
     try:
         result = compile_cuda(cuda_options, archs=archs)
@@ -44,7 +48,7 @@ def kernel_info(build_cpu: bool = True, cuda_options: CudaBuildOptions = CudaBui
     return {"cpu": cpu, "host": host_attention_isas(), "cuda": cuda}
 
 
-def format_kernel_info(info: dict) -> str:
+def format_kernel_info(info: dict[str, Any]) -> str:
     """A plain-text summary and one table row per (arch, kernel)."""
     cpu, cuda = info["cpu"], info["cuda"]
     lines = ["CPU kernel (AVX2 + FMA, OpenMP)"]

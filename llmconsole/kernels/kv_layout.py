@@ -76,7 +76,7 @@ def random_paged_cache(num_seqs: int, context_lens: list[int], num_kv_heads: int
     table = torch.full((num_seqs, max_blocks), num_blocks + 1000, dtype=torch.int32)
     k_t, v = split_slabs(cache)
     used = 0
-    for s, (n, nb) in enumerate(zip(context_lens, blocks_per_seq)):
+    for s, (n, nb) in enumerate(zip(context_lens, blocks_per_seq, strict=True)):
         table[s, :nb] = order[used:used + nb]
         used += nb
         if nb and n % block_size:

@@ -21,6 +21,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 LOG_PREFIX = "llmconsole-kernel:"
 _COUNTERS_TAG = "counters "
@@ -71,7 +72,7 @@ class KernelUsage:
                            sub(self.fallback_calls, earlier.fallback_calls),
                            sub(self.fallback_tokens, earlier.fallback_tokens))
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"decode_calls": self.decode_calls, "decode_tokens": self.decode_tokens,
                 "split_calls": self.split_calls,
                 "split_prefill_tokens": self.split_prefill_tokens,
@@ -82,7 +83,7 @@ class KernelUsage:
 def parse_usage(log_text: str) -> KernelUsage | None:
     """The latest counters of each worker process in an engine log, summed; None when the
     log has no counters line (a stock engine, or a custom one that has not decoded yet)."""
-    latest: dict[int, dict] = {}
+    latest: dict[int, dict[str, Any]] = {}   # worker pid -> its counters line
     for match in _COUNTERS_LINE.finditer(log_text):
         try:
             data = json.loads(match.group(1))
@@ -120,7 +121,7 @@ class UsageCounter:
         self._split_prefill_tokens = 0
         self._fallbacks: dict[str, int] = {}
         self._fallback_tokens: dict[str, int] = {}
-        self._reported: tuple | None = None
+        self._reported: tuple[int, int, int, tuple[tuple[str, int], ...]] | None = None
         self._report_every_s = report_every_s
         self._reporter: threading.Thread | None = None
 

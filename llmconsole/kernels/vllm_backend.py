@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
 
 import torch
 from vllm import envs
-from vllm.v1.attention.backend import AttentionType
+from vllm.v1.attention.backend import AttentionLayer, AttentionType
 from vllm.v1.attention.backends.cpu_attn import (
     CPUAttentionBackend,
     CPUAttentionBackendImpl,
@@ -31,6 +32,11 @@ from llmconsole.kernels.checks import SUPPORTED_DTYPES
 from llmconsole.kernels.cpu_isa import KERNEL_LAYOUT_ISAS, kernel_isa
 from llmconsole.kernels.mixed_batch import PrefillPart, plan_prefill_part, run_mixed
 from llmconsole.kernels.usage import LOG_PREFIX, UsageCounter
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+    from vllm.v1.kv_cache_interface import AttentionSpec
 
 # Under vLLM's logger so the line gets vLLM's format and lands in the engine log.
 log = logging.getLogger("vllm.llmconsole_kernel")
@@ -69,7 +75,8 @@ class LlmconsoleCpuAttentionMetadataBuilder(CPUAttentionMetadataBuilder):
     # so a mixed batch splits at one index (see mixed_batch.py).
     reorder_batch_threshold = 1
 
-    def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:
+    def __init__(self, kv_cache_spec: AttentionSpec, layer_names: list[str], vllm_config: VllmConfig,
+                 device: torch.device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         # On an AMX host vLLM would lay the KV cache out for its AMX path, which the kernel does
         # not read: this engine writes (and falls back on) the "vec" layout instead, so that the
@@ -81,7 +88,8 @@ class LlmconsoleCpuAttentionMetadataBuilder(CPUAttentionMetadataBuilder):
             self.isa = isa
             self._set_isa_to_layers(layer_names)
 
-    def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
+    def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
+              fast_build: bool = False) -> CPUAttentionMetadata:
         meta = super().build(common_prefix_len, common_attn_metadata, fast_build)
         if (meta.max_query_len == 1 or self.is_cross_attention or self.is_encoder_only_attention
                 or meta.dynamic_causal is not None or meta.causal is not True):
@@ -89,7 +97,9 @@ class LlmconsoleCpuAttentionMetadataBuilder(CPUAttentionMetadataBuilder):
         part = plan_prefill_part(
             meta.query_start_loc, meta.seq_lens, meta.block_table,
             common_attn_metadata.num_reqs, num_heads=self.num_heads,
-            num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, dtype=self.dtype,
+            # vLLM resolves ModelConfig.dtype ("auto", "half", ...) to a torch.dtype before any
+            # builder exists, but its type still admits the strings.
+            num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, dtype=self.dtype,  # type: ignore[arg-type]
             isa=self.isa, sliding_window=self.window_size, kv_cache_dtype=self.kv_cache_dtype,
             enable_kv_split=envs.VLLM_CPU_ATTN_SPLIT_KV)
         if part is None:
@@ -100,7 +110,8 @@ class LlmconsoleCpuAttentionMetadataBuilder(CPUAttentionMetadataBuilder):
 
 
 class LlmconsoleCpuAttentionImpl(CPUAttentionBackendImpl):
-    def __init__(self, *args, **kwargs) -> None:
+    # Whatever vLLM's CPU attention impl takes: its parameters change between releases.
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # Reasons that hold for this layer whatever the batch; decided once.
         self._static_fallback = self._layer_fallback_reason()
@@ -124,8 +135,8 @@ class LlmconsoleCpuAttentionImpl(CPUAttentionBackendImpl):
             return f"head size {self.head_size}"
         return None
 
-    def _batch_fallback_reason(self, layer, query: torch.Tensor, kv_cache: torch.Tensor,
-                               meta) -> str | None:
+    def _batch_fallback_reason(self, layer: AttentionLayer, query: torch.Tensor, kv_cache: torch.Tensor,
+                               meta: CPUAttentionMetadata) -> str | None:
         if self._static_fallback is not None:
             return self._static_fallback
         if meta.dynamic_causal is not None:
@@ -150,8 +161,10 @@ class LlmconsoleCpuAttentionImpl(CPUAttentionBackendImpl):
             return "kernel unavailable (build failed)"
         return None
 
-    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
-                output_scale=None, output_block_scale=None):
+    def forward(self, layer: AttentionLayer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                kv_cache: torch.Tensor, attn_metadata: CPUAttentionMetadata | None, output: torch.Tensor,
+                output_scale: torch.Tensor | None = None,
+                output_block_scale: torch.Tensor | None = None) -> torch.Tensor:
         if attn_metadata is None or output_scale is not None or output_block_scale is not None:
             return super().forward(layer, query, key, value, kv_cache, attn_metadata, output,
                                    output_scale, output_block_scale)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 
 # Duplicated from llmconsole.engine.spec.KERNEL_ENV so that a plugin call in an engine that did
 # not ask for the kernel imports nothing of llmconsole beyond this module and cpu_isa.
@@ -23,7 +24,7 @@ BACKEND_CLASS = "llmconsole.kernels.vllm_backend.LlmconsoleCpuAttentionBackend"
 log = logging.getLogger("vllm.llmconsole_kernel")
 
 
-def wanted(env: dict[str, str] | None = None) -> bool:
+def wanted(env: Mapping[str, str] | None = None) -> bool:
     env = os.environ if env is None else env
     return env.get(KERNEL_ENV, "").strip().lower() == "custom"
 

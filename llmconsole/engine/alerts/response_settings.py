@@ -5,7 +5,7 @@ guarded apply's gate."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from llmconsole.engine.alerts import rules as ar
 from llmconsole.engine.spec import EngineSpec
@@ -68,11 +68,19 @@ def validate_settings(data: dict[str, Any]) -> dict[str, Any]:
     return {"responses": {k: list(v) for k, v in responses.items()}, "for_s": dict(for_s), "interval_s": interval}
 
 
+class EngineRouting(Protocol):
+    """What GroupGate needs of the daemon's gateway service."""
+
+    def hold_engine(self, engine: str, held: bool) -> None: ...
+
+    def outstanding(self, engine: str) -> int: ...
+
+
 class GroupGate:
     """The gateway as guarded_apply's Gate: take one engine out of its group's routing (the
     group's other ready engines serve on), count the requests that engine still has."""
 
-    def __init__(self, service):
+    def __init__(self, service: EngineRouting) -> None:
         self.service = service
 
     def hold(self, engine: str, held: bool) -> None:

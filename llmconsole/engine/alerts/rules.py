@@ -9,8 +9,12 @@ it fires, and resolves as soon as it no longer holds, as Prometheus does. The tr
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from llmconsole.engine.gateway.group import RequestRecord
 
 KV_CACHE_HIGH = "LlmconsoleKvCacheHigh"
 GPU_MEMORY_HIGH = "LlmconsoleGpuMemoryHighManySeqs"
@@ -59,7 +63,7 @@ class SloFigures:
         return None if a is None else (1.0 - a) / (1.0 - self.objective)
 
 
-def slo_figures(records: Iterable[Any], target_ms: float, signal: str, now_wall_s: float | None = None,
+def slo_figures(records: Iterable[RequestRecord], target_ms: float, signal: str, now_wall_s: float | None = None,
                 window_s: float = SLO_WINDOW_S) -> SloFigures:
     """Gateway request records of the last `window_s`: how many, and how many met the target.
     A request that failed counts against the SLO; one the client cancelled does not count."""

@@ -37,7 +37,7 @@ class AdmissionStats:
 
 
 class Admission:
-    def __init__(self, window: int, max_queue: int = 256, queue_timeout_s: float = 120.0):
+    def __init__(self, window: int, max_queue: int = 256, queue_timeout_s: float = 120.0) -> None:
         if window < 1 or max_queue < 0 or queue_timeout_s <= 0:
             raise ValueError("window must be >= 1, max_queue >= 0 and queue_timeout_s > 0")
         self._window = int(window)
@@ -45,7 +45,7 @@ class Admission:
         self.queue_timeout_s = float(queue_timeout_s)
         self._in_flight = 0
         self._open = True
-        self._queue: collections.deque[asyncio.Future] = collections.deque()
+        self._queue: collections.deque[asyncio.Future[None]] = collections.deque()
         self._admitted = 0
         self._rejected_full = 0
         self._timed_out = 0
@@ -98,12 +98,12 @@ class Admission:
         if self.queued >= self.max_queue:
             self._rejected_full += 1
             raise QueueFull(f"{self.queued} requests are already queued (the bound is {self.max_queue})")
-        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queue.append(fut)
         self._saturated = True
         try:
             await asyncio.wait_for(asyncio.shield(fut), self.queue_timeout_s if timeout_s is None else timeout_s)
-        except (asyncio.TimeoutError, asyncio.CancelledError) as e:
+        except (TimeoutError, asyncio.CancelledError) as e:
             if fut.done() and not fut.cancelled():
                 self.release()  # granted in the same instant: pass the slot on
             else:
@@ -154,12 +154,12 @@ class Admission:
 class Slot:
     """`async with Slot(gate) as queued_s:` holds one slot for the body's duration."""
 
-    def __init__(self, gate: Admission, timeout_s: float | None = None):
+    def __init__(self, gate: Admission, timeout_s: float | None = None) -> None:
         self._gate = gate
         self._timeout_s = timeout_s
 
     async def __aenter__(self) -> float:
         return await self._gate.acquire(self._timeout_s)
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         self._gate.release()

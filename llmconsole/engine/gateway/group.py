@@ -16,9 +16,11 @@ import hmac
 import statistics
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from llmconsole.engine.gateway.admission import Admission
-from llmconsole.engine.gateway.pid import LatencySample, PidController, PidSettings, TraceSample
+from llmconsole.engine.gateway.measures import LatencySample, TraceSample
+from llmconsole.engine.gateway.pid import PidController, PidSettings
 
 
 @dataclass
@@ -77,7 +79,7 @@ class EngineGroup:
 
     def __init__(self, name: str, upstreams: list[Upstream] | None = None, *,
                  settings: PidSettings | None = None, controlled: bool = True,
-                 max_queue: int = 256, queue_timeout_s: float = 300.0, records_len: int = 2048):
+                 max_queue: int = 256, queue_timeout_s: float = 300.0, records_len: int = 2048) -> None:
         self.name = name
         self.upstreams: dict[str, Upstream] = {u.name: u for u in (upstreams or [])}
         self.controller = PidController(settings)
@@ -169,7 +171,8 @@ class EngineGroup:
     def freeze(self, frozen: bool) -> None:
         self.controller.freeze(frozen)
 
-    def configure(self, **changes) -> None:
+    def configure(self, **changes: Any) -> None:
+        """PidSettings fields as JSON gives them; see PidController.configure."""
         self.controller.configure(**changes)
         self.admission.set_window(self.controller.window)
 
@@ -180,7 +183,7 @@ class EngineGroup:
         waves = (self.admission.queued + self.admission.in_flight) / max(1, self.admission.window)
         return max(1, min(60, round(per_request_s * waves)))
 
-    def state_json(self, trace_points: int = 60) -> dict:
+    def state_json(self, trace_points: int = 60) -> dict[str, Any]:
         st = self.admission.stats()
         return {
             **self.controller.state_json(trace_points), "group": self.name,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 
 class Signal(StrEnum):
@@ -63,7 +64,7 @@ class TraceSample:
     action: str                  # step, clamped, capped, hold-band, hold-settling, hold-unsure, hold-samples, hold-idle,
                                  # hold-unsaturated, frozen, manual
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 

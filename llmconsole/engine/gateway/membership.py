@@ -9,8 +9,9 @@ engine names first, so a bad request changes nothing. The daemon keeps it in gat
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from llmconsole.engine.fleet import UnknownEngine, check_name
 
@@ -64,7 +65,7 @@ class Membership:
         return {name: list(members) for name, members in self.groups.items()}
 
     @classmethod
-    def from_json(cls, data: Any) -> "Membership":
+    def from_json(cls, data: Any) -> Membership:
         """Read what to_json wrote; anything malformed is left out rather than trusted."""
         if not isinstance(data, dict):
             return cls()
@@ -81,7 +82,7 @@ class Membership:
 
     # --- changes --------------------------------------------------------------------------
 
-    def with_group(self, name: str, members: Iterable[str], engines: Iterable[str]) -> "Membership":
+    def with_group(self, name: str, members: Iterable[str], engines: Iterable[str]) -> Membership:
         """Form group `name` of `members` (or set the engines of an existing one). Engines it
         held before and that are not named again go back to groups of their own."""
         check_group_name(name)
@@ -109,13 +110,13 @@ class Membership:
         groups[name] = tuple(dict.fromkeys(members))
         return Membership(groups)
 
-    def without_group(self, name: str) -> "Membership":
+    def without_group(self, name: str) -> Membership:
         """Dissolve a named group; its engines go back to groups of their own."""
         if name not in self.groups:
             raise UnknownGroup(name)
         return Membership({n: m for n, m in self.groups.items() if n != name})
 
-    def pruned(self, engines: Iterable[str]) -> "Membership":
+    def pruned(self, engines: Iterable[str]) -> Membership:
         """Engines that left the fleet leave their group; a group left empty disappears."""
         engines = set(engines)
         groups = {n: tuple(e for e in m if e in engines) for n, m in self.groups.items()}

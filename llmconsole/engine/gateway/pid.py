@@ -50,11 +50,16 @@ from __future__ import annotations
 import collections
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Any
 
 # Re-exported: the gateway, the daemon and the tests take them from here with the controller.
-from llmconsole.engine.gateway.measures import LatencySample, Signal, TraceSample, percentile, tail_chance  # noqa: F401
+from llmconsole.engine.gateway.measures import LatencySample as LatencySample
+from llmconsole.engine.gateway.measures import Signal as Signal
+from llmconsole.engine.gateway.measures import TraceSample as TraceSample
+from llmconsole.engine.gateway.measures import percentile as percentile
+from llmconsole.engine.gateway.measures import tail_chance as tail_chance
 
 
 @dataclass(frozen=True)
@@ -112,7 +117,7 @@ class PidSettings:
 class PidController:
     def __init__(self, settings: PidSettings | None = None, *,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
-                 trace_len: int = 600):
+                 trace_len: int = 600) -> None:
         self.settings = settings or PidSettings()
         self._clock = clock
         self._wall = wall
@@ -135,8 +140,11 @@ class PidController:
         self._samples.append(sample)
         self._seen += 1
 
-    def configure(self, **changes) -> PidSettings:
-        """Change settings live (target, signal, bounds, gains); invalid changes change nothing."""
+    def configure(self, **changes: Any) -> PidSettings:
+        """Change settings live (target, signal, bounds, gains); invalid changes change nothing.
+
+        `changes` are PidSettings fields as JSON gives them (a signal may be its name):
+        PidSettings checks and converts them."""
         new = replace(self.settings, **changes)
         if new.max_samples != self.settings.max_samples:
             self._samples = collections.deque(self._samples, maxlen=new.max_samples)
@@ -322,7 +330,8 @@ class PidController:
                 return window
         return -1  # before anything remembered: counts for no window
 
-    def _sample(self, measured, error, p, d, action, n) -> TraceSample:
+    def _sample(self, measured: float | None, error: float | None, p: float, d: float, action: str,
+                n: int) -> TraceSample:
         return TraceSample(
             at_s=self._wall(), target_ms=self.settings.target_ms, measured_ms=measured, error=error,
             p=p, i=self._integral, d=d, output=self._output, window=self.window, samples=n, action=action,
@@ -332,7 +341,7 @@ class PidController:
         self.trace.append(sample)
         return sample
 
-    def state_json(self, trace_points: int = 60) -> dict:
+    def state_json(self, trace_points: int = 60) -> dict[str, Any]:
         """Settings, state and the newest trace points, for `status --json` and the console."""
         s = self.settings
         return {

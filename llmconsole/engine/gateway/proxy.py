@@ -19,7 +19,8 @@ import json
 import logging
 import re
 import time
-from typing import Callable
+from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -48,7 +49,8 @@ _DROP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-lengt
 _NOT_READY_RETRY_S = 0.2
 
 
-def error_response(status: int, message: str, kind: str, headers: dict | None = None, **extra) -> web.Response:
+def error_response(status: int, message: str, kind: str, headers: dict[str, str] | None = None,
+                   **extra: object) -> web.Response:
     """Errors in the OpenAI shape that clients already parse."""
     body = {"error": {"message": message, "type": kind, "code": status, **extra}}
     return web.json_response(body, status=status, headers=headers)
@@ -56,7 +58,7 @@ def error_response(status: int, message: str, kind: str, headers: dict | None = 
 
 class Gateway:
     def __init__(self, host: str = "127.0.0.1", port: int = 0,
-                 on_record: Callable[[RequestRecord], None] | None = None):
+                 on_record: Callable[[RequestRecord], None] | None = None) -> None:
         self.host = host
         self.port = port
         self.groups: dict[str, EngineGroup] = {}
@@ -89,9 +91,15 @@ class Gateway:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
         await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # the bound port when 0 was asked
+        bound: tuple[Any, ...] = self._runner.addresses[0]  # (host, port[, flowinfo, scope_id])
+        self.port = int(bound[1])  # the bound port when 0 was asked
         log.info("gateway listening on %s", self.url)
         return self.url
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._http is None:
+            raise RuntimeError("the gateway is not started")
+        return self._http
 
     async def close(self) -> None:
         if self._runner is not None:
@@ -156,7 +164,7 @@ class Gateway:
             return error_response(404, f"no engine group named {request.match_info['group']!r}", "not_found")
         return await self.proxy(request, group, "/v1/models", admit=False)
 
-    async def _models_root(self, request: web.Request) -> web.Response:
+    async def _models_root(self, request: web.Request) -> web.StreamResponse:
         if len(self.groups) == 1:
             return await self.proxy(request, next(iter(self.groups.values())), "/v1/models", admit=False)
         data = []
@@ -165,7 +173,7 @@ class Gateway:
             if up is None or not g.authorized(request.headers.get("Authorization")):
                 continue
             try:
-                async with self._http.get(f"{up.url}/v1/models", headers=_auth(up)) as r:
+                async with self._client().get(f"{up.url}/v1/models", headers=_auth(up)) as r:
                     if r.status == 200:
                         data.extend((await r.json()).get("data", []))
             except (aiohttp.ClientError, OSError):
@@ -178,7 +186,7 @@ class Gateway:
                     body: bytes | None = None, admit: bool = True) -> web.StreamResponse:
         arrived = time.monotonic()
         if not group.authorized(request.headers.get("Authorization")):
-            return self._finish(group, None, path, 401, "unauthorized", arrived, 0.0, "bad API key")
+            return self._refuse(group, None, path, 401, "unauthorized", arrived, 0.0, "bad API key")
         if body is None:
             body = await request.read()
         deadline = arrived + group.admission.queue_timeout_s
@@ -188,9 +196,9 @@ class Gateway:
                 try:
                     await group.admission.acquire(max(0.001, deadline - time.monotonic()))
                 except QueueFull as e:
-                    return self._finish(group, None, path, 503, "queue_full", arrived, 0.0, str(e))
+                    return self._refuse(group, None, path, 503, "queue_full", arrived, 0.0, str(e))
                 except QueueTimeout as e:
-                    return self._finish(group, None, path, 503, "queue_timeout", arrived,
+                    return self._refuse(group, None, path, 503, "queue_timeout", arrived,
                                         time.monotonic() - arrived, str(e))
                 except asyncio.CancelledError:
                     self._finish(group, None, path, 499, "cancelled", arrived, time.monotonic() - arrived)
@@ -200,17 +208,18 @@ class Gateway:
             try:
                 if up is None:  # admitted in the instant the last engine went down
                     if time.monotonic() >= deadline:
-                        return self._finish(group, None, path, 503, "queue_timeout", arrived, queue_s,
+                        return self._refuse(group, None, path, 503, "queue_timeout", arrived, queue_s,
                                             "no engine of the group became ready in time")
                     await asyncio.sleep(_NOT_READY_RETRY_S)
                     continue
-                return await self._forward(request, group, up, path, body, arrived, queue_s)
-            except _EngineRefused:
-                group.mark_down(up)  # it restarts: wait for it in the queue, within the bound
-                if time.monotonic() >= deadline:
-                    return self._finish(group, up.name, path, 503, "queue_timeout", arrived, queue_s,
-                                        f"engine {up.name} is not accepting connections")
-                await asyncio.sleep(_NOT_READY_RETRY_S)
+                try:
+                    return await self._forward(request, group, up, path, body, arrived, queue_s)
+                except _EngineRefused:
+                    group.mark_down(up)  # it restarts: wait for it in the queue, within the bound
+                    if time.monotonic() >= deadline:
+                        return self._refuse(group, up.name, path, 503, "queue_timeout", arrived, queue_s,
+                                            f"engine {up.name} is not accepting connections")
+                    await asyncio.sleep(_NOT_READY_RETRY_S)
             finally:
                 if admit:
                     group.admission.release()
@@ -227,7 +236,7 @@ class Gateway:
         resp: web.StreamResponse | None = None
         try:
             try:
-                r = await self._http.request(request.method, f"{up.url}{path}", data=body or None,
+                r = await self._client().request(request.method, f"{up.url}{path}", data=body or None,
                                              headers=headers, params=request.query)
             except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as e:
                 raise _EngineRefused(str(e)) from e
@@ -258,9 +267,9 @@ class Gateway:
             raise
         except aiohttp.ClientError as e:
             if resp is not None and resp.prepared:
-                self._finish(group, up.name, path, 502, "upstream_error", arrived, queue_s, str(e))
+                self._finish(group, up.name, path, 502, "upstream_error", arrived, queue_s)
                 return resp  # headers are gone: the client sees the stream end early
-            return self._finish(group, up.name, path, 502, "upstream_error", arrived, queue_s,
+            return self._refuse(group, up.name, path, 502, "upstream_error", arrived, queue_s,
                                 f"engine {up.name}: {e}")
         finally:
             up.outstanding -= 1
@@ -271,8 +280,9 @@ class Gateway:
         return resp
 
     def _finish(self, group: EngineGroup, engine: str | None, path: str, status: int, outcome: str,
-                arrived: float, queue_s: float, message: str | None = None, *, dispatched: float | None = None,
-                first_s: float | None = None, chunks: int = 0, tokens: int | None = None) -> web.Response | None:
+                arrived: float, queue_s: float, *, dispatched: float | None = None,
+                first_s: float | None = None, chunks: int = 0, tokens: int | None = None) -> None:
+        """Record the request with its group (and whoever listens for records)."""
         now = time.monotonic()
         rec = RequestRecord(
             group=group.name, engine=engine, path=path, status=status, outcome=outcome,
@@ -285,8 +295,11 @@ class Gateway:
         group.record(rec)
         if self._on_record is not None:
             self._on_record(rec)
-        if message is None:
-            return None
+
+    def _refuse(self, group: EngineGroup, engine: str | None, path: str, status: int, outcome: str,
+                arrived: float, queue_s: float, message: str) -> web.Response:
+        """Record a request that failed before an answer began, and the error its client gets."""
+        self._finish(group, engine, path, status, outcome, arrived, queue_s)
         if outcome == "unauthorized":
             return error_response(401, "a valid API key is required (Authorization: Bearer ...)",
                                   "authentication_error")

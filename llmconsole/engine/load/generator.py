@@ -16,15 +16,17 @@ finished so far is kept.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Literal
 
 import aiohttp
 
-from llmconsole.engine.metrics.latency import LatencyStats, Slo
 from llmconsole.engine.load.workload import PlannedRequest, Workload, load_tokenizer, plan_requests
+from llmconsole.engine.metrics.latency import LatencyStats, Slo
 
 ProgressFn = Callable[[int, int], None]  # (finished measured requests, measured requests)
 
@@ -49,7 +51,8 @@ class RequestRecord:
     @property
     def tpot_s(self) -> float | None:
         """Decode time per output token after the first, as vLLM defines it."""
-        if not self.ok or self.output_tokens is None or self.output_tokens < 2 or self.ttft_s is None:
+        if (not self.ok or self.output_tokens is None or self.output_tokens < 2 or self.ttft_s is None
+                or self.e2e_s is None):
             return None
         return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
 
@@ -83,7 +86,8 @@ class LoadSummary:
         return self.failed / sent if sent else 0.0
 
     def latency(self, metric: str) -> LatencyStats:
-        return getattr(self, metric)
+        stats: LatencyStats = getattr(self, metric)
+        return stats
 
 
 @dataclass(frozen=True)
@@ -96,8 +100,11 @@ class LoadResult:
     stopped_early: str | None = None      # None, "time limit" or "interrupted"
 
 
+_NO_SLO = Slo()
+
+
 def summarize(records: list[RequestRecord] | tuple[RequestRecord, ...], duration_s: float,
-              slo: Slo = Slo()) -> LoadSummary:
+              slo: Slo = _NO_SLO) -> LoadSummary:
     """The figures of a run's measured requests (warm-up records are ignored)."""
     measured = [r for r in records if not r.warmup]
     ok = [r for r in measured if r.ok]
@@ -127,7 +134,8 @@ def summarize(records: list[RequestRecord] | tuple[RequestRecord, ...], duration
         duration_s=duration_s, request_throughput_req_s=len(ok) / d, output_throughput_tok_s=n_out / d,
         total_token_throughput_tok_s=(n_in + n_out) / d, input_tokens=n_in, output_tokens=n_out,
         errors_by_kind=errors, slo=slo.as_dict(), good_requests=good, goodput_req_s=goodput,
-        slo_attainment=attainment, slo_broken=broken, **stats,
+        slo_attainment=attainment, slo_broken=broken,
+        ttft=stats["ttft"], tpot=stats["tpot"], itl=stats["itl"], e2e=stats["e2e"],
     )
 
 
@@ -150,7 +158,7 @@ class _Sender:
     """One HTTP session and the bookkeeping shared by every request of a run."""
 
     def __init__(self, url: str, model: str, ignore_eos: bool, api_key: str | None,
-                 request_timeout_s: float):
+                 request_timeout_s: float) -> None:
         self.endpoint = url.rstrip("/") + "/v1/completions"
         self.model = model
         self.ignore_eos = ignore_eos
@@ -163,29 +171,34 @@ class _Sender:
         self.t0 = 0.0   # the measured phase's start, perf_counter seconds
         self.done_measured = 0
 
-    async def __aenter__(self) -> "_Sender":
+    async def __aenter__(self) -> _Sender:
         # No connection limit: the workload, not the pool, decides how many are in flight.
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=self.timeout)
         return self
 
-    async def __aexit__(self, *exc) -> None:
-        await self.session.close()
+    async def __aexit__(self, *exc: object) -> None:
+        await self._session().close()
+
+    def _session(self) -> aiohttp.ClientSession:
+        if self.session is None:
+            raise RuntimeError("the sender is used outside `async with`")
+        return self.session
 
     async def send(self, req: PlannedRequest) -> RequestRecord:
         body = {"model": self.model, "prompt": req.prompt, "max_tokens": req.max_tokens, "stream": True,
                 "stream_options": {"include_usage": True}, "ignore_eos": self.ignore_eos}
         payload = json.dumps(body).encode()
         start = time.perf_counter()
-        ttft = None
+        ttft: float | None = None
         last = start
         gaps: list[float] = []
-        usage = None
-        base = dict(index=req.index, warmup=req.warmup, start_s=start - self.t0)
+        usage: dict[str, Any] | None = None
+        record = functools.partial(RequestRecord, index=req.index, warmup=req.warmup, start_s=start - self.t0)
         try:
-            async with self.session.post(self.endpoint, data=payload, headers=self.headers) as resp:
+            async with self._session().post(self.endpoint, data=payload, headers=self.headers) as resp:
                 if resp.status != 200:
                     text = (await resp.text())[:300]
-                    rec = RequestRecord(status=f"http_{resp.status}", error=text, **base)
+                    rec = record(status=f"http_{resp.status}", error=text)
                     return self._keep(rec)
                 pending = b""
                 async for data in resp.content.iter_any():
@@ -209,24 +222,24 @@ class _Sender:
                                 usage = chunk["usage"]
                             elif "error" in chunk:
                                 err = str(chunk["error"])[:300]
-                                return self._keep(RequestRecord(status="stream_error", error=err, **base))
+                                return self._keep(record(status="stream_error", error=err))
         except asyncio.CancelledError:
-            self._keep(RequestRecord(status="cancelled", **base))
+            self._keep(record(status="cancelled"))
             raise
-        except asyncio.TimeoutError:
-            return self._keep(RequestRecord(status="timeout", error="no data within the read timeout", **base))
+        except TimeoutError:
+            return self._keep(record(status="timeout", error="no data within the read timeout"))
         except aiohttp.ClientConnectionError as e:
-            return self._keep(RequestRecord(status="connect", error=str(e)[:300], **base))
+            return self._keep(record(status="connect", error=str(e)[:300]))
         except aiohttp.ClientError as e:
-            return self._keep(RequestRecord(status="http", error=str(e)[:300], **base))
+            return self._keep(record(status="http", error=str(e)[:300]))
         except ValueError as e:
-            return self._keep(RequestRecord(status="bad_stream", error=str(e)[:300], **base))
+            return self._keep(record(status="bad_stream", error=str(e)[:300]))
         if ttft is None or usage is None:
             what = "no tokens" if ttft is None else "no usage (stream_options unsupported?)"
-            return self._keep(RequestRecord(status="bad_stream", error=what, **base))
-        return self._keep(RequestRecord(
+            return self._keep(record(status="bad_stream", error=what))
+        return self._keep(record(
             status="ok", prompt_tokens=usage.get("prompt_tokens"), output_tokens=usage.get("completion_tokens"),
-            ttft_s=ttft, e2e_s=last - start, itl_s=tuple(gaps), **base))
+            ttft_s=ttft, e2e_s=last - start, itl_s=tuple(gaps)))
 
     def _keep(self, rec: RequestRecord) -> RequestRecord:
         self.records.append(rec)
@@ -247,7 +260,7 @@ async def _closed(sender: _Sender, plan: list[PlannedRequest], streams: int,
 async def _open(sender: _Sender, plan: list[PlannedRequest], offsets_s: list[float], cap: int | None,
                 on_done: Callable[[RequestRecord], None]) -> None:
     gate = asyncio.Semaphore(cap) if cap else None
-    tasks = []
+    tasks: list[asyncio.Future[None]] = []
 
     async def one(req: PlannedRequest) -> None:
         if gate is None:
@@ -259,7 +272,7 @@ async def _open(sender: _Sender, plan: list[PlannedRequest], offsets_s: list[flo
     loop = asyncio.get_running_loop()
     start = loop.time()
     try:
-        for req, due in zip(plan, offsets_s):
+        for req, due in zip(plan, offsets_s, strict=True):
             delay = start + due - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -272,7 +285,7 @@ async def _open(sender: _Sender, plan: list[PlannedRequest], offsets_s: list[flo
 
 
 async def run_load(url: str, model: str, workload: Workload, *, tokenizer_source: str | None = None,
-                   plan: list[PlannedRequest] | None = None, slo: Slo = Slo(),
+                   plan: list[PlannedRequest] | None = None, slo: Slo = _NO_SLO,
                    stop: asyncio.Event | None = None, on_progress: ProgressFn | None = None,
                    api_key: str | None = None, request_timeout_s: float = 300.0) -> LoadResult:
     """Run `workload` against the OpenAI-compatible server at `url` serving `model`.
@@ -301,6 +314,7 @@ async def run_load(url: str, model: str, workload: Workload, *, tokenizer_source
 
         sender.t0 = time.perf_counter()
         if workload.arrival == "closed":
+            assert workload.concurrency is not None  # a closed Workload is never without one
             phase = _closed(sender, measured, workload.concurrency, on_done)
         else:
             import random
@@ -308,7 +322,7 @@ async def run_load(url: str, model: str, workload: Workload, *, tokenizer_source
             offsets = workload.arrival_offsets_s(total, random.Random(workload.seed + 1))
             phase = _open(sender, measured, offsets, workload.concurrency, on_done)
         work = asyncio.ensure_future(phase)
-        waiters = {work}
+        waiters: set[asyncio.Future[None] | asyncio.Future[Literal[True]]] = {work}
         stop_wait = asyncio.ensure_future(stop.wait()) if stop is not None else None
         if stop_wait is not None:
             waiters.add(stop_wait)

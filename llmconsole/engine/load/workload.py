@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 Arrival = Literal["closed", "poisson", "gamma"]
 
@@ -28,7 +29,7 @@ class LengthDist:
     max_value: int | None = None
 
     @classmethod
-    def parse(cls, text: str) -> "LengthDist":
+    def parse(cls, text: str) -> LengthDist:
         """`64`, `uniform:32-128`, `lognormal:64` or `lognormal:64:0.8` (median, sigma)."""
         t = text.strip()
         try:
@@ -49,7 +50,7 @@ class LengthDist:
         return d
 
     @classmethod
-    def fixed(cls, n: int) -> "LengthDist":
+    def fixed(cls, n: int) -> LengthDist:
         d = cls("fixed", n)
         d.check()
         return d
@@ -66,6 +67,7 @@ class LengthDist:
         if self.kind == "fixed":
             n = self.value
         elif self.kind == "uniform":
+            assert self.high is not None, "check() requires HIGH of a uniform length"
             n = rng.randint(self.value, self.high)
         else:
             n = round(rng.lognormvariate(math.log(self.value), self.sigma))
@@ -114,20 +116,21 @@ class Workload:
         if self.max_duration_s is not None and not self.max_duration_s > 0:
             raise ValueError("max_duration_s must be above 0")
 
+    # `kw`: any other field (warmup_requests, seed, ...), passed through to the constructor.
     @classmethod
     def closed(cls, concurrency: int, num_requests: int, input_len: int | LengthDist,
-               output_len: int | LengthDist, **kw) -> "Workload":
+               output_len: int | LengthDist, **kw: Any) -> Workload:
         return cls(num_requests, _dist(input_len), _dist(output_len), "closed", concurrency=concurrency, **kw)
 
     @classmethod
     def open(cls, rate_req_s: float, num_requests: int, input_len: int | LengthDist,
-             output_len: int | LengthDist, burstiness: float = 1.0, **kw) -> "Workload":
+             output_len: int | LengthDist, burstiness: float = 1.0, **kw: Any) -> Workload:
         arrival: Arrival = "poisson" if burstiness == 1.0 else "gamma"
         return cls(num_requests, _dist(input_len), _dist(output_len), arrival, rate_req_s=rate_req_s,
                    burstiness=burstiness, **kw)
 
-    def describe(self) -> dict:
-        d = {"num_requests": self.num_requests, "input_len": self.input_len.describe(),
+    def describe(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"num_requests": self.num_requests, "input_len": self.input_len.describe(),
              "output_len": self.output_len.describe(), "arrival": self.arrival,
              "warmup_requests": self.warmup_requests, "ignore_eos": self.ignore_eos, "seed": self.seed}
         if self.concurrency is not None:
@@ -140,6 +143,8 @@ class Workload:
 
     def arrival_offsets_s(self, n: int, rng: random.Random) -> list[float]:
         """When each of n requests is due, from the start (open loop; gamma with mean 1/rate)."""
+        if self.rate_req_s is None:
+            raise ValueError("a closed loop has no arrival times")
         t, out = 0.0, []
         theta = 1.0 / (self.rate_req_s * self.burstiness)
         for _ in range(n):
@@ -172,7 +177,7 @@ class Tokenizer(Protocol):
 class _FastTokenizer:
     """`tokenizers` on the model's tokenizer.json: loads in milliseconds, no transformers."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path) -> None:
         from tokenizers import Tokenizer as HfTokenizer
 
         self._tok = HfTokenizer.from_file(str(path))
@@ -190,17 +195,19 @@ class _FastTokenizer:
 
 
 class _AutoTokenizer:
-    def __init__(self, name: str):
+    def __init__(self, name: str) -> None:
         from transformers import AutoTokenizer
 
         self._tok = AutoTokenizer.from_pretrained(name)
         self.vocab_size = len(self._tok)
 
     def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=True)
+        ids: list[int] = self._tok.encode(text, add_special_tokens=True)
+        return ids
 
     def decode(self, ids: list[int]) -> str:
-        return self._tok.decode(ids, skip_special_tokens=True)
+        # transformers types decode() for a batch of id lists too (-> list[str]); one list is one str.
+        return self._tok.decode(ids, skip_special_tokens=True)  # type: ignore[return-value]
 
     def special_ids(self) -> set[int]:
         return set(self._tok.all_special_ids)
@@ -220,11 +227,12 @@ def _prompt_ids(tok: Tokenizer) -> list[int]:
     Byte-level vocabularies hold partial UTF-8 sequences; decoded alone they become U+FFFD,
     which encodes to other tokens and keeps the count from ever settling. Whole characters only.
     """
-    pool = getattr(tok, "_prompt_pool", None)
+    pool: list[int] | None = getattr(tok, "_prompt_pool", None)
     if pool is None:
-        special = getattr(tok, "special_ids", lambda: set())()
+        special_ids: Callable[[], set[int]] | None = getattr(tok, "special_ids", None)
+        special = special_ids() if special_ids is not None else set()
         pool = [i for i in range(tok.vocab_size) if i not in special and "\ufffd" not in tok.decode([i])]
-        tok._prompt_pool = pool
+        setattr(tok, "_prompt_pool", pool)  # noqa: B010 - a cache the Tokenizer protocol does not declare
     return pool
 
 

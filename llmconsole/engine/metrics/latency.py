@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 import re
 import statistics
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 METRICS = ("ttft", "tpot", "itl", "e2e")
 _TARGET = re.compile(r"^(?:p(\d{1,2}(?:\.\d+)?|100)_)?(ttft|tpot|itl|e2e)_ms$")
@@ -46,7 +46,7 @@ class LatencyStats:
     max_ms: float | None
 
     @classmethod
-    def of_seconds(cls, values_s: Iterable[float]) -> "LatencyStats":
+    def of_seconds(cls, values_s: Iterable[float]) -> LatencyStats:
         ms = [v * 1000.0 for v in values_s]
         if not ms:
             return cls(0, None, None, None, None, None)
@@ -55,7 +55,8 @@ class LatencyStats:
 
     def at(self, q: float) -> float | None:
         """The stored percentile q (50, 90, 99 or 100)."""
-        return {50: self.median_ms, 90: self.p90_ms, 99: self.p99_ms, 100: self.max_ms}.get(q)
+        stored: dict[float, float | None] = {50: self.median_ms, 90: self.p90_ms, 99: self.p99_ms, 100: self.max_ms}
+        return stored.get(q)
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ class Slo:
     targets: tuple[SloTarget, ...] = ()
 
     @classmethod
-    def parse(cls, items: Iterable[str]) -> "Slo":
+    def parse(cls, items: Iterable[str]) -> Slo:
         """From `KEY=MS` items, comma- or argument-separated: `p99_e2e_ms=2000,ttft_ms=500`.
 
         Raises ValueError naming the bad item; nothing is kept from a list with one bad item.

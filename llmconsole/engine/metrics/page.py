@@ -16,9 +16,10 @@ Windowed figures (rates, percentiles) live in window.py; this module knows one p
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable
 
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 
@@ -35,7 +36,7 @@ class HistogramSample:
     count: float
     sum: float
 
-    def minus(self, older: "HistogramSample") -> "HistogramSample | None":
+    def minus(self, older: HistogramSample) -> HistogramSample | None:
         """What was observed between `older` and this one; None when the two cannot be compared.
 
         None means a different bucket layout (another vLLM release answered) or a count that
@@ -43,7 +44,7 @@ class HistogramSample:
         """
         if self.upper_bounds != older.upper_bounds:
             return None
-        counts = tuple(a - b for a, b in zip(self.cumulative_counts, older.cumulative_counts))
+        counts = tuple(a - b for a, b in zip(self.cumulative_counts, older.cumulative_counts, strict=True))
         if any(c < 0 for c in counts) or self.count < older.count:
             return None
         return HistogramSample(self.upper_bounds, counts, self.count - older.count, self.sum - older.sum)
@@ -51,7 +52,7 @@ class HistogramSample:
     def quantile(self, q: float) -> float | None:
         return histogram_quantile(q, self.upper_bounds, self.cumulative_counts)
 
-    def zeroed(self) -> "HistogramSample":
+    def zeroed(self) -> HistogramSample:
         """The same layout with nothing observed: the baseline right after an engine restart."""
         return HistogramSample(self.upper_bounds, (0.0,) * len(self.upper_bounds), 0.0, 0.0)
 
@@ -73,7 +74,7 @@ class CacheInfo:
 
 
 @dataclass(frozen=True)
-class MetricsSample:
+class ScrapeSample:
     """One engine's /metrics page at one moment. A series the page lacks is None."""
 
     taken_at_s: float
@@ -250,7 +251,7 @@ class _Histo:
         return HistogramSample(tuple(bounds), tuple(counts), count, self.sum)
 
 
-def _families(text: str) -> Iterable:
+def _families(text: str) -> Iterator[Metric]:
     try:
         yield from text_string_to_metric_families(text)
     except MetricsParseError:
@@ -300,8 +301,8 @@ def _samples(kept: str) -> Iterable[tuple[str, dict[str, str], float]]:
         yield name, labels, value
 
 
-def parse_metrics(text: str, taken_at_s: float) -> MetricsSample:
-    """The page as one MetricsSample. taken_at_s is the scraper's clock (monotonic is best)."""
+def parse_metrics(text: str, taken_at_s: float) -> ScrapeSample:
+    """The page as one ScrapeSample. taken_at_s is the scraper's clock (monotonic is best)."""
     # field -> rank -> accumulated value(s)
     gauges: dict[str, dict[int, list[float]]] = {}
     counters: dict[str, dict[int, float]] = {}
@@ -341,15 +342,32 @@ def parse_metrics(text: str, taken_at_s: float) -> MetricsSample:
             else:
                 h.sum += value
 
-    fields: dict[str, object] = {}
-    for field, by_rank in gauges.items():
-        values = by_rank[min(by_rank)]
-        fields[field] = sum(values) / len(values) if field in _AVERAGED_GAUGES else sum(values)
-    for field, by_rank in counters.items():
-        fields[field] = by_rank[min(by_rank)]
-    for field, by_rank in histos.items():
-        fields[field] = by_rank[min(by_rank)].freeze()
-    return MetricsSample(taken_at_s=taken_at_s, cache=cache, **fields)
+    # Of each field's aliases, the newest present (lowest rank) wins.
+    figures: dict[str, float] = {}
+    for field, values_by_rank in gauges.items():
+        values = values_by_rank[min(values_by_rank)]
+        figures[field] = sum(values) / len(values) if field in _AVERAGED_GAUGES else sum(values)
+    for field, total_by_rank in counters.items():
+        figures[field] = total_by_rank[min(total_by_rank)]
+    hists = {field: by_rank[min(by_rank)].freeze() for field, by_rank in histos.items()}
+    return ScrapeSample(
+        taken_at_s=taken_at_s,
+        num_requests_running=figures.get("num_requests_running"),
+        num_requests_waiting=figures.get("num_requests_waiting"),
+        num_requests_swapped=figures.get("num_requests_swapped"),
+        kv_cache_usage=figures.get("kv_cache_usage"),
+        cpu_cache_usage=figures.get("cpu_cache_usage"),
+        preemptions_total=figures.get("preemptions_total"),
+        prompt_tokens_total=figures.get("prompt_tokens_total"),
+        generation_tokens_total=figures.get("generation_tokens_total"),
+        request_success_total=figures.get("request_success_total"),
+        ttft=hists.get("ttft"),
+        itl=hists.get("itl"),
+        tpot=hists.get("tpot"),
+        e2e=hists.get("e2e"),
+        queue=hists.get("queue"),
+        cache=cache,
+    )
 
 
 def histogram_quantile(q: float, upper_bounds: tuple[float, ...] | list[float],

@@ -10,15 +10,14 @@ percentiles a longer one so that a p99 rests on enough requests.
 from __future__ import annotations
 
 import collections
+import dataclasses
 from dataclasses import dataclass
 
-from llmconsole.engine.metrics.page import COUNTER_FIELDS, HISTOGRAM_FIELDS, HistogramSample, MetricsSample
-
-QUANTILES = (("p50", 0.50), ("p90", 0.90), ("p99", 0.99))
+from llmconsole.engine.metrics.page import COUNTER_FIELDS, HISTOGRAM_FIELDS, HistogramSample, ScrapeSample
 
 
 @dataclass(frozen=True)
-class MetricsSnapshot:
+class WindowedMetrics:
     taken_at_s: float
     running: float | None = None
     waiting: float | None = None
@@ -51,7 +50,7 @@ class MetricsSnapshot:
     last_error: str | None = None
 
 
-def _is_reset(newer: MetricsSample, older: MetricsSample) -> bool:
+def _is_reset(newer: ScrapeSample, older: ScrapeSample) -> bool:
     """A counter that went down, or a histogram that changed layout: the engine restarted."""
     for f in COUNTER_FIELDS:
         a, b = getattr(newer, f), getattr(older, f)
@@ -65,22 +64,22 @@ def _is_reset(newer: MetricsSample, older: MetricsSample) -> bool:
 
 
 class MetricsWindow:
-    """Keeps recent samples of one engine and turns each new one into a MetricsSnapshot."""
+    """Keeps recent samples of one engine and turns each new one into a WindowedMetrics."""
 
     def __init__(self, rate_window_s: float = 10.0, percentile_window_s: float = 60.0):
         self.rate_window_s = rate_window_s
         self.percentile_window_s = percentile_window_s
-        self._samples: collections.deque[MetricsSample] = collections.deque()
-        self._last: MetricsSnapshot | None = None
+        self._samples: collections.deque[ScrapeSample] = collections.deque()
+        self._last: WindowedMetrics | None = None
         self._errors = 0
 
-    def _oldest_within(self, now_s: float, window_s: float) -> MetricsSample | None:
+    def _oldest_within(self, now_s: float, window_s: float) -> ScrapeSample | None:
         for s in self._samples:  # oldest first; the deque holds at most the longest window
             if now_s - s.taken_at_s <= window_s + 1e-9:
                 return s
         return None
 
-    def add(self, sample: MetricsSample) -> MetricsSnapshot:
+    def add(self, sample: ScrapeSample) -> WindowedMetrics:
         if self._samples and _is_reset(sample, self._samples[-1]):
             # Everything after a restart counts from zero: the new totals are the deltas since
             # the last sample of the old engine (the restart happened in between).
@@ -92,56 +91,79 @@ class MetricsWindow:
         while len(self._samples) > 2 and sample.taken_at_s - self._samples[1].taken_at_s >= horizon:
             self._samples.popleft()
 
-        fields: dict[str, object] = {}
+        rates: dict[str, float] = {}  # counter -> its increase per second over the rate window
         rate_base = self._oldest_within(sample.taken_at_s, self.rate_window_s)
         if rate_base is not None and rate_base is not sample:
             dt = sample.taken_at_s - rate_base.taken_at_s
-            for name, counter in (("prompt_tok_s", "prompt_tokens_total"),
-                                  ("generation_tok_s", "generation_tokens_total"),
-                                  ("request_per_s", "request_success_total"),
-                                  ("preemptions_per_s", "preemptions_total")):
+            for counter in COUNTER_FIELDS:
                 a, b = getattr(sample, counter), getattr(rate_base, counter)
                 if a is not None and b is not None and dt > 0:
-                    fields[name] = (a - b) / dt
+                    rates[counter] = (a - b) / dt
+        seen: dict[str, HistogramSample] = {}  # histogram -> what it observed over the percentile window
         pct_base = self._oldest_within(sample.taken_at_s, self.percentile_window_s)
         if pct_base is not None and pct_base is not sample:
             for h in HISTOGRAM_FIELDS:
                 a, b = getattr(sample, h), getattr(pct_base, h)
                 delta: HistogramSample | None = a.minus(b) if a is not None and b is not None else None
-                if delta is None or delta.count <= 0:
-                    continue
-                if h == "e2e":
-                    fields["requests_in_window"] = delta.count
-                for label, q in QUANTILES:
-                    fields[f"{label}_{h}_s"] = delta.quantile(q)
+                if delta is not None and delta.count > 0:
+                    seen[h] = delta
+
+        def q(h: str, quantile: float) -> float | None:
+            delta = seen.get(h)
+            return delta.quantile(quantile) if delta is not None else None
+
+        e2e = seen.get("e2e")
         cache = sample.cache
-        snap = MetricsSnapshot(
+        snap = WindowedMetrics(
             taken_at_s=sample.taken_at_s,
             running=sample.num_requests_running,
             waiting=sample.num_requests_waiting,
             kv_cache_usage=sample.kv_cache_usage,
             preemptions_total=sample.preemptions_total,
+            preemptions_per_s=rates.get("preemptions_total"),
+            prompt_tok_s=rates.get("prompt_tokens_total"),
+            generation_tok_s=rates.get("generation_tokens_total"),
+            request_per_s=rates.get("request_success_total"),
+            requests_in_window=e2e.count if e2e is not None else None,
+            p50_ttft_s=q("ttft", 0.50), p90_ttft_s=q("ttft", 0.90), p99_ttft_s=q("ttft", 0.99),
+            p50_itl_s=q("itl", 0.50), p90_itl_s=q("itl", 0.90), p99_itl_s=q("itl", 0.99),
+            p50_tpot_s=q("tpot", 0.50), p90_tpot_s=q("tpot", 0.90), p99_tpot_s=q("tpot", 0.99),
+            p50_e2e_s=q("e2e", 0.50), p90_e2e_s=q("e2e", 0.90), p99_e2e_s=q("e2e", 0.99),
+            p50_queue_s=q("queue", 0.50), p90_queue_s=q("queue", 0.90), p99_queue_s=q("queue", 0.99),
             num_gpu_blocks=cache.num_gpu_blocks if cache else None,
             block_size=cache.block_size if cache else None,
             scrape_errors=self._errors,
-            **fields,
         )
         self._last = snap
         return snap
 
-    def failed(self, error: str, at_s: float) -> MetricsSnapshot:
+    def failed(self, error: str, at_s: float) -> WindowedMetrics:
         """A scrape failed: keep the last figures, marked stale, and count the error."""
         self._errors += 1
-        base = self._last or MetricsSnapshot(taken_at_s=at_s)
-        snap = MetricsSnapshot(**{**base.__dict__, "stale": True, "scrape_errors": self._errors, "last_error": error})
+        base = self._last or WindowedMetrics(taken_at_s=at_s)
+        snap = dataclasses.replace(base, stale=True, scrape_errors=self._errors, last_error=error)
         self._last = snap
         return snap
 
 
-def _zero_like(sample: MetricsSample, at_s: float) -> MetricsSample:
-    zeros: dict[str, object] = {f: 0.0 for f in COUNTER_FIELDS if getattr(sample, f) is not None}
-    for h in HISTOGRAM_FIELDS:
-        v = getattr(sample, h)
-        if v is not None:
-            zeros[h] = v.zeroed()
-    return MetricsSample(taken_at_s=at_s, **zeros)
+def _zero_like(sample: ScrapeSample, at_s: float) -> ScrapeSample:
+    """The baseline of a restarted engine: its counters and histograms at zero, gauges unknown."""
+
+    def zero(total: float | None) -> float | None:
+        return 0.0 if total is not None else None
+
+    def zeroed(h: HistogramSample | None) -> HistogramSample | None:
+        return h.zeroed() if h is not None else None
+
+    return ScrapeSample(
+        taken_at_s=at_s,
+        preemptions_total=zero(sample.preemptions_total),
+        prompt_tokens_total=zero(sample.prompt_tokens_total),
+        generation_tokens_total=zero(sample.generation_tokens_total),
+        request_success_total=zero(sample.request_success_total),
+        ttft=zeroed(sample.ttft),
+        itl=zeroed(sample.itl),
+        tpot=zeroed(sample.tpot),
+        e2e=zeroed(sample.e2e),
+        queue=zeroed(sample.queue),
+    )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from enum import StrEnum
+from typing import Any
 
 import psutil
 
@@ -96,7 +97,7 @@ def mode_spec(spec: EngineSpec, mode: Mode | str, device: str, budget_bytes: int
     return EngineSpec(**fields)
 
 
-def mode_of(spec: EngineSpec | dict, device: str) -> str | None:
+def mode_of(spec: EngineSpec | dict[str, Any], device: str) -> str | None:
     """The mode a spec is in, or None when it is in none (set by hand to other values). A CPU
     engine keeps its mode when the budget changes later: its KV size is that of the old budget."""
     d = spec.config_dict() if isinstance(spec, EngineSpec) else spec

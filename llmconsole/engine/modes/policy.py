@@ -9,9 +9,10 @@ in, new state and decision out) so that it is tested by replaying a recorded mem
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
+from llmconsole.engine.host import HostSample
 from llmconsole.engine.modes.memory import Mode
 
 _LEVELS = (Mode.PERFORMANCE, Mode.BALANCED, Mode.AGGRESSIVE)
@@ -86,13 +87,14 @@ def replay(samples: Iterable[tuple[float, float]], start: Mode = Mode.PERFORMANC
     return out
 
 
-def used_fraction(host: object) -> float | None:
+def used_fraction(host: HostSample) -> float | None:
     """Memory in use on the device engines fill: the fullest GPU, else host memory (a CPU host).
-    `host` is a HostSample; None when nothing is known."""
-    gpus = [g for g in getattr(host, "gpus", ()) if g.memory_used_bytes is not None and g.memory_total_bytes]
+    None when nothing is known."""
+    gpus = [g.memory_used_bytes / g.memory_total_bytes for g in host.gpus
+            if g.memory_used_bytes is not None and g.memory_total_bytes]
     if gpus:
-        return max(g.memory_used_bytes / g.memory_total_bytes for g in gpus)
-    used, total = getattr(host, "memory_used_bytes", None), getattr(host, "memory_total_bytes", None)
+        return max(gpus)
+    used, total = host.memory_used_bytes, host.memory_total_bytes
     if used is None or not total:
         return None
     return used / total

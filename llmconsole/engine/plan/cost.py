@@ -25,7 +25,7 @@ class CostInputs:
     years: float
 
     @classmethod
-    def defaults(cls, **overrides: float) -> "CostInputs":
+    def defaults(cls, **overrides: float) -> CostInputs:
         values = {**cost_defaults(), **{k: v for k, v in overrides.items() if v is not None}}
         unknown = set(values) - set(cls.__dataclass_fields__)
         if unknown:

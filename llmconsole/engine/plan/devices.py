@@ -55,7 +55,8 @@ class DeviceProfile:
 
 @lru_cache(maxsize=1)
 def _data() -> dict[str, Any]:
-    return json.loads(resources.files("llmconsole.engine.plan").joinpath("data/devices.json").read_text())
+    data: dict[str, Any] = json.loads(resources.files("llmconsole.engine.plan").joinpath("data/devices.json").read_text())
+    return data
 
 
 def cost_defaults() -> dict[str, float]:

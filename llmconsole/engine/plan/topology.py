@@ -42,11 +42,11 @@ class Topology:
 
     def pcie_only_pairs(self, gpus: tuple[int, ...] | None = None) -> list[GpuLink]:
         chosen = set(range(self.num_gpus) if gpus is None else gpus)
-        return [l for l in self.links if not l.nvlink and l.a in chosen and l.b in chosen]
+        return [link for link in self.links if not link.nvlink and link.a in chosen and link.b in chosen]
 
     def nvlink_group(self, size: int) -> tuple[int, ...] | None:
         """`size` GPUs every pair of which is NVLink-joined, if the host has such a group."""
-        joined = {(l.a, l.b) for l in self.links if l.nvlink}
+        joined = {(link.a, link.b) for link in self.links if link.nvlink}
         for group in itertools.combinations(range(self.num_gpus), size):
             if all(pair in joined for pair in itertools.combinations(group, 2)):
                 return group
@@ -55,15 +55,15 @@ class Topology:
     def to_json(self) -> dict[str, Any]:
         return {
             "gpus": [{"index": i, "name": n} for i, n in enumerate(self.gpu_names)],
-            "links": [{"a": l.a, "b": l.b, "nvlink": l.nvlink, "path": l.path} for l in self.links],
+            "links": [{"a": link.a, "b": link.b, "nvlink": link.nvlink, "path": link.path} for link in self.links],
             "source": self.source,
         }
 
 
 def topology_from_json(data: dict[str, Any], source: str = "recorded") -> Topology:
     names = tuple(g["name"] for g in sorted(data["gpus"], key=lambda g: g["index"]))
-    links = tuple(GpuLink(int(l["a"]), int(l["b"]), bool(l["nvlink"]), str(l.get("path", "N/A")))
-                  for l in data["links"])
+    links = tuple(GpuLink(int(link["a"]), int(link["b"]), bool(link["nvlink"]), str(link.get("path", "N/A")))
+                  for link in data["links"])
     return Topology(names, links, data.get("source", source))
 
 
@@ -92,5 +92,6 @@ def read_topology() -> Topology | None:
         ha, hb = handles[a], handles[b]
         p2p = _nvml(pynvml.nvmlDeviceGetP2PStatus, ha, hb, _P2P_CAPS_INDEX_NVLINK)
         level = _nvml(pynvml.nvmlDeviceGetTopologyCommonAncestor, ha, hb)
-        links.append(GpuLink(a, b, p2p == _P2P_STATUS_OK, _LEVELS.get(level, "N/A")))
+        path = _LEVELS.get(level, "N/A") if level is not None else "N/A"
+        links.append(GpuLink(a, b, p2p == _P2P_STATUS_OK, path))
     return Topology(tuple(names), tuple(links), "NVML")

@@ -199,7 +199,7 @@ def validate(spec: EngineSpec, mem: HostMemory | None = None, shape: ModelShape 
                        available_bytes=upper, notes=tuple(notes))
     fit_len = max(0, upper // layout.kv_bytes_per_token)
     nearest = {"max_model_len": fit_len} if fit_len >= _MIN_MODEL_LEN else None
-    alts = ()
+    alts: tuple[dict[str, Any], ...] = ()
     if util < 0.95 and needed <= int(mem.total_bytes * 0.95) - weights:
         alts = ({"gpu_memory_utilization": 0.95},)
     return Verdict(False, True, False, mem.device,
@@ -233,7 +233,7 @@ def _kv_refusal(spec: EngineSpec, layout: KvLayout, cap: KvCapacity, source: str
 
 def _weights_refusal(spec: EngineSpec, shape: ModelShape, mem: HostMemory, weights: int, room: int) -> Verdict:
     nearest = None
-    if mem.device == "cuda":
+    if mem.device == "cuda" and mem.total_bytes is not None:  # known: the weights were checked against it
         total = shape.weight_bytes(spec.dtype) // spec.pipeline_parallel_size
         util = spec.gpu_memory_utilization or _DEFAULT_UTILIZATION
         for tp in (2, 4, 8):
