@@ -149,3 +149,33 @@ def test_bad_settings_are_refused():
     assert gate.window == 2
     with pytest.raises(RuntimeError):
         gate.release()
+
+
+def test_waiters_that_give_up_leave_at_once_and_the_rest_keep_their_order():
+    """A flood of clients that go away must not linger in the count (it bounds the queue) nor
+    cost later arrivals: cancels from the middle leave at once, the survivors stay FIFO."""
+
+    async def main():
+        gate = Admission(window=1, max_queue=5000, queue_timeout_s=60)
+        await gate.acquire()
+        order: list[int] = []
+
+        async def wait(i: int) -> None:
+            await gate.acquire()
+            order.append(i)
+            gate.release()
+
+        tasks = [asyncio.create_task(wait(i)) for i in range(4000)]
+        await asyncio.sleep(0.01)
+        assert gate.queued == 4000
+        for i, t in enumerate(tasks):
+            if i % 4:
+                t.cancel()
+        await asyncio.sleep(0.01)
+        assert gate.queued == 1000          # the 3,000 that left are gone from the count at once,
+        assert len(gate._queue) == 1000     # and from the queue itself: nothing left to skip past later
+        gate.release()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        assert order == list(range(0, 4000, 4)) and gate.queued == 0 and gate.in_flight == 0
+
+    asyncio.run(main())

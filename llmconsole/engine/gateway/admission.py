@@ -4,14 +4,18 @@ rest in a bounded FIFO queue with a timeout.
 The gate is also what carries requests through an engine restart: while the group has no ready
 engine it is closed (`set_open(False)`), nothing is admitted, and arrivals wait in the queue up
 to the same bound and timeout instead of failing. A waiter that is cancelled (its client went
-away) leaves the queue at once; a slot granted to a waiter that was cancelled in the same
-instant is handed on, so a slot is never lost.
+away) or times out leaves the queue at once; a slot granted to a waiter that was cancelled in the
+same instant is handed on, so a slot is never lost.
+
+The queue is an insertion-ordered dict of waiters keyed by arrival number: joining, leaving from
+anywhere (a cancel), taking the oldest and counting are all O(1), so a flood of clients that
+give up costs the gate nothing per arrival.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
+import itertools
 import time
 from dataclasses import dataclass
 
@@ -45,7 +49,8 @@ class Admission:
         self.queue_timeout_s = float(queue_timeout_s)
         self._in_flight = 0
         self._open = True
-        self._queue: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._queue: dict[int, asyncio.Future[None]] = {}   # arrival number -> waiter, oldest first
+        self._arrivals = itertools.count()
         self._admitted = 0
         self._rejected_full = 0
         self._timed_out = 0
@@ -80,7 +85,7 @@ class Admission:
 
     @property
     def queued(self) -> int:
-        return sum(1 for f in self._queue if not f.done())
+        return len(self._queue)
 
     def stats(self) -> AdmissionStats:
         return AdmissionStats(self._window, self._in_flight, self.queued, self._open, self._admitted,
@@ -99,17 +104,17 @@ class Admission:
             self._rejected_full += 1
             raise QueueFull(f"{self.queued} requests are already queued (the bound is {self.max_queue})")
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queue.append(fut)
+        key = next(self._arrivals)
+        self._queue[key] = fut
         self._saturated = True
         try:
             await asyncio.wait_for(asyncio.shield(fut), self.queue_timeout_s if timeout_s is None else timeout_s)
         except (TimeoutError, asyncio.CancelledError) as e:
-            if fut.done() and not fut.cancelled():
+            if self._queue.pop(key, None) is None and fut.done() and not fut.cancelled():
                 self.release()  # granted in the same instant: pass the slot on
             else:
                 fut.cancel()
-            self._drop_done()
-            if isinstance(e, asyncio.TimeoutError):
+            if isinstance(e, TimeoutError):
                 self._timed_out += 1
                 raise QueueTimeout(
                     f"no slot within {self.queue_timeout_s if timeout_s is None else timeout_s:.1f} s"
@@ -138,15 +143,10 @@ class Admission:
             self._saturated = True
         self._max_in_flight_seen = max(self._max_in_flight_seen, self._in_flight)
 
-    def _drop_done(self) -> None:
-        while self._queue and self._queue[0].done():
-            self._queue.popleft()
-
     def _pump(self) -> None:
         while self._open and self._in_flight < self._window and self._queue:
-            fut = self._queue.popleft()
-            if fut.done():
-                continue  # a waiter that left
+            key = next(iter(self._queue))   # the oldest waiter
+            fut = self._queue.pop(key)
             self._take()
             fut.set_result(None)
 
