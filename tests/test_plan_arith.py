@@ -95,6 +95,17 @@ def test_refusal_says_needed_available_and_the_nearest_fit(tiny_model):
     assert validate(spec.model_copy(update=v.nearest), CPU_24G).ok
 
 
+def test_a_kv_size_beyond_the_host_offers_the_largest_that_fits(tiny_model):
+    spec = EngineSpec(model=str(tiny_model), max_model_len=2048, kv_cache_memory_bytes=40 * 2**30)
+    v = validate(spec, CPU_24G)
+    assert not v.ok and "exceed this host's memory" in v.reason
+    largest = v.nearest["kv_cache_memory_bytes"]
+    # Not the smallest size that holds one request (about a megabyte): the most the host can give.
+    assert 23 * 2**30 < largest <= 24 * 2**30 and largest % 65_536 == 0
+    assert validate(spec.model_copy(update=v.nearest), CPU_24G).ok
+    assert not validate(spec.model_copy(update={"kv_cache_memory_bytes": largest + 65_536}), CPU_24G).ok
+
+
 def test_block_override_refusal_offers_blocks_and_a_shorter_context(tiny_model):
     spec = EngineSpec(model=str(tiny_model), max_model_len=300, num_gpu_blocks_override=3)
     v = validate(spec, CPU_24G)

@@ -176,7 +176,7 @@ def validate(spec: EngineSpec, mem: HostMemory | None = None, shape: ModelShape 
                            f"{kv_source} ({kv_bytes:,}) plus the weights ({weights:,}) exceed this host's "
                            f"memory and swap ({mem.total_bytes + mem.swap_bytes:,} bytes)",
                            needed_bytes=kv_bytes + weights, available_bytes=mem.total_bytes + mem.swap_bytes,
-                           nearest={"kv_cache_memory_bytes": kv_bytes_for(layout, max_len, 1)},
+                           nearest=_largest_kv_that_fits(layout, mem.total_bytes + mem.swap_bytes - weights, max_len),
                            notes=tuple(notes), capacity=cap)
         if fits:
             return Verdict(True, True, exact, mem.device,
@@ -207,6 +207,13 @@ def validate(spec: EngineSpec, mem: HostMemory | None = None, shape: ModelShape 
                    f"can be left after the weights ({weights:,} bytes)",
                    needed_bytes=needed, available_bytes=upper, nearest=nearest or (alts[0] if alts else None),
                    alternatives=alts if nearest else (), notes=tuple(notes))
+
+
+def _largest_kv_that_fits(layout: KvLayout, room_bytes: int, max_len: int) -> dict[str, Any] | None:
+    """A KV size asked for beyond the host's memory: the nearest that fits is the largest one
+    the room holds (whole blocks), as long as that still holds one request of max_model_len."""
+    largest = max(0, room_bytes) // layout.bytes_per_block * layout.bytes_per_block
+    return {"kv_cache_memory_bytes": largest} if largest >= kv_bytes_for(layout, max_len, 1) else None
 
 
 def _fits_any_block_size(layout: KvLayout, pool_bytes: int, max_len: int) -> bool:
