@@ -46,7 +46,7 @@ $(VENV)/.debian-stamp: | $(PY)
 
 setup: $(VENV)/.install-stamp $(VENV)/.debian-stamp
 
-$(MODELS)/%/llmconsole-model.json: $(VENV)/.install-stamp
+$(MODELS)/%/llmconsole-model.json: $(VENV)/.install-stamp llmconsole/random_model.py
 	$(VENV)/bin/llmconsole model build --size $* --out $(MODELS)/$*
 
 models: $(MODELS)/tiny/llmconsole-model.json $(MODELS)/small/llmconsole-model.json

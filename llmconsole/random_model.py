@@ -66,6 +66,16 @@ def _train_tokenizer(vocab_size: int):
     )
 
 
+# A plain chat template, so /v1/chat/completions (the call most OpenAI clients make) works on the
+# demo engine as it does on a real chat model; without one vLLM answers it 400.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}</s>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+# Bumped when what a model directory holds changes, so directories built before are built again.
+FORMAT = 2
+
+
 def build_model(size: str, out_dir: Path, seed: int = 0) -> Path:
     """Write config.json, model.safetensors and a tokenizer to `out_dir`; return it.
 
@@ -76,8 +86,10 @@ def build_model(size: str, out_dir: Path, seed: int = 0) -> Path:
         raise ValueError(f"unknown model size {size!r}; choose one of {', '.join(SIZES)}")
     out_dir = Path(out_dir)
     marker = out_dir / "llmconsole-model.json"
-    if marker.exists() and json.loads(marker.read_text()).get("size") == size:
-        return out_dir
+    if marker.exists():
+        built = json.loads(marker.read_text())
+        if built.get("size") == size and built.get("format") == FORMAT:
+            return out_dir
 
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -85,6 +97,7 @@ def build_model(size: str, out_dir: Path, seed: int = 0) -> Path:
     s = SIZES[size]
     torch.manual_seed(seed)
     tokenizer = _train_tokenizer(s.vocab_size)
+    tokenizer.chat_template = CHAT_TEMPLATE
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=s.hidden_size,
@@ -104,5 +117,5 @@ def build_model(size: str, out_dir: Path, seed: int = 0) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
-    marker.write_text(json.dumps({"size": size, "seed": seed}) + "\n")
+    marker.write_text(json.dumps({"size": size, "seed": seed, "format": FORMAT}) + "\n")
     return out_dir

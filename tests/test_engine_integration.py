@@ -92,6 +92,18 @@ def test_completion_and_live_metrics_in_status(mcli):
     assert "t1" in table and "ready" in table and e["config_id"] in table
 
 
+def test_chat_completions_answer_on_the_local_model(mcli):
+    """The call most OpenAI clients make: the random-weight model carries a chat template."""
+    e = mcli.engine("t1")
+    body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "Hello there"}],
+                       "max_tokens": 8, "ignore_eos": True}).encode()
+    req = urllib.request.Request(f"{e['url']}/v1/chat/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        out = json.loads(r.read())
+    assert out["choices"][0]["message"]["role"] == "assistant" and out["usage"]["completion_tokens"] == 8
+
+
 def test_start_again_on_same_config_is_a_no_op(mcli):
     before = mcli.engine("t1")
     r = mcli("engine", "start", "t1", "--model", str(mcli.model), "--served-model-name", "tiny", *ENGINE_FLAGS)
