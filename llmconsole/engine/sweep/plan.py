@@ -30,12 +30,13 @@ class LoadLevel:
         return f"{self.kind}={self.value:g}"
 
     def workload(self, plan: "SweepPlan", seed: int) -> Workload:
-        common = dict(warmup_requests=plan.warmup_requests, max_duration_s=plan.max_run_s, seed=seed,
-                      ignore_eos=plan.ignore_eos)
         if self.kind == "concurrency":
-            return Workload.closed(int(self.value), plan.num_requests, plan.input_len, plan.output_len, **common)
+            return Workload.closed(int(self.value), plan.num_requests, plan.input_len, plan.output_len,
+                                   warmup_requests=plan.warmup_requests, max_duration_s=plan.max_run_s,
+                                   seed=seed, ignore_eos=plan.ignore_eos)
         return Workload.open(self.value, plan.num_requests, plan.input_len, plan.output_len,
-                             burstiness=plan.burstiness, **common)
+                             burstiness=plan.burstiness, warmup_requests=plan.warmup_requests,
+                             max_duration_s=plan.max_run_s, seed=seed, ignore_eos=plan.ignore_eos)
 
 
 def parse_grid(items: list[str], fields: set[str]) -> dict[str, tuple[Any, ...]]:

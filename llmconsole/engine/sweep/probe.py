@@ -76,7 +76,7 @@ class RunProbe:
         self.preempt_first: float | None = None
         self.preempt_last: float | None = None
         self.samples: list[ResourceSample] = []
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
 
     async def __aenter__(self) -> "RunProbe":
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
@@ -86,7 +86,7 @@ class RunProbe:
             self._tasks.append(asyncio.ensure_future(self._loop(self._sample, self.resources_period_s)))
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -98,7 +98,7 @@ class RunProbe:
             await self._session.close()
 
     @staticmethod
-    async def _loop(fn, period_s: float) -> None:
+    async def _loop(fn: Callable[[], Awaitable[None]], period_s: float) -> None:
         while True:
             began = time.monotonic()
             await fn()
@@ -119,6 +119,8 @@ class RunProbe:
             self.preempt_last = m.preemptions_total
 
     async def _sample(self) -> None:
+        if self.resources is None:
+            return
         try:
             self.samples.append(await self.resources())
         except Exception:  # a missing value is a value: the figures say N/A
