@@ -78,6 +78,7 @@ def suggest_params(trial: optuna.Trial, knobs: Sequence[Knob]) -> dict[str, Any]
         elif k.choices:
             params[k.name] = trial.suggest_categorical(k.name, list(k.choices))
         else:
-            params[k.name] = trial.suggest_int(k.name, k.low, k.high, log=k.high / k.low >= 4)
+            low, high = k.bounds
+            params[k.name] = trial.suggest_int(k.name, low, high, log=high / low >= 4)
     trial.set_user_attr("config", params)
     return params
