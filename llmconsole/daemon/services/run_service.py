@@ -42,7 +42,8 @@ from llmconsole.engine.sweep.runner import EngineTarget, SweepRunner
 from llmconsole.engine.supervisor import EngineBusy
 from llmconsole.engine.tune.ranges import EngineFacts
 from llmconsole.engine.tune.request import TuneRequest
-from llmconsole.engine.tune.tuner import Tuner, TuneProgress, open_study, outcomes
+from llmconsole.engine.tune.study import open_study, outcomes
+from llmconsole.engine.tune.tuner import Tuner, TuneProgress
 
 log = logging.getLogger(__name__)
 
@@ -173,14 +174,16 @@ class RunService:
                 run._stop.set()
             return await body(run, ctl)
 
+        outcome: dict[str, Any] | None = None
+        error: str | None = None
         try:
-            outcome = asyncio.run(main())
+            result = asyncio.run(main())
         except BaseException as e:  # noqa: BLE001 - whatever ends a run is its outcome, never a dead thread
             log.exception("run %d (%s of %s) failed", run.id, run.kind, run.engine)
-            state, outcome, error = "failed", None, f"{type(e).__name__}: {e}"
+            state, error = "failed", f"{type(e).__name__}: {e}"
         else:
-            state = str(outcome.get("status", "done"))
-            error = outcome.get("error")
+            state, outcome = str(result.get("status", "done")), result
+            error = result.get("error")
         daemon_loop.call_soon_threadsafe(self._finished, run, state, outcome, error)
 
     def _finished(self, run: Run, state: str, outcome: dict[str, Any] | None, error: str | None) -> None:
