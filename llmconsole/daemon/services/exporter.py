@@ -24,8 +24,8 @@ from prometheus_client.metrics_core import Metric
 
 from llmconsole.daemon.context import DaemonContext
 from llmconsole.engine.alerts import rules as ar
-from llmconsole.engine.modes.policy import used_fraction
 from llmconsole.engine.modes.memory import FRACTIONS
+from llmconsole.engine.modes.policy import used_fraction
 from llmconsole.engine.status import EngineState
 
 if TYPE_CHECKING:

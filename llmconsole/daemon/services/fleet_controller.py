@@ -13,8 +13,8 @@ from typing import Any
 from llmconsole.daemon.services.gateway_service import GatewayService
 from llmconsole.engine.fleet import Fleet
 from llmconsole.engine.status import EngineState
-from llmconsole.engine.sweep.runner import EngineStartFailed, EngineTarget
 from llmconsole.engine.sweep.probe import ResourceSample, resource_sample
+from llmconsole.engine.sweep.runner import EngineStartFailed, EngineTarget
 from llmconsole.engine.tune.ranges import EngineFacts
 
 

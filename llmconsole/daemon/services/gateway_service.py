@@ -26,11 +26,11 @@ import time
 from typing import Any
 
 from llmconsole.db import Store
-from llmconsole.engine.gateway.proxy import Gateway
+from llmconsole.engine.fleet import Fleet, UnknownEngine
 from llmconsole.engine.gateway.group import EngineGroup, Upstream
 from llmconsole.engine.gateway.membership import Membership, UnknownGroup
 from llmconsole.engine.gateway.pid import PidSettings, TraceSample
-from llmconsole.engine.fleet import Fleet, UnknownEngine
+from llmconsole.engine.gateway.proxy import Gateway
 from llmconsole.engine.status import EngineState, EngineStatus
 
 log = logging.getLogger(__name__)

@@ -28,11 +28,17 @@ from typing import Any
 from llmconsole.daemon.context import DaemonContext
 from llmconsole.daemon.services.rollback import rollback
 from llmconsole.engine.alerts import rules as ar
+from llmconsole.engine.alerts.response_settings import (
+    ACTIONS,
+    GroupGate,
+    ResponseRefused,
+    kv_dtype_spec,
+    kv_dtype_support,
+    validate_settings,
+)
 from llmconsole.engine.modes.guarded_apply import ApplyFailed, ApplyRefused, guarded_apply
-from llmconsole.engine.modes.policy import used_fraction
 from llmconsole.engine.modes.memory import Mode, cpu_kv_budget_bytes, mode_of, mode_spec
-from llmconsole.engine.alerts.response_settings import (ACTIONS, GroupGate, ResponseRefused, kv_dtype_spec,
-                                                  kv_dtype_support, validate_settings)
+from llmconsole.engine.modes.policy import used_fraction
 from llmconsole.engine.spec import EngineSpec
 from llmconsole.engine.status import EngineState
 

@@ -25,17 +25,17 @@ from typing import Any
 from llmconsole.daemon.context import DaemonContext
 from llmconsole.daemon.services.fleet_controller import FleetController
 from llmconsole.daemon.services.rollback import rollback
-from llmconsole.engine.modes.guarded_apply import ApplyFailed, ApplyRefused, guarded_apply
-from llmconsole.engine.metrics.latency import Slo
 from llmconsole.engine.alerts.response_settings import GroupGate
 from llmconsole.engine.gateway.group import RequestRecord
+from llmconsole.engine.load.workload import LengthDist
+from llmconsole.engine.metrics.latency import Slo
+from llmconsole.engine.modes.guarded_apply import ApplyFailed, ApplyRefused, guarded_apply
 from llmconsole.engine.status import EngineState
 from llmconsole.engine.sweep.plan import LoadLevel, SweepPlan
-from llmconsole.engine.tune.tuner import Tuner, TuneSettings
 from llmconsole.engine.tune.guard import GuardSettings, breach, sustained, window_figures
 from llmconsole.engine.tune.ranges import derive_space
 from llmconsole.engine.tune.space import Budget, Knob, clamp_to_workload, parse_knob, split_params
-from llmconsole.engine.load.workload import LengthDist
+from llmconsole.engine.tune.tuner import Tuner, TuneSettings
 
 log = logging.getLogger(__name__)
 

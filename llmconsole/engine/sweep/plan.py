@@ -13,9 +13,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from llmconsole.engine.load.workload import LengthDist, Workload
 from llmconsole.engine.metrics.latency import Slo
 from llmconsole.engine.sweep.tradeoff import KneeUnits
-from llmconsole.engine.load.workload import LengthDist, Workload
 
 LoadKind = Literal["concurrency", "rate"]
 
@@ -29,7 +29,7 @@ class LoadLevel:
     def label(self) -> str:
         return f"{self.kind}={self.value:g}"
 
-    def workload(self, plan: "SweepPlan", seed: int) -> Workload:
+    def workload(self, plan: SweepPlan, seed: int) -> Workload:
         if self.kind == "concurrency":
             return Workload.closed(int(self.value), plan.num_requests, plan.input_len, plan.output_len,
                                    warmup_requests=plan.warmup_requests, max_duration_s=plan.max_run_s,
@@ -123,7 +123,7 @@ class SweepPlan:
     def server_points(self) -> list[dict[str, Any]]:
         """Every combination of the grid's values, in the order given (the first field slowest)."""
         keys = list(self.grid)
-        return [dict(zip(keys, combo)) for combo in itertools.product(*(self.grid[k] for k in keys))]
+        return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(self.grid[k] for k in keys))]
 
     @property
     def total_points(self) -> int:

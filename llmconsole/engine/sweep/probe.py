@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import aiohttp
 
@@ -78,7 +79,7 @@ class RunProbe:
         self.samples: list[ResourceSample] = []
         self._tasks: list[asyncio.Task[None]] = []
 
-    async def __aenter__(self) -> "RunProbe":
+    async def __aenter__(self) -> RunProbe:
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
         await self._scrape()  # the baseline for the preemption counter
         self._tasks = [asyncio.ensure_future(self._loop(self._scrape, self.metrics_period_s))]
@@ -109,7 +110,7 @@ class RunProbe:
             async with self._session.get(self.url) as r:
                 text = await r.text()
             m = parse_metrics(text, time.monotonic())
-        except (aiohttp.ClientError, asyncio.TimeoutError, MetricsParseError, OSError):
+        except (TimeoutError, aiohttp.ClientError, MetricsParseError, OSError):
             return  # a missed scrape is a gap, not a failure of the run
         if m.kv_cache_usage is not None:
             self.kv.append(m.kv_cache_usage)

@@ -12,14 +12,22 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from llmconsole.engine.sweep.plan import PointResult, SweepPlan
-from llmconsole.engine.sweep.runner import EngineTarget, SweepResult
 from llmconsole.engine.sweep.plot import tradeoff_chart
-from llmconsole.engine.sweep.tradeoff import KneePick, TradeoffPoint, best_under_slo, knee, pareto_front, relative_change
+from llmconsole.engine.sweep.runner import EngineTarget, SweepResult
+from llmconsole.engine.sweep.tradeoff import (
+    KneePick,
+    TradeoffPoint,
+    best_under_slo,
+    knee,
+    pareto_front,
+    relative_change,
+)
 
 HEADERS = ("params", "throughput (req/s)", "P99 latency (ms)", "memory (GB)", "compute util", "bandwidth util")
 
@@ -90,7 +98,7 @@ def render_table(result: SweepResult, markdown: bool = False) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(HEADERS)]
 
     def line(cells: Sequence[str]) -> str:
-        return " | ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+        return " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
 
     out = [line(HEADERS), "-+-".join("-" * w for w in widths)] + [line(r) for r in rows]
     out += [f"[{i}] {n}" for i, n in enumerate(notes, 1)]

@@ -13,15 +13,16 @@ import asyncio
 import dataclasses
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
 from llmconsole.engine.audit import AuditStore
-from llmconsole.engine.metrics.latency import Slo
 from llmconsole.engine.load.generator import LoadSummary, run_load
+from llmconsole.engine.load.workload import load_tokenizer, plan_requests
+from llmconsole.engine.metrics.latency import Slo
 from llmconsole.engine.sweep.plan import LoadLevel, PointResult, SweepPlan, SweepProgress
 from llmconsole.engine.sweep.probe import ProbeFigures, ResourceSample, RunProbe
-from llmconsole.engine.load.workload import load_tokenizer, plan_requests
 
 _LAT_KEYS = ("ttft", "tpot", "itl", "e2e")
 

@@ -15,8 +15,9 @@ reached before the first step whose ratio falls to the threshold or below.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal
 
 KneeUnits = Literal["relative", "absolute"]
 UNIT_TEXT = {
@@ -119,7 +120,7 @@ def knee(points: Sequence[TradeoffPoint], threshold: float = 2.5, units: KneeUni
         return KneePick(None, threshold, units, ())
     steps: list[KneeStep] = []
     pick, walking = front[0], True
-    for a, b in zip(front, front[1:]):
+    for a, b in zip(front, front[1:], strict=False):  # consecutive pairs
         r = step_ratio(points[a], points[b], units)
         accepted = walking and r > threshold
         steps.append(KneeStep(a, b, r, accepted))

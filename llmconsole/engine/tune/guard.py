@@ -7,8 +7,9 @@ check is noise on a shared host; a breach must hold for a whole window before it
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from llmconsole.engine.gateway.group import RequestRecord
 from llmconsole.engine.metrics.latency import Slo

@@ -15,8 +15,9 @@ max_num_seqs`) gets its range here.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from llmconsole.engine.plan.kv_math import KvLayout, cdiv, kv_bytes_for
 from llmconsole.engine.tune.space import Knob, default_space

@@ -17,8 +17,9 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from llmconsole.engine.tune.select import Remeasured, pick_winner, remeasure_candidates  # noqa: F401 (moved there)
 

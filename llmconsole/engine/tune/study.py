@@ -8,8 +8,9 @@ benchmark's replay both ask here.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import optuna
 from optuna.storages.journal import JournalFileBackend, JournalStorage
@@ -27,7 +28,10 @@ def make_sampler(seed: int, budget: Budget) -> optuna.samplers.TPESampler:
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup_trials(budget), multivariate=True)
 
 
-def open_study(storage_path: Path, name: str, seed: int, budget: Budget = Budget(trials=12)) -> optuna.Study:
+DEFAULT_BUDGET = Budget(trials=12)
+
+
+def open_study(storage_path: Path, name: str, seed: int, budget: Budget = DEFAULT_BUDGET) -> optuna.Study:
     storage_path.parent.mkdir(parents=True, exist_ok=True)
     storage = JournalStorage(JournalFileBackend(str(storage_path)))
     return optuna.create_study(study_name=name, storage=storage, sampler=make_sampler(seed, budget),

@@ -24,23 +24,31 @@ import dataclasses
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import optuna
 from optuna.trial import TrialState
 
 from llmconsole.engine.load.generator import run_load
-from llmconsole.engine.sweep.runner import EngineController, EngineStartFailed, EngineTarget, aggregate
+from llmconsole.engine.load.workload import Tokenizer, load_tokenizer, plan_requests
 from llmconsole.engine.sweep.plan import LoadLevel, PointResult, SweepPlan
 from llmconsole.engine.sweep.probe import RunProbe
+from llmconsole.engine.sweep.runner import EngineController, EngineStartFailed, EngineTarget, aggregate
 from llmconsole.engine.tune.select import Remeasured, next_remeasure, pick_winner, start_race
-from llmconsole.engine.tune.space import (Budget, Knob, TrialOutcome, constraint_value, halving_rungs, keep_going,
-                                           split_params, study_name)
-from llmconsole.engine.tune.study import (ask_next, history, make_sampler, open_study, outcomes,  # noqa: F401
-                                           suggest_params)
-from llmconsole.engine.load.workload import Tokenizer, load_tokenizer, plan_requests
+from llmconsole.engine.tune.space import (
+    Budget,
+    Knob,
+    TrialOutcome,
+    constraint_value,
+    halving_rungs,
+    keep_going,
+    split_params,
+    study_name,
+)
+from llmconsole.engine.tune.study import ask_next, history, make_sampler, open_study, outcomes, suggest_params  # noqa: F401
 
 log = logging.getLogger(__name__)
 
