@@ -62,6 +62,8 @@ async def json_body(request: web.Request) -> dict[str, Any]:
 def peer_user(request: web.Request) -> str:
     """Who is on the other end of the socket (SO_PEERCRED), for the daemon's audit log."""
     sock = request.transport.get_extra_info("socket") if request.transport else None
+    if sock is None:
+        return "unknown"
     try:
         creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         _pid, uid, _gid = struct.unpack("3i", creds)

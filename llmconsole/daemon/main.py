@@ -93,7 +93,8 @@ async def serve(paths: Paths) -> None:
     loop.add_signal_handler(signal.SIGHUP, lambda: None)  # losing a terminal changes nothing
 
     await app[STOP].wait()
-    stop_engines = any(app[STOP_ENGINES])
+    requested: list[bool] = app[STOP_ENGINES]
+    stop_engines = any(requested)
     log.info("daemon stopping (%s)", "stopping engines" if stop_engines else "engines keep serving")
     sampler.cancel()
     await services.close()

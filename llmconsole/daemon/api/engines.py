@@ -25,6 +25,7 @@ import dataclasses
 import logging
 import os
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -96,7 +97,7 @@ async def get_status(request: web.Request) -> web.Response:
     })
 
 
-def _engine_handler(action: str) -> Any:
+def _engine_handler(action: str) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def handler(request: web.Request) -> web.Response:
         ctx = context_of(request)
         fleet = ctx.fleet

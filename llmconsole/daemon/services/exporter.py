@@ -12,17 +12,20 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, StateSetMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import Metric
 
 from llmconsole.daemon.context import DaemonContext
 from llmconsole.engine.alerts import rules as ar
-from llmconsole.engine.modes.policy import used_fraction
 from llmconsole.engine.modes.memory import FRACTIONS
+from llmconsole.engine.modes.policy import used_fraction
 from llmconsole.engine.status import EngineState
 
 if TYPE_CHECKING:
@@ -44,7 +47,7 @@ class DaemonCollector:
         self.responses = responses
         self.modes = modes
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         statuses = self.fleet.statuses()
         e = ["engine"]
         state = StateSetMetricFamily("llmconsole_engine_state", "The engine's supervision state", labels=e)
@@ -80,7 +83,7 @@ class DaemonCollector:
         yield from self._gateway()
         yield from self._alerts()
 
-    def _host(self):
+    def _host(self) -> Iterator[Metric]:
         host = self.fleet.probe.sample_host()
         mem = GaugeMetricFamily("llmconsole_host_memory_used_ratio", "Host memory in use, 0..1")
         if host.memory_used_bytes is not None and host.memory_total_bytes:
@@ -98,7 +101,7 @@ class DaemonCollector:
             pressure.add_metric([], frac)
         yield pressure
 
-    def _gateway(self):
+    def _gateway(self) -> Iterator[Metric]:
         if self.gateway is None:
             return
         e = ["engine"]
@@ -139,9 +142,10 @@ class DaemonCollector:
                     g[f"controller_{term}"].add_metric([name], getattr(last, term))
             slo = ar.slo_figures(list(group.records), c.settings.target_ms, str(c.settings.signal))
             g["slo_objective_ratio"].add_metric([name], slo.objective)
-            if slo.attainment is not None:
-                g["slo_attainment_ratio"].add_metric([name], slo.attainment)
-                g["slo_burn_rate"].add_metric([name], slo.burn_rate)
+            attainment, burn = slo.attainment, slo.burn_rate  # both None, or both known
+            if attainment is not None and burn is not None:
+                g["slo_attainment_ratio"].add_metric([name], attainment)
+                g["slo_burn_rate"].add_metric([name], burn)
             admitted.add_metric([name], st.admitted_total)
             rejected.add_metric([name, "queue_full"], st.rejected_full_total)
             rejected.add_metric([name, "queue_timeout"], st.timed_out_total)
@@ -149,7 +153,7 @@ class DaemonCollector:
         yield admitted
         yield rejected
 
-    def _alerts(self):
+    def _alerts(self) -> Iterator[Metric]:
         if self.responses is None:
             return
         alert = GaugeMetricFamily("llmconsole_alert_state",
@@ -160,7 +164,7 @@ class DaemonCollector:
 
 
 class Exporter:
-    def __init__(self, collector: DaemonCollector, data_dir, host: str = "127.0.0.1", port: int | None = None):
+    def __init__(self, collector: DaemonCollector, data_dir: Path, host: str = "127.0.0.1", port: int | None = None):
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(collector)
         self.host = host
@@ -193,7 +197,7 @@ class Exporter:
             log.warning("metrics port %d is taken (%s); choosing another", self.port, e)
             site = web.TCPSite(self._runner, self.host, 0)
             await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]
+        self.port = int(self._runner.addresses[0][1])  # the port bound, when 0 asked for a free one
         self._file.write_text(json.dumps({"port": self.port}))
         log.info("Prometheus metrics on %s", self.url)
         return self.url

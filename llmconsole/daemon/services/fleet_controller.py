@@ -13,8 +13,8 @@ from typing import Any
 from llmconsole.daemon.services.gateway_service import GatewayService
 from llmconsole.engine.fleet import Fleet
 from llmconsole.engine.status import EngineState
-from llmconsole.engine.sweep.runner import EngineStartFailed, EngineTarget
 from llmconsole.engine.sweep.probe import ResourceSample, resource_sample
+from llmconsole.engine.sweep.runner import EngineStartFailed, EngineTarget
 from llmconsole.engine.tune.ranges import EngineFacts
 
 
@@ -52,7 +52,10 @@ class FleetController:
     def _target(self) -> EngineTarget:
         sup = self.fleet.get(self.name)
         st = sup.status()
-        return EngineTarget(st.url, st.served_model_name, sup.spec.model, sup.spec.config_id, sup.spec.public_dict())
+        # An engine that is not serving (after a failed start, say) has no URL: the target still
+        # says which config it is on, which is what the runners compare before a restart.
+        return EngineTarget(st.url or "", st.served_model_name, sup.spec.model, sup.spec.config_id,
+                            sup.spec.public_dict())
 
     async def current(self) -> EngineTarget:
         return self._target()

@@ -25,11 +25,12 @@ import tempfile
 import time
 from typing import Any
 
-from llmconsole.engine.gateway.proxy import Gateway
+from llmconsole.db import Store
+from llmconsole.engine.fleet import Fleet, UnknownEngine
 from llmconsole.engine.gateway.group import EngineGroup, Upstream
 from llmconsole.engine.gateway.membership import Membership, UnknownGroup
 from llmconsole.engine.gateway.pid import PidSettings, TraceSample
-from llmconsole.engine.fleet import UnknownEngine
+from llmconsole.engine.gateway.proxy import Gateway
 from llmconsole.engine.status import EngineState, EngineStatus
 
 log = logging.getLogger(__name__)
@@ -39,19 +40,19 @@ _SETTING_KEYS = ("target_ms", "signal", "min_window", "max_window", "start_windo
 
 
 class GatewayService:
-    def __init__(self, fleet, host: str = "127.0.0.1", port: int | None = None, store=None):
+    def __init__(self, fleet: Fleet, host: str = "127.0.0.1", port: int | None = None, store: Store | None = None):
         self.fleet = fleet
-        self.store = store  # llmconsole.db.Store, or None: the trace then lives in memory only
+        self.store = store  # None: the trace then lives in memory only
         self.host = host
         self._file = fleet.paths.data_dir / "gateway.json"
         saved = self._read_file()
         env_port = os.environ.get("LLMCONSOLE_GATEWAY_PORT")
         self._port = port if port is not None else int(env_port) if env_port else int(saved.get("port") or 0)
-        self._saved_groups: dict[str, dict] = saved.get("groups", {})
+        self._saved_groups: dict[str, dict[str, Any]] = saved.get("groups", {})
         self.membership = Membership.from_json(saved.get("members"))
         self.gateway = Gateway(host, self._port)
         self._draining: list[EngineGroup] = []  # retired groups still finishing their requests
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -309,7 +310,7 @@ class GatewayService:
         os.replace(tmp, self._file)
 
 
-def write_trace(store, samples: list[tuple[str, TraceSample]]) -> int:
+def write_trace(store: Store, samples: list[tuple[str, TraceSample]]) -> int:
     """Controller steps as rows of the store's window_trace table (group, time, terms, window)."""
     return store.add_window_trace([
         {"group_name": g, "at_s": s.at_s, "target": s.target_ms, "measured": s.measured_ms,

@@ -39,7 +39,7 @@ class ModeService:
         self._file = ctx.data_dir / "modes.json"
         self.auto: dict[str, PolicyState] = {}
         self._busy: set[str] = set()
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         for name in self._read_auto():  # a daemon restart also waits an interval before switching
             if name in ctx.fleet.engines:
                 now = mode_of(ctx.fleet.engines[name].spec, self.device_of(name))

@@ -21,17 +21,24 @@ import json
 import logging
 import os
 import time
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
 from llmconsole.daemon.context import DaemonContext
 from llmconsole.daemon.services.rollback import rollback
 from llmconsole.engine.alerts import rules as ar
+from llmconsole.engine.alerts.response_settings import (
+    ACTIONS,
+    GroupGate,
+    ResponseRefused,
+    kv_dtype_spec,
+    kv_dtype_support,
+    validate_settings,
+)
 from llmconsole.engine.modes.guarded_apply import ApplyFailed, ApplyRefused, guarded_apply
-from llmconsole.engine.modes.policy import used_fraction
 from llmconsole.engine.modes.memory import Mode, cpu_kv_budget_bytes, mode_of, mode_spec
-from llmconsole.engine.alerts.response_settings import (ACTIONS, GroupGate, ResponseRefused, kv_dtype_spec,
-                                                  kv_dtype_support, validate_settings)
+from llmconsole.engine.modes.policy import used_fraction
 from llmconsole.engine.spec import EngineSpec
 from llmconsole.engine.status import EngineState
 
@@ -54,8 +61,8 @@ class ResponseService:
         self.members: dict[str, str] = {}       # standby engine -> the group it serves in
         self._alert_ids: dict[tuple[str, str], int] = {}
         self._busy: set[str] = set()            # engines with a response under way
-        self._tasks: set[asyncio.Task] = set()
-        self._loop_task: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loop_task: asyncio.Task[None] | None = None
         self.last_facts: dict[str, ar.EngineFacts] = {}
 
     # --- settings -------------------------------------------------------------------------
@@ -156,7 +163,7 @@ class ResponseService:
                 log.info("alert %s resolved on %s", t.rule, t.engine)
         return transitions
 
-    def _spawn(self, coro) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -194,7 +201,7 @@ class ResponseService:
         log.warning("response %s to %s on %s: %s %s", action, trigger, engine, outcome, more.get("error", ""))
         return {"action_id": action_id, "outcome": outcome, **more}
 
-    def _gate(self):
+    def _gate(self) -> GroupGate | None:
         return GroupGate(self.gateway) if self.gateway is not None else None
 
     async def _apply(self, engine: str, spec: EngineSpec, trigger: str) -> tuple[str, dict[str, Any]]:
@@ -277,7 +284,7 @@ class ResponseService:
 
     async def undo(self, action_id: int, actor: str = "operator") -> dict[str, Any]:
         action = self.store.action(action_id)
-        if action is None or not action.kind.startswith("response:"):
+        if action is None or action.engine is None or not action.kind.startswith("response:"):
             raise ResponseRefused(f"no response with action id {action_id}")
         detail = action.detail
         if action.outcome != "applied":
@@ -298,6 +305,8 @@ class ResponseService:
 
     async def _undo(self, engine: str, undo: dict[str, Any]) -> dict[str, Any]:
         if "window" in undo:
+            if self.gateway is None:
+                raise ResponseRefused("this daemon runs no gateway: the window cannot be put back")
             before = undo["window"]
             self.gateway.change_window(engine, window=int(before["window"]))
             if not before["frozen"]:

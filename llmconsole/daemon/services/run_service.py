@@ -34,15 +34,16 @@ from llmconsole.daemon.http import NotFound
 from llmconsole.daemon.services.fleet_controller import FleetController
 from llmconsole.engine.spec import validation_messages
 from llmconsole.engine.status import EngineState
+from llmconsole.engine.supervisor import EngineBusy
 from llmconsole.engine.sweep.plan import SweepProgress
 from llmconsole.engine.sweep.probe import ResourceSample
 from llmconsole.engine.sweep.report import analyse, picks_text, to_json, write_results
 from llmconsole.engine.sweep.request import SweepRequest
 from llmconsole.engine.sweep.runner import EngineTarget, SweepRunner
-from llmconsole.engine.supervisor import EngineBusy
 from llmconsole.engine.tune.ranges import EngineFacts
 from llmconsole.engine.tune.request import TuneRequest
-from llmconsole.engine.tune.tuner import Tuner, TuneProgress, open_study, outcomes
+from llmconsole.engine.tune.study import open_study, outcomes
+from llmconsole.engine.tune.tuner import TuneProgress, Tuner
 
 log = logging.getLogger(__name__)
 
@@ -132,17 +133,21 @@ class RunService:
     def start(self, kind: str, request: dict[str, Any], actor: str) -> Run:
         """Check the request and the engine, then start the run; ValueError (bad input), UnknownEngine,
         EngineBusy (not ready, or another run holds it) leave nothing started."""
+        body: Callable[[Run, BridgedController], Awaitable[dict[str, Any]]]
         if kind == "sweep":
             sweep = _validated(SweepRequest, request)
             sweep.plan()  # ValueError for a bad plan before anything is started
             engine = sweep.engine
-            body: Callable[[Run, BridgedController], Awaitable[dict[str, Any]]] = \
-                lambda run, ctl: self._sweep(run, sweep, ctl)
+
+            def body(run: Run, ctl: BridgedController) -> Awaitable[dict[str, Any]]:
+                return self._sweep(run, sweep, ctl)
         elif kind == "tune":
             tune = _validated(TuneRequest, request)
             tune.check()
             engine = tune.engine
-            body = lambda run, ctl: self._tune(run, tune, ctl)  # noqa: E731
+
+            def body(run: Run, ctl: BridgedController) -> Awaitable[dict[str, Any]]:
+                return self._tune(run, tune, ctl)
         else:
             raise ValueError(f"unknown run kind {kind!r}: sweep or tune")
         sup = self.ctx.fleet.get(engine)  # UnknownEngine
@@ -173,14 +178,16 @@ class RunService:
                 run._stop.set()
             return await body(run, ctl)
 
+        outcome: dict[str, Any] | None = None
+        error: str | None = None
         try:
-            outcome = asyncio.run(main())
+            result = asyncio.run(main())
         except BaseException as e:  # noqa: BLE001 - whatever ends a run is its outcome, never a dead thread
             log.exception("run %d (%s of %s) failed", run.id, run.kind, run.engine)
-            state, outcome, error = "failed", None, f"{type(e).__name__}: {e}"
+            state, error = "failed", f"{type(e).__name__}: {e}"
         else:
-            state = str(outcome.get("status", "done"))
-            error = outcome.get("error")
+            state, outcome = str(result.get("status", "done")), result
+            error = result.get("error")
         daemon_loop.call_soon_threadsafe(self._finished, run, state, outcome, error)
 
     def _finished(self, run: Run, state: str, outcome: dict[str, Any] | None, error: str | None) -> None:

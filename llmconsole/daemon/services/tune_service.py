@@ -19,21 +19,23 @@ import json
 import logging
 import statistics
 import time
+from collections.abc import Coroutine
 from typing import Any
 
 from llmconsole.daemon.context import DaemonContext
 from llmconsole.daemon.services.fleet_controller import FleetController
 from llmconsole.daemon.services.rollback import rollback
-from llmconsole.engine.modes.guarded_apply import ApplyFailed, ApplyRefused, guarded_apply
-from llmconsole.engine.metrics.latency import Slo
 from llmconsole.engine.alerts.response_settings import GroupGate
+from llmconsole.engine.gateway.group import RequestRecord
+from llmconsole.engine.load.workload import LengthDist
+from llmconsole.engine.metrics.latency import Slo
+from llmconsole.engine.modes.guarded_apply import ApplyFailed, ApplyRefused, guarded_apply
 from llmconsole.engine.status import EngineState
 from llmconsole.engine.sweep.plan import LoadLevel, SweepPlan
-from llmconsole.engine.tune.tuner import Tuner, TuneSettings
 from llmconsole.engine.tune.guard import GuardSettings, breach, sustained, window_figures
 from llmconsole.engine.tune.ranges import derive_space
 from llmconsole.engine.tune.space import Budget, Knob, clamp_to_workload, parse_knob, split_params
-from llmconsole.engine.load.workload import LengthDist
+from llmconsole.engine.tune.tuner import Tuner, TuneSettings
 
 log = logging.getLogger(__name__)
 
@@ -46,17 +48,18 @@ class TuneService:
         self.schedule: dict[str, dict[str, Any]] = self._read()
         self.watches: dict[str, dict[str, Any]] = {}
         self.runs: list[dict[str, Any]] = []
-        self._tasks: set[asyncio.Task] = set()
-        self._loop_task: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loop_task: asyncio.Task[None] | None = None
         self._last_run_s: dict[str, float] = {}
 
     def _read(self) -> dict[str, dict[str, Any]]:
         try:
-            return json.loads(self.path.read_text())
+            data = json.loads(self.path.read_text())
         except (OSError, ValueError):
             return {}
+        return data if isinstance(data, dict) else {}
 
-    def _spawn(self, coro, name: str) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         t = asyncio.create_task(coro, name=name)
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
@@ -72,7 +75,7 @@ class TuneService:
 
     # --- apply and guard ----------------------------------------------------------------------
 
-    def _records(self, name: str) -> list:
+    def _records(self, name: str) -> list[RequestRecord]:
         group = self.gateway.group_of(name) if self.gateway is not None else None
         return list(group.records) if group is not None else []
 

@@ -13,9 +13,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from llmconsole.engine.load.workload import LengthDist, Workload
 from llmconsole.engine.metrics.latency import Slo
 from llmconsole.engine.sweep.tradeoff import KneeUnits
-from llmconsole.engine.load.workload import LengthDist, Workload
 
 LoadKind = Literal["concurrency", "rate"]
 
@@ -29,13 +29,14 @@ class LoadLevel:
     def label(self) -> str:
         return f"{self.kind}={self.value:g}"
 
-    def workload(self, plan: "SweepPlan", seed: int) -> Workload:
-        common = dict(warmup_requests=plan.warmup_requests, max_duration_s=plan.max_run_s, seed=seed,
-                      ignore_eos=plan.ignore_eos)
+    def workload(self, plan: SweepPlan, seed: int) -> Workload:
         if self.kind == "concurrency":
-            return Workload.closed(int(self.value), plan.num_requests, plan.input_len, plan.output_len, **common)
+            return Workload.closed(int(self.value), plan.num_requests, plan.input_len, plan.output_len,
+                                   warmup_requests=plan.warmup_requests, max_duration_s=plan.max_run_s,
+                                   seed=seed, ignore_eos=plan.ignore_eos)
         return Workload.open(self.value, plan.num_requests, plan.input_len, plan.output_len,
-                             burstiness=plan.burstiness, **common)
+                             burstiness=plan.burstiness, warmup_requests=plan.warmup_requests,
+                             max_duration_s=plan.max_run_s, seed=seed, ignore_eos=plan.ignore_eos)
 
 
 def parse_grid(items: list[str], fields: set[str]) -> dict[str, tuple[Any, ...]]:
@@ -122,7 +123,7 @@ class SweepPlan:
     def server_points(self) -> list[dict[str, Any]]:
         """Every combination of the grid's values, in the order given (the first field slowest)."""
         keys = list(self.grid)
-        return [dict(zip(keys, combo)) for combo in itertools.product(*(self.grid[k] for k in keys))]
+        return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(self.grid[k] for k in keys))]
 
     @property
     def total_points(self) -> int:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import aiohttp
 
@@ -76,9 +77,9 @@ class RunProbe:
         self.preempt_first: float | None = None
         self.preempt_last: float | None = None
         self.samples: list[ResourceSample] = []
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
 
-    async def __aenter__(self) -> "RunProbe":
+    async def __aenter__(self) -> RunProbe:
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
         await self._scrape()  # the baseline for the preemption counter
         self._tasks = [asyncio.ensure_future(self._loop(self._scrape, self.metrics_period_s))]
@@ -86,7 +87,7 @@ class RunProbe:
             self._tasks.append(asyncio.ensure_future(self._loop(self._sample, self.resources_period_s)))
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -98,7 +99,7 @@ class RunProbe:
             await self._session.close()
 
     @staticmethod
-    async def _loop(fn, period_s: float) -> None:
+    async def _loop(fn: Callable[[], Awaitable[None]], period_s: float) -> None:
         while True:
             began = time.monotonic()
             await fn()
@@ -109,7 +110,7 @@ class RunProbe:
             async with self._session.get(self.url) as r:
                 text = await r.text()
             m = parse_metrics(text, time.monotonic())
-        except (aiohttp.ClientError, asyncio.TimeoutError, MetricsParseError, OSError):
+        except (TimeoutError, aiohttp.ClientError, MetricsParseError, OSError):
             return  # a missed scrape is a gap, not a failure of the run
         if m.kv_cache_usage is not None:
             self.kv.append(m.kv_cache_usage)
@@ -119,6 +120,8 @@ class RunProbe:
             self.preempt_last = m.preemptions_total
 
     async def _sample(self) -> None:
+        if self.resources is None:
+            return
         try:
             self.samples.append(await self.resources())
         except Exception:  # a missing value is a value: the figures say N/A

@@ -12,14 +12,22 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from llmconsole.engine.sweep.plan import PointResult, SweepPlan
-from llmconsole.engine.sweep.runner import EngineTarget, SweepResult
 from llmconsole.engine.sweep.plot import tradeoff_chart
-from llmconsole.engine.sweep.tradeoff import KneePick, TradeoffPoint, best_under_slo, knee, pareto_front, relative_change
+from llmconsole.engine.sweep.runner import EngineTarget, SweepResult
+from llmconsole.engine.sweep.tradeoff import (
+    KneePick,
+    TradeoffPoint,
+    best_under_slo,
+    knee,
+    pareto_front,
+    relative_change,
+)
 
 HEADERS = ("params", "throughput (req/s)", "P99 latency (ms)", "memory (GB)", "compute util", "bandwidth util")
 
@@ -88,7 +96,10 @@ def render_table(result: SweepResult, markdown: bool = False) -> str:
         out += [""] + [f"[{i}] {n}  " for i, n in enumerate(notes, 1)]
         return "\n".join(out)
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(HEADERS)]
-    line = lambda cells: " | ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+
+    def line(cells: Sequence[str]) -> str:
+        return " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+
     out = [line(HEADERS), "-+-".join("-" * w for w in widths)] + [line(r) for r in rows]
     out += [f"[{i}] {n}" for i, n in enumerate(notes, 1)]
     return "\n".join(out)
@@ -188,7 +199,7 @@ def to_markdown(result: SweepResult) -> str:
 
 def details_table(result: SweepResult) -> str:
     """Medians per point beyond the operators' table: tokens, goodput, TTFT/TPOT, KV, preemptions."""
-    def f(v, fmt: str) -> str:
+    def f(v: float | None, fmt: str) -> str:
         return "N/A" if v is None else fmt.format(v)
 
     head = ("#", "params", "status", "tok/s", "goodput (req/s)", "p50 TTFT (ms)", "p99 TTFT (ms)",

@@ -13,15 +13,16 @@ import asyncio
 import dataclasses
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from llmconsole.engine.audit import AuditStore
-from llmconsole.engine.metrics.latency import Slo
 from llmconsole.engine.load.generator import LoadSummary, run_load
+from llmconsole.engine.load.workload import load_tokenizer, plan_requests
+from llmconsole.engine.metrics.latency import Slo
 from llmconsole.engine.sweep.plan import LoadLevel, PointResult, SweepPlan, SweepProgress
 from llmconsole.engine.sweep.probe import ProbeFigures, ResourceSample, RunProbe
-from llmconsole.engine.load.workload import load_tokenizer, plan_requests
 
 _LAT_KEYS = ("ttft", "tpot", "itl", "e2e")
 
@@ -71,12 +72,12 @@ class SweepResult:
 ProgressFn = Callable[[SweepProgress], None]
 
 
-def _median(xs: list[float | None]) -> float | None:
+def _median(xs: Sequence[float | None]) -> float | None:
     vals = [x for x in xs if x is not None]
     return statistics.median(vals) if vals else None
 
 
-def _spread(xs: list[float | None]) -> float | None:
+def _spread(xs: Sequence[float | None]) -> float | None:
     vals = [x for x in xs if x is not None]
     if len(vals) < 2:
         return None
@@ -152,12 +153,19 @@ def _int(x: float | None) -> int | None:
     return None if x is None else int(round(x))
 
 
+def _seconds(ms: float | None) -> float | None:
+    return None if ms is None else ms / 1000.0
+
+
 def saturation(plan: SweepPlan, prev: PointResult, now: PointResult) -> str | None:
     """Why `now` shows saturation against the lighter load before it, or None."""
-    if not (prev.measured and now.measured) or not prev.throughput_req_s or not prev.p99_e2e_ms:
+    if not (prev.measured and now.measured):
         return None
-    gain = (now.throughput_req_s - prev.throughput_req_s) / prev.throughput_req_s
-    rise = (now.p99_e2e_ms - prev.p99_e2e_ms) / prev.p99_e2e_ms
+    prev_thr, prev_p99, now_thr, now_p99 = prev.throughput_req_s, prev.p99_e2e_ms, now.throughput_req_s, now.p99_e2e_ms
+    if not prev_thr or not prev_p99 or now_thr is None or now_p99 is None:
+        return None
+    gain = (now_thr - prev_thr) / prev_thr
+    rise = (now_p99 - prev_p99) / prev_p99
     if gain < plan.saturation_gain and rise > plan.saturation_latency_rise:
         return f"saturated at {now.load.label}: throughput {gain:+.0%}, p99 end-to-end {rise:+.0%}"
     return None
@@ -323,13 +331,14 @@ class SweepRunner:
                                        config_id=p.config_id, **figures)
             return
         for r, s in enumerate(summaries):
-            sec = lambda v: None if v is None else v / 1000.0  # noqa: E731
             self.store.add_sweep_point(
                 self._sweep_id, p.params, repeat=r, throughput_req_s=s.request_throughput_req_s,
-                throughput_tok_s=s.output_throughput_tok_s, p50_ttft_s=sec(s.ttft.median_ms),
-                p99_ttft_s=sec(s.ttft.p99_ms), p50_itl_s=sec(s.itl.median_ms), p99_itl_s=sec(s.itl.p99_ms),
-                p50_tpot_s=sec(s.tpot.median_ms), p99_tpot_s=sec(s.tpot.p99_ms), p50_e2e_s=sec(s.e2e.median_ms),
-                p99_e2e_s=sec(s.e2e.p99_ms), status=p.status, flags=flags, config_id=p.config_id, **figures)
+                throughput_tok_s=s.output_throughput_tok_s,
+                p50_ttft_s=_seconds(s.ttft.median_ms), p99_ttft_s=_seconds(s.ttft.p99_ms),
+                p50_itl_s=_seconds(s.itl.median_ms), p99_itl_s=_seconds(s.itl.p99_ms),
+                p50_tpot_s=_seconds(s.tpot.median_ms), p99_tpot_s=_seconds(s.tpot.p99_ms),
+                p50_e2e_s=_seconds(s.e2e.median_ms), p99_e2e_s=_seconds(s.e2e.p99_ms),
+                status=p.status, flags=flags, config_id=p.config_id, **figures)
 
     def _close_store(self, status: str) -> None:
         if self.store is not None and self._sweep_id is not None:

@@ -15,8 +15,9 @@ reached before the first step whose ratio falls to the threshold or below.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal
 
 KneeUnits = Literal["relative", "absolute"]
 UNIT_TEXT = {
@@ -34,8 +35,15 @@ class TradeoffPoint:
 
     @property
     def measured(self) -> bool:
-        return (self.throughput_req_s is not None and self.p99_latency_ms is not None
-                and math.isfinite(self.throughput_req_s) and math.isfinite(self.p99_latency_ms))
+        return self.axes is not None
+
+    @property
+    def axes(self) -> tuple[float, float] | None:
+        """(throughput, p99 latency) of a measured point (both finite), else None."""
+        thr, lat = self.throughput_req_s, self.p99_latency_ms
+        if thr is None or lat is None or not (math.isfinite(thr) and math.isfinite(lat)):
+            return None
+        return thr, lat
 
 
 @dataclass(frozen=True)
@@ -58,9 +66,16 @@ class KneePick:
         return UNIT_TEXT[self.units]
 
 
-def _dominates(a: TradeoffPoint, b: TradeoffPoint) -> bool:
-    return (a.throughput_req_s >= b.throughput_req_s and a.p99_latency_ms <= b.p99_latency_ms
-            and (a.throughput_req_s > b.throughput_req_s or a.p99_latency_ms < b.p99_latency_ms))
+def _axes(p: TradeoffPoint) -> tuple[float, float]:
+    axes = p.axes
+    if axes is None:
+        raise ValueError(f"{p} is not a measured point")
+    return axes
+
+
+def _dominates(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    (a_thr, a_lat), (b_thr, b_lat) = a, b
+    return a_thr >= b_thr and a_lat <= b_lat and (a_thr > b_thr or a_lat < b_lat)
 
 
 def pareto_front(points: Sequence[TradeoffPoint]) -> list[int]:
@@ -68,30 +83,30 @@ def pareto_front(points: Sequence[TradeoffPoint]) -> list[int]:
 
     Of two identical points only the first is kept, so the front has no duplicates.
     """
-    measured = [i for i, p in enumerate(points) if p.measured]
-    front = []
-    for i in measured:
-        p = points[i]
-        if any(_dominates(points[j], p) for j in measured if j != i):
+    measured = {i: axes for i, p in enumerate(points) if (axes := p.axes) is not None}
+    front: list[int] = []
+    for i, p in measured.items():
+        if any(_dominates(q, p) for j, q in measured.items() if j != i):
             continue
-        if any(points[j].throughput_req_s == p.throughput_req_s and points[j].p99_latency_ms == p.p99_latency_ms
-               for j in front):
+        if any(measured[j] == p for j in front):
             continue
         front.append(i)
-    return sorted(front, key=lambda i: (points[i].p99_latency_ms, -points[i].throughput_req_s))
+    return sorted(front, key=lambda i: (measured[i][1], -measured[i][0]))
 
 
 def step_ratio(prev: TradeoffPoint, nxt: TradeoffPoint, units: KneeUnits = "relative") -> float:
-    """Throughput gained per latency added between two points, in `units` (see the module doc)."""
-    d_thr = nxt.throughput_req_s - prev.throughput_req_s
-    d_lat = nxt.p99_latency_ms - prev.p99_latency_ms
+    """Throughput gained per latency added between two measured points, in `units` (see the
+    module doc). ValueError for a point that was not measured."""
+    (prev_thr, prev_lat), (nxt_thr, nxt_lat) = _axes(prev), _axes(nxt)
+    d_thr = nxt_thr - prev_thr
+    d_lat = nxt_lat - prev_lat
     if d_lat <= 0:
         return math.inf if d_thr > 0 else (0.0 if d_thr == 0 else -math.inf)
     if units == "absolute":
         return d_thr / d_lat
-    if prev.throughput_req_s <= 0 or prev.p99_latency_ms <= 0:
+    if prev_thr <= 0 or prev_lat <= 0:
         return math.inf if d_thr > 0 else 0.0
-    return (d_thr / prev.throughput_req_s) / (d_lat / prev.p99_latency_ms)
+    return (d_thr / prev_thr) / (d_lat / prev_lat)
 
 
 def knee(points: Sequence[TradeoffPoint], threshold: float = 2.5, units: KneeUnits = "relative") -> KneePick:
@@ -103,8 +118,9 @@ def knee(points: Sequence[TradeoffPoint], threshold: float = 2.5, units: KneeUni
     front = pareto_front(points)
     if not front:
         return KneePick(None, threshold, units, ())
-    steps, pick, walking = [], front[0], True
-    for a, b in zip(front, front[1:]):
+    steps: list[KneeStep] = []
+    pick, walking = front[0], True
+    for a, b in zip(front, front[1:], strict=False):  # consecutive pairs
         r = step_ratio(points[a], points[b], units)
         accepted = walking and r > threshold
         steps.append(KneeStep(a, b, r, accepted))
@@ -120,14 +136,14 @@ def best_under_slo(points: Sequence[TradeoffPoint]) -> int | None:
 
     Goodput falls back to throughput for points without one (no per-request SLO given).
     """
-    ok = [i for i, p in enumerate(points) if p.measured and p.meets_slo]
+    ok = {i: axes for i, p in enumerate(points) if p.meets_slo and (axes := p.axes) is not None}
     if not ok:
         return None
 
     def key(i: int) -> tuple[float, float]:
-        p = points[i]
-        good = p.goodput_req_s if p.goodput_req_s is not None else p.throughput_req_s
-        return (good, -p.p99_latency_ms)
+        thr, lat = ok[i]
+        good = points[i].goodput_req_s
+        return (good if good is not None else thr, -lat)
 
     return max(ok, key=key)
 

@@ -7,9 +7,11 @@ check is noise on a shared host; a breach must hold for a whole window before it
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
+from llmconsole.engine.gateway.group import RequestRecord
 from llmconsole.engine.metrics.latency import Slo
 
 
@@ -39,7 +41,7 @@ class WindowFigures:
         return self.good / ok if ok else 0.0
 
 
-def window_figures(records: Iterable, slo: Slo, since_s: float, until_s: float) -> WindowFigures:
+def window_figures(records: Iterable[RequestRecord], slo: Slo, since_s: float, until_s: float) -> WindowFigures:
     """Requests the gateway finished in [since_s, until_s] (wall clock): how many, how many
     failed, how many met the SLO. Queue-full refusals count as errors: clients saw them."""
     n = errors = good = 0
@@ -51,8 +53,9 @@ def window_figures(records: Iterable, slo: Slo, since_s: float, until_s: float) 
             errors += 1
             continue
         tpot = None
-        if r.ttft_s is not None and (r.output_len or 0) > 1:
-            tpot = (r.e2e_s - r.ttft_s) / (r.output_len - 1)
+        out_len = r.output_len
+        if r.ttft_s is not None and out_len is not None and out_len > 1:
+            tpot = (r.e2e_s - r.ttft_s) / (out_len - 1)
         if slo.request_is_good(r.ttft_s, tpot, r.e2e_s, None):
             good += 1
     return WindowFigures(n, errors, good)

@@ -15,10 +15,11 @@ max_num_seqs`) gets its range here.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
-from llmconsole.engine.plan.kv_math import cdiv, kv_bytes_for
+from llmconsole.engine.plan.kv_math import KvLayout, cdiv, kv_bytes_for
 from llmconsole.engine.tune.space import Knob, default_space
 
 VLLM_MAX_NUM_SEQS = 256  # vLLM's default, and the top of a range the planner cannot bound
@@ -82,7 +83,7 @@ def kv_facts(facts: EngineFacts, workload_tokens: int) -> KvFacts | None:
                                                        output_tokens=max(1, workload_tokens - workload_tokens // 2)))
     except Exception:  # a spec the planner cannot read is a plan without figures, not a failed tune
         return None
-    if plan.capacity is None or plan.block_size is None or not plan.kv_exact:
+    if plan.capacity is None or plan.block_size is None or plan.kv_bytes_per_token is None or not plan.kv_exact:
         return None
     per_request = cdiv(workload_tokens, plan.block_size)
     at_once = max(0, (plan.capacity.num_blocks - 1) // per_request)
@@ -161,9 +162,7 @@ def _range(name: str, spec: dict[str, Any], kv: KvFacts | None, need: int,
     raise ValueError(f"knob {name!r} has no range to derive; give its values")
 
 
-def _layout(kv: KvFacts):
-    from llmconsole.engine.plan.kv_math import KvLayout
-
+def _layout(kv: KvFacts) -> KvLayout:
     return KvLayout(kv.block_size, kv.kv_bytes_per_token)
 
 

@@ -92,7 +92,9 @@ def default_knobs(spec: dict[str, object]) -> tuple[Knob, ...]:
 
 def longest(d: LengthDist) -> int:
     """The longest length a distribution is expected to draw (a lognormal's tail: 4x its median)."""
-    return d.high if d.kind == "uniform" else (d.max_value or d.value * (4 if d.kind == "lognormal" else 1))
+    if d.kind == "uniform" and d.high is not None:  # a uniform length always has one (LengthDist.check)
+        return d.high
+    return d.max_value or d.value * (4 if d.kind == "lognormal" else 1)
 
 
 def default(field: str) -> object:

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from llmconsole.engine.tune.space import Knob
 
@@ -57,7 +58,7 @@ def lattice(knob: Knob) -> tuple[Any, ...]:
     ten log-spaced whole numbers from its low to its high end."""
     if knob.choices:
         return tuple(sorted(knob.choices)) if is_ordered(knob) else tuple(knob.choices)
-    lo, hi = int(knob.low), int(knob.high)
+    lo, hi = knob.bounds
     if hi - lo + 1 <= _RANGE_POINTS:
         return tuple(range(lo, hi + 1))
     ratio = (hi / lo) ** (1 / (_RANGE_POINTS - 1))
@@ -126,8 +127,8 @@ def next_config(history: Sequence[Probe], knobs: Sequence[Knob], start: dict[str
         seen[k] = max(seen.get(k, -math.inf), v)
     if _key(first) not in seen:
         return first
-    feasible = [p for p in history if p.value is not None]
-    ranked = list({_key(p.params): p.params for p in sorted(feasible, key=lambda p: -p.value)}.values())
+    feasible = [(p.value, p.params) for p in history if p.value is not None]
+    ranked = list({_key(params): params for _, params in sorted(feasible, key=lambda vp: -vp[0])}.values())
     incumbent = dict(ranked[0]) if ranked else first
     axes = _axis_order(knobs)[:1] if main_only else _axis_order(knobs)
     bracketed = {k.name for k in axes if _searched(history, k)}

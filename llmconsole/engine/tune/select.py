@@ -28,8 +28,9 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from llmconsole.engine.tune.space import TrialOutcome
@@ -71,9 +72,9 @@ class Remeasured:
 def remeasure_candidates(outcomes: Sequence[TrialOutcome], k: int) -> list[TrialOutcome]:
     """The best `k` distinct configs that finished the full rung feasibly, best first."""
     seen: set[str] = set()
-    out = []
-    for o in sorted((o for o in outcomes if o.state == "complete" and o.goodput_req_s is not None),
-                    key=lambda o: -o.goodput_req_s):
+    out: list[TrialOutcome] = []
+    done = [(o.goodput_req_s, o) for o in outcomes if o.state == "complete" and o.goodput_req_s is not None]
+    for _, o in sorted(done, key=lambda go: -go[0]):
         key = json.dumps(o.params, sort_keys=True, default=str)
         if key not in seen:
             seen.add(key)
@@ -85,7 +86,8 @@ def remeasure_candidates(outcomes: Sequence[TrialOutcome], k: int) -> list[Trial
 
 def start_race(outcomes: Sequence[TrialOutcome], k: int) -> list[Remeasured]:
     """The candidates, best first, each holding its trial's own full-length run."""
-    return [Remeasured(o.number, o.params, (o.goodput_req_s,)) for o in remeasure_candidates(outcomes, k)]
+    return [Remeasured(o.number, o.params, (o.goodput_req_s,))
+            for o in remeasure_candidates(outcomes, k) if o.goodput_req_s is not None]  # every candidate has one
 
 
 def _rel_sd(cands: Sequence[Remeasured]) -> float:

@@ -17,8 +17,9 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from llmconsole.engine.tune.select import Remeasured, pick_winner, remeasure_candidates  # noqa: F401 (moved there)
 
@@ -52,8 +53,18 @@ class Knob:
         """Named without values: its range is still to be derived (ranges.py)."""
         return not self.choices and self.low is None
 
+    @property
+    def bounds(self) -> tuple[int, int]:
+        """(low, high) of a range knob; ValueError for one with choices or still open."""
+        if self.low is None or self.high is None:
+            raise ValueError(f"knob {self.name} is not an integer range")
+        return self.low, self.high
+
     def size(self) -> int:
-        return len(self.choices) if self.choices else int(self.high - self.low + 1)
+        if self.choices:
+            return len(self.choices)
+        low, high = self.bounds
+        return high - low + 1
 
 
 def parse_knob(text: str) -> Knob:
@@ -114,9 +125,10 @@ def clamp_to_workload(knobs: Sequence[Knob], needed_len: int) -> tuple[Knob, ...
                     raise ValueError(f"every max_model_len given is below the {needed_len} tokens the workload needs")
                 k = Knob(k.name, choices=kept)
             else:
-                if k.high < needed_len:
+                low, high = k.bounds
+                if high < needed_len:
                     raise ValueError(f"max_model_len range tops out below the {needed_len} tokens the workload needs")
-                k = Knob(k.name, low=max(k.low, needed_len), high=k.high)
+                k = Knob(k.name, low=max(low, needed_len), high=high)
         out.append(k)
     return tuple(out)
 

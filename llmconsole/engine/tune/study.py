@@ -8,8 +8,9 @@ benchmark's replay both ask here.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import optuna
 from optuna.storages.journal import JournalFileBackend, JournalStorage
@@ -27,7 +28,10 @@ def make_sampler(seed: int, budget: Budget) -> optuna.samplers.TPESampler:
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup_trials(budget), multivariate=True)
 
 
-def open_study(storage_path: Path, name: str, seed: int, budget: Budget = Budget(trials=12)) -> optuna.Study:
+DEFAULT_BUDGET = Budget(trials=12)
+
+
+def open_study(storage_path: Path, name: str, seed: int, budget: Budget = DEFAULT_BUDGET) -> optuna.Study:
     storage_path.parent.mkdir(parents=True, exist_ok=True)
     storage = JournalStorage(JournalFileBackend(str(storage_path)))
     return optuna.create_study(study_name=name, storage=storage, sampler=make_sampler(seed, budget),
@@ -78,6 +82,7 @@ def suggest_params(trial: optuna.Trial, knobs: Sequence[Knob]) -> dict[str, Any]
         elif k.choices:
             params[k.name] = trial.suggest_categorical(k.name, list(k.choices))
         else:
-            params[k.name] = trial.suggest_int(k.name, k.low, k.high, log=k.high / k.low >= 4)
+            low, high = k.bounds
+            params[k.name] = trial.suggest_int(k.name, low, high, log=high / low >= 4)
     trial.set_user_attr("config", params)
     return params

@@ -24,27 +24,47 @@ import dataclasses
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Protocol, runtime_checkable
 
 import optuna
 from optuna.trial import TrialState
 
 from llmconsole.engine.load.generator import run_load
-from llmconsole.engine.sweep.runner import EngineController, EngineStartFailed, EngineTarget, aggregate
+from llmconsole.engine.load.workload import Tokenizer, load_tokenizer, plan_requests
 from llmconsole.engine.sweep.plan import LoadLevel, PointResult, SweepPlan
 from llmconsole.engine.sweep.probe import RunProbe
+from llmconsole.engine.sweep.runner import EngineController, EngineStartFailed, EngineTarget, aggregate
 from llmconsole.engine.tune.select import Remeasured, next_remeasure, pick_winner, start_race
-from llmconsole.engine.tune.space import (Budget, Knob, TrialOutcome, constraint_value, halving_rungs, keep_going,
-                                           split_params, study_name)
-from llmconsole.engine.tune.study import (ask_next, history, make_sampler, open_study, outcomes,  # noqa: F401
-                                           suggest_params)
-from llmconsole.engine.load.workload import load_tokenizer, plan_requests
+from llmconsole.engine.tune.space import (
+    Budget,
+    Knob,
+    TrialOutcome,
+    constraint_value,
+    halving_rungs,
+    keep_going,
+    split_params,
+    study_name,
+)
+from llmconsole.engine.tune.study import ask_next, history, make_sampler, open_study, outcomes, suggest_params  # noqa: F401
 
 log = logging.getLogger(__name__)
 
 _CONSTRAINT = "constraint"
+
+
+@runtime_checkable
+class WindowController(Protocol):
+    """What window knobs need beside an `EngineController`: the gateway's window bounds and its
+    door (the tune command's TuneController, the daemon's FleetController)."""
+
+    async def window(self) -> dict[str, int]: ...
+
+    async def set_window(self, bounds: dict[str, int]) -> None: ...
+
+    async def gateway_url(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -147,7 +167,8 @@ class Tuner:
         self.stop = stop or asyncio.Event()
         self.api_key = api_key
         self._t0 = time.monotonic()
-        self._tok = None
+        self._tok: Tokenizer | None = None
+        self._gateway: WindowController | None = None   # set when a knob moves the window
         self._window0: dict[str, int] | None = None
 
     def _emit(self, event: str, trial: int | None, params: dict[str, Any], message: str,
@@ -164,12 +185,14 @@ class Tuner:
         if study.trials:
             self._emit("resumed", None, {}, f"resuming study {study.study_name}: {len(study.trials)} trials so far"
                        + (f", {len(stale)} interrupted" if stale else ""), study)
-        if self._through_gateway and not all(hasattr(self.ctl, m) for m in ("window", "set_window", "gateway_url")):
-            raise ValueError("window knobs need a controller that sets the gateway's window "
-                             "(window, set_window, gateway_url), such as the tune command's TuneController")
+        if self._through_gateway:
+            if not isinstance(self.ctl, WindowController):
+                raise ValueError("window knobs need a controller that sets the gateway's window "
+                                 "(window, set_window, gateway_url), such as the tune command's TuneController")
+            self._gateway = self.ctl
         original = await self.ctl.current()
         current = original
-        self._window0 = await self.ctl.window() if self._through_gateway else None
+        self._window0 = await self._gateway.window() if self._gateway is not None else None
         status, new_trials = "done", 0
         remeasured: list[Remeasured] = []
         try:
@@ -208,24 +231,33 @@ class Tuner:
         bounds at the gateway. A window the gateway refuses raises ValueError."""
         spec, window = split_params(params)
         if self._window0 and window:  # one bound tuned: the other gives way rather than cross it
-            window.setdefault("min_window", min(self._window0["min_window"], window.get("max_window", math.inf)))
+            high = window.get("max_window")
+            window.setdefault("min_window", self._window0["min_window"] if high is None
+                              else min(self._window0["min_window"], high))
             window.setdefault("max_window", max(self._window0["max_window"], window["min_window"]))
         if window.get("min_window", 0) > window.get("max_window", math.inf):
             raise ValueError(f"min_window {window['min_window']} is above max_window {window['max_window']}")
         if spec and not all(current.spec.get(k) == v for k, v in spec.items()):
             current = await self.ctl.apply(spec)
         if window:
-            await self.ctl.set_window(window)
+            await self._window_control().set_window(window)
         return current
+
+    def _window_control(self) -> WindowController:
+        if self._gateway is None:  # run() sets it whenever a knob moves the window
+            raise ValueError("no window knob is tuned: the gateway's window stays as it is")
+        return self._gateway
 
     async def _measure(self, target: EngineTarget, n_requests: int, params: dict[str, Any],
                        seed: int) -> PointResult | None:
         """One load run of `n_requests` aggregated as a sweep point; None when it was interrupted."""
         plan = dataclasses.replace(self.s.plan, num_requests=n_requests)
         wl = self.s.load.workload(plan, seed=seed)
+        if self._tok is None:
+            raise RuntimeError("the tokenizer is loaded when the tune starts")
         planned = await asyncio.to_thread(plan_requests, wl, self._tok)
         # With the window as a knob the load must pass the gateway, where the window acts.
-        url = await self.ctl.gateway_url() if self._through_gateway else target.url
+        url = await self._gateway.gateway_url() if self._gateway is not None else target.url
         async with RunProbe(target.url, self.ctl.resources) as probe:
             res = await run_load(url, target.served_model_name, wl, plan=planned, slo=plan.slo,
                                  stop=self.stop, api_key=self.api_key)
@@ -246,12 +278,13 @@ class Tuner:
             self._finish(study, trial, params, "infeasible", None, 0, f"window refused: {e}", 1.0)
             return current
         rungs = halving_rungs(self.s.plan.num_requests, self.s.eta, self.s.min_rung_requests)
+        good, reason = 0.0, None
         for i, n in enumerate(rungs):
             point = await self._measure(current, n, params, seed=trial.number)
             if point is None:  # interrupted: the trial is left out, its config is not judged
                 study.tell(trial, state=TrialState.FAIL)
                 return current
-            good = point.goodput_req_s or 0.0
+            good, reason = point.goodput_req_s or 0.0, point.reason
             c = constraint_value("failed" if point.status == "failed" else point.status, point.slo_attainment,
                                  self.s.bad_attainment)
             if c > 0:
@@ -267,7 +300,7 @@ class Tuner:
                                  f"stopped early after {n} requests: {good:.2f} req/s, clearly below the top "
                                  f"1/{self.s.eta}")
                     return current
-        self._finish(study, trial, params, "complete", good, rungs[-1], point.reason)
+        self._finish(study, trial, params, "complete", good, rungs[-1], reason)
         return current
 
     def _finish(self, study: optuna.Study, trial: optuna.Trial, params: dict[str, Any], state: str,
@@ -325,7 +358,7 @@ class Tuner:
                        study: optuna.Study) -> tuple[bool, str | None]:
         try:
             if self._window0 is not None:  # the window bounds as they were (no restart)
-                await asyncio.shield(self.ctl.set_window(self._window0))
+                await asyncio.shield(self._window_control().set_window(self._window0))
         except Exception as e:
             return False, f"window bounds not restored: {type(e).__name__}: {e}"
         if current.config_id == original.config_id:
