@@ -18,14 +18,20 @@ from typing import Any
 from pydantic import ValidationError
 
 from llmconsole import __version__
+from llmconsole.console.cli_common import (  # noqa: F401  (re-exported for scripts)
+    EXIT_FAILED,
+    EXIT_NO_DAEMON,
+    EXIT_USAGE,
+    CliError,
+    confirm,
+    daemon_client,
+    na,
+)
 from llmconsole.console.client import DaemonClient, DaemonError, DaemonNotRunning, ensure_daemon
 from llmconsole.console.spec_flags import add_spec_flags, read_api_key, spec_overrides
 from llmconsole.engine.fleet import check_name
 from llmconsole.engine.spec import EngineSpec, validation_messages
 from llmconsole.paths import resolve
-from llmconsole.console.cli_common import (  # noqa: F401  (re-exported for scripts)
-    EXIT_FAILED, EXIT_NO_DAEMON, EXIT_USAGE, CliError, confirm, daemon_client, na,
-)
 
 # --- status ---------------------------------------------------------------------------------
 
@@ -50,7 +56,7 @@ def format_status(status: dict[str, Any]) -> str:
         return "no engines (start one with `llmconsole engine start NAME --model DIR`)"
     rows = [[h for h, _ in _COLUMNS]] + [[f(e) for _, f in _COLUMNS] for e in engines]
     widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     for e in engines:
         if e.get("last_error") and e["state"] in ("failed", "crashed", "unhealthy"):
             lines.append(f"{e['name']}: {e['last_error']}")

@@ -63,7 +63,7 @@ class DaemonClient:
     def rollback(self, name: str, to_config_id: str | None = None) -> dict[str, Any]:
         return self._call("POST", f"/engines/{name}/rollback", json={"to": to_config_id})
 
-    def __enter__(self) -> "DaemonClient":
+    def __enter__(self) -> DaemonClient:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -29,7 +29,7 @@ def format_groups(groups: list[dict[str, Any]]) -> str:
         rows.append((name, ",".join(g["engines"]), window, str(g["in_flight"]), str(g["queued"]),
                      g["gateway_url"] or "-"))
     widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
 
 def _fail(e) -> CliError:

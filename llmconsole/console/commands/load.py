@@ -12,9 +12,9 @@ import sys
 from typing import Any
 
 from llmconsole.console.cli_common import EXIT_USAGE, CliError, daemon_client, na
-from llmconsole.engine.metrics.latency import Slo
 from llmconsole.engine.load.generator import LoadResult, run_load
 from llmconsole.engine.load.workload import LengthDist, Workload
+from llmconsole.engine.metrics.latency import Slo
 
 
 def register(sub) -> None:

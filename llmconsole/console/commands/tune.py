@@ -23,7 +23,7 @@ from llmconsole.engine.tune.guard import applied_text
 from llmconsole.engine.tune.ranges import EngineFacts, TuneSpace
 from llmconsole.engine.tune.request import TuneRequest, default
 from llmconsole.engine.tune.search import SEARCHES
-from llmconsole.engine.tune.tuner import Tuner, TuneProgress, TuneResult, TuneSettings
+from llmconsole.engine.tune.tuner import TuneProgress, Tuner, TuneResult, TuneSettings
 
 
 def register(sub) -> None:

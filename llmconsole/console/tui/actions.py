@@ -7,20 +7,21 @@ anything. Whatever stops an engine asks first, in a modal.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from textual.app import SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
 from llmconsole.console.tui.keys import KEYS, KeySpec, effective_key
+from llmconsole.console.tui.screens.alerts import AlertsScreen
 from llmconsole.console.tui.screens.confirm import ConfirmScreen
 from llmconsole.console.tui.screens.dashboard import DashboardScreen
 from llmconsole.console.tui.screens.engine import DetailScreen, EngineScreen, LogsScreen
 from llmconsole.console.tui.screens.form import EngineFormScreen
 from llmconsole.console.tui.screens.help import HelpScreen
 from llmconsole.console.tui.screens.history import HistoryScreen
-from llmconsole.console.tui.screens.alerts import AlertsScreen
 from llmconsole.console.tui.screens.mode import ModeScreen
 from llmconsole.console.tui.screens.sweep import SweepScreen
 from llmconsole.console.tui.screens.tune import TuneScreen

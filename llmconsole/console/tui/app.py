@@ -10,8 +10,9 @@ nothing a daemon or an engine does can stop the console.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from textual import work
 from textual.app import App

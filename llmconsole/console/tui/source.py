@@ -138,7 +138,7 @@ class RecordedSource:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_file(cls, path: Path | str) -> "RecordedSource":
+    def from_file(cls, path: Path | str) -> RecordedSource:
         return cls(load_frames(Path(path)))
 
     @property

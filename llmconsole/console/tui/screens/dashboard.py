@@ -11,8 +11,8 @@ from textual.widgets import DataTable
 
 from llmconsole.console.tui.widgets.engine_panel import EnginePanel
 from llmconsole.console.tui.widgets.engines_table import EnginesTable
-from llmconsole.console.tui.widgets.panels import AlertStrip, ControllerPanel, DaemonBanner, LogTail, StatusLine
 from llmconsole.console.tui.widgets.footer import ConsoleFooter
+from llmconsole.console.tui.widgets.panels import AlertStrip, ControllerPanel, DaemonBanner, LogTail, StatusLine
 
 if TYPE_CHECKING:
     from llmconsole.console.tui.app import ConsoleApp
@@ -50,7 +50,7 @@ class DashboardScreen(Screen):
     def on_screen_resume(self) -> None:
         self.show_state(self.app)
 
-    def show_state(self, app: "ConsoleApp") -> None:
+    def show_state(self, app: ConsoleApp) -> None:
         self.query_one(DaemonBanner).show(app.lost_reason, app.retry_s)
         snap = app.snapshot
         self.query_one(StatusLine).show(snap)
@@ -61,7 +61,7 @@ class DashboardScreen(Screen):
         self._show_selected(app)
         self.query_one(AlertStrip).show(())
 
-    def _show_selected(self, app: "ConsoleApp") -> None:
+    def _show_selected(self, app: ConsoleApp) -> None:
         snap = app.snapshot
         if snap is None:
             return

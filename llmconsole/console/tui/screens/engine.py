@@ -15,8 +15,8 @@ from textual.widgets import Log, Static
 from llmconsole.console.tui.history import spec_diff
 from llmconsole.console.tui.keys import bindings_for
 from llmconsole.console.tui.view import EngineView, LogChunk, fmt_uptime, na
-from llmconsole.console.tui.widgets.panels import DaemonBanner
 from llmconsole.console.tui.widgets.footer import ConsoleFooter
+from llmconsole.console.tui.widgets.panels import DaemonBanner
 
 if TYPE_CHECKING:
     from llmconsole.console.tui.app import ConsoleApp
@@ -69,7 +69,7 @@ class DetailScreen(EngineScreen):
     def on_screen_resume(self) -> None:
         self.show_state(self.app)
 
-    def show_state(self, app: "ConsoleApp") -> None:
+    def show_state(self, app: ConsoleApp) -> None:
         self.query_one(DaemonBanner).show(app.lost_reason, app.retry_s)
         e = app.snapshot.engine(self.engine_name) if app.snapshot else None
         prev = app.specs.previous(self.engine_name)
@@ -160,7 +160,7 @@ class LogsScreen(EngineScreen):
     def log_request(self) -> tuple[str, int | None, int]:
         return (self.engine_name, self.log_offset, self.FIRST_BYTES if self.log_offset is None else 1024 * 1024)
 
-    def show_state(self, app: "ConsoleApp") -> None:
+    def show_state(self, app: ConsoleApp) -> None:
         self.query_one(DaemonBanner).show(app.lost_reason, app.retry_s)
 
     def take_logs(self, chunk: LogChunk) -> None:

@@ -18,10 +18,10 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Select, Static
 
 from llmconsole.console.tui.keys import bindings_for
-from llmconsole.engine.fleet import check_name
-from llmconsole.engine.spec import EngineSpec, validation_messages
 from llmconsole.console.tui.widgets.footer import ConsoleFooter
 from llmconsole.console.tui.widgets.planner_panel import PlannerPanel
+from llmconsole.engine.fleet import check_name
+from llmconsole.engine.spec import EngineSpec, validation_messages
 
 
 @dataclass(frozen=True)

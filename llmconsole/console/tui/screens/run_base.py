@@ -13,7 +13,8 @@ into the screen's view. Opening the screen of an engine whose run is under way p
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -158,11 +159,11 @@ class RunScreen(Screen):
     def on_screen_resume(self) -> None:
         self.show_state(self.app)
 
-    def show_state(self, app: "ConsoleApp") -> None:
+    def show_state(self, app: ConsoleApp) -> None:
         self.query_one(DaemonBanner).show(app.lost_reason, app.retry_s)
         self._title(app)
 
-    def _title(self, app: "ConsoleApp") -> None:
+    def _title(self, app: ConsoleApp) -> None:
         snap = getattr(app, "snapshot", None)
         e = snap.engine(self.engine_name) if snap else None
         state = f"{e.state_text} · config {e.config_id}" if e else "not known to the daemon"

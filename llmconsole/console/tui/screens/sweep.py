@@ -19,8 +19,17 @@ from rich.text import Text
 from textual.widgets import Static
 
 from llmconsole.console.tui.screens.run_base import RunScreen
-from llmconsole.console.tui.sweep_view import (SWEEP_FIELDS, SweepView, confirm_question, current_text, fold_sweep,
-                                               headline, outcome_lines, sweep_request, table)
+from llmconsole.console.tui.sweep_view import (
+    SWEEP_FIELDS,
+    SweepView,
+    confirm_question,
+    current_text,
+    fold_sweep,
+    headline,
+    outcome_lines,
+    sweep_request,
+    table,
+)
 from llmconsole.engine.sweep.plan import SweepPlan, SweepProgress
 from llmconsole.engine.sweep.report import analyse, picks_text, result_from_json
 from llmconsole.engine.sweep.request import SweepRequest

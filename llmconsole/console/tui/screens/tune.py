@@ -23,9 +23,22 @@ from textual.widgets import Static
 from llmconsole.console.tui.run_view import params_text
 from llmconsole.console.tui.screens.confirm import ConfirmScreen
 from llmconsole.console.tui.screens.run_base import RunScreen, error_text
-from llmconsole.console.tui.tune_view import (TRIAL_HEADERS, TUNE_FIELDS, TuneView, best_text, can_apply,
-                                              confirm_question, current_text, fold_tune, headline, outcome_lines,
-                                              snapshot_facts, trial_rows, tune_request, with_prior)
+from llmconsole.console.tui.tune_view import (
+    TRIAL_HEADERS,
+    TUNE_FIELDS,
+    TuneView,
+    best_text,
+    can_apply,
+    confirm_question,
+    current_text,
+    fold_tune,
+    headline,
+    outcome_lines,
+    snapshot_facts,
+    trial_rows,
+    tune_request,
+    with_prior,
+)
 from llmconsole.engine.metrics.latency import Slo
 from llmconsole.engine.tune.guard import applied_text
 from llmconsole.engine.tune.ranges import EngineFacts

@@ -13,7 +13,15 @@ from textual.widgets import Sparkline, Static
 
 from llmconsole.console.tui.history import MetricHistory
 from llmconsole.console.tui.view import (
-    NA, EngineView, HostView, fmt_bytes, fmt_count, fmt_ms, fmt_pct, fmt_rate, na,
+    NA,
+    EngineView,
+    HostView,
+    fmt_bytes,
+    fmt_count,
+    fmt_ms,
+    fmt_pct,
+    fmt_rate,
+    na,
 )
 from llmconsole.console.tui.widgets.gauges import Figures, Gauge, LatencyTable
 
