@@ -23,7 +23,7 @@ from llmconsole.engine.plan.topology import load_topology, read_topology
 from llmconsole.engine.spec import EngineSpec, validation_messages
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "plan", help="will a config fit on a device, what will it do, what should it run with",
         description="Exact KV arithmetic from the model's config.json, roofline estimates, cost, and "
