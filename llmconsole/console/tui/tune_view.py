@@ -91,8 +91,8 @@ class TuneView:
 
     @property
     def best(self) -> TrialOutcome | None:
-        done = [t for t in self.trials if t.state == "complete" and t.goodput_req_s is not None]
-        return max(done, key=lambda t: t.goodput_req_s) if done else None
+        done = [(t.goodput_req_s, t) for t in self.trials if t.state == "complete" and t.goodput_req_s is not None]
+        return max(done, key=lambda scored: scored[0])[1] if done else None
 
 
 def _upsert(trials: tuple[TrialOutcome, ...], t: TrialOutcome) -> tuple[TrialOutcome, ...]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from textual import getters
 from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.screen import Screen
@@ -20,7 +21,10 @@ if TYPE_CHECKING:
 TAIL_BYTES = 6 * 1024
 
 
-class DashboardScreen(Screen):
+class DashboardScreen(Screen[None]):
+    if TYPE_CHECKING:
+        app = getters.app(ConsoleApp)  # the console's state, typed (no runtime check)
+
     def compose(self) -> ComposeResult:
         yield DaemonBanner(id="banner")
         yield StatusLine(id="status-line")

@@ -7,12 +7,13 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 from rich.text import Text
+from textual import getters
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Log, Static
 
-from llmconsole.console.tui.history import spec_diff
+from llmconsole.console.tui.history import SpecVersion, spec_diff
 from llmconsole.console.tui.keys import bindings_for
 from llmconsole.console.tui.view import EngineView, LogChunk, fmt_uptime, na
 from llmconsole.console.tui.widgets.footer import ConsoleFooter
@@ -30,8 +31,11 @@ def _value(v: Any) -> str:
     return str(v)
 
 
-class EngineScreen(Screen):
+class EngineScreen(Screen[None]):
     BINDINGS = bindings_for("screen")
+
+    if TYPE_CHECKING:
+        app = getters.app(ConsoleApp)  # the console's state, typed (no runtime check)
 
     def __init__(self, engine_name: str) -> None:
         super().__init__()
@@ -47,7 +51,7 @@ class EngineScreen(Screen):
 class DetailScreen(EngineScreen):
     def __init__(self, engine_name: str) -> None:
         super().__init__(engine_name)
-        self._shown: tuple = ()
+        self._shown: tuple[object, ...] = ()
 
     def compose(self) -> ComposeResult:
         yield DaemonBanner()
@@ -115,7 +119,7 @@ class DetailScreen(EngineScreen):
         return out
 
     @staticmethod
-    def _changes(e: EngineView, prev) -> Text | Table:
+    def _changes(e: EngineView, prev: SpecVersion | None) -> Text | Table:
         if prev is None:
             return Text("no earlier version seen", style="dim")
         diff = spec_diff(prev.spec, e.spec)

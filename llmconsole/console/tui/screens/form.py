@@ -161,6 +161,7 @@ class EngineFormScreen(ModalScreen[tuple[str, dict[str, Any]] | None]):
         out: dict[str, Any] = {}
         for f in FIELDS:
             w = self.query_one(f"#f-{f.name}")
+            assert isinstance(w, (Input, Checkbox, Select)), w  # what compose() put there
             out[f.name] = w.value
         return out
 

@@ -13,55 +13,28 @@ into the screen's view. Opening the screen of an engine whose run is under way p
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
+from textual import getters
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
-from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Input, Label, Static
 
 from llmconsole.console.tui.keys import bindings_for
+from llmconsole.console.tui.messages import RunFinished, RunPolled, RunProgressed, RunStarted
 from llmconsole.console.tui.screens.confirm import ConfirmScreen
 from llmconsole.console.tui.widgets.footer import ConsoleFooter
 from llmconsole.console.tui.widgets.panels import DaemonBanner
 from llmconsole.paths import Paths
 
 if TYPE_CHECKING:
+    from llmconsole.console.client import DaemonClient
     from llmconsole.console.tui.app import ConsoleApp
 
 NO_DAEMON = "this console is not attached to a live daemon (a recording replays); nothing was started"
-
-
-class RunProgressed(Message):
-    def __init__(self, event: Any) -> None:
-        super().__init__()
-        self.event = event
-
-
-class RunFinished(Message):
-    def __init__(self, outcome: Any, error: str | None) -> None:
-        super().__init__()
-        self.outcome = outcome
-        self.error = error
-
-
-class RunStarted(Message):
-    """The daemon took the run (or the screen found one under way): from now on it is polled."""
-
-    def __init__(self, run: dict[str, Any], found: bool = False) -> None:
-        super().__init__()
-        self.run = run
-        self.found = found
-
-
-class RunPolled(Message):
-    def __init__(self, reply: dict[str, Any] | None, error: str | None = None) -> None:
-        super().__init__()
-        self.reply = reply
-        self.error = error
 
 
 POLL_S = 1.0
@@ -75,7 +48,7 @@ def error_text(e: BaseException) -> str:
     return str(e) if isinstance(e, (CliError, DaemonError)) else f"{type(e).__name__}: {e}"
 
 
-class RunScreen(Screen):
+class RunScreen(Screen[None]):
     """A subclass names its FIELDS (name, label, default, placeholder), builds its typed request
     from the form (`prepare`, ValueError for bad input; `request_of`), reads the daemon's JSON back
     as the runner's own values (`event_from_json`, `outcome_from_json`) and shows its events
@@ -87,6 +60,9 @@ class RunScreen(Screen):
     WHAT = "run"       # the daemon's run kind: sweep | tune
     KEY = "?"          # the dashboard key that opens this screen
     YES = "Run"
+
+    if TYPE_CHECKING:
+        app = getters.app(ConsoleApp)  # the console's state, typed (no runtime check)
 
     def __init__(self, engine_name: str, paths: Paths | None, spec: Mapping[str, Any],
                  form: Mapping[str, str] | None = None) -> None:
@@ -104,7 +80,7 @@ class RunScreen(Screen):
         self.events_seen = 0
         self.poll_error: str | None = None
         self.prepared: Any = None
-        self._client: Any = None
+        self._client: DaemonClient | None = None
 
     @property
     def busy(self) -> bool:
@@ -117,11 +93,13 @@ class RunScreen(Screen):
             return f"the {self.WHAT} of {self.engine_name} runs on in the daemon; {self.KEY} on the engine shows it"
         return None
 
-    def client(self) -> Any:
+    def client(self) -> DaemonClient:
         """One client of the daemon for this screen's calls (made in worker threads, one at a time)."""
         if self._client is None:
             from llmconsole.console.client import DaemonClient
 
+            if self.paths is None:
+                raise RuntimeError(NO_DAEMON)
             self._client = DaemonClient(self.paths, timeout_s=30.0)
         return self._client
 
@@ -358,7 +336,7 @@ class RunScreen(Screen):
     def render_status(self) -> None: ...
     def finished_with(self, outcome: Any, error: str | None) -> None: ...
 
-    def set_table(self, headers, rows: list[list[str]]) -> None:
+    def set_table(self, headers: Sequence[str], rows: list[list[str]]) -> None:
         t = self.query_one("#run-table", DataTable)
         if not t.columns:
             for i, h in enumerate(headers):

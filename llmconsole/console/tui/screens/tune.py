@@ -22,7 +22,7 @@ from textual.widgets import Static
 
 from llmconsole.console.tui.run_view import params_text
 from llmconsole.console.tui.screens.confirm import ConfirmScreen
-from llmconsole.console.tui.screens.run_base import RunScreen, error_text
+from llmconsole.console.tui.screens.run_base import NO_DAEMON, RunScreen, error_text
 from llmconsole.console.tui.tune_view import (
     TRIAL_HEADERS,
     TUNE_FIELDS,
@@ -215,6 +215,9 @@ class TuneScreen(RunScreen):
         assert self.result is not None and self.result.winner is not None and self.request is not None
         from llmconsole.console.client import DaemonClient
 
+        if self.paths is None:  # a replayed console: no daemon to apply it through
+            self.post_message(WinnerApplied(None, NO_DAEMON))
+            return
         try:
             with DaemonClient(self.paths, timeout_s=900.0) as client:
                 reply = client.apply_tuned(self.engine_name, self.result.winner.params,
