@@ -26,26 +26,15 @@ from textual.widgets import DataTable, Input, Label, Static
 from llmconsole.console.tui.keys import bindings_for
 from llmconsole.console.tui.messages import RunFinished, RunPolled, RunProgressed, RunStarted
 from llmconsole.console.tui.screens.confirm import ConfirmScreen
+from llmconsole.console.tui.screens.run_link import NO_DAEMON, RunLink
 from llmconsole.console.tui.widgets.footer import ConsoleFooter
 from llmconsole.console.tui.widgets.panels import DaemonBanner
 from llmconsole.paths import Paths
 
 if TYPE_CHECKING:
-    from llmconsole.console.client import DaemonClient
     from llmconsole.console.tui.app import ConsoleApp
 
-NO_DAEMON = "this console is not attached to a live daemon (a recording replays); nothing was started"
-
-
 POLL_S = 1.0
-
-
-def error_text(e: BaseException) -> str:
-    # The CLI's own errors (engine not ready, ...) and the daemon's refusals read as sentences.
-    from llmconsole.console.cli_common import CliError
-    from llmconsole.console.client import DaemonError
-
-    return str(e) if isinstance(e, (CliError, DaemonError)) else f"{type(e).__name__}: {e}"
 
 
 class RunScreen(Screen[None]):
@@ -80,7 +69,7 @@ class RunScreen(Screen[None]):
         self.events_seen = 0
         self.poll_error: str | None = None
         self.prepared: Any = None
-        self._client: DaemonClient | None = None
+        self.link = RunLink(lambda: self.paths, self.WHAT, self.post_message)  # the daemon, from worker threads
 
     @property
     def busy(self) -> bool:
@@ -92,16 +81,6 @@ class RunScreen(Screen[None]):
         if self.running:
             return f"the {self.WHAT} of {self.engine_name} runs on in the daemon; {self.KEY} on the engine shows it"
         return None
-
-    def client(self) -> DaemonClient:
-        """One client of the daemon for this screen's calls (made in worker threads, one at a time)."""
-        if self._client is None:
-            from llmconsole.console.client import DaemonClient
-
-            if self.paths is None:
-                raise RuntimeError(NO_DAEMON)
-            self._client = DaemonClient(self.paths, timeout_s=30.0)
-        return self._client
 
     # --- layout ----------------------------------------------------------------------------
 
@@ -128,11 +107,11 @@ class RunScreen(Screen[None]):
         if self.FIELDS:
             self.query_one(f"#run-{self.FIELDS[0][0]}", Input).focus()
         if self.paths is not None:  # a run of this engine under way (started by any console) is shown
-            self.run_worker(self._find_run, thread=True, group="run-io", exit_on_error=False)
+            self.run_worker(lambda: self.link.find(self.engine_name), thread=True, group="run-io",
+                            exit_on_error=False)
 
     def on_unmount(self) -> None:
-        if self._client is not None:
-            self._client.close()
+        self.link.close()
 
     def on_screen_resume(self) -> None:
         self.show_state(self.app)
@@ -189,7 +168,7 @@ class RunScreen(Screen[None]):
         self.show_run(prepared)
         self.set_interval(1.0, self.tick)
         request = self.request_of(prepared)
-        self.run_worker(lambda: self._start(request), thread=True, group="run-io", exit_on_error=False)
+        self.run_worker(lambda: self.link.start(request), thread=True, group="run-io", exit_on_error=False)
 
     def show_run(self, prepared: Any) -> None:
         """The form gives way to the progress view (tests stage a run's events on it)."""
@@ -200,45 +179,11 @@ class RunScreen(Screen[None]):
         self.query_one("#run-table", DataTable).focus()
         self.app.refresh_bindings()
 
-    # --- talking to the daemon (worker threads) ---------------------------------------------
-
-    def _start(self, request: Any) -> None:
-        try:
-            run = self.client().start_run(self.WHAT, request.model_dump())
-        except Exception as e:  # noqa: BLE001 - the daemon's refusal, or no daemon: shown, never raised
-            self.post_message(RunFinished(None, f"the {self.WHAT} did not start: {error_text(e)}"))
-        else:
-            self.post_message(RunStarted(run))
-
-    def _find_run(self) -> None:
-        try:
-            runs = self.client().runs(self.engine_name)
-        except Exception:  # noqa: BLE001 - an older daemon, or none: the form stays as it is
-            return
-        running = [r for r in runs if r["kind"] == self.WHAT and r["state"] == "running"]
-        if running:
-            self.post_message(RunStarted(running[-1], found=True))
-
-    def _poll(self) -> None:
-        if self.run_id is None:
-            return
-        try:
-            reply = self.client().run(self.run_id, since=self.events_seen)
-        except Exception as e:  # noqa: BLE001 - a daemon restart, say: shown, and polled again
-            self.post_message(RunPolled(None, error_text(e)))
-        else:
-            self.post_message(RunPolled(reply))
-
-    def _cancel(self, run_id: int) -> None:
-        try:
-            self.client().cancel_run(run_id)
-        except Exception as e:  # noqa: BLE001
-            self.post_message(RunPolled(None, f"the cancel did not reach the daemon: {error_text(e)}"))
-
     def _poll_later(self, delay_s: float = POLL_S) -> None:
         # A timer of 0 s divides by its interval in Textual: the first poll waits a moment.
         self.set_timer(max(0.05, delay_s),
-                       lambda: self.run_worker(self._poll, thread=True, group="run-io", exit_on_error=False))
+                       lambda: self.run_worker(lambda: self.link.poll(self.run_id, self.events_seen), thread=True,
+                                               group="run-io", exit_on_error=False))
 
     # --- what the daemon said (UI thread) ----------------------------------------------------
 
@@ -257,7 +202,7 @@ class RunScreen(Screen[None]):
             self.app.notify(f"a {self.WHAT} of {self.engine_name} is under way (run {run['id']}): showing it")
         self.run_id = int(run["id"])
         if self.cancel_requested:  # a cancel that came before the daemon's answer
-            self.run_worker(lambda: self._cancel(int(run["id"])), thread=True, group="run-io", exit_on_error=False)
+            self.run_worker(lambda: self.link.cancel(int(run["id"])), thread=True, group="run-io", exit_on_error=False)
         self._poll_later(0.05)
 
     def on_run_polled(self, message: RunPolled) -> None:
@@ -301,7 +246,7 @@ class RunScreen(Screen[None]):
         self.cancel_requested = True
         if self.run_id is not None and self.paths is not None:
             run_id = self.run_id
-            self.run_worker(lambda: self._cancel(run_id), thread=True, group="run-io", exit_on_error=False)
+            self.run_worker(lambda: self.link.cancel(run_id), thread=True, group="run-io", exit_on_error=False)
         self.cancelled()
         self.app.refresh_bindings()
 

@@ -22,7 +22,8 @@ from textual.widgets import Static
 
 from llmconsole.console.tui.run_view import params_text
 from llmconsole.console.tui.screens.confirm import ConfirmScreen
-from llmconsole.console.tui.screens.run_base import NO_DAEMON, RunScreen, error_text
+from llmconsole.console.tui.screens.run_base import RunScreen
+from llmconsole.console.tui.screens.run_link import NO_DAEMON, error_text
 from llmconsole.console.tui.tune_view import (
     TRIAL_HEADERS,
     TUNE_FIELDS,
