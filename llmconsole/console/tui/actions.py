@@ -23,6 +23,7 @@ from llmconsole.console.tui.screens.form import EngineFormScreen
 from llmconsole.console.tui.screens.help import HelpScreen
 from llmconsole.console.tui.screens.history import HistoryScreen
 from llmconsole.console.tui.screens.mode import ModeScreen
+from llmconsole.console.tui.screens.run_base import RunScreen
 from llmconsole.console.tui.screens.sweep import SweepScreen
 from llmconsole.console.tui.screens.tune import TuneScreen
 from llmconsole.console.tui.source import Command, StateSource
@@ -38,7 +39,8 @@ _ENGINE_ACTIONS = set(_VERB_OF) | {"show_logs", "show_detail", "show_history"}
 _FLEET_ACTIONS = {"stop_all", "new_engine"}
 _WINDOW_ACTIONS = {"toggle_window_freeze", "nudge_window"}
 _MODE_STATES = ("ready", "unhealthy")  # a switch needs a serving engine to fall back to
-_RUN_ACTIONS = {"sweep_engine": SweepScreen, "tune_engine": TuneScreen}  # measured on a ready engine
+# measured on a ready engine
+_RUN_ACTIONS: dict[str, type[RunScreen[Any, Any, Any]]] = {"sweep_engine": SweepScreen, "tune_engine": TuneScreen}
 
 
 class ConsoleActions(_AppBase):

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from pydantic import BaseModel
 from rich.text import Text
 from textual import getters
 from textual.app import ComposeResult
@@ -36,8 +37,12 @@ if TYPE_CHECKING:
 
 POLL_S = 1.0
 
+PreparedT = TypeVar("PreparedT")  # what the form becomes: the typed request and what is derived from it
+EventT = TypeVar("EventT")        # a progress event, as the runner's own value
+OutcomeT = TypeVar("OutcomeT")    # the run's outcome, likewise
 
-class RunScreen(Screen[None]):
+
+class RunScreen(Screen[None], Generic[PreparedT, EventT, OutcomeT]):
     """A subclass names its FIELDS (name, label, default, placeholder), builds its typed request
     from the form (`prepare`, ValueError for bad input; `request_of`), reads the daemon's JSON back
     as the runner's own values (`event_from_json`, `outcome_from_json`) and shows its events
@@ -68,7 +73,7 @@ class RunScreen(Screen[None]):
         self.run_id: int | None = None       # the daemon's run, once it took it
         self.events_seen = 0
         self.poll_error: str | None = None
-        self.prepared: Any = None
+        self.prepared: PreparedT | None = None
         self.link = RunLink(lambda: self.paths, self.WHAT, self.post_message)  # the daemon, from worker threads
 
     @property
@@ -132,10 +137,10 @@ class RunScreen(Screen[None]):
     def read_form(self) -> dict[str, str]:
         return {name: self.query_one(f"#run-{name}", Input).value for name, *_ in self.FIELDS}
 
-    def prepare(self, form: Mapping[str, str]) -> Any:
+    def prepare(self, form: Mapping[str, str]) -> PreparedT:
         raise NotImplementedError
 
-    def question(self, prepared: Any) -> str:
+    def question(self, prepared: PreparedT) -> str:
         raise NotImplementedError
 
     def show_error(self, message: str) -> None:
@@ -162,7 +167,7 @@ class RunScreen(Screen[None]):
 
     # --- the run ---------------------------------------------------------------------------
 
-    def begin(self, prepared: Any) -> None:
+    def begin(self, prepared: PreparedT) -> None:
         """Show the progress view and hand the run to the daemon."""
         self.running = True
         self.show_run(prepared)
@@ -170,7 +175,7 @@ class RunScreen(Screen[None]):
         request = self.request_of(prepared)
         self.run_worker(lambda: self.link.start(request), thread=True, group="run-io", exit_on_error=False)
 
-    def show_run(self, prepared: Any) -> None:
+    def show_run(self, prepared: PreparedT) -> None:
         """The form gives way to the progress view (tests stage a run's events on it)."""
         self.started = True
         self.prepared = prepared
@@ -228,16 +233,16 @@ class RunScreen(Screen[None]):
         self.on_run_finished(RunFinished(outcome, reply.get("error") if outcome is None else None))
 
     # What a subclass knows: its request, and the daemon's JSON as the runner's own values.
-    def request_of(self, prepared: Any) -> Any:
+    def request_of(self, prepared: PreparedT) -> BaseModel:
         raise NotImplementedError
 
-    def prepared_from_request(self, request: Mapping[str, Any]) -> Any:
+    def prepared_from_request(self, request: Mapping[str, Any]) -> PreparedT:
         raise NotImplementedError
 
-    def event_from_json(self, raw: Mapping[str, Any]) -> Any:
+    def event_from_json(self, raw: Mapping[str, Any]) -> EventT:
         raise NotImplementedError
 
-    def outcome_from_json(self, raw: Mapping[str, Any]) -> Any:
+    def outcome_from_json(self, raw: Mapping[str, Any]) -> OutcomeT:
         raise NotImplementedError
 
     def action_cancel_run(self) -> None:
@@ -275,11 +280,11 @@ class RunScreen(Screen[None]):
         return Text(f"\nthe daemon did not answer ({self.poll_error}); asking again", style="bold yellow")
 
     # What a subclass shows.
-    def start_view(self, prepared: Any) -> None: ...
-    def progressed(self, event: Any) -> None: ...
+    def start_view(self, prepared: PreparedT) -> None: ...
+    def progressed(self, event: EventT) -> None: ...
     def cancelled(self) -> None: ...
     def render_status(self) -> None: ...
-    def finished_with(self, outcome: Any, error: str | None) -> None: ...
+    def finished_with(self, outcome: OutcomeT | None, error: str | None) -> None: ...
 
     def set_table(self, headers: Sequence[str], rows: list[list[str]]) -> None:
         t = self.query_one("#run-table", DataTable)

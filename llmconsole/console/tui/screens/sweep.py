@@ -36,9 +36,10 @@ from llmconsole.engine.sweep.request import SweepRequest
 from llmconsole.engine.sweep.runner import SweepResult
 
 Prepared = tuple[SweepRequest, SweepPlan]
+Outcome = tuple[SweepResult, dict[str, Path]]  # the result, and the files the daemon wrote
 
 
-class SweepScreen(RunScreen):
+class SweepScreen(RunScreen[Prepared, SweepProgress, Outcome]):
     FIELDS = SWEEP_FIELDS
     TITLE = "mini sweep"
     WHAT = "sweep"
@@ -66,7 +67,7 @@ class SweepScreen(RunScreen):
     def event_from_json(self, raw: Mapping[str, Any]) -> SweepProgress:
         return SweepProgress.from_json(dict(raw))
 
-    def outcome_from_json(self, raw: Mapping[str, Any]) -> tuple[SweepResult, dict[str, Path]]:
+    def outcome_from_json(self, raw: Mapping[str, Any]) -> Outcome:
         assert self.plan is not None
         return result_from_json(dict(raw), self.plan), {k: Path(v) for k, v in (raw.get("files") or {}).items()}
 
@@ -106,7 +107,7 @@ class SweepScreen(RunScreen):
     def _notes(self, lines: list[str], style: str = "") -> None:
         self.query_one("#run-notes", Static).update(Text("\n".join(lines), style=style))
 
-    def finished_with(self, outcome: tuple[SweepResult, dict[str, Path]] | None, error: str | None) -> None:
+    def finished_with(self, outcome: Outcome | None, error: str | None) -> None:
         if error is not None or outcome is None:
             self.render_status()
             self._notes([f"the sweep stopped: {error}",

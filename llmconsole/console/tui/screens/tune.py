@@ -66,6 +66,11 @@ class TunePrepared:
     space_lines: tuple[str, ...] = ()
 
 
+# What the daemon's progress events read as: the study's first word (its earlier trials and the
+# ranges), then the tuner's own events.
+TuneEvent = TuneProgress | list[SpaceDerived | PriorTrials]
+
+
 class WinnerApplied(Message):
     def __init__(self, reply: dict[str, Any] | None, error: str | None) -> None:
         super().__init__()
@@ -73,7 +78,7 @@ class WinnerApplied(Message):
         self.error = error
 
 
-class TuneScreen(RunScreen):
+class TuneScreen(RunScreen[TunePrepared, TuneEvent, TuneResult]):
     FIELDS = TUNE_FIELDS
     TITLE = "auto-tune"
     WHAT = "tune"
@@ -119,7 +124,7 @@ class TuneScreen(RunScreen):
         req.check()
         return TunePrepared(req, None)
 
-    def event_from_json(self, raw: Mapping[str, Any]) -> Any:
+    def event_from_json(self, raw: Mapping[str, Any]) -> TuneEvent:
         if raw.get("event") == "prior":  # the daemon's first word: the study's earlier trials, the ranges
             return [SpaceDerived(tuple(raw.get("space") or ())),
                     PriorTrials(TrialOutcome(**t) for t in raw.get("trials") or ())]
@@ -141,7 +146,7 @@ class TuneScreen(RunScreen):
 
     # --- what it shows ---------------------------------------------------------------------
 
-    def progressed(self, ev: Any) -> None:
+    def progressed(self, ev: TuneEvent) -> None:
         assert self.view is not None
         for one in ev if isinstance(ev, list) else [ev]:
             if isinstance(one, SpaceDerived):
