@@ -10,24 +10,32 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from pydantic import ValidationError
 
 from llmconsole import __version__
+from llmconsole.console.cli_common import (  # noqa: F401  (re-exported for scripts)
+    EXIT_FAILED,
+    EXIT_NO_DAEMON,
+    EXIT_USAGE,
+    CliError,
+    confirm,
+    daemon_client,
+    na,
+)
 from llmconsole.console.client import DaemonClient, DaemonError, DaemonNotRunning, ensure_daemon
 from llmconsole.console.spec_flags import add_spec_flags, read_api_key, spec_overrides
 from llmconsole.engine.fleet import check_name
 from llmconsole.engine.spec import EngineSpec, validation_messages
 from llmconsole.paths import resolve
-from llmconsole.console.cli_common import (  # noqa: F401  (re-exported for scripts)
-    EXIT_FAILED, EXIT_NO_DAEMON, EXIT_USAGE, CliError, confirm, daemon_client, na,
-)
 
 # --- status ---------------------------------------------------------------------------------
 
-_COLUMNS = [
+_COLUMNS: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
     ("NAME", lambda e: e["name"]),
     ("STATE", lambda e: e["state"] + (" (crash loop)" if e.get("crash_looping") else "")),
     ("PID", lambda e: na(e["pid"])),
@@ -48,7 +56,7 @@ def format_status(status: dict[str, Any]) -> str:
         return "no engines (start one with `llmconsole engine start NAME --model DIR`)"
     rows = [[h for h, _ in _COLUMNS]] + [[f(e) for _, f in _COLUMNS] for e in engines]
     widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     for e in engines:
         if e.get("last_error") and e["state"] in ("failed", "crashed", "unhealthy"):
             lines.append(f"{e['name']}: {e['last_error']}")
@@ -78,8 +86,8 @@ def cmd_daemon(ns: argparse.Namespace) -> int:
             from llmconsole.daemon.main import main as daemon_main
             return daemon_main()
         client, started = ensure_daemon(paths)
-        info = client.daemon_info()
-        print(f"daemon {'started' if started else 'already running'}: pid {info['pid']}, socket {info['socket']}")
+        running = client.daemon_info()
+        print(f"daemon {'started' if started else 'already running'}: pid {running['pid']}, socket {running['socket']}")
         return 0
     if ns.daemon_cmd == "status":
         client = DaemonClient(paths)
@@ -198,8 +206,11 @@ def cmd_engine(ns: argparse.Namespace) -> int:
             except DaemonError as e:
                 raise CliError(str(e), EXIT_USAGE if e.status in (400, 404) else EXIT_FAILED) from None
             if ns.no_wait:
-                e = client.engine(ns.name)
-                print(f"{ns.name}: {e['state']} (config {e['config_id']}, port {e['port']}, log {e['log_path']})")
+                launched = client.engine(ns.name)
+                if launched is None:
+                    raise CliError(f"engine {ns.name} disappeared while starting")
+                print(f"{ns.name}: {launched['state']} (config {launched['config_id']}, port {launched['port']}, "
+                      f"log {launched['log_path']})")
                 return 0
             _print_ready(_wait_ready(client, ns.name, ns.timeout, ns.quiet, accepted.get("config_id")))
             return 0
@@ -209,8 +220,8 @@ def cmd_engine(ns: argparse.Namespace) -> int:
                 if client.engine(ns.name) is None:
                     raise CliError(f"no engine named {ns.name!r}", EXIT_USAGE)
                 confirm(f"Stop engine {ns.name}? Requests in flight get {ns.drain_timeout} s to finish.", ns.yes)
-                e = client.stop_engine(ns.name, ns.drain_timeout)
-                print(f"{ns.name}: {e['state']}")
+                stopped = client.stop_engine(ns.name, ns.drain_timeout)
+                print(f"{ns.name}: {stopped['state']}")
                 return 0
             if ns.engine_cmd == "rm":
                 confirm(f"Forget engine {ns.name} (its spec and log stay on disk)?", ns.yes)
@@ -318,7 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _command_modules() -> list:
+def _command_modules() -> list[ModuleType]:
     import importlib
     import pkgutil
 

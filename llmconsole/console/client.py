@@ -63,17 +63,19 @@ class DaemonClient:
     def rollback(self, name: str, to_config_id: str | None = None) -> dict[str, Any]:
         return self._call("POST", f"/engines/{name}/rollback", json={"to": to_config_id})
 
-    def __enter__(self) -> "DaemonClient":
+    def __enter__(self) -> DaemonClient:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, method: str, path: str, **kw) -> Any:
+    def _call(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
+        """The daemon's answer: every route answers with a JSON object."""
         try:
             r = self._http.request(method, f"/v1{path}", **kw)
         except (httpx.ConnectError, httpx.RemoteProtocolError, FileNotFoundError) as e:
             raise DaemonNotRunning(f"no daemon answers on {self.paths.socket} ({e})") from None
+        body: dict[str, Any]
         try:
             body = r.json()
         except ValueError:
@@ -98,7 +100,8 @@ class DaemonClient:
         return self._call("GET", "/status")
 
     def engine(self, name: str) -> dict[str, Any] | None:
-        for e in self.status()["engines"]:
+        engines: list[dict[str, Any]] = self.status()["engines"]
+        for e in engines:
             if e["name"] == name:
                 return e
         return None
@@ -167,7 +170,8 @@ class DaemonClient:
         return self._call("POST", f"/engines/{name}/window", json=changes)
 
     def groups(self) -> list[dict[str, Any]]:
-        return self._call("GET", "/groups")["groups"]
+        groups: list[dict[str, Any]] = self._call("GET", "/groups")["groups"]
+        return groups
 
     def set_group(self, name: str, engines: list[str]) -> dict[str, Any]:
         return self._call("PUT", f"/groups/{name}", json={"engines": engines})
@@ -187,7 +191,8 @@ class DaemonClient:
         return self._call("GET", f"/runs/{run_id}", params={"since": since})
 
     def runs(self, engine: str | None = None) -> list[dict[str, Any]]:
-        return self._call("GET", "/runs", params={"engine": engine} if engine else None)["runs"]
+        runs: list[dict[str, Any]] = self._call("GET", "/runs", params={"engine": engine} if engine else None)["runs"]
+        return runs
 
     def cancel_run(self, run_id: int) -> dict[str, Any]:
         return self._call("POST", f"/runs/{run_id}/cancel")
@@ -220,7 +225,7 @@ def engine_facts(client: DaemonClient, name: str, *, with_window: bool) -> Engin
                        window=window)
 
 
-def spawn_daemon(paths: Paths) -> subprocess.Popen:
+def spawn_daemon(paths: Paths) -> subprocess.Popen[bytes]:
     paths.ensure()
     fd = os.open(paths.daemon_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:

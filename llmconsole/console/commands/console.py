@@ -12,6 +12,6 @@ def cmd_console(ns: argparse.Namespace) -> int:
     return run_console()
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     c = sub.add_parser("console", help="open the console (what `llmconsole` alone does at a terminal)")
     c.set_defaults(func=cmd_console)

@@ -17,6 +17,7 @@ import json
 from typing import Any
 
 from llmconsole.console.cli_common import EXIT_USAGE, CliError, confirm, daemon_client
+from llmconsole.console.client import DaemonError
 
 
 def format_groups(groups: list[dict[str, Any]]) -> str:
@@ -29,10 +30,10 @@ def format_groups(groups: list[dict[str, Any]]) -> str:
         rows.append((name, ",".join(g["engines"]), window, str(g["in_flight"]), str(g["queued"]),
                      g["gateway_url"] or "-"))
     widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
 
-def _fail(e) -> CliError:
+def _fail(e: DaemonError) -> CliError:
     return CliError(str(e), EXIT_USAGE if e.status in (400, 404) else 1)
 
 
@@ -44,7 +45,6 @@ def cmd_ls(ns: argparse.Namespace) -> int:
 
 
 def cmd_set(ns: argparse.Namespace) -> int:
-    from llmconsole.console.client import DaemonError
     from llmconsole.engine.gateway.membership import GroupError, check_group_name
 
     try:
@@ -64,8 +64,6 @@ def cmd_set(ns: argparse.Namespace) -> int:
 
 
 def cmd_rm(ns: argparse.Namespace) -> int:
-    from llmconsole.console.client import DaemonError
-
     with daemon_client() as client:
         groups = {g["group"]: g for g in client.groups() if g["named"]}
         if ns.name not in groups:
@@ -81,7 +79,7 @@ def cmd_rm(ns: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g = sub.add_parser("group", help="engine groups at the gateway: several engines behind one route and window")
     gs = g.add_subparsers(dest="group_cmd", required=True)
     ls = gs.add_parser("ls", help="every group the gateway serves")

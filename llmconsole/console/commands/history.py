@@ -12,13 +12,16 @@ import re
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmconsole.console.cli_common import EXIT_USAGE, CliError, confirm, daemon_client
 from llmconsole.paths import resolve
 
+if TYPE_CHECKING:
+    from llmconsole.db import Store
 
-def _store():
+
+def _store() -> Store:
     from llmconsole.db import Store, StoreError
 
     paths = resolve()
@@ -134,7 +137,7 @@ def cmd_export(ns: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     h = sub.add_parser("history", help="config versions of each engine, their verdicts and diffs")
     h.add_argument("engine", nargs="?", help="one engine (default: all that ever ran)")
     h.add_argument("--json", action="store_true")

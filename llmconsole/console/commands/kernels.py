@@ -38,7 +38,7 @@ def cmd_info(ns: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     k = sub.add_parser("kernels", help="the compiled paged-attention kernels: build status and "
                                        "CUDA resource report")
     ksub = k.add_subparsers(dest="kernels_cmd", required=True)

@@ -12,12 +12,13 @@ import sys
 from typing import Any
 
 from llmconsole.console.cli_common import EXIT_USAGE, CliError, daemon_client, na
-from llmconsole.engine.metrics.latency import Slo
+from llmconsole.console.client import DaemonClient
 from llmconsole.engine.load.generator import LoadResult, run_load
 from llmconsole.engine.load.workload import LengthDist, Workload
+from llmconsole.engine.metrics.latency import Slo
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("load", help="send a measured load to an engine: throughput, TTFT, TPOT, goodput")
     p.add_argument("engine", help="the engine's name")
     mode = p.add_mutually_exclusive_group(required=True)
@@ -47,7 +48,7 @@ def add_workload_flags(p: argparse.ArgumentParser) -> None:
                    help="let the model stop early (output lengths then vary)")
 
 
-def engine_target(client, name: str) -> dict[str, Any]:
+def engine_target(client: DaemonClient, name: str) -> dict[str, Any]:
     e = client.engine(name)
     if e is None:
         raise CliError(f"no engine named {name} (see `llmconsole status`)", EXIT_USAGE)
@@ -71,8 +72,8 @@ def cmd_load(ns: argparse.Namespace) -> int:
         raise CliError(str(e), EXIT_USAGE) from None
     api_key = os.environ.get(ns.api_key_env) if ns.api_key_env else None
     with daemon_client() as client:
-        e = engine_target(client, ns.engine)
-    result = asyncio.run(_run(e, wl, slo, api_key, show=sys.stderr.isatty() and not ns.json))
+        target = engine_target(client, ns.engine)
+    result = asyncio.run(_run(target, wl, slo, api_key, show=sys.stderr.isatty() and not ns.json))
     print(json.dumps(result_json(result), indent=2) if ns.json else render_summary(result))
     return 130 if result.stopped_early == "interrupted" else 0
 

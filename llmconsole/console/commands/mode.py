@@ -109,7 +109,7 @@ def cmd_alerts(ns: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     m = sub.add_parser("mode", help="an engine's memory mode: performance, balanced, aggressive or auto")
     m.add_argument("engine")
     m.add_argument("mode", nargs="?", choices=_MODES)

@@ -14,16 +14,16 @@ from pydantic import ValidationError
 
 from llmconsole.console.cli_common import EXIT_USAGE, CliError
 from llmconsole.console.spec_flags import add_spec_flags, spec_overrides
+from llmconsole.engine.host import HostProbe
 from llmconsole.engine.plan.cost import CostInputs
 from llmconsole.engine.plan.devices import device_names, profile, profile_for_gpu_name, with_price
-from llmconsole.engine.host import HostProbe
 from llmconsole.engine.plan.planner import Plan, make_plan
 from llmconsole.engine.plan.recommend import parse_workload
-from llmconsole.engine.spec import EngineSpec, validation_messages
 from llmconsole.engine.plan.topology import load_topology, read_topology
+from llmconsole.engine.spec import EngineSpec, validation_messages
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "plan", help="will a config fit on a device, what will it do, what should it run with",
         description="Exact KV arithmetic from the model's config.json, roofline estimates, cost, and "

@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmconsole.console.cli_common import EXIT_USAGE, CliError, daemon_client
 from llmconsole.console.client import DaemonClient, DaemonError
@@ -23,7 +23,10 @@ from llmconsole.engine.sweep.plan import SweepPlan, SweepProgress
 from llmconsole.engine.sweep.probe import ResourceSample, resource_sample
 from llmconsole.engine.sweep.report import analyse, picks_text, render_table, to_json, write_results
 from llmconsole.engine.sweep.request import SweepRequest, default
-from llmconsole.engine.sweep.runner import EngineStartFailed, EngineTarget, SweepRunner
+from llmconsole.engine.sweep.runner import EngineStartFailed, EngineTarget, SweepResult, SweepRunner
+
+if TYPE_CHECKING:
+    from llmconsole.db import Store
 
 
 class DaemonController:
@@ -53,11 +56,11 @@ class DaemonController:
             raise EngineStartFailed(str(e)) from None
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
-            e = self.client.engine(self.name)
-            if e is not None and e["state"] == "ready" and e.get("url"):
-                return self._target(e)
-            if e is None or e["state"] in ("failed", "stopped"):
-                raise EngineStartFailed((e or {}).get("last_error") or "the engine stopped")
+            eng = self.client.engine(self.name)
+            if eng is not None and eng["state"] == "ready" and eng.get("url"):
+                return self._target(eng)
+            if eng is None or eng["state"] in ("failed", "stopped"):
+                raise EngineStartFailed((eng or {}).get("last_error") or "the engine stopped")
             time.sleep(0.5)
         raise EngineStartFailed(f"not ready within {self.ready_timeout_s:.0f} s")
 
@@ -67,7 +70,7 @@ class DaemonController:
         return resource_sample(e, status.get("host") or {})
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("sweep", help="sweep engine configs x loads: throughput / p99 table, Pareto, knee")
     p.add_argument("--engine", required=True, help="the engine to sweep (it is restarted on each config)")
     p.add_argument("--grid", action="append", default=[], metavar="FIELD=V1,V2",
@@ -122,7 +125,7 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
     out = Path(ns.out)
     with daemon_client() as client:
         engine_target(client, ns.engine)  # refuse before any restart if it is not ready
-        store = None
+        store: Store | None = None
         if not ns.no_history:
             from llmconsole.db import Store, StoreError
             from llmconsole.paths import resolve
@@ -149,7 +152,7 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
     return 130 if result.status == "cancelled" else 0
 
 
-async def _run(plan: SweepPlan, ctl: DaemonController, store):
+async def _run(plan: SweepPlan, ctl: DaemonController, store: Store | None) -> SweepResult:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGINT, stop.set)  # Ctrl-C: finish up, restore, write what was measured

@@ -13,9 +13,11 @@ import asyncio
 import json
 import signal
 import sys
+from pathlib import Path
+from typing import Any
 
 from llmconsole.console.cli_common import EXIT_USAGE, CliError, daemon_client
-from llmconsole.console.client import DaemonError
+from llmconsole.console.client import DaemonClient, DaemonError
 from llmconsole.console.client import engine_facts as client_engine_facts
 from llmconsole.console.commands.load import add_workload_flags, engine_target
 from llmconsole.console.commands.sweep import DaemonController
@@ -23,10 +25,10 @@ from llmconsole.engine.tune.guard import applied_text
 from llmconsole.engine.tune.ranges import EngineFacts, TuneSpace
 from llmconsole.engine.tune.request import TuneRequest, default
 from llmconsole.engine.tune.search import SEARCHES
-from llmconsole.engine.tune.tuner import Tuner, TuneProgress, TuneResult, TuneSettings
+from llmconsole.engine.tune.tuner import TuneProgress, Tuner, TuneResult, TuneSettings
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("tune", help="auto-tune an engine's config for goodput under an SLO (Optuna TPE)")
     p.add_argument("--engine", required=True, help="the engine to tune (it is restarted on each trial)")
     p.add_argument("--workload", required=True, metavar="KIND=V",
@@ -133,13 +135,15 @@ def cmd_tune(ns: argparse.Namespace) -> int:
     return 130 if result.status == "cancelled" else 0
 
 
-def apply_winner(client, engine: str, result: TuneResult, settings: TuneSettings) -> dict:
+def apply_winner(client: DaemonClient, engine: str, result: TuneResult, settings: TuneSettings) -> dict[str, Any]:
     """The winner through the daemon's guarded apply, which then watches the SLO and rolls back
     on its own if production degrades."""
+    if result.winner is None:
+        raise ValueError(f"study {result.study} has no winner to apply")
     return client.apply_tuned(engine, result.winner.params, settings.plan.slo.as_dict(), result.study)
 
 
-def engine_facts(client, name: str, knobs: list[str]) -> EngineFacts:
+def engine_facts(client: DaemonClient, name: str, knobs: list[str]) -> EngineFacts:
     """What the knobs' ranges come from, as the daemon reports the engine (it must be ready);
     the gateway's window bounds only when a window knob is asked for."""
     engine_target(client, name)  # the CLI's own words for an unknown or unready engine
@@ -150,7 +154,7 @@ def engine_facts(client, name: str, knobs: list[str]) -> EngineFacts:
         raise CliError(str(err)) from None
 
 
-def _window_bounds(client, name: str) -> dict[str, int]:
+def _window_bounds(client: DaemonClient, name: str) -> dict[str, int]:
     try:
         w = client.window(name, trace_points=0)
     except DaemonError as err:
@@ -165,7 +169,8 @@ class TuneController(DaemonController):
         e = await asyncio.to_thread(self.client.engine, self.name)
         if not e or not e.get("gateway_url"):
             raise RuntimeError(f"engine {self.name} has no gateway door; the window cannot act")
-        return e["gateway_url"]
+        url: str = e["gateway_url"]
+        return url
 
     async def window(self) -> dict[str, int]:
         return await asyncio.to_thread(_window_bounds, self.client, self.name)
@@ -178,7 +183,7 @@ class TuneController(DaemonController):
             raise ValueError(str(err)) from None
 
 
-async def _run(settings: TuneSettings, ctl: DaemonController, storage):
+async def _run(settings: TuneSettings, ctl: DaemonController, storage: Path) -> TuneResult:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGINT, stop.set)  # Ctrl-C: finish the trial, restore, keep the study

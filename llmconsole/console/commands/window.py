@@ -65,7 +65,7 @@ def cmd_window(ns: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     w = sub.add_parser("window", help="a group's batch window at the gateway and its PID controller")
     w.add_argument("engine", metavar="NAME", help="an engine group, or an engine (its group)")
     w.add_argument("--target-ms", type=float, help="the latency target of the controller")

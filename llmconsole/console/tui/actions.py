@@ -7,41 +7,59 @@ anything. Whatever stops an engine asks first, in a modal.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
-from textual.app import SystemCommand
+from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
 from llmconsole.console.tui.keys import KEYS, KeySpec, effective_key
+from llmconsole.console.tui.screens.alerts import AlertsScreen
 from llmconsole.console.tui.screens.confirm import ConfirmScreen
 from llmconsole.console.tui.screens.dashboard import DashboardScreen
 from llmconsole.console.tui.screens.engine import DetailScreen, EngineScreen, LogsScreen
 from llmconsole.console.tui.screens.form import EngineFormScreen
 from llmconsole.console.tui.screens.help import HelpScreen
 from llmconsole.console.tui.screens.history import HistoryScreen
-from llmconsole.console.tui.screens.alerts import AlertsScreen
 from llmconsole.console.tui.screens.mode import ModeScreen
+from llmconsole.console.tui.screens.run_base import RunScreen
 from llmconsole.console.tui.screens.sweep import SweepScreen
 from llmconsole.console.tui.screens.tune import TuneScreen
-from llmconsole.console.tui.source import Command
-from llmconsole.console.tui.view import EngineView, goodbye
+from llmconsole.console.tui.source import Command, StateSource
+from llmconsole.console.tui.view import EngineView, Snapshot, goodbye
+
+if TYPE_CHECKING:
+    _AppBase = App[str]  # what ConsoleApp, which this is mixed into, derives from
+else:
+    _AppBase = object
 
 _VERB_OF = {"start_engine": "start", "stop_engine": "stop", "restart_engine": "restart"}
 _ENGINE_ACTIONS = set(_VERB_OF) | {"show_logs", "show_detail", "show_history"}
 _FLEET_ACTIONS = {"stop_all", "new_engine"}
 _WINDOW_ACTIONS = {"toggle_window_freeze", "nudge_window"}
 _MODE_STATES = ("ready", "unhealthy")  # a switch needs a serving engine to fall back to
-_RUN_ACTIONS = {"sweep_engine": SweepScreen, "tune_engine": TuneScreen}  # measured on a ready engine
+# measured on a ready engine
+_RUN_ACTIONS: dict[str, type[RunScreen[Any, Any, Any]]] = {"sweep_engine": SweepScreen, "tune_engine": TuneScreen}
 
 
-class ConsoleActions:
+class ConsoleActions(_AppBase):
     """Mixed into ConsoleApp; `self` is the app."""
+
+    if TYPE_CHECKING:  # ConsoleApp's state and methods that the actions use
+        source: StateSource
+        keymap: dict[str, str]
+        snapshot: Snapshot | None
+        lost_reason: str | None
+
+        def send(self, command: Command) -> None: ...
+        def poll_soon(self) -> None: ...
 
     # --- what the keys may do now -----------------------------------------------------------
 
     def selected_engine(self) -> EngineView | None:
         screen = self.screen
+        name: str | None
         if isinstance(screen, EngineScreen):
             name = screen.engine_name
         elif isinstance(screen, DashboardScreen):
@@ -82,8 +100,8 @@ class ConsoleActions:
             e = self.selected_engine()
             if e is None or e.controller is None or e.controller.window is None or self.lost_reason is not None:
                 return None  # no gateway window for it (or no daemon to ask)
-            if action == "nudge_window" and parameters:
-                c, w = e.controller, e.controller.window + int(parameters[0])
+            if action == "nudge_window" and parameters and isinstance(step := parameters[0], int):
+                c, w = e.controller, e.controller.window + step
                 if (c.min_window is not None and w < c.min_window) or (c.max_window is not None and w > c.max_window):
                     return None
             return True
@@ -115,7 +133,7 @@ class ConsoleActions:
             return True
         return True
 
-    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         for spec in KEYS:
             if not spec.palette:
                 continue
@@ -223,8 +241,8 @@ class ConsoleActions:
         e = self._engine_or_warn()
         if e is None or e.controller is None or e.controller.window is None:
             return
-        c = e.controller
-        window = min(max(c.window + step, c.min_window or 1), c.max_window or c.window + step)
+        c, now = e.controller, e.controller.window
+        window = min(max(now + step, c.min_window or 1), c.max_window or now + step)
         self.send(Command("window", e.name, {"set": window}))
 
     def action_choose_mode(self) -> None:

@@ -10,8 +10,9 @@ nothing a daemon or an engine does can stop the console.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from textual import work
 from textual.app import App
@@ -54,11 +55,11 @@ class ConsoleApp(ConsoleActions, App[str]):
         self._poll_again = False
         self._last_poll_error: str | None = None
         self.hold_polls = False  # tests and benchmarks freeze the screen; commands still poll once
-        self._bindings_key: tuple = ()
+        self._bindings_key: tuple[object, ...] = ()
 
     # --- polling --------------------------------------------------------------------------
 
-    def get_default_screen(self) -> Screen:
+    def get_default_screen(self) -> Screen[None]:
         return DashboardScreen()
 
     def on_mount(self) -> None:
@@ -183,7 +184,8 @@ class ConsoleApp(ConsoleActions, App[str]):
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if event.state == WorkerState.ERROR:
-            self.report_failure(event.worker.name or "a background task", event.worker.error)
+            if event.worker.error is not None:  # always set on ERROR
+                self.report_failure(event.worker.name or "a background task", event.worker.error)
             if event.worker.group == "poll":
                 self._polled(self.retry_s)
 

@@ -8,8 +8,9 @@ daemon scrapes (or a replay repeating its last frame) does not stretch the spark
 from __future__ import annotations
 
 import collections
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from llmconsole.console.tui.view import EngineView, Snapshot
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 
 # Where each binding lives. Bindings of "app" stay live on the dashboard, detail and log screens
 # (which add "screen"); the modal screens see only their own.
@@ -114,7 +114,7 @@ class KeymapError(ValueError):
     """console.toml asks for something the console cannot do; the message says what to fix."""
 
 
-def bindings_for(context: str) -> list[Binding]:
+def bindings_for(context: str) -> list[BindingType]:
     return [
         Binding(k.key, k.action, k.description, show=k.show, key_display=k.key_display,
                 priority=k.priority, id=k.id)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from textual.message import Message
 
 from llmconsole.console.tui.source import Command
@@ -30,7 +32,7 @@ class PollFailed(Message):
 
 
 class CommandSent(Message):
-    def __init__(self, command: Command, reply: dict) -> None:
+    def __init__(self, command: Command, reply: dict[str, Any]) -> None:
         super().__init__()
         self.command = command
         self.reply = reply
@@ -40,4 +42,35 @@ class CommandFailed(Message):
     def __init__(self, command: Command, error: str) -> None:
         super().__init__()
         self.command = command
+        self.error = error
+
+
+# --- a sweep or tune the daemon runs (screens/run_base.py) -----------------------------------
+
+class RunProgressed(Message):
+    def __init__(self, event: Any) -> None:
+        super().__init__()
+        self.event = event
+
+
+class RunFinished(Message):
+    def __init__(self, outcome: Any, error: str | None) -> None:
+        super().__init__()
+        self.outcome = outcome
+        self.error = error
+
+
+class RunStarted(Message):
+    """The daemon took the run (or the screen found one under way): from now on it is polled."""
+
+    def __init__(self, run: dict[str, Any], found: bool = False) -> None:
+        super().__init__()
+        self.run = run
+        self.found = found
+
+
+class RunPolled(Message):
+    def __init__(self, reply: dict[str, Any] | None, error: str | None = None) -> None:
+        super().__init__()
+        self.reply = reply
         self.error = error

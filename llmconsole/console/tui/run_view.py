@@ -8,7 +8,8 @@ No Textual here: these are the parts with fast unit tests.
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 
 def fmt_duration(seconds: float | None) -> str:

@@ -30,6 +30,13 @@ class Command:
     def __str__(self) -> str:
         return self.verb.replace("_", " ") + (f" {self.engine}" if self.engine else "")
 
+    @property
+    def target(self) -> str:
+        """The engine a verb about one engine acts on."""
+        if self.engine is None:
+            raise ValueError(f"{self.verb!r} needs an engine; none was named")
+        return self.engine
+
 
 class StateSource(Protocol):
     def poll(self) -> dict[str, Any]:
@@ -87,19 +94,19 @@ class DaemonSource:
         with self._command_lock:
             c = self._commands
             if command.verb == "start":
-                return c.start_engine(command.engine, spec=command.spec)
+                return c.start_engine(command.target, spec=command.spec)
             if command.verb == "stop":
-                return c.stop_engine(command.engine)
+                return c.stop_engine(command.target)
             if command.verb == "restart":
-                return c.restart_engine(command.engine)
+                return c.restart_engine(command.target)
             if command.verb == "rollback":
-                return c.rollback(command.engine, (command.spec or {}).get("to"))
+                return c.rollback(command.target, (command.spec or {}).get("to"))
             if command.verb == "undo":  # spec: {"action_id": N}, an automated response
                 return c.undo_response(int((command.spec or {})["action_id"]))
             if command.verb == "mode":  # spec: {"mode": "performance|balanced|aggressive|auto"}
-                return c.set_mode(command.engine, (command.spec or {})["mode"])
+                return c.set_mode(command.target, (command.spec or {})["mode"])
             if command.verb == "window":  # spec carries the change: {"freeze": bool} or {"set": n}
-                return c.change_window(command.engine, **(command.spec or {}))
+                return c.change_window(command.target, **(command.spec or {}))
             if command.verb == "stop_all":
                 stopped = []
                 for e in c.status()["engines"]:
@@ -138,7 +145,7 @@ class RecordedSource:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_file(cls, path: Path | str) -> "RecordedSource":
+    def from_file(cls, path: Path | str) -> RecordedSource:
         return cls(load_frames(Path(path)))
 
     @property
@@ -154,7 +161,8 @@ class RecordedSource:
             self.position += 1
         if LOST in frame:
             raise DaemonNotRunning(frame[LOST])
-        return frame["status"]
+        status: dict[str, Any] = frame["status"]
+        return status
 
     def logs(self, name: str, offset: int | None = None, max_bytes: int = 4096) -> dict[str, Any]:
         with self._lock:
@@ -173,7 +181,9 @@ class RecordedSource:
     def alerts(self) -> dict[str, Any]:
         with self._lock:
             frame = self._frame()
-        return frame.get("alerts", {"active": [], "alerts": [], "responses": [], "settings": {"responses": {}}})
+        alerts: dict[str, Any] = frame.get("alerts", {"active": [], "alerts": [], "responses": [],
+                                                      "settings": {"responses": {}}})
+        return alerts
 
     def send(self, command: Command) -> dict[str, Any]:
         with self._lock:

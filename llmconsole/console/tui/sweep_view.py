@@ -10,8 +10,9 @@ tested without an engine.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from llmconsole.console.tui.run_view import fmt_duration, length, params_text, split_items, ticked, whole_number
 from llmconsole.engine.sweep.plan import PointResult, SweepPlan, SweepProgress

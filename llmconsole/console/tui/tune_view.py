@@ -9,14 +9,15 @@ The tuner sends immutable `TuneProgress` events; `fold_tune` turns each into a n
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from llmconsole.console.tui.run_view import fmt_duration, length, params_text, split_items, ticked, whole_number
-from llmconsole.engine.tune.request import TuneRequest
-from llmconsole.engine.tune.tuner import TuneProgress, TuneResult, TuneSettings
 from llmconsole.engine.tune.ranges import EngineFacts, TuneSpace
+from llmconsole.engine.tune.request import TuneRequest
 from llmconsole.engine.tune.space import Budget, TrialOutcome
+from llmconsole.engine.tune.tuner import TuneProgress, TuneResult, TuneSettings
 
 # The form's fields and their safe small defaults: a short study around the running config.
 TUNE_FIELDS: tuple[tuple[str, str, str, str], ...] = (
@@ -90,8 +91,8 @@ class TuneView:
 
     @property
     def best(self) -> TrialOutcome | None:
-        done = [t for t in self.trials if t.state == "complete" and t.goodput_req_s is not None]
-        return max(done, key=lambda t: t.goodput_req_s) if done else None
+        done = [(t.goodput_req_s, t) for t in self.trials if t.state == "complete" and t.goodput_req_s is not None]
+        return max(done, key=lambda scored: scored[0])[1] if done else None
 
 
 def _upsert(trials: tuple[TrialOutcome, ...], t: TrialOutcome) -> tuple[TrialOutcome, ...]:

@@ -7,10 +7,11 @@ reads a clock, so a recorded status stream renders the same on every run.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 NA = "N/A"
 
@@ -100,7 +101,7 @@ class GpuView:
     utilization_gpu_pct: float | None
 
     @classmethod
-    def parse(cls, d: Any) -> "GpuView":
+    def parse(cls, d: Any) -> GpuView:
         d = _dict(d)
         return cls(_int(d.get("index")), _str(d.get("name")), _num(d.get("memory_used_bytes")),
                    _num(d.get("memory_total_bytes")), _num(d.get("utilization_gpu_pct")))
@@ -115,7 +116,7 @@ class HostView:
     nvml_error: str | None = None
 
     @classmethod
-    def parse(cls, d: Any) -> "HostView":
+    def parse(cls, d: Any) -> HostView:
         d = _dict(d)
         gpus = d.get("gpus")
         return cls(
@@ -163,7 +164,7 @@ class ControllerView:
     measured_ms: tuple[float | None, ...] = ()
 
     @classmethod
-    def parse(cls, d: Any) -> "ControllerView | None":
+    def parse(cls, d: Any) -> ControllerView | None:
         if not isinstance(d, dict):
             return None
         trace = [t for t in d.get("trace") or () if isinstance(t, dict)]
@@ -209,7 +210,7 @@ class EngineView:
     mode_auto: bool = False
 
     @classmethod
-    def parse(cls, d: Any) -> "EngineView":
+    def parse(cls, d: Any) -> EngineView:
         d = _dict(d)
         spec = _dict(d.get("spec"))
         model = _str(d.get("served_model_name")) or _str(d.get("model"))
@@ -275,7 +276,7 @@ class Snapshot:
     engines: tuple[EngineView, ...] = ()
 
     @classmethod
-    def parse(cls, d: Any) -> "Snapshot":
+    def parse(cls, d: Any) -> Snapshot:
         d = _dict(d)
         daemon = _dict(d.get("daemon"))
         engines = d.get("engines")

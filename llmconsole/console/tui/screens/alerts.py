@@ -8,9 +8,9 @@ puts the window back, rolls the engine back to its previous config, or stops the
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from textual import work
+from textual import getters, work
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.message import Message
@@ -19,6 +19,9 @@ from textual.widgets import DataTable, Static
 
 from llmconsole.console.tui.keys import bindings_for
 from llmconsole.console.tui.widgets.footer import ConsoleFooter
+
+if TYPE_CHECKING:
+    from llmconsole.console.tui.app import ConsoleApp
 
 
 class AlertsLoaded(Message):
@@ -34,6 +37,9 @@ def undoable(response: dict[str, Any]) -> bool:
 
 class AlertsScreen(ModalScreen[int | None]):
     BINDINGS = bindings_for("alerts")
+
+    if TYPE_CHECKING:
+        app = getters.app(ConsoleApp)  # the console's state, typed (no runtime check)
 
     def __init__(self) -> None:
         super().__init__()

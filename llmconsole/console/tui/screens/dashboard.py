@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from textual import getters
 from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.screen import Screen
@@ -11,8 +12,8 @@ from textual.widgets import DataTable
 
 from llmconsole.console.tui.widgets.engine_panel import EnginePanel
 from llmconsole.console.tui.widgets.engines_table import EnginesTable
-from llmconsole.console.tui.widgets.panels import AlertStrip, ControllerPanel, DaemonBanner, LogTail, StatusLine
 from llmconsole.console.tui.widgets.footer import ConsoleFooter
+from llmconsole.console.tui.widgets.panels import AlertStrip, ControllerPanel, DaemonBanner, LogTail, StatusLine
 
 if TYPE_CHECKING:
     from llmconsole.console.tui.app import ConsoleApp
@@ -20,7 +21,10 @@ if TYPE_CHECKING:
 TAIL_BYTES = 6 * 1024
 
 
-class DashboardScreen(Screen):
+class DashboardScreen(Screen[None]):
+    if TYPE_CHECKING:
+        app = getters.app(ConsoleApp)  # the console's state, typed (no runtime check)
+
     def compose(self) -> ComposeResult:
         yield DaemonBanner(id="banner")
         yield StatusLine(id="status-line")
@@ -50,7 +54,7 @@ class DashboardScreen(Screen):
     def on_screen_resume(self) -> None:
         self.show_state(self.app)
 
-    def show_state(self, app: "ConsoleApp") -> None:
+    def show_state(self, app: ConsoleApp) -> None:
         self.query_one(DaemonBanner).show(app.lost_reason, app.retry_s)
         snap = app.snapshot
         self.query_one(StatusLine).show(snap)
@@ -61,7 +65,7 @@ class DashboardScreen(Screen):
         self._show_selected(app)
         self.query_one(AlertStrip).show(())
 
-    def _show_selected(self, app: "ConsoleApp") -> None:
+    def _show_selected(self, app: ConsoleApp) -> None:
         snap = app.snapshot
         if snap is None:
             return

@@ -7,16 +7,17 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 from rich.text import Text
+from textual import getters
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Log, Static
 
-from llmconsole.console.tui.history import spec_diff
+from llmconsole.console.tui.history import SpecVersion, spec_diff
 from llmconsole.console.tui.keys import bindings_for
 from llmconsole.console.tui.view import EngineView, LogChunk, fmt_uptime, na
-from llmconsole.console.tui.widgets.panels import DaemonBanner
 from llmconsole.console.tui.widgets.footer import ConsoleFooter
+from llmconsole.console.tui.widgets.panels import DaemonBanner
 
 if TYPE_CHECKING:
     from llmconsole.console.tui.app import ConsoleApp
@@ -30,8 +31,11 @@ def _value(v: Any) -> str:
     return str(v)
 
 
-class EngineScreen(Screen):
+class EngineScreen(Screen[None]):
     BINDINGS = bindings_for("screen")
+
+    if TYPE_CHECKING:
+        app = getters.app(ConsoleApp)  # the console's state, typed (no runtime check)
 
     def __init__(self, engine_name: str) -> None:
         super().__init__()
@@ -47,7 +51,7 @@ class EngineScreen(Screen):
 class DetailScreen(EngineScreen):
     def __init__(self, engine_name: str) -> None:
         super().__init__(engine_name)
-        self._shown: tuple = ()
+        self._shown: tuple[object, ...] = ()
 
     def compose(self) -> ComposeResult:
         yield DaemonBanner()
@@ -69,7 +73,7 @@ class DetailScreen(EngineScreen):
     def on_screen_resume(self) -> None:
         self.show_state(self.app)
 
-    def show_state(self, app: "ConsoleApp") -> None:
+    def show_state(self, app: ConsoleApp) -> None:
         self.query_one(DaemonBanner).show(app.lost_reason, app.retry_s)
         e = app.snapshot.engine(self.engine_name) if app.snapshot else None
         prev = app.specs.previous(self.engine_name)
@@ -115,7 +119,7 @@ class DetailScreen(EngineScreen):
         return out
 
     @staticmethod
-    def _changes(e: EngineView, prev) -> Text | Table:
+    def _changes(e: EngineView, prev: SpecVersion | None) -> Text | Table:
         if prev is None:
             return Text("no earlier version seen", style="dim")
         diff = spec_diff(prev.spec, e.spec)
@@ -160,7 +164,7 @@ class LogsScreen(EngineScreen):
     def log_request(self) -> tuple[str, int | None, int]:
         return (self.engine_name, self.log_offset, self.FIRST_BYTES if self.log_offset is None else 1024 * 1024)
 
-    def show_state(self, app: "ConsoleApp") -> None:
+    def show_state(self, app: ConsoleApp) -> None:
         self.query_one(DaemonBanner).show(app.lost_reason, app.retry_s)
 
     def take_logs(self, chunk: LogChunk) -> None:

@@ -18,10 +18,10 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Select, Static
 
 from llmconsole.console.tui.keys import bindings_for
-from llmconsole.engine.fleet import check_name
-from llmconsole.engine.spec import EngineSpec, validation_messages
 from llmconsole.console.tui.widgets.footer import ConsoleFooter
 from llmconsole.console.tui.widgets.planner_panel import PlannerPanel
+from llmconsole.engine.fleet import check_name
+from llmconsole.engine.spec import EngineSpec, validation_messages
 
 
 @dataclass(frozen=True)
@@ -161,6 +161,7 @@ class EngineFormScreen(ModalScreen[tuple[str, dict[str, Any]] | None]):
         out: dict[str, Any] = {}
         for f in FIELDS:
             w = self.query_one(f"#f-{f.name}")
+            assert isinstance(w, (Input, Checkbox, Select)), w  # what compose() put there
             out[f.name] = w.value
         return out
 

@@ -68,7 +68,7 @@ class HistoryScreen(EngineScreen):
     def on_screen_resume(self) -> None:
         self.show_state(self.app)
 
-    def show_state(self, app: "ConsoleApp") -> None:
+    def show_state(self, app: ConsoleApp) -> None:
         self.query_one(DaemonBanner).show(app.lost_reason, app.retry_s)
         e = app.snapshot.engine(self.engine_name) if app.snapshot else None
         current = e.config_id if e else None

@@ -13,17 +13,21 @@ into the screen's view. Opening the screen of an engine whose run is under way p
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from pydantic import BaseModel
 from rich.text import Text
+from textual import getters
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
-from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Input, Label, Static
 
 from llmconsole.console.tui.keys import bindings_for
+from llmconsole.console.tui.messages import RunFinished, RunPolled, RunProgressed, RunStarted
 from llmconsole.console.tui.screens.confirm import ConfirmScreen
+from llmconsole.console.tui.screens.run_link import NO_DAEMON, RunLink
 from llmconsole.console.tui.widgets.footer import ConsoleFooter
 from llmconsole.console.tui.widgets.panels import DaemonBanner
 from llmconsole.paths import Paths
@@ -31,50 +35,14 @@ from llmconsole.paths import Paths
 if TYPE_CHECKING:
     from llmconsole.console.tui.app import ConsoleApp
 
-NO_DAEMON = "this console is not attached to a live daemon (a recording replays); nothing was started"
-
-
-class RunProgressed(Message):
-    def __init__(self, event: Any) -> None:
-        super().__init__()
-        self.event = event
-
-
-class RunFinished(Message):
-    def __init__(self, outcome: Any, error: str | None) -> None:
-        super().__init__()
-        self.outcome = outcome
-        self.error = error
-
-
-class RunStarted(Message):
-    """The daemon took the run (or the screen found one under way): from now on it is polled."""
-
-    def __init__(self, run: dict[str, Any], found: bool = False) -> None:
-        super().__init__()
-        self.run = run
-        self.found = found
-
-
-class RunPolled(Message):
-    def __init__(self, reply: dict[str, Any] | None, error: str | None = None) -> None:
-        super().__init__()
-        self.reply = reply
-        self.error = error
-
-
 POLL_S = 1.0
 
-
-def error_text(e: BaseException) -> str:
-    # The CLI's own errors (engine not ready, ...) and the daemon's refusals read as sentences.
-    from llmconsole.console.cli_common import CliError
-    from llmconsole.console.client import DaemonError
-
-    return str(e) if isinstance(e, (CliError, DaemonError)) else f"{type(e).__name__}: {e}"
+PreparedT = TypeVar("PreparedT")  # what the form becomes: the typed request and what is derived from it
+EventT = TypeVar("EventT")        # a progress event, as the runner's own value
+OutcomeT = TypeVar("OutcomeT")    # the run's outcome, likewise
 
 
-class RunScreen(Screen):
+class RunScreen(Screen[None], Generic[PreparedT, EventT, OutcomeT]):
     """A subclass names its FIELDS (name, label, default, placeholder), builds its typed request
     from the form (`prepare`, ValueError for bad input; `request_of`), reads the daemon's JSON back
     as the runner's own values (`event_from_json`, `outcome_from_json`) and shows its events
@@ -86,6 +54,9 @@ class RunScreen(Screen):
     WHAT = "run"       # the daemon's run kind: sweep | tune
     KEY = "?"          # the dashboard key that opens this screen
     YES = "Run"
+
+    if TYPE_CHECKING:
+        app = getters.app(ConsoleApp)  # the console's state, typed (no runtime check)
 
     def __init__(self, engine_name: str, paths: Paths | None, spec: Mapping[str, Any],
                  form: Mapping[str, str] | None = None) -> None:
@@ -102,8 +73,8 @@ class RunScreen(Screen):
         self.run_id: int | None = None       # the daemon's run, once it took it
         self.events_seen = 0
         self.poll_error: str | None = None
-        self.prepared: Any = None
-        self._client: Any = None
+        self.prepared: PreparedT | None = None
+        self.link = RunLink(lambda: self.paths, self.WHAT, self.post_message)  # the daemon, from worker threads
 
     @property
     def busy(self) -> bool:
@@ -115,14 +86,6 @@ class RunScreen(Screen):
         if self.running:
             return f"the {self.WHAT} of {self.engine_name} runs on in the daemon; {self.KEY} on the engine shows it"
         return None
-
-    def client(self) -> Any:
-        """One client of the daemon for this screen's calls (made in worker threads, one at a time)."""
-        if self._client is None:
-            from llmconsole.console.client import DaemonClient
-
-            self._client = DaemonClient(self.paths, timeout_s=30.0)
-        return self._client
 
     # --- layout ----------------------------------------------------------------------------
 
@@ -149,20 +112,20 @@ class RunScreen(Screen):
         if self.FIELDS:
             self.query_one(f"#run-{self.FIELDS[0][0]}", Input).focus()
         if self.paths is not None:  # a run of this engine under way (started by any console) is shown
-            self.run_worker(self._find_run, thread=True, group="run-io", exit_on_error=False)
+            self.run_worker(lambda: self.link.find(self.engine_name), thread=True, group="run-io",
+                            exit_on_error=False)
 
     def on_unmount(self) -> None:
-        if self._client is not None:
-            self._client.close()
+        self.link.close()
 
     def on_screen_resume(self) -> None:
         self.show_state(self.app)
 
-    def show_state(self, app: "ConsoleApp") -> None:
+    def show_state(self, app: ConsoleApp) -> None:
         self.query_one(DaemonBanner).show(app.lost_reason, app.retry_s)
         self._title(app)
 
-    def _title(self, app: "ConsoleApp") -> None:
+    def _title(self, app: ConsoleApp) -> None:
         snap = getattr(app, "snapshot", None)
         e = snap.engine(self.engine_name) if snap else None
         state = f"{e.state_text} · config {e.config_id}" if e else "not known to the daemon"
@@ -174,10 +137,10 @@ class RunScreen(Screen):
     def read_form(self) -> dict[str, str]:
         return {name: self.query_one(f"#run-{name}", Input).value for name, *_ in self.FIELDS}
 
-    def prepare(self, form: Mapping[str, str]) -> Any:
+    def prepare(self, form: Mapping[str, str]) -> PreparedT:
         raise NotImplementedError
 
-    def question(self, prepared: Any) -> str:
+    def question(self, prepared: PreparedT) -> str:
         raise NotImplementedError
 
     def show_error(self, message: str) -> None:
@@ -204,15 +167,15 @@ class RunScreen(Screen):
 
     # --- the run ---------------------------------------------------------------------------
 
-    def begin(self, prepared: Any) -> None:
+    def begin(self, prepared: PreparedT) -> None:
         """Show the progress view and hand the run to the daemon."""
         self.running = True
         self.show_run(prepared)
         self.set_interval(1.0, self.tick)
         request = self.request_of(prepared)
-        self.run_worker(lambda: self._start(request), thread=True, group="run-io", exit_on_error=False)
+        self.run_worker(lambda: self.link.start(request), thread=True, group="run-io", exit_on_error=False)
 
-    def show_run(self, prepared: Any) -> None:
+    def show_run(self, prepared: PreparedT) -> None:
         """The form gives way to the progress view (tests stage a run's events on it)."""
         self.started = True
         self.prepared = prepared
@@ -221,45 +184,11 @@ class RunScreen(Screen):
         self.query_one("#run-table", DataTable).focus()
         self.app.refresh_bindings()
 
-    # --- talking to the daemon (worker threads) ---------------------------------------------
-
-    def _start(self, request: Any) -> None:
-        try:
-            run = self.client().start_run(self.WHAT, request.model_dump())
-        except Exception as e:  # noqa: BLE001 - the daemon's refusal, or no daemon: shown, never raised
-            self.post_message(RunFinished(None, f"the {self.WHAT} did not start: {error_text(e)}"))
-        else:
-            self.post_message(RunStarted(run))
-
-    def _find_run(self) -> None:
-        try:
-            runs = self.client().runs(self.engine_name)
-        except Exception:  # noqa: BLE001 - an older daemon, or none: the form stays as it is
-            return
-        running = [r for r in runs if r["kind"] == self.WHAT and r["state"] == "running"]
-        if running:
-            self.post_message(RunStarted(running[-1], found=True))
-
-    def _poll(self) -> None:
-        if self.run_id is None:
-            return
-        try:
-            reply = self.client().run(self.run_id, since=self.events_seen)
-        except Exception as e:  # noqa: BLE001 - a daemon restart, say: shown, and polled again
-            self.post_message(RunPolled(None, error_text(e)))
-        else:
-            self.post_message(RunPolled(reply))
-
-    def _cancel(self, run_id: int) -> None:
-        try:
-            self.client().cancel_run(run_id)
-        except Exception as e:  # noqa: BLE001
-            self.post_message(RunPolled(None, f"the cancel did not reach the daemon: {error_text(e)}"))
-
     def _poll_later(self, delay_s: float = POLL_S) -> None:
         # A timer of 0 s divides by its interval in Textual: the first poll waits a moment.
         self.set_timer(max(0.05, delay_s),
-                       lambda: self.run_worker(self._poll, thread=True, group="run-io", exit_on_error=False))
+                       lambda: self.run_worker(lambda: self.link.poll(self.run_id, self.events_seen), thread=True,
+                                               group="run-io", exit_on_error=False))
 
     # --- what the daemon said (UI thread) ----------------------------------------------------
 
@@ -278,7 +207,7 @@ class RunScreen(Screen):
             self.app.notify(f"a {self.WHAT} of {self.engine_name} is under way (run {run['id']}): showing it")
         self.run_id = int(run["id"])
         if self.cancel_requested:  # a cancel that came before the daemon's answer
-            self.run_worker(lambda: self._cancel(int(run["id"])), thread=True, group="run-io", exit_on_error=False)
+            self.run_worker(lambda: self.link.cancel(int(run["id"])), thread=True, group="run-io", exit_on_error=False)
         self._poll_later(0.05)
 
     def on_run_polled(self, message: RunPolled) -> None:
@@ -304,16 +233,16 @@ class RunScreen(Screen):
         self.on_run_finished(RunFinished(outcome, reply.get("error") if outcome is None else None))
 
     # What a subclass knows: its request, and the daemon's JSON as the runner's own values.
-    def request_of(self, prepared: Any) -> Any:
+    def request_of(self, prepared: PreparedT) -> BaseModel:
         raise NotImplementedError
 
-    def prepared_from_request(self, request: Mapping[str, Any]) -> Any:
+    def prepared_from_request(self, request: Mapping[str, Any]) -> PreparedT:
         raise NotImplementedError
 
-    def event_from_json(self, raw: Mapping[str, Any]) -> Any:
+    def event_from_json(self, raw: Mapping[str, Any]) -> EventT:
         raise NotImplementedError
 
-    def outcome_from_json(self, raw: Mapping[str, Any]) -> Any:
+    def outcome_from_json(self, raw: Mapping[str, Any]) -> OutcomeT:
         raise NotImplementedError
 
     def action_cancel_run(self) -> None:
@@ -322,7 +251,7 @@ class RunScreen(Screen):
         self.cancel_requested = True
         if self.run_id is not None and self.paths is not None:
             run_id = self.run_id
-            self.run_worker(lambda: self._cancel(run_id), thread=True, group="run-io", exit_on_error=False)
+            self.run_worker(lambda: self.link.cancel(run_id), thread=True, group="run-io", exit_on_error=False)
         self.cancelled()
         self.app.refresh_bindings()
 
@@ -351,13 +280,13 @@ class RunScreen(Screen):
         return Text(f"\nthe daemon did not answer ({self.poll_error}); asking again", style="bold yellow")
 
     # What a subclass shows.
-    def start_view(self, prepared: Any) -> None: ...
-    def progressed(self, event: Any) -> None: ...
+    def start_view(self, prepared: PreparedT) -> None: ...
+    def progressed(self, event: EventT) -> None: ...
     def cancelled(self) -> None: ...
     def render_status(self) -> None: ...
-    def finished_with(self, outcome: Any, error: str | None) -> None: ...
+    def finished_with(self, outcome: OutcomeT | None, error: str | None) -> None: ...
 
-    def set_table(self, headers, rows: list[list[str]]) -> None:
+    def set_table(self, headers: Sequence[str], rows: list[list[str]]) -> None:
         t = self.query_one("#run-table", DataTable)
         if not t.columns:
             for i, h in enumerate(headers):

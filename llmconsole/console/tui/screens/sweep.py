@@ -19,17 +19,27 @@ from rich.text import Text
 from textual.widgets import Static
 
 from llmconsole.console.tui.screens.run_base import RunScreen
-from llmconsole.console.tui.sweep_view import (SWEEP_FIELDS, SweepView, confirm_question, current_text, fold_sweep,
-                                               headline, outcome_lines, sweep_request, table)
+from llmconsole.console.tui.sweep_view import (
+    SWEEP_FIELDS,
+    SweepView,
+    confirm_question,
+    current_text,
+    fold_sweep,
+    headline,
+    outcome_lines,
+    sweep_request,
+    table,
+)
 from llmconsole.engine.sweep.plan import SweepPlan, SweepProgress
 from llmconsole.engine.sweep.report import analyse, picks_text, result_from_json
 from llmconsole.engine.sweep.request import SweepRequest
 from llmconsole.engine.sweep.runner import SweepResult
 
 Prepared = tuple[SweepRequest, SweepPlan]
+Outcome = tuple[SweepResult, dict[str, Path]]  # the result, and the files the daemon wrote
 
 
-class SweepScreen(RunScreen):
+class SweepScreen(RunScreen[Prepared, SweepProgress, Outcome]):
     FIELDS = SWEEP_FIELDS
     TITLE = "mini sweep"
     WHAT = "sweep"
@@ -57,7 +67,7 @@ class SweepScreen(RunScreen):
     def event_from_json(self, raw: Mapping[str, Any]) -> SweepProgress:
         return SweepProgress.from_json(dict(raw))
 
-    def outcome_from_json(self, raw: Mapping[str, Any]) -> tuple[SweepResult, dict[str, Path]]:
+    def outcome_from_json(self, raw: Mapping[str, Any]) -> Outcome:
         assert self.plan is not None
         return result_from_json(dict(raw), self.plan), {k: Path(v) for k, v in (raw.get("files") or {}).items()}
 
@@ -97,7 +107,7 @@ class SweepScreen(RunScreen):
     def _notes(self, lines: list[str], style: str = "") -> None:
         self.query_one("#run-notes", Static).update(Text("\n".join(lines), style=style))
 
-    def finished_with(self, outcome: tuple[SweepResult, dict[str, Path]] | None, error: str | None) -> None:
+    def finished_with(self, outcome: Outcome | None, error: str | None) -> None:
         if error is not None or outcome is None:
             self.render_status()
             self._notes([f"the sweep stopped: {error}",

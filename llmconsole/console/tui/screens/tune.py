@@ -22,10 +22,24 @@ from textual.widgets import Static
 
 from llmconsole.console.tui.run_view import params_text
 from llmconsole.console.tui.screens.confirm import ConfirmScreen
-from llmconsole.console.tui.screens.run_base import RunScreen, error_text
-from llmconsole.console.tui.tune_view import (TRIAL_HEADERS, TUNE_FIELDS, TuneView, best_text, can_apply,
-                                              confirm_question, current_text, fold_tune, headline, outcome_lines,
-                                              snapshot_facts, trial_rows, tune_request, with_prior)
+from llmconsole.console.tui.screens.run_base import RunScreen
+from llmconsole.console.tui.screens.run_link import NO_DAEMON, error_text
+from llmconsole.console.tui.tune_view import (
+    TRIAL_HEADERS,
+    TUNE_FIELDS,
+    TuneView,
+    best_text,
+    can_apply,
+    confirm_question,
+    current_text,
+    fold_tune,
+    headline,
+    outcome_lines,
+    snapshot_facts,
+    trial_rows,
+    tune_request,
+    with_prior,
+)
 from llmconsole.engine.metrics.latency import Slo
 from llmconsole.engine.tune.guard import applied_text
 from llmconsole.engine.tune.ranges import EngineFacts
@@ -52,6 +66,11 @@ class TunePrepared:
     space_lines: tuple[str, ...] = ()
 
 
+# What the daemon's progress events read as: the study's first word (its earlier trials and the
+# ranges), then the tuner's own events.
+TuneEvent = TuneProgress | list[SpaceDerived | PriorTrials]
+
+
 class WinnerApplied(Message):
     def __init__(self, reply: dict[str, Any] | None, error: str | None) -> None:
         super().__init__()
@@ -59,7 +78,7 @@ class WinnerApplied(Message):
         self.error = error
 
 
-class TuneScreen(RunScreen):
+class TuneScreen(RunScreen[TunePrepared, TuneEvent, TuneResult]):
     FIELDS = TUNE_FIELDS
     TITLE = "auto-tune"
     WHAT = "tune"
@@ -105,7 +124,7 @@ class TuneScreen(RunScreen):
         req.check()
         return TunePrepared(req, None)
 
-    def event_from_json(self, raw: Mapping[str, Any]) -> Any:
+    def event_from_json(self, raw: Mapping[str, Any]) -> TuneEvent:
         if raw.get("event") == "prior":  # the daemon's first word: the study's earlier trials, the ranges
             return [SpaceDerived(tuple(raw.get("space") or ())),
                     PriorTrials(TrialOutcome(**t) for t in raw.get("trials") or ())]
@@ -127,7 +146,7 @@ class TuneScreen(RunScreen):
 
     # --- what it shows ---------------------------------------------------------------------
 
-    def progressed(self, ev: Any) -> None:
+    def progressed(self, ev: TuneEvent) -> None:
         assert self.view is not None
         for one in ev if isinstance(ev, list) else [ev]:
             if isinstance(one, SpaceDerived):
@@ -202,6 +221,9 @@ class TuneScreen(RunScreen):
         assert self.result is not None and self.result.winner is not None and self.request is not None
         from llmconsole.console.client import DaemonClient
 
+        if self.paths is None:  # a replayed console: no daemon to apply it through
+            self.post_message(WinnerApplied(None, NO_DAEMON))
+            return
         try:
             with DaemonClient(self.paths, timeout_s=900.0) as client:
                 reply = client.apply_tuned(self.engine_name, self.result.winner.params,

@@ -6,6 +6,9 @@ and host CPU with the engine's own share beside them, and the title says so.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
@@ -13,7 +16,15 @@ from textual.widgets import Sparkline, Static
 
 from llmconsole.console.tui.history import MetricHistory
 from llmconsole.console.tui.view import (
-    NA, EngineView, HostView, fmt_bytes, fmt_count, fmt_ms, fmt_pct, fmt_rate, na,
+    NA,
+    EngineView,
+    HostView,
+    fmt_bytes,
+    fmt_count,
+    fmt_ms,
+    fmt_pct,
+    fmt_rate,
+    na,
 )
 from llmconsole.console.tui.widgets.gauges import Figures, Gauge, LatencyTable
 
@@ -27,7 +38,7 @@ class Trend(Horizontal):
     Trend > Sparkline { width: 1fr; height: 1fr; margin-right: 1; }
     """
 
-    def __init__(self, title: str, key: str, fmt, **kw) -> None:
+    def __init__(self, title: str, key: str, fmt: Callable[[float | None], str], **kw: Any) -> None:
         super().__init__(**kw)
         self.title, self.key, self.fmt = title, key, fmt
         self._label = Static(title, classes="trend-label")

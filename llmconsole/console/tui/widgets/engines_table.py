@@ -6,6 +6,8 @@ tok/s, p99 TTFT), so the fleet can be compared at a glance.
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.text import Text
 from textual.widgets import DataTable
 
@@ -39,15 +41,15 @@ def _cells(e: EngineView) -> dict[str, str | Text]:
     }
 
 
-class EnginesTable(DataTable):
+class EnginesTable(DataTable[str | Text]):
     DEFAULT_CSS = """
     EnginesTable { height: auto; max-height: 9; }
     """
 
-    def __init__(self, **kw) -> None:
+    def __init__(self, **kw: Any) -> None:
         super().__init__(cursor_type="row", zebra_stripes=False, show_cursor=True, **kw)
         self._shown: dict[str, dict[str, str | Text]] = {}
-        self._columns = COLUMNS
+        self._columns: tuple[tuple[str, str], ...] = COLUMNS
         self._restore_cursor: int | None = None
 
     def on_mount(self) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.text import Text
 from textual.widget import Widget
 from textual.widgets import Static
@@ -20,7 +22,7 @@ class Gauge(Widget):
     Gauge { height: 1; }
     """
 
-    def __init__(self, label: str, **kw) -> None:
+    def __init__(self, label: str, **kw: Any) -> None:
         super().__init__(**kw)
         self._label = label
         self._fraction: float | None = None
@@ -52,9 +54,9 @@ class Gauge(Widget):
 class Figures(Static):
     """Rows of `label value  label value`, refreshed only when a figure changes."""
 
-    def __init__(self, **kw) -> None:
+    def __init__(self, **kw: Any) -> None:
         super().__init__("", **kw)
-        self._rows: tuple = ()
+        self._rows: tuple[tuple[tuple[str, str], ...], ...] = ()
 
     def set_rows(self, rows: list[list[tuple[str, str]]]) -> None:
         key = tuple(tuple(r) for r in rows)
@@ -74,9 +76,9 @@ class Figures(Static):
 class LatencyTable(Static):
     """TTFT, inter-token and end-to-end latency at p50 and p99."""
 
-    def __init__(self, **kw) -> None:
+    def __init__(self, **kw: Any) -> None:
         super().__init__("", **kw)
-        self._rows: tuple = ()
+        self._rows: tuple[tuple[str, str, str], ...] = ()
 
     def set_rows(self, rows: list[tuple[str, str, str]]) -> None:
         key = tuple(rows)

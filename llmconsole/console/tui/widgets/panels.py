@@ -3,6 +3,8 @@ batch-window controller panel and the engine's log tail."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.text import Text
 from textual.widgets import Static
 
@@ -105,11 +107,11 @@ class LogTail(Static):
     LogTail { height: 1fr; min-height: 3; padding: 0 1; border-top: solid $panel; text-wrap: nowrap; text-overflow: ellipsis; }
     """
 
-    def __init__(self, **kw) -> None:
+    def __init__(self, **kw: Any) -> None:
         super().__init__("", **kw)
         self._name: str | None = None
         self._lines: list[str] = []
-        self._shown: tuple = ()
+        self._shown: tuple[tuple[str, ...], int, int] | tuple[()] = ()
 
     def show(self, name: str | None, chunk: LogChunk | None) -> None:
         if name != self._name:

@@ -13,8 +13,8 @@ from rich.text import Text
 from textual.widgets import Static
 
 from llmconsole.engine.plan.recommend import Workload, recommend
-from llmconsole.engine.spec import EngineSpec
 from llmconsole.engine.plan.validate import HostMemory, Verdict, host_memory, validate
+from llmconsole.engine.spec import EngineSpec
 
 
 def planner_lines(spec: EngineSpec | None, mem: HostMemory | None) -> list[tuple[str, str]]:
