@@ -58,7 +58,7 @@ test: setup $(MODELS)/tiny/llmconsole-model.json
 test-fast: setup $(MODELS)/tiny/llmconsole-model.json
 	LLMCONSOLE_TEST_MODEL=$(CURDIR)/$(MODELS)/tiny $(PY) -m pytest -m "not engine" $(PYTEST_ARGS)
 
-# The rails: lint and format (ruff), types (mypy, strict on the core) and the package
+# The rails: lint and format (ruff), types (mypy, strict) and the package
 # boundaries (import-linter); the contracts and settings live in pyproject.toml.
 lint: $(VENV)/.install-stamp
 	$(VENV)/bin/ruff check llmconsole tests bench docs

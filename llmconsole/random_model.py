@@ -14,6 +14,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 # Head dims must be ones the CPU attention backend supports (32, 48, 64, 80, 96, 112, 128, ...).
 @dataclass(frozen=True)
@@ -47,7 +51,7 @@ _CORPUS = [
 ]
 
 
-def _train_tokenizer(vocab_size: int):
+def _train_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -61,7 +65,8 @@ def _train_tokenizer(vocab_size: int):
         show_progress=False,
     )
     tok.train_from_iterator(_CORPUS * 50, trainer=trainer)
-    return PreTrainedTokenizerFast(
+    # transformers' constructors carry no annotations.
+    return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
     )
 
@@ -111,9 +116,10 @@ def build_model(size: str, out_dir: Path, seed: int = 0) -> Path:
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=False,
-        torch_dtype="bfloat16",
+        dtype="bfloat16",
     )
-    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]  # transformers: no annotations
+    model = model.to(torch.bfloat16)  # type: ignore[arg-type]  # its `to` wrapper is typed for modules
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
