@@ -25,13 +25,14 @@ import yaml
 
 from llmconsole.db import Store
 from llmconsole.engine.alerts.response_settings import cpu_has_avx512
-from tests.conftest import Cli, _short_home, _stop_daemon
+from tests.support.daemon import Cli, short_home, stop_daemon
+from tests.support.paths import ROOT
 
 pytestmark = [pytest.mark.engine,
               pytest.mark.skipif(shutil.which("prometheus") is None,
                                  reason="prometheus missing: `make setup` installs Debian's prometheus package")]
 
-RULES = Path(__file__).resolve().parent.parent / "deploy" / "prometheus" / "llmconsole-rules.yml"
+RULES = ROOT / "deploy" / "prometheus" / "llmconsole-rules.yml"
 FLAGS = ["--max-num-seqs", "8", "--max-model-len", "512", "--num-gpu-blocks-override", "6",
          "--kv-cache-memory-bytes", "100000000", "--enforce-eager", "--cpu-threads-bind", "nobind",
          "--env", "VLLM_ENABLE_V1_MULTIPROCESSING=0"]  # the worker in the engine-core process: faster starts
@@ -52,7 +53,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def acli(tiny_model):
-    home = _short_home("llmc-alert-")
+    home = short_home("llmc-alert-")
     # The daemon's own rule waits 3 s (not 5 minutes) and answers by halving the window, then
     # with a standby engine. Where the CPU cannot keep KV in fp8 (AVX2 only) the kv_dtype
     # response is enabled too, and must be refused with the reason and leave the engine alone.
@@ -62,7 +63,7 @@ def acli(tiny_model):
     c("daemon", "start")
     c("engine", "start", "p1", "--model", str(tiny_model), "--served-model-name", "tiny", *FLAGS)
     yield c
-    _stop_daemon(home)
+    stop_daemon(home)
     shutil.rmtree(home, ignore_errors=True)
 
 

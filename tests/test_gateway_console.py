@@ -9,7 +9,7 @@ import copy
 from llmconsole.console.tui import Command
 from llmconsole.console.tui.view import ControllerView, EngineView
 from llmconsole.console.tui.widgets.panels import ControllerPanel, sparkline
-from tests.test_tui_support import frames, recorded_app, replay, status_frame
+from tests.support.recorded import make_recorded_app, replay, status_frame, stream_frames
 
 
 def _controller(window=12, frozen=False, max_window=32):
@@ -20,12 +20,12 @@ def _controller(window=12, frozen=False, max_window=32):
 
 
 def _app_with(controller):
-    status = copy.deepcopy(frames()[-1]["status"])
+    status = copy.deepcopy(stream_frames()[-1]["status"])
     for e in status["engines"]:
         e["gateway_url"] = f"http://127.0.0.1:8780/g/{e['name']}"
         e["window"] = controller["window"]
         e["controller"] = controller
-    return recorded_app([status_frame(status)])
+    return make_recorded_app([status_frame(status)])
 
 
 def _panel_text(app) -> str:
@@ -78,7 +78,7 @@ def test_window_keys_stop_at_the_bounds_and_wait_for_a_gateway():
                     break
                 await pilot.pause(0.01)
             assert source.commands == [Command("window", app.screen.selected_name, {"freeze": False})]
-        app, source = recorded_app()  # a status stream with no gateway in it
+        app, source = make_recorded_app()  # a status stream with no gateway in it
         async with app.run_test(size=(120, 40)) as pilot:
             await replay(pilot)
             assert "not running" in _panel_text(app)

@@ -23,8 +23,8 @@ import pytest
 
 from llmconsole.console.client import DaemonClient
 from llmconsole.paths import resolve
-from tests.client_team import ClientTeam
-from tests.conftest import Cli, _short_home, _stop_daemon
+from tests.support.client_team import ClientTeam
+from tests.support.daemon import Cli, short_home, stop_daemon
 
 pytestmark = pytest.mark.engine
 
@@ -35,7 +35,7 @@ ENGINES = ("ga", "gb")
 
 @pytest.fixture(scope="module")
 def pair(tiny_model):
-    home = _short_home("llmc-grp-")
+    home = short_home("llmc-grp-")
     c = Cli(home)
     c.env["LLMCONSOLE_CPU_KV_BUDGET_BYTES"] = str(8 << 20)
     c("daemon", "start")
@@ -46,7 +46,7 @@ def pair(tiny_model):
             c.wait_engine(name, lambda e: e["state"] == "ready", timeout_s=480, interval_s=2.0)
         yield c
     finally:
-        _stop_daemon(home)
+        stop_daemon(home)
         shutil.rmtree(home, ignore_errors=True)
 
 

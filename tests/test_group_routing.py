@@ -20,7 +20,7 @@ from llmconsole.engine.modes.guarded_apply import _drain
 from llmconsole.engine.gateway.pid import PidSettings
 from llmconsole.engine.alerts.response_settings import GroupGate
 from llmconsole.paths import Paths
-from tests.test_gateway_stub import Stub
+from tests.support.stub_upstream import Stub
 
 
 def _group(*names: str, window: int = 8) -> EngineGroup:

@@ -12,7 +12,7 @@ import sqlite3
 
 import pytest
 
-from tests.conftest import Cli, _short_home, _stop_daemon
+from tests.support.daemon import Cli, short_home, stop_daemon
 
 pytestmark = pytest.mark.engine
 
@@ -23,12 +23,12 @@ BASE = ["--served-model-name", "tiny", "--max-model-len", "512", "--kv-cache-mem
 
 @pytest.fixture(scope="module")
 def hcli(tiny_model):
-    home = _short_home("llmc-hist-")
+    home = short_home("llmc-hist-")
     c = Cli(home)
     c.env["ENGINE_KEY"] = SECRET
     c.model = tiny_model
     yield c
-    _stop_daemon(home)
+    stop_daemon(home)
 
 
 def _history(c: Cli) -> list[dict]:

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from llmconsole.kernels.usage import LOG_PREFIX, REPORT_EVERY_S, KernelUsage, parse_usage
-from tests.conftest import Cli, _short_home, _stop_daemon
+from tests.support.daemon import Cli, short_home, stop_daemon
 
 pytestmark = pytest.mark.engine
 
@@ -44,7 +44,7 @@ NEAR_TIE_NATS = 0.05
 
 @pytest.fixture(scope="module")
 def engines(tiny_model):
-    home = _short_home("llmc-kern-")
+    home = short_home("llmc-kern-")
     cli = Cli(home)
     try:
         # One after the other: the daemon's store refuses two concurrent first starts
@@ -54,7 +54,7 @@ def engines(tiny_model):
                 *ENGINE_FLAGS)
         yield cli
     finally:
-        _stop_daemon(home)
+        stop_daemon(home)
 
 
 def _complete(url: str) -> list[dict]:

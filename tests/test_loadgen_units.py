@@ -11,7 +11,6 @@ import asyncio
 import random
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -22,8 +21,9 @@ from llmconsole.engine.sweep.plan import SweepPlan, parse_grid, parse_loads
 from llmconsole.engine.sweep.probe import ResourceSample
 from llmconsole.engine.sweep.report import table_rows, write_results
 from llmconsole.engine.load.workload import LengthDist, Workload, exact_prompt, load_tokenizer, plan_requests
+from tests.support.paths import ROOT
 
-STUB = Path(__file__).resolve().parent.parent / "bench" / "bench_loadgen_stub.py"
+STUB = ROOT / "bench" / "bench_loadgen_stub.py"
 
 
 @pytest.fixture(scope="module")

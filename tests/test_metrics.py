@@ -2,15 +2,15 @@
 
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from llmconsole.engine.metrics.page import HistogramSample, MetricsParseError, histogram_quantile, parse_metrics
 from llmconsole.engine.metrics.window import MetricsWindow
+from tests.support.paths import FIXTURES
 
-FIX = Path(__file__).parent / "fixtures" / "metrics"
+FIX = FIXTURES / "metrics"
 # vLLM's buckets for time_to_first_token_seconds.
 TTFT_BOUNDS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
                10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0, math.inf)

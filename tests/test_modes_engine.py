@@ -17,8 +17,8 @@ import urllib.request
 import pytest
 
 from llmconsole.db import Store
-from tests.client_team import ClientTeam
-from tests.conftest import Cli, _short_home, _stop_daemon
+from tests.support.client_team import ClientTeam
+from tests.support.daemon import Cli, short_home, stop_daemon
 
 pytestmark = pytest.mark.engine
 
@@ -30,13 +30,13 @@ FLAGS = ["--max-num-seqs", "8", "--max-model-len", "512", "--kv-cache-memory-byt
 
 @pytest.fixture(scope="module")
 def mcli(tiny_model):
-    home = _short_home("llmc-mode-")
+    home = short_home("llmc-mode-")
     c = Cli(home)
     c.env["LLMCONSOLE_CPU_KV_BUDGET_BYTES"] = str(BUDGET_BYTES)
     c("daemon", "start")
     c("engine", "start", "m1", "--model", str(tiny_model), "--served-model-name", "tiny", *FLAGS)
     yield c
-    _stop_daemon(home)
+    stop_daemon(home)
     shutil.rmtree(home, ignore_errors=True)
 
 

@@ -10,7 +10,7 @@ from llmconsole.console.tui import Command
 from llmconsole.console.tui.keys import check_keymap
 from llmconsole.console.tui.screens.dashboard import DashboardScreen
 from llmconsole.console.tui.screens.mode import ModeScreen
-from tests.test_tui_support import recorded_app, replay
+from tests.support.recorded import make_recorded_app, replay
 
 
 async def _wait(pilot, cond, what: str, tries: int = 300) -> None:
@@ -29,7 +29,7 @@ def test_mode_keys_do_not_clash():
                                        (("down", "enter"), "balanced")])
 def test_a_choice_sends_one_mode_command(keys, mode):
     async def go():
-        app, source = recorded_app()
+        app, source = make_recorded_app()
         async with app.run_test(size=(100, 30)) as pilot:
             await replay(pilot)
             await pilot.press("m")
@@ -44,7 +44,7 @@ def test_a_choice_sends_one_mode_command(keys, mode):
 
 def test_escape_leaves_the_mode_as_it_was():
     async def go():
-        app, source = recorded_app()
+        app, source = make_recorded_app()
         async with app.run_test(size=(100, 30)) as pilot:
             await replay(pilot)
             await pilot.press("m")
@@ -57,9 +57,9 @@ def test_escape_leaves_the_mode_as_it_was():
 
 
 def _alerts_frame() -> dict:
-    from tests.test_tui_support import frames
+    from tests.support.recorded import stream_frames
 
-    frame = dict(frames()[-1])
+    frame = dict(stream_frames()[-1])
     frame["alerts"] = {
         "active": [{"rule": "LlmconsoleKvCacheHigh", "engine": "t1", "state": "firing", "for_s": 12.0}],
         "alerts": [],
@@ -79,7 +79,7 @@ def test_alerts_screen_undoes_a_response_after_asking():
     from llmconsole.console.tui.screens.confirm import ConfirmScreen
 
     async def go():
-        app, source = recorded_app([_alerts_frame()])
+        app, source = make_recorded_app([_alerts_frame()])
         async with app.run_test(size=(120, 40)) as pilot:
             await replay(pilot)
             await pilot.press("A")

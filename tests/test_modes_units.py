@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -12,8 +11,9 @@ from llmconsole.engine.modes.policy import PolicySettings, PolicyState, replay, 
 from llmconsole.engine.modes.memory import Mode, ModeError, cpu_kv_budget_bytes, mode_of, mode_spec, parse_mode
 from llmconsole.engine.alerts.response_settings import kv_dtype_spec, kv_dtype_support, validate_settings
 from llmconsole.engine.spec import EngineSpec
+from tests.support.paths import FIXTURES
 
-TRACE = Path(__file__).parent / "fixtures" / "memory" / "host_trace.jsonl"
+TRACE = FIXTURES / "memory" / "host_trace.jsonl"
 _MIB = 1 << 20
 
 

@@ -1,4 +1,4 @@
-"""The window controller on a synthetic engine shaped like the real one (tests/pid_plants.py):
+"""The window controller on a synthetic engine shaped like the real one (tests/support/pid_plants.py):
 a KV knee at 20 requests, TTFT that reports seconds after a move, a jittery shared CPU.
 
 On this plant the controller this one replaced (p99 of the newest 32 requests, kp 3, ki 2 per
@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 
 from llmconsole.engine.gateway.pid import PidController, PidSettings
-from tests.pid_plants import run_step
+from tests.support.pid_plants import run_step
 
 SEEDS = (11, 12, 13, 14, 15, 16)
 STEP_AT_S = 10.0

@@ -4,9 +4,10 @@ the step until it is within 10% of the target and stays there."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+from tests.support.paths import ROOT
+
+sys.path.insert(0, str(ROOT / "bench"))
 
 from exp_window_figures import MIN_ROLL_SAMPLES, pct, rolling_p99_ms, settling  # noqa: E402
 

@@ -17,8 +17,8 @@ from llmconsole.engine.plan.roofline import LLAMA2_7B_CONFIG
 from llmconsole.engine.spec import EngineSpec
 from llmconsole.engine.startup_log import parse_facts
 from llmconsole.engine.plan.validate import ConfigDoesNotFit, HostMemory, enforce, validate
+from tests.support.paths import FIXTURES
 
-FIXTURES = Path(__file__).parent / "fixtures"
 CPU_24G = HostMemory("cpu", 24 * 2**30, 0)
 
 

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import pytest
 
 from llmconsole.console.cli import main
 from llmconsole.console.client import DaemonClient, DaemonError
 from llmconsole.paths import resolve
+from tests.support.paths import FIXTURES
 
-TOPOLOGY = Path(__file__).parent / "fixtures" / "topology"
+TOPOLOGY = FIXTURES / "topology"
 BAD = ["--max-model-len", "2048", "--kv-cache-memory-bytes", "100000"]
 
 

@@ -10,7 +10,7 @@ from llmconsole.console.tui.screens.form import EngineFormScreen
 from llmconsole.console.tui.widgets.planner_panel import PlannerPanel, planner_lines
 from llmconsole.engine.spec import EngineSpec
 from llmconsole.engine.plan.validate import HostMemory
-from tests.test_tui_support import recorded_app, replay
+from tests.support.recorded import make_recorded_app, replay
 
 
 def _text(panel: PlannerPanel) -> str:
@@ -19,7 +19,7 @@ def _text(panel: PlannerPanel) -> str:
 
 def test_panel_follows_the_form_from_no_model_to_misfit_to_fit(tiny_model):
     async def go():
-        app, source = recorded_app()
+        app, source = make_recorded_app()
         async with app.run_test(size=(120, 40)) as pilot:
             await replay(pilot)
             await pilot.press("n")

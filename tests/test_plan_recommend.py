@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import types
-from pathlib import Path
 
 import pytest
 
@@ -16,8 +15,9 @@ from llmconsole.engine.plan.recommend import (
 )
 from llmconsole.engine.spec import EngineSpec
 from llmconsole.engine.plan.topology import load_topology
+from tests.support.paths import FIXTURES
 
-TOPOLOGY = Path(__file__).parent / "fixtures" / "topology"
+TOPOLOGY = FIXTURES / "topology"
 
 
 def _by_setting(recs):

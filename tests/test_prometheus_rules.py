@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.paths import ROOT
+
 RULES = ROOT / "deploy" / "prometheus" / "llmconsole-rules.yml"
 TESTS = sorted((ROOT / "deploy" / "prometheus" / "tests").glob("*.yml"))
 

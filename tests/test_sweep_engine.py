@@ -17,7 +17,7 @@ from llmconsole.engine.metrics.latency import Slo
 from llmconsole.engine.load.generator import run_load
 from llmconsole.engine.metrics.page import parse_metrics
 from llmconsole.engine.load.workload import LengthDist, Workload, load_tokenizer, plan_requests
-from tests.conftest import Cli, _short_home, _stop_daemon
+from tests.support.daemon import Cli, short_home, stop_daemon
 
 pytestmark = pytest.mark.engine
 
@@ -29,12 +29,12 @@ FLAGS = ["--served-model-name", "tiny", "--max-num-seqs", "4", "--max-model-len"
 
 @pytest.fixture(scope="module")
 def eng(tiny_model):
-    home = _short_home("llmc-lg-")
+    home = short_home("llmc-lg-")
     c = Cli(home)
     c.model = tiny_model
     c("engine", "start", "lg", "--model", str(tiny_model), *FLAGS)
     yield c
-    _stop_daemon(home)
+    stop_daemon(home)
     shutil.rmtree(home, ignore_errors=True)
 
 

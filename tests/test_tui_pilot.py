@@ -17,7 +17,7 @@ from llmconsole.console.tui.screens.dashboard import DashboardScreen
 from llmconsole.console.tui.screens.engine import DetailScreen, LogsScreen
 from llmconsole.console.tui.screens.form import EngineFormScreen
 from llmconsole.console.tui.screens.help import HelpScreen
-from tests.test_tui_support import frames, history_frame, lost_frame, recorded_app, replay, status_frame
+from tests.support.recorded import history_frame, lost_frame, make_recorded_app, replay, status_frame, stream_frames
 
 
 def run(coro):
@@ -40,7 +40,7 @@ def _help_text(app) -> str:
 
 def test_stop_asks_first_and_sends_only_after_yes():
     async def go():
-        app, source = recorded_app()
+        app, source = make_recorded_app()
         async with app.run_test(size=(80, 24)) as pilot:
             await replay(pilot)
             await pilot.press("k")
@@ -57,7 +57,7 @@ def test_stop_asks_first_and_sends_only_after_yes():
 @pytest.mark.parametrize("answer", ["n", "escape"])
 def test_cancelling_a_stop_sends_nothing(answer):
     async def go():
-        app, source = recorded_app()
+        app, source = make_recorded_app()
         async with app.run_test(size=(80, 24)) as pilot:
             await replay(pilot)
             await pilot.press("k")
@@ -72,7 +72,7 @@ def test_cancelling_a_stop_sends_nothing(answer):
 
 def test_enter_on_the_question_is_no():
     async def go():
-        app, source = recorded_app()
+        app, source = make_recorded_app()
         async with app.run_test(size=(80, 24)) as pilot:
             await replay(pilot)
             await pilot.press("k", "enter")
@@ -83,7 +83,7 @@ def test_enter_on_the_question_is_no():
 
 def test_restart_and_stop_all_ask_first():
     async def go():
-        app, source = recorded_app()
+        app, source = make_recorded_app()
         async with app.run_test(size=(80, 24)) as pilot:
             await replay(pilot)
             await pilot.press("r")
@@ -103,7 +103,7 @@ def test_restart_and_stop_all_ask_first():
 
 def test_start_is_only_for_a_stopped_or_failed_engine():
     async def go():
-        app, source = recorded_app()
+        app, source = make_recorded_app()
         async with app.run_test(size=(80, 24)) as pilot:
             await replay(pilot)
             assert app.check_action("start_engine", ()) is None  # t1 is ready: greyed out
@@ -123,7 +123,7 @@ def test_start_is_only_for_a_stopped_or_failed_engine():
 
 def test_a_remapped_key_works_and_the_old_one_does_not():
     async def go():
-        app, source = recorded_app(keymap={"stop": "x"})
+        app, source = make_recorded_app(keymap={"stop": "x"})
         async with app.run_test(size=(80, 24)) as pilot:
             await replay(pilot)
             await pilot.press("k")
@@ -146,7 +146,7 @@ def test_a_remapped_key_works_and_the_old_one_does_not():
 
 def test_quit_sends_no_stop_and_says_the_engines_keep_serving():
     async def go():
-        app, source = recorded_app()
+        app, source = make_recorded_app()
         async with app.run_test(size=(80, 24)) as pilot:
             await replay(pilot)
             await pilot.press("q")
@@ -159,7 +159,7 @@ def test_quit_sends_no_stop_and_says_the_engines_keep_serving():
 
 def test_keys_open_their_screens_and_escape_comes_back():
     async def go():
-        app, _ = recorded_app()
+        app, _ = make_recorded_app()
         async with app.run_test(size=(80, 24)) as pilot:
             await replay(pilot)
             for key, screen in (("d", DetailScreen), ("l", LogsScreen), ("question_mark", HelpScreen)):
@@ -177,7 +177,7 @@ def test_keys_open_their_screens_and_escape_comes_back():
 
 def test_new_engine_form_sends_the_validated_spec_and_refuses_a_bad_one():
     async def go():
-        app, source = recorded_app()
+        app, source = make_recorded_app()
         async with app.run_test(size=(80, 24)) as pilot:
             await replay(pilot)
             await pilot.press("n")
@@ -200,8 +200,8 @@ def test_new_engine_form_sends_the_validated_spec_and_refuses_a_bad_one():
 
 def test_the_daemon_going_away_shows_a_banner_and_coming_back_clears_it():
     async def go():
-        back = frames()[-1]
-        app, source = recorded_app([lost_frame(), lost_frame(), back], retry_s=0.01)
+        back = stream_frames()[-1]
+        app, source = make_recorded_app([lost_frame(), lost_frame(), back], retry_s=0.01)
         seen: list[str] = []
         async with app.run_test(size=(80, 24), message_hook=lambda m: seen.append(type(m).__name__)) as pilot:
             await _wait(pilot, lambda: app.lost_reason is not None, "the banner")
@@ -220,7 +220,7 @@ class _Broken(RecordedSource):
     """A source that fails in every way a daemon can: errors, garbage, refusals."""
 
     def __init__(self):
-        super().__init__(frames()[-1:])
+        super().__init__(stream_frames()[-1:])
         self.calls = 0
 
     def poll(self) -> dict[str, Any]:
@@ -268,7 +268,7 @@ def test_missing_values_show_na():
 
 def test_every_action_is_in_the_palette_and_the_help():
     async def go():
-        app, _ = recorded_app()
+        app, _ = make_recorded_app()
         async with app.run_test(size=(120, 40)) as pilot:
             await replay(pilot)
             titles = [c.title for c in app.get_system_commands(app.screen)]
@@ -285,7 +285,7 @@ def test_every_action_is_in_the_palette_and_the_help():
 
 def test_a_palette_action_that_is_not_allowed_says_why():
     async def go():
-        app, source = recorded_app()
+        app, source = make_recorded_app()
         async with app.run_test(size=(80, 24)) as pilot:
             await replay(pilot)
             await app._from_palette("start_engine", "Start engine")
@@ -297,8 +297,8 @@ def test_a_palette_action_that_is_not_allowed_says_why():
 
 def test_history_lists_versions_and_rollback_asks_then_sends_the_chosen_version():
     async def go():
-        current = frames()[-1]["status"]["engines"][0]["config_id"]
-        app, source = recorded_app([history_frame(current)])
+        current = stream_frames()[-1]["status"]["engines"][0]["config_id"]
+        app, source = make_recorded_app([history_frame(current)])
         async with app.run_test(size=(120, 40)) as pilot:
             await replay(pilot)
             await pilot.press("h")

@@ -19,7 +19,7 @@ from llmconsole.console.tui.screens.confirm import ConfirmScreen
 from llmconsole.console.tui.screens.sweep import SweepScreen
 from llmconsole.console.tui.screens.tune import TuneScreen
 from llmconsole.paths import resolve
-from tests.conftest import Cli, _short_home, _stop_daemon
+from tests.support.daemon import Cli, short_home, stop_daemon
 
 pytestmark = pytest.mark.engine
 
@@ -31,11 +31,11 @@ SMALL = dict(input_len="16", output_len="8", slo="p99_e2e_ms=60000")
 
 @pytest.fixture(scope="module")
 def eng(tiny_model):
-    home = _short_home("llmc-tr-")
+    home = short_home("llmc-tr-")
     c = Cli(home)
     c("engine", "start", "tr", "--model", str(tiny_model), *FLAGS)
     yield c
-    _stop_daemon(home)
+    stop_daemon(home)
     shutil.rmtree(home, ignore_errors=True)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Cli, _short_home, _stop_daemon
+from tests.support.daemon import Cli, short_home, stop_daemon
 
 pytestmark = [pytest.mark.engine, pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")]
 
@@ -84,11 +84,11 @@ def _health(url: str) -> int:
 
 @pytest.fixture
 def engine_home(tiny_model):
-    home = _short_home("llmc-tui-")
+    home = short_home("llmc-tui-")
     cli = Cli(home)
     cli("engine", "start", "t1", "--model", str(tiny_model), "--served-model-name", "tiny", *ENGINE_FLAGS)
     yield home, cli
-    _stop_daemon(home)
+    stop_daemon(home)
     shutil.rmtree(home, ignore_errors=True)
 
 

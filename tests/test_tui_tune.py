@@ -21,9 +21,9 @@ from llmconsole.console.tui.tune_view import (TUNE_DEFAULTS, TuneView, best_text
 from llmconsole.engine.sweep.runner import EngineTarget
 from llmconsole.engine.tune.tuner import TuneProgress, TuneResult
 from llmconsole.engine.tune.space import Budget, Remeasured, TrialOutcome
-from tests.test_tui_support import frames, recorded_app, replay
+from tests.support.recorded import make_recorded_app, replay, stream_frames
 
-SPEC = frames()[-1]["status"]["engines"][0]["spec"]   # t1 as the daemon reports it
+SPEC = stream_frames()[-1]["status"]["engines"][0]["spec"]   # t1 as the daemon reports it
 FACTS = snapshot_facts(SPEC)
 FORM = dict(TUNE_DEFAULTS, knobs="max_num_seqs=2,4,8", budget="4")
 
@@ -149,7 +149,7 @@ async def stage(pilot, events, finished=None) -> TuneScreen:
 
 def test_bad_input_shows_a_message_and_starts_nothing():
     async def go():
-        app, source = recorded_app()
+        app, source = make_recorded_app()
         async with app.run_test(size=(100, 30)) as pilot:
             screen = await _open(pilot)
             screen.query_one("#run-slo", Input).value = ""
@@ -162,7 +162,7 @@ def test_bad_input_shows_a_message_and_starts_nothing():
 
 def test_the_screen_shows_progress_and_applies_only_after_asking():
     async def go():
-        app, source = recorded_app()
+        app, source = make_recorded_app()
         async with app.run_test(size=(120, 40)) as pilot:
             screen = await stage(pilot, EVENTS)
             status = str(screen.query_one("#run-status", Static).render())
@@ -196,7 +196,7 @@ SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((120, 40), id="120x40"
 
 @pytest.mark.parametrize("size", SIZES)
 def test_snapshot_tune_under_way(snap_compare, size):
-    app, _ = recorded_app()
+    app, _ = make_recorded_app()
 
     async def run_before(pilot) -> None:
         await stage(pilot, EVENTS)
@@ -205,7 +205,7 @@ def test_snapshot_tune_under_way(snap_compare, size):
 
 
 def test_snapshot_tune_done(snap_compare):
-    app, _ = recorded_app()
+    app, _ = make_recorded_app()
 
     async def run_before(pilot) -> None:
         screen = await stage(pilot, EVENTS)

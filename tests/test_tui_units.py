@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -14,10 +13,11 @@ from llmconsole.console.tui.keys import KEYS, KeymapError, check_keymap, config_
 from llmconsole.console.tui.run import run_console
 from llmconsole.console.tui.screens.form import validate_form
 from llmconsole.console.tui.view import EngineView, Snapshot, fmt_bytes, fmt_ms, fmt_uptime, goodbye
-from tests.conftest import Cli
-from tests.test_tui_support import frames, lost_frame
+from tests.support.daemon import Cli
+from tests.support.paths import ROOT
+from tests.support.recorded import lost_frame, stream_frames
 
-TUI_DIR = Path(__file__).parent.parent / "llmconsole" / "console" / "tui"
+TUI_DIR = ROOT / "llmconsole" / "console" / "tui"
 
 
 # --- keys -------------------------------------------------------------------------------------
@@ -138,7 +138,7 @@ def test_formats():
 
 
 def test_goodbye_names_what_keeps_serving():
-    snap = Snapshot.parse(frames()[-1]["status"])
+    snap = Snapshot.parse(stream_frames()[-1]["status"])
     assert goodbye(snap).startswith("engines keep serving: t1 (ready, http://127.0.0.1:")
     assert "as last seen" in goodbye(snap, daemon_lost=True)
     assert goodbye(Snapshot()) == "no engines were running; nothing was stopped"
@@ -146,7 +146,7 @@ def test_goodbye_names_what_keeps_serving():
 
 def test_history_adds_a_point_per_new_scrape_and_is_bounded():
     h = MetricHistory(points=5)
-    fs = frames()
+    fs = stream_frames()
     for f in fs + fs[-1:] * 3:  # the last frame repeated: no new scrape, no new point
         h.add(Snapshot.parse(f["status"]))
     assert len(h.series("t1", "kv_cache_usage")) == 5
@@ -159,7 +159,7 @@ def test_history_adds_a_point_per_new_scrape_and_is_bounded():
 
 def test_spec_memory_keeps_the_version_before_a_restart():
     mem = SpecMemory()
-    fs = frames()
+    fs = stream_frames()
     mem.add(Snapshot.parse(fs[0]["status"]))
     assert mem.previous("t1") is None
     for f in fs:
@@ -180,7 +180,7 @@ def test_engine_states_decide_what_may_be_done():
 # --- sources ----------------------------------------------------------------------------------
 
 def test_recorded_source_replays_then_holds_and_records_commands():
-    fs = frames()
+    fs = stream_frames()
     src = RecordedSource(fs[:2] + [lost_frame("gone")])
     assert src.poll() == fs[0]["status"]
     tail = src.logs("t1", max_bytes=100)
@@ -222,7 +222,7 @@ def test_daemon_source_against_a_real_daemon(home, monkeypatch):
 
 
 def test_the_fixture_was_recorded_from_a_real_engine():
-    fs = frames()
+    fs = stream_frames()
     assert len(fs) >= 10
     t1 = [next(e for e in f["status"]["engines"] if e["name"] == "t1") for f in fs]
     assert all(e["state"] == "ready" for e in t1)

@@ -22,7 +22,7 @@ from llmconsole.engine.metrics.latency import Slo
 from llmconsole.engine.load.generator import run_load
 from llmconsole.engine.load.workload import Workload
 from llmconsole.paths import resolve
-from tests.conftest import Cli, _short_home, _stop_daemon
+from tests.support.daemon import Cli, short_home, stop_daemon
 
 pytestmark = pytest.mark.engine
 
@@ -35,11 +35,11 @@ LOAD = ["--workload", "concurrency=2", "--num-requests", "8", "--input-len", "16
 
 @pytest.fixture(scope="module")
 def eng(tiny_model):
-    home = _short_home("llmc-tn-")
+    home = short_home("llmc-tn-")
     c = Cli(home)
     c("engine", "start", "tn", "--model", str(tiny_model), *FLAGS)
     yield c
-    _stop_daemon(home)
+    stop_daemon(home)
     shutil.rmtree(home, ignore_errors=True)
 
 
