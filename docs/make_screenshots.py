@@ -36,7 +36,7 @@ async def shoot_staged(name: str, stage, events) -> None:
 
 
 async def main(names: list[str]) -> None:
-    from tests import test_tui_sweep, test_tui_tune
+    from tests.tui import test_tui_sweep, test_tui_tune
 
     current = stream_frames()[-1]["status"]["engines"][0]["config_id"]
     shots = {

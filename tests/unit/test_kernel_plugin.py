@@ -1,5 +1,5 @@
 """The vLLM plugin and its counters, without an engine: what registers when, and how the
-engine log's counters lines read back. (tests/test_kernel_engine.py runs it in real engines.)"""
+engine log's counters lines read back. (tests/integration/test_kernel_engine.py runs it in real engines.)"""
 
 from __future__ import annotations
 
