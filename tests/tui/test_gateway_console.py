@@ -64,7 +64,7 @@ def test_freeze_key_and_window_keys_send_window_commands():
     asyncio.run(go())
 
 
-def test_window_keys_stop_at_the_bounds_and_wait_for_a_gateway():
+def test_window_keys_stop_at_the_bounds_and_wait_for_a_gateway(recorded_app):
     async def go():
         app, source = _app_with(_controller(window=32, frozen=True))
         async with app.run_test(size=(120, 40)) as pilot:
@@ -78,7 +78,7 @@ def test_window_keys_stop_at_the_bounds_and_wait_for_a_gateway():
                     break
                 await pilot.pause(0.01)
             assert source.commands == [Command("window", app.screen.selected_name, {"freeze": False})]
-        app, source = make_recorded_app()  # a status stream with no gateway in it
+        app, source = recorded_app()  # a status stream with no gateway in it
         async with app.run_test(size=(120, 40)) as pilot:
             await replay(pilot)
             assert "not running" in _panel_text(app)

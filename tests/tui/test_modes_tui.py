@@ -10,7 +10,7 @@ from llmconsole.console.tui import Command
 from llmconsole.console.tui.keys import check_keymap
 from llmconsole.console.tui.screens.dashboard import DashboardScreen
 from llmconsole.console.tui.screens.mode import ModeScreen
-from tests.support.recorded import make_recorded_app, replay
+from tests.support.recorded import replay
 
 
 async def _wait(pilot, cond, what: str, tries: int = 300) -> None:
@@ -27,9 +27,9 @@ def test_mode_keys_do_not_clash():
 
 @pytest.mark.parametrize("keys,mode", [(("b",), "balanced"), (("a",), "aggressive"), (("u",), "auto"),
                                        (("down", "enter"), "balanced")])
-def test_a_choice_sends_one_mode_command(keys, mode):
+def test_a_choice_sends_one_mode_command(keys, mode, recorded_app):
     async def go():
-        app, source = make_recorded_app()
+        app, source = recorded_app()
         async with app.run_test(size=(100, 30)) as pilot:
             await replay(pilot)
             await pilot.press("m")
@@ -42,9 +42,9 @@ def test_a_choice_sends_one_mode_command(keys, mode):
     asyncio.run(go())
 
 
-def test_escape_leaves_the_mode_as_it_was():
+def test_escape_leaves_the_mode_as_it_was(recorded_app):
     async def go():
-        app, source = make_recorded_app()
+        app, source = recorded_app()
         async with app.run_test(size=(100, 30)) as pilot:
             await replay(pilot)
             await pilot.press("m")
@@ -74,12 +74,12 @@ def _alerts_frame() -> dict:
     return frame
 
 
-def test_alerts_screen_undoes_a_response_after_asking():
+def test_alerts_screen_undoes_a_response_after_asking(recorded_app):
     from llmconsole.console.tui.screens.alerts import AlertsScreen
     from llmconsole.console.tui.screens.confirm import ConfirmScreen
 
     async def go():
-        app, source = make_recorded_app([_alerts_frame()])
+        app, source = recorded_app([_alerts_frame()])
         async with app.run_test(size=(120, 40)) as pilot:
             await replay(pilot)
             await pilot.press("A")

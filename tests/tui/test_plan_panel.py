@@ -10,16 +10,16 @@ from llmconsole.console.tui.screens.form import EngineFormScreen
 from llmconsole.console.tui.widgets.planner_panel import PlannerPanel, planner_lines
 from llmconsole.engine.spec import EngineSpec
 from llmconsole.engine.plan.validate import HostMemory
-from tests.support.recorded import make_recorded_app, replay
+from tests.support.recorded import replay
 
 
 def _text(panel: PlannerPanel) -> str:
     return str(panel.render())
 
 
-def test_panel_follows_the_form_from_no_model_to_misfit_to_fit(tiny_model):
+def test_panel_follows_the_form_from_no_model_to_misfit_to_fit(tiny_model, recorded_app):
     async def go():
-        app, source = make_recorded_app()
+        app, source = recorded_app()
         async with app.run_test(size=(120, 40)) as pilot:
             await replay(pilot)
             await pilot.press("n")

@@ -17,7 +17,7 @@ from llmconsole.console.tui.screens.dashboard import DashboardScreen
 from llmconsole.console.tui.screens.engine import DetailScreen, LogsScreen
 from llmconsole.console.tui.screens.form import EngineFormScreen
 from llmconsole.console.tui.screens.help import HelpScreen
-from tests.support.recorded import history_frame, lost_frame, make_recorded_app, replay, status_frame, stream_frames
+from tests.support.recorded import history_frame, lost_frame, replay, status_frame, stream_frames
 
 
 def run(coro):
@@ -38,9 +38,9 @@ def _help_text(app) -> str:
     return console.export_text()
 
 
-def test_stop_asks_first_and_sends_only_after_yes():
+def test_stop_asks_first_and_sends_only_after_yes(recorded_app):
     async def go():
-        app, source = make_recorded_app()
+        app, source = recorded_app()
         async with app.run_test(size=(80, 24)) as pilot:
             await replay(pilot)
             await pilot.press("k")
@@ -55,9 +55,9 @@ def test_stop_asks_first_and_sends_only_after_yes():
 
 
 @pytest.mark.parametrize("answer", ["n", "escape"])
-def test_cancelling_a_stop_sends_nothing(answer):
+def test_cancelling_a_stop_sends_nothing(answer, recorded_app):
     async def go():
-        app, source = make_recorded_app()
+        app, source = recorded_app()
         async with app.run_test(size=(80, 24)) as pilot:
             await replay(pilot)
             await pilot.press("k")
@@ -70,9 +70,9 @@ def test_cancelling_a_stop_sends_nothing(answer):
     run(go())
 
 
-def test_enter_on_the_question_is_no():
+def test_enter_on_the_question_is_no(recorded_app):
     async def go():
-        app, source = make_recorded_app()
+        app, source = recorded_app()
         async with app.run_test(size=(80, 24)) as pilot:
             await replay(pilot)
             await pilot.press("k", "enter")
@@ -81,9 +81,9 @@ def test_enter_on_the_question_is_no():
     run(go())
 
 
-def test_restart_and_stop_all_ask_first():
+def test_restart_and_stop_all_ask_first(recorded_app):
     async def go():
-        app, source = make_recorded_app()
+        app, source = recorded_app()
         async with app.run_test(size=(80, 24)) as pilot:
             await replay(pilot)
             await pilot.press("r")
@@ -101,9 +101,9 @@ def test_restart_and_stop_all_ask_first():
     run(go())
 
 
-def test_start_is_only_for_a_stopped_or_failed_engine():
+def test_start_is_only_for_a_stopped_or_failed_engine(recorded_app):
     async def go():
-        app, source = make_recorded_app()
+        app, source = recorded_app()
         async with app.run_test(size=(80, 24)) as pilot:
             await replay(pilot)
             assert app.check_action("start_engine", ()) is None  # t1 is ready: greyed out
@@ -121,9 +121,9 @@ def test_start_is_only_for_a_stopped_or_failed_engine():
     run(go())
 
 
-def test_a_remapped_key_works_and_the_old_one_does_not():
+def test_a_remapped_key_works_and_the_old_one_does_not(recorded_app):
     async def go():
-        app, source = make_recorded_app(keymap={"stop": "x"})
+        app, source = recorded_app(keymap={"stop": "x"})
         async with app.run_test(size=(80, 24)) as pilot:
             await replay(pilot)
             await pilot.press("k")
@@ -144,9 +144,9 @@ def test_a_remapped_key_works_and_the_old_one_does_not():
     run(go())
 
 
-def test_quit_sends_no_stop_and_says_the_engines_keep_serving():
+def test_quit_sends_no_stop_and_says_the_engines_keep_serving(recorded_app):
     async def go():
-        app, source = make_recorded_app()
+        app, source = recorded_app()
         async with app.run_test(size=(80, 24)) as pilot:
             await replay(pilot)
             await pilot.press("q")
@@ -157,9 +157,9 @@ def test_quit_sends_no_stop_and_says_the_engines_keep_serving():
     run(go())
 
 
-def test_keys_open_their_screens_and_escape_comes_back():
+def test_keys_open_their_screens_and_escape_comes_back(recorded_app):
     async def go():
-        app, _ = make_recorded_app()
+        app, _ = recorded_app()
         async with app.run_test(size=(80, 24)) as pilot:
             await replay(pilot)
             for key, screen in (("d", DetailScreen), ("l", LogsScreen), ("question_mark", HelpScreen)):
@@ -175,9 +175,9 @@ def test_keys_open_their_screens_and_escape_comes_back():
     run(go())
 
 
-def test_new_engine_form_sends_the_validated_spec_and_refuses_a_bad_one():
+def test_new_engine_form_sends_the_validated_spec_and_refuses_a_bad_one(recorded_app):
     async def go():
-        app, source = make_recorded_app()
+        app, source = recorded_app()
         async with app.run_test(size=(80, 24)) as pilot:
             await replay(pilot)
             await pilot.press("n")
@@ -198,10 +198,10 @@ def test_new_engine_form_sends_the_validated_spec_and_refuses_a_bad_one():
     run(go())
 
 
-def test_the_daemon_going_away_shows_a_banner_and_coming_back_clears_it():
+def test_the_daemon_going_away_shows_a_banner_and_coming_back_clears_it(frames, recorded_app):
     async def go():
-        back = stream_frames()[-1]
-        app, source = make_recorded_app([lost_frame(), lost_frame(), back], retry_s=0.01)
+        back = frames[-1]
+        app, source = recorded_app([lost_frame(), lost_frame(), back], retry_s=0.01)
         seen: list[str] = []
         async with app.run_test(size=(80, 24), message_hook=lambda m: seen.append(type(m).__name__)) as pilot:
             await _wait(pilot, lambda: app.lost_reason is not None, "the banner")
@@ -266,9 +266,9 @@ def test_missing_values_show_na():
     run(go())
 
 
-def test_every_action_is_in_the_palette_and_the_help():
+def test_every_action_is_in_the_palette_and_the_help(recorded_app):
     async def go():
-        app, _ = make_recorded_app()
+        app, _ = recorded_app()
         async with app.run_test(size=(120, 40)) as pilot:
             await replay(pilot)
             titles = [c.title for c in app.get_system_commands(app.screen)]
@@ -283,9 +283,9 @@ def test_every_action_is_in_the_palette_and_the_help():
     run(go())
 
 
-def test_a_palette_action_that_is_not_allowed_says_why():
+def test_a_palette_action_that_is_not_allowed_says_why(recorded_app):
     async def go():
-        app, source = make_recorded_app()
+        app, source = recorded_app()
         async with app.run_test(size=(80, 24)) as pilot:
             await replay(pilot)
             await app._from_palette("start_engine", "Start engine")
@@ -295,10 +295,10 @@ def test_a_palette_action_that_is_not_allowed_says_why():
     run(go())
 
 
-def test_history_lists_versions_and_rollback_asks_then_sends_the_chosen_version():
+def test_history_lists_versions_and_rollback_asks_then_sends_the_chosen_version(frames, recorded_app):
     async def go():
-        current = stream_frames()[-1]["status"]["engines"][0]["config_id"]
-        app, source = make_recorded_app([history_frame(current)])
+        current = frames[-1]["status"]["engines"][0]["config_id"]
+        app, source = recorded_app([history_frame(current)])
         async with app.run_test(size=(120, 40)) as pilot:
             await replay(pilot)
             await pilot.press("h")

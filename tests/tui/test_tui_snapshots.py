@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.recorded import history_frame, lost_frame, make_recorded_app, replay, stream_frames
+from tests.support.recorded import history_frame, lost_frame, replay
 
 SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((120, 40), id="120x40")]
 
@@ -23,56 +23,56 @@ def _run(*keys: str, extra_frames=None):
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_dashboard(snap_compare, size):
-    app, _ = make_recorded_app()
+def test_dashboard(snap_compare, size, recorded_app):
+    app, _ = recorded_app()
     assert snap_compare(app, terminal_size=size, run_before=_run())
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_dashboard_failed_engine_selected(snap_compare, size):
-    app, _ = make_recorded_app()
+def test_dashboard_failed_engine_selected(snap_compare, size, recorded_app):
+    app, _ = recorded_app()
     assert snap_compare(app, terminal_size=size, run_before=_run("down"))
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_detail(snap_compare, size):
-    app, _ = make_recorded_app()
+def test_detail(snap_compare, size, recorded_app):
+    app, _ = recorded_app()
     assert snap_compare(app, terminal_size=size, run_before=_run("d"))
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_form_with_validation_error(snap_compare, size):
-    app, _ = make_recorded_app()
+def test_form_with_validation_error(snap_compare, size, recorded_app):
+    app, _ = recorded_app()
     keys = ["n", *"t2", "tab", *"Qwen/Qwen3-0.6B", "tab", "tab", "0", "tab", *"abc"]
     assert snap_compare(app, terminal_size=size, run_before=_run(*keys))
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_help(snap_compare, size):
-    app, _ = make_recorded_app()
+def test_help(snap_compare, size, recorded_app):
+    app, _ = recorded_app()
     assert snap_compare(app, terminal_size=size, run_before=_run("question_mark"))
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_confirm_stop(snap_compare, size):
-    app, _ = make_recorded_app()
+def test_confirm_stop(snap_compare, size, recorded_app):
+    app, _ = recorded_app()
     assert snap_compare(app, terminal_size=size, run_before=_run("k"))
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_daemon_lost_banner(snap_compare, size):
-    app, _ = make_recorded_app([lost_frame()])
+def test_daemon_lost_banner(snap_compare, size, recorded_app):
+    app, _ = recorded_app([lost_frame()])
     assert snap_compare(app, terminal_size=size, run_before=_run())
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_logs(snap_compare, size):
-    app, _ = make_recorded_app()
+def test_logs(snap_compare, size, recorded_app):
+    app, _ = recorded_app()
     assert snap_compare(app, terminal_size=size, run_before=_run("l"))
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_history(snap_compare, size):
-    current = stream_frames()[-1]["status"]["engines"][0]["config_id"]
-    app, _ = make_recorded_app([history_frame(current)])
+def test_history(snap_compare, size, frames, recorded_app):
+    current = frames[-1]["status"]["engines"][0]["config_id"]
+    app, _ = recorded_app([history_frame(current)])
     assert snap_compare(app, terminal_size=size, run_before=_run("h", "down"))

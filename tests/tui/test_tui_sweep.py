@@ -22,7 +22,7 @@ from llmconsole.console.tui.sweep_view import (SWEEP_DEFAULTS, SweepView, confir
                                                headline, restarts_engine, sweep_plan, table)
 from llmconsole.engine.sweep.runner import EngineTarget, SweepResult
 from llmconsole.engine.sweep.plan import LoadLevel, PointResult, SweepProgress
-from tests.support.recorded import make_recorded_app, replay
+from tests.support.recorded import replay
 
 SPEC = {"max_num_seqs": 4, "max_model_len": 512}
 FORM = dict(SWEEP_DEFAULTS, grid="max_num_seqs=4,8", load="concurrency=1,2", slo="p99_e2e_ms=5000")
@@ -151,9 +151,9 @@ def _set(screen: SweepScreen, **values: str) -> None:
         screen.query_one(f"#run-{name}", Input).value = value
 
 
-def test_bad_input_shows_a_message_and_starts_nothing():
+def test_bad_input_shows_a_message_and_starts_nothing(recorded_app):
     async def go():
-        app, source = make_recorded_app()
+        app, source = recorded_app()
         async with app.run_test(size=(100, 30)) as pilot:
             screen = await _open(pilot)
             assert screen.engine_name == "t1" and screen.read_form() == SWEEP_DEFAULTS
@@ -175,11 +175,11 @@ def test_bad_input_shows_a_message_and_starts_nothing():
     asyncio.run(go())
 
 
-def test_a_running_sweep_asks_first_and_cannot_be_left_or_quit_until_cancelled(tmp_path):
+def test_a_running_sweep_asks_first_and_cannot_be_left_or_quit_until_cancelled(tmp_path, recorded_app):
     from llmconsole.paths import Paths
 
     async def go():
-        app, source = make_recorded_app()
+        app, source = recorded_app()
         async with app.run_test(size=(100, 30)) as pilot:
             screen = await _open(pilot)
             screen.paths = Paths(tmp_path, tmp_path)  # no daemon answers there: the run must fail cleanly
@@ -238,9 +238,9 @@ def _result(out: Path):
     return result, write_results(result, out)
 
 
-def test_progress_and_the_end_show_in_the_screen(tmp_path):
+def test_progress_and_the_end_show_in_the_screen(tmp_path, recorded_app):
     async def go():
-        app, _ = make_recorded_app()
+        app, _ = recorded_app()
         async with app.run_test(size=(120, 40)) as pilot:
             screen = await stage(pilot, EVENTS)
             status = str(screen.query_one("#run-status", Static).render())
@@ -262,8 +262,8 @@ SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((120, 40), id="120x40"
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_snapshot_sweep_under_way(snap_compare, size):
-    app, _ = make_recorded_app()
+def test_snapshot_sweep_under_way(snap_compare, size, recorded_app):
+    app, _ = recorded_app()
 
     async def run_before(pilot) -> None:
         await stage(pilot, EVENTS)
@@ -271,8 +271,8 @@ def test_snapshot_sweep_under_way(snap_compare, size):
     assert snap_compare(app, terminal_size=size, run_before=run_before)
 
 
-def test_snapshot_sweep_form(snap_compare):
-    app, _ = make_recorded_app()
+def test_snapshot_sweep_form(snap_compare, recorded_app):
+    app, _ = recorded_app()
 
     async def run_before(pilot) -> None:
         screen = await _open(pilot)
@@ -283,9 +283,9 @@ def test_snapshot_sweep_form(snap_compare):
     assert snap_compare(app, terminal_size=(100, 30), run_before=run_before)
 
 
-def test_sweep_and_tune_are_for_a_ready_engine():
+def test_sweep_and_tune_are_for_a_ready_engine(recorded_app):
     async def go():
-        app, _ = make_recorded_app()
+        app, _ = recorded_app()
         async with app.run_test(size=(100, 30)) as pilot:
             await replay(pilot)
             assert app.check_action("sweep_engine", ()) is True and app.check_action("tune_engine", ()) is True

@@ -21,7 +21,7 @@ from llmconsole.console.tui.tune_view import (TUNE_DEFAULTS, TuneView, best_text
 from llmconsole.engine.sweep.runner import EngineTarget
 from llmconsole.engine.tune.tuner import TuneProgress, TuneResult
 from llmconsole.engine.tune.space import Budget, Remeasured, TrialOutcome
-from tests.support.recorded import make_recorded_app, replay, stream_frames
+from tests.support.recorded import replay, stream_frames
 
 SPEC = stream_frames()[-1]["status"]["engines"][0]["spec"]   # t1 as the daemon reports it
 FACTS = snapshot_facts(SPEC)
@@ -147,9 +147,9 @@ async def stage(pilot, events, finished=None) -> TuneScreen:
     return screen
 
 
-def test_bad_input_shows_a_message_and_starts_nothing():
+def test_bad_input_shows_a_message_and_starts_nothing(recorded_app):
     async def go():
-        app, source = make_recorded_app()
+        app, source = recorded_app()
         async with app.run_test(size=(100, 30)) as pilot:
             screen = await _open(pilot)
             screen.query_one("#run-slo", Input).value = ""
@@ -160,9 +160,9 @@ def test_bad_input_shows_a_message_and_starts_nothing():
     asyncio.run(go())
 
 
-def test_the_screen_shows_progress_and_applies_only_after_asking():
+def test_the_screen_shows_progress_and_applies_only_after_asking(recorded_app):
     async def go():
-        app, source = make_recorded_app()
+        app, source = recorded_app()
         async with app.run_test(size=(120, 40)) as pilot:
             screen = await stage(pilot, EVENTS)
             status = str(screen.query_one("#run-status", Static).render())
@@ -195,8 +195,8 @@ SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((120, 40), id="120x40"
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_snapshot_tune_under_way(snap_compare, size):
-    app, _ = make_recorded_app()
+def test_snapshot_tune_under_way(snap_compare, size, recorded_app):
+    app, _ = recorded_app()
 
     async def run_before(pilot) -> None:
         await stage(pilot, EVENTS)
@@ -204,8 +204,8 @@ def test_snapshot_tune_under_way(snap_compare, size):
     assert snap_compare(app, terminal_size=size, run_before=run_before)
 
 
-def test_snapshot_tune_done(snap_compare):
-    app, _ = make_recorded_app()
+def test_snapshot_tune_done(snap_compare, recorded_app):
+    app, _ = recorded_app()
 
     async def run_before(pilot) -> None:
         screen = await stage(pilot, EVENTS)

@@ -15,7 +15,7 @@ from llmconsole.console.tui.screens.form import validate_form
 from llmconsole.console.tui.view import EngineView, Snapshot, fmt_bytes, fmt_ms, fmt_uptime, goodbye
 from tests.support.daemon import Cli
 from tests.support.paths import ROOT
-from tests.support.recorded import lost_frame, stream_frames
+from tests.support.recorded import lost_frame
 
 TUI_DIR = ROOT / "llmconsole" / "console" / "tui"
 
@@ -137,16 +137,16 @@ def test_formats():
     assert [fmt_uptime(s) for s in (None, 6.4, 75, 4299, 90000)] == ["N/A", "6s", "1m15s", "1h11m", "1d01h"]
 
 
-def test_goodbye_names_what_keeps_serving():
-    snap = Snapshot.parse(stream_frames()[-1]["status"])
+def test_goodbye_names_what_keeps_serving(frames):
+    snap = Snapshot.parse(frames[-1]["status"])
     assert goodbye(snap).startswith("engines keep serving: t1 (ready, http://127.0.0.1:")
     assert "as last seen" in goodbye(snap, daemon_lost=True)
     assert goodbye(Snapshot()) == "no engines were running; nothing was stopped"
 
 
-def test_history_adds_a_point_per_new_scrape_and_is_bounded():
+def test_history_adds_a_point_per_new_scrape_and_is_bounded(frames):
     h = MetricHistory(points=5)
-    fs = stream_frames()
+    fs = frames
     for f in fs + fs[-1:] * 3:  # the last frame repeated: no new scrape, no new point
         h.add(Snapshot.parse(f["status"]))
     assert len(h.series("t1", "kv_cache_usage")) == 5
@@ -157,9 +157,9 @@ def test_history_adds_a_point_per_new_scrape_and_is_bounded():
     assert h2.series("bad", "kv_cache_usage") == []
 
 
-def test_spec_memory_keeps_the_version_before_a_restart():
+def test_spec_memory_keeps_the_version_before_a_restart(frames):
     mem = SpecMemory()
-    fs = stream_frames()
+    fs = frames
     mem.add(Snapshot.parse(fs[0]["status"]))
     assert mem.previous("t1") is None
     for f in fs:
@@ -179,8 +179,8 @@ def test_engine_states_decide_what_may_be_done():
 
 # --- sources ----------------------------------------------------------------------------------
 
-def test_recorded_source_replays_then_holds_and_records_commands():
-    fs = stream_frames()
+def test_recorded_source_replays_then_holds_and_records_commands(frames):
+    fs = frames
     src = RecordedSource(fs[:2] + [lost_frame("gone")])
     assert src.poll() == fs[0]["status"]
     tail = src.logs("t1", max_bytes=100)
@@ -221,8 +221,8 @@ def test_daemon_source_against_a_real_daemon(home, monkeypatch):
         source.close()
 
 
-def test_the_fixture_was_recorded_from_a_real_engine():
-    fs = stream_frames()
+def test_the_fixture_was_recorded_from_a_real_engine(frames):
+    fs = frames
     assert len(fs) >= 10
     t1 = [next(e for e in f["status"]["engines"] if e["name"] == "t1") for f in fs]
     assert all(e["state"] == "ready" for e in t1)
