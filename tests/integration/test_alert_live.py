@@ -15,7 +15,6 @@ import socket
 import subprocess
 import tempfile
 import threading
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -27,6 +26,7 @@ from llmconsole.db import Store
 from llmconsole.engine.alerts.response_settings import cpu_has_avx512
 from tests.support.daemon import Cli, short_home, stop_daemon
 from tests.support.paths import ROOT
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.engine,
               pytest.mark.skipif(shutil.which("prometheus") is None,
@@ -94,16 +94,18 @@ def prometheus(acli):
          f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1h"],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
+
+    def ready() -> bool:
         try:
             with urllib.request.urlopen(f"{base}/-/ready", timeout=2) as r:
                 if r.status == 200:
-                    break
+                    return True
         except OSError:
             pass
-        assert proc.poll() is None and time.monotonic() < deadline, (work / "prometheus.log").read_text()[-2000:]
-        time.sleep(0.5)
+        assert proc.poll() is None, (work / "prometheus.log").read_text()[-2000:]
+        return False
+
+    wait_until(ready, 60, 0.5, lambda: "prometheus to be ready; its log:\n" + (work / "prometheus.log").read_text()[-2000:])
     yield base
     proc.terminate()
     try:
@@ -142,13 +144,8 @@ def _firing(base: str, name: str) -> list[dict]:
 
 
 def test_prometheus_scrapes_the_daemon_and_the_engine(acli, prometheus):
-    deadline = time.monotonic() + 30
-    while True:
-        targets = _get_json(f"{prometheus}/api/v1/targets")["data"]["activeTargets"]
-        if len(targets) == 2 and all(t["health"] == "up" for t in targets):
-            break
-        assert time.monotonic() < deadline, targets
-        time.sleep(1)
+    wait_until(lambda: _get_json(f"{prometheus}/api/v1/targets")["data"]["activeTargets"], 30, 1,
+               "both scrape targets up", ok=lambda targets: len(targets) == 2 and all(t["health"] == "up" for t in targets))
     q = _get_json(f"{prometheus}/api/v1/query?query=llmconsole_engine_state%7Bengine%3D%22p1%22%2Cllmconsole_engine_state%3D%22ready%22%7D")
     assert [r["value"][1] for r in q["data"]["result"]] == ["1"]
     q = _get_json(f"{prometheus}/api/v1/query?query=llmconsole_engine_config_info")
@@ -163,43 +160,32 @@ def test_kv_pressure_fires_the_alert_in_prometheus_and_the_daemon(acli, promethe
     stop = threading.Event()
     statuses = _burst(e["url"], stop)  # straight at the engine: the gateway's window would spare it
     try:
-        deadline = time.monotonic() + 180
-        while not _firing(prometheus, KV_ALERT):
-            assert time.monotonic() < deadline, _get_json(f"{prometheus}/api/v1/alerts")
-            time.sleep(1)
+        wait_until(lambda: _firing(prometheus, KV_ALERT), 180, 1,
+                   lambda: f"{KV_ALERT} firing in prometheus; its alerts: {_get_json(f'{prometheus}/api/v1/alerts')}")
         alert = _firing(prometheus, KV_ALERT)[0]
         assert alert["labels"]["model_name"] == "tiny" and float(alert["value"]) > 0.9
         # the daemon's own evaluator saw the same condition and recorded it
-        deadline = time.monotonic() + 60
-        while True:
-            data = json.loads(acli("alerts", "--json").stdout)
-            if any(a["rule"] == KV_ALERT and a["engine"] == "p1" for a in data["alerts"]):
-                break
-            assert time.monotonic() < deadline, data
-            time.sleep(1)
+        wait_until(lambda: json.loads(acli("alerts", "--json").stdout), 60, 1, f"the daemon's record of {KV_ALERT} on p1",
+                   ok=lambda data: any(a["rule"] == KV_ALERT and a["engine"] == "p1" for a in data["alerts"]))
     finally:
         stop.set()
     assert all(s == 200 for s in statuses), statuses  # pressure slows requests; none fails
     # The daemon's record can come a scrape before Prometheus has seen its series: wait for one.
-    deadline = time.monotonic() + 30
-    while True:
-        q = _get_json(f"{prometheus}/api/v1/query?query=llmconsole_alert_state%7Brule%3D%22{KV_ALERT}%22%7D")
-        if q["data"]["result"] or time.monotonic() > deadline:
-            break
-        time.sleep(1)
+    q = wait_until(
+        lambda: _get_json(f"{prometheus}/api/v1/query?query=llmconsole_alert_state%7Brule%3D%22{KV_ALERT}%22%7D"),
+        30, 1, "the daemon exports its own alert state", ok=lambda q: bool(q["data"]["result"]))
     assert q["data"]["result"], "the daemon exports its own alert state"
 
 
 def test_the_standby_response_serves_through_the_gateway(acli):
-    deadline = time.monotonic() + 900  # a standby start on a busy 2-core host
-    while True:
+    def standby() -> tuple[dict, list[dict], dict | None]:
         data = json.loads(acli("alerts", "--json").stdout)
-        resp = [r for r in data["responses"] if r["kind"] == "response:standby"]
-        sb = acli.engine("p1-standby")
-        if resp and resp[0]["outcome"] != "pending" and sb is not None and sb["state"] == "ready":
-            break
-        assert time.monotonic() < deadline, (data, sb)
-        time.sleep(2)
+        return data, [r for r in data["responses"] if r["kind"] == "response:standby"], acli.engine("p1-standby")
+
+    # 900 s: a standby start on a busy 2-core host
+    data, resp, sb = wait_until(standby, 900, 2, "the standby response applied and its engine ready",
+                                ok=lambda got: bool(got[1]) and got[1][0]["outcome"] != "pending"
+                                and got[2] is not None and got[2]["state"] == "ready")
     response = resp[0]
     assert response["outcome"] == "applied" and response["detail"]["trigger"] == KV_ALERT
     assert response["detail"]["alert_id"] is not None

@@ -25,6 +25,7 @@ from llmconsole.console.client import DaemonClient
 from llmconsole.paths import resolve
 from tests.support.client_team import ClientTeam
 from tests.support.daemon import Cli, short_home, stop_daemon
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.engine
 
@@ -73,16 +74,6 @@ def _named(c: Cli) -> dict[str, list[str]]:
 def _client(c: Cli) -> DaemonClient:
     """The daemon's API in-process: polls in milliseconds, where a CLI call takes a second."""
     return DaemonClient(resolve({"LLMCONSOLE_HOME": str(c.home)}))
-
-
-def _until(pred, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"{what} within {timeout_s} s")
 
 
 class GroupLoad(ClientTeam):
@@ -206,7 +197,7 @@ def test_one_engine_restarting_leaves_the_group_serving_through_the_other(pair):
     assert url.endswith("/g/fast")
     b_before = _finished(status["gb"]["url"])
     with Outage(status["ga"]["url"]) as outage, GroupLoad(url) as load:
-        _until(lambda: len(load.done) >= 6, 60, "the load did not flow")
+        wait_until(lambda: len(load.done) >= 6, 60, 0.05, "the load to flow")
         r = pair("mode", "ga", "balanced", "--json", timeout=900)  # a guarded restart of ga alone
     applied = json.loads(r.stdout)["applied"]
     assert applied["to_config_id"] != applied["from_config_id"]
@@ -273,7 +264,8 @@ def test_a_removed_group_finishes_what_it_had_admitted_or_queued(pair):
         def batch() -> dict | None:
             return next((g for g in dc.groups() if g["group"] == "batch"), None)
         futures = [pool.submit(_post, f"{url}/v1/completions", body) for _ in range(10)]
-        _until(lambda: (g := batch()) and (g["in_flight"], g["queued"]) == (4, 6), 60, "four did not run, six wait")
+        wait_until(lambda: (g := batch()) and (g["in_flight"], g["queued"]) == (4, 6), 60, 0.05,
+                   "four running and six waiting")
         dc.remove_group("batch")
         code, raw = _post(f"{url}/v1/completions", {**body, "stream": False, "max_tokens": 1})
         assert code == 404 and b"no engine group named 'batch'" in raw  # new arrivals: no such route
@@ -282,7 +274,7 @@ def test_a_removed_group_finishes_what_it_had_admitted_or_queued(pair):
         assert retired["gateway_url"] is None and retired["queued"] >= 1  # still had requests waiting
         assert "batch (retired, finishing)" in pair("group", "ls").stdout
         results = [f.result(timeout=300) for f in futures]
-        _until(lambda: batch() is None, 10, "the retired group did not go once empty")
+        wait_until(lambda: batch() is None, 10, 0.05, "the retired group to go once empty")
     for code, raw in results:  # each one whole: every token, the usage, the end of the stream
         events = _events(raw)
         assert code == 200 and events[-1] == "[DONE]", raw[-300:]

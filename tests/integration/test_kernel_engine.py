@@ -21,6 +21,7 @@ import pytest
 
 from llmconsole.kernels.usage import LOG_PREFIX, REPORT_EVERY_S, KernelUsage, parse_usage
 from tests.support.daemon import Cli, short_home, stop_daemon
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.engine
 
@@ -75,14 +76,9 @@ def completions(engines) -> tuple[list[dict], list[dict]]:
 
 def _usage_when_settled(log_path: str, want_tokens: int, timeout_s: float = 30.0):
     """The plugin logs its counters every couple of seconds while they change."""
-    deadline = time.monotonic() + timeout_s
-    usage = None
-    while time.monotonic() < deadline:
-        usage = parse_usage(Path(log_path).read_text(errors="replace"))
-        if usage is not None and usage.decode_tokens >= want_tokens:
-            return usage
-        time.sleep(1.0)
-    return usage
+    return wait_until(lambda: parse_usage(Path(log_path).read_text(errors="replace")), timeout_s, 1.0,
+                      f"the kernel's counters to reach {want_tokens} decode tokens",
+                      ok=lambda usage: usage is not None and usage.decode_tokens >= want_tokens)
 
 
 def _settled_usage(log_path: str) -> KernelUsage:
@@ -207,14 +203,9 @@ def test_mixed_batches_split_into_kernel_and_vllm_and_decode_alike(engines, comp
     long_ours, batch_ours = _staggered(custom["url"])
     long_theirs, batch_theirs = _staggered(stock["url"])
 
-    deadline = time.monotonic() + 30
-    while True:
-        now = parse_usage(Path(custom["log_path"]).read_text(errors="replace"))
-        since = now.minus(before)
-        if since.split_calls > 0 and since.decode_tokens >= NUM_LAYERS * LONG_TOKENS // 2:
-            break
-        assert time.monotonic() < deadline, f"no split batches counted: {since}"
-        time.sleep(1.0)
+    since = wait_until(lambda: parse_usage(Path(custom["log_path"]).read_text(errors="replace")).minus(before), 30, 1.0,
+                       "split batches counted",
+                       ok=lambda since: since.split_calls > 0 and since.decode_tokens >= NUM_LAYERS * LONG_TOKENS // 2)
     print(f"since the staggered requests: {since}")
     # Each split call holds at least one decode row and one prefill token.
     assert since.split_prefill_tokens >= since.split_calls

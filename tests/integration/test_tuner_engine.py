@@ -23,6 +23,7 @@ from llmconsole.engine.load.generator import run_load
 from llmconsole.engine.load.workload import Workload
 from llmconsole.paths import resolve
 from tests.support.daemon import Cli, short_home, stop_daemon
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.engine
 
@@ -97,12 +98,10 @@ def test_scheduled_run_on_a_short_schedule_proposes_from_gateway_traffic(eng):
         c._call("POST", "/tune/schedule", json={"engine": "tn", "interval_s": 10, "budget_trials": 1,
                                                  "knobs": ["max_num_seqs=4"], "slo": {"p99_e2e_ms": 60000},
                                                  "num_requests": 6, "input_len": "16"})
-        deadline = time.monotonic() + 180
-        runs = []
-        while not runs and time.monotonic() < deadline:
-            time.sleep(2)
-            runs = c._call("GET", "/tune")["runs"]
-        c._call("POST", "/tune/schedule", json={"engine": "tn", "off": True})
+        try:
+            runs = wait_until(lambda: c._call("GET", "/tune")["runs"], 180, 2, "a scheduled run")
+        finally:
+            c._call("POST", "/tune/schedule", json={"engine": "tn", "off": True})
         assert c._call("GET", "/tune")["schedule"] == {}
     run = runs[0]
     assert run["status"] == "done", run
@@ -163,13 +162,8 @@ def test_applied_config_that_breaks_the_slo_is_rolled_back(eng):
         wl = Workload.closed(2, 120, 16, 8)
         asyncio.run(run_load(e["gateway_url"], "tiny", wl, tokenizer_source=str(e["model"]),
                              slo=Slo.parse(["p99_e2e_ms=1"])))
-        deadline = time.monotonic() + 120
-        watch = {}
-        while time.monotonic() < deadline:
-            watch = c._call("GET", "/tune")["watches"]["tn"]
-            if watch["state"] != "watching":
-                break
-            time.sleep(1)
+        watch = wait_until(lambda: c._call("GET", "/tune")["watches"]["tn"], 120, 1, "the guard's verdict",
+                           ok=lambda w: w["state"] != "watching")
     assert watch["state"] == "rolled back" and "SLO met by 0%" in watch["reason"]
     after = eng.wait_engine("tn", lambda x: x["state"] == "ready" and x["config_id"] == original["config_id"],
                             timeout_s=300)

@@ -10,12 +10,12 @@ T = TypeVar("T")
 
 
 def _shown(value: Any) -> str:
-    text = value if isinstance(value, str) else repr(value)
-    return f"\n{text}" if "\n" in text else f" {text}"
+    """A multi-line text (a screen, a log) as it reads; anything else as its repr."""
+    return f"\n{value}" if isinstance(value, str) and "\n" in value else f" {value!r}"
 
 
-def wait_until(predicate: Callable[[], T], timeout_s: float, interval_s: float = 0.5, what: str | Callable[[], str] = "",
-               *, ok: Callable[[T], bool] | None = None) -> T:
+def wait_until(predicate: Callable[[], T], timeout_s: float, interval_s: float = 0.5,
+               what: str | Callable[[], str] = "", *, ok: Callable[[T], bool] | None = None) -> T:
     """Call `predicate` every `interval_s` until its value is truthy (or, given `ok`, until
     `ok(value)`), and return that value. After `timeout_s` raise AssertionError naming `what`
     (a string, or a callable read only then, such as a log's tail) and the last value seen.
@@ -33,13 +33,13 @@ def wait_until(predicate: Callable[[], T], timeout_s: float, interval_s: float =
         time.sleep(min(interval_s, left))
 
 
-async def pilot_wait_until(pilot, predicate: Callable[[], Any], timeout_s: float = 3.0, interval_s: float = 0.01,
-                           what: str = "") -> None:
-    """The console's twin of wait_until: `predicate` is checked between pauses of the app under
-    test, at most timeout_s / interval_s times (a pause can take longer on a busy host: the
-    count, not the clock, bounds the wait)."""
+async def pilot_wait(pilot, predicate: Callable[[], Any], what: str, timeout_s: float = 3.0,
+                     interval_s: float = 0.01) -> None:
+    """wait_until for the console under a Textual pilot: `predicate` is checked between pauses of
+    the app, at most timeout_s / interval_s times (a pause takes longer on a busy host: the count,
+    not the clock, bounds the wait)."""
     for _ in range(round(timeout_s / interval_s)):
         if predicate():
             return
         await pilot.pause(interval_s)
-    raise AssertionError(f"timed out waiting for {what or predicate}")
+    raise AssertionError(f"timed out waiting for {what}")

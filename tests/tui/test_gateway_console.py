@@ -10,6 +10,7 @@ from llmconsole.console.tui import Command
 from llmconsole.console.tui.view import ControllerView, EngineView
 from llmconsole.console.tui.widgets.panels import ControllerPanel, sparkline
 from tests.support.recorded import make_recorded_app, replay, status_frame, stream_frames
+from tests.support.waiting import pilot_wait
 
 
 def _controller(window=12, frozen=False, max_window=32):
@@ -54,10 +55,7 @@ def test_freeze_key_and_window_keys_send_window_commands():
             await pilot.press("f")
             await pilot.press("plus")
             await pilot.press("minus")
-            for _ in range(300):
-                if len(source.commands) == 3:
-                    break
-                await pilot.pause(0.01)
+            await pilot_wait(pilot, lambda: len(source.commands) == 3, "three window commands")
             assert source.commands == [Command("window", name, {"freeze": True}),
                                        Command("window", name, {"set": 13}),
                                        Command("window", name, {"set": 11})]
@@ -73,10 +71,7 @@ def test_window_keys_stop_at_the_bounds_and_wait_for_a_gateway(recorded_app):
             assert app.check_action("nudge_window", (1,)) is None  # already at the max
             assert app.check_action("nudge_window", (-1,)) is True
             await pilot.press("f")
-            for _ in range(300):
-                if source.commands:
-                    break
-                await pilot.pause(0.01)
+            await pilot_wait(pilot, lambda: source.commands, "the unfreeze command")
             assert source.commands == [Command("window", app.screen.selected_name, {"freeze": False})]
         app, source = recorded_app()  # a status stream with no gateway in it
         async with app.run_test(size=(120, 40)) as pilot:

@@ -11,14 +11,7 @@ from llmconsole.console.tui.keys import check_keymap
 from llmconsole.console.tui.screens.dashboard import DashboardScreen
 from llmconsole.console.tui.screens.mode import ModeScreen
 from tests.support.recorded import replay
-
-
-async def _wait(pilot, cond, what: str, tries: int = 300) -> None:
-    for _ in range(tries):
-        if cond():
-            return
-        await pilot.pause(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
+from tests.support.waiting import pilot_wait
 
 
 def test_mode_keys_do_not_clash():
@@ -36,7 +29,7 @@ def test_a_choice_sends_one_mode_command(keys, mode, recorded_app):
             await pilot.pause()
             assert isinstance(app.screen, ModeScreen) and app.screen.engine == "t1"
             await pilot.press(*keys)
-            await _wait(pilot, lambda: source.commands, "the mode command")
+            await pilot_wait(pilot, lambda: source.commands, "the mode command")
             assert source.commands == [Command("mode", "t1", {"mode": mode})]
             assert isinstance(app.screen, DashboardScreen)
     asyncio.run(go())
@@ -86,7 +79,7 @@ def test_alerts_screen_undoes_a_response_after_asking(recorded_app):
             await pilot.pause()
             screen = app.screen
             assert isinstance(screen, AlertsScreen)
-            await _wait(pilot, lambda: screen.responses, "the responses")
+            await pilot_wait(pilot, lambda: screen.responses, "the responses")
             assert [r["id"] for r in screen.responses] == [8, 7]  # newest first
             await pilot.press("u")                    # the refused one cannot be undone
             await pilot.pause()
@@ -95,6 +88,6 @@ def test_alerts_screen_undoes_a_response_after_asking(recorded_app):
             await pilot.pause()
             assert isinstance(app.screen, ConfirmScreen) and source.commands == []
             await pilot.press("y")
-            await _wait(pilot, lambda: source.commands, "the undo command")
+            await pilot_wait(pilot, lambda: source.commands, "the undo command")
             assert source.commands == [Command("undo", None, {"action_id": 7})]
     asyncio.run(go())

@@ -18,18 +18,11 @@ from llmconsole.console.tui.screens.engine import DetailScreen, LogsScreen
 from llmconsole.console.tui.screens.form import EngineFormScreen
 from llmconsole.console.tui.screens.help import HelpScreen
 from tests.support.recorded import history_frame, lost_frame, replay, status_frame, stream_frames
+from tests.support.waiting import pilot_wait
 
 
 def run(coro):
     return asyncio.run(coro)
-
-
-async def _wait(pilot, cond, what: str, tries: int = 300) -> None:
-    for _ in range(tries):
-        if cond():
-            return
-        await pilot.pause(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _help_text(app) -> str:
@@ -48,7 +41,7 @@ def test_stop_asks_first_and_sends_only_after_yes(recorded_app):
             assert isinstance(app.screen, ConfirmScreen)
             assert source.commands == []  # asking is not doing
             await pilot.press("y")
-            await _wait(pilot, lambda: source.commands, "the stop command")
+            await pilot_wait(pilot, lambda: source.commands, "the stop command")
             assert source.commands == [Command("stop", "t1")]
             assert isinstance(app.screen, DashboardScreen)
     run(go())
@@ -90,13 +83,13 @@ def test_restart_and_stop_all_ask_first(recorded_app):
             await pilot.pause()
             assert isinstance(app.screen, ConfirmScreen) and source.commands == []
             await pilot.press("y")
-            await _wait(pilot, lambda: len(source.commands) == 1, "restart")
+            await pilot_wait(pilot, lambda: len(source.commands) == 1, "restart")
             await pilot.press("K")
             await pilot.pause()
             assert isinstance(app.screen, ConfirmScreen)
             assert "t1" in app.screen.question and "bad" not in app.screen.question
             await pilot.press("y")
-            await _wait(pilot, lambda: len(source.commands) == 2, "stop all")
+            await pilot_wait(pilot, lambda: len(source.commands) == 2, "stop all")
             assert source.commands == [Command("restart", "t1"), Command("stop_all")]
     run(go())
 
@@ -116,7 +109,7 @@ def test_start_is_only_for_a_stopped_or_failed_engine(recorded_app):
             assert app.check_action("start_engine", ()) is True
             assert app.check_action("stop_engine", ()) is None
             await pilot.press("s")
-            await _wait(pilot, lambda: source.commands, "start")
+            await pilot_wait(pilot, lambda: source.commands, "start")
             assert source.commands == [Command("start", "bad")]
     run(go())
 
@@ -133,7 +126,7 @@ def test_a_remapped_key_works_and_the_old_one_does_not(recorded_app):
             await pilot.pause()
             assert isinstance(app.screen, ConfirmScreen)
             await pilot.press("y")
-            await _wait(pilot, lambda: source.commands, "stop")
+            await pilot_wait(pilot, lambda: source.commands, "stop")
             assert source.commands == [Command("stop", "t1")]
             footer_keys = {b.binding.id: key for key, b in app.screen.active_bindings.items() if b.binding.id}
             assert footer_keys["stop"] == "x"
@@ -192,7 +185,7 @@ def test_new_engine_form_sends_the_validated_spec_and_refuses_a_bad_one(recorded
             assert source.commands == [] and app.screen is form
             await pilot.press("backspace", "8", "tab", *"512")
             await pilot.press("ctrl+s")
-            await _wait(pilot, lambda: source.commands, "start")
+            await pilot_wait(pilot, lambda: source.commands, "start")
         assert source.commands == [Command("start", "t2", {"model": "Qwen/Qwen3-0.6B", "max_num_seqs": 8,
                                                             "max_model_len": 512})]
     run(go())
@@ -204,11 +197,11 @@ def test_the_daemon_going_away_shows_a_banner_and_coming_back_clears_it(frames, 
         app, source = recorded_app([lost_frame(), lost_frame(), back], retry_s=0.01)
         seen: list[str] = []
         async with app.run_test(size=(80, 24), message_hook=lambda m: seen.append(type(m).__name__)) as pilot:
-            await _wait(pilot, lambda: app.lost_reason is not None, "the banner")
+            await pilot_wait(pilot, lambda: app.lost_reason is not None, "the banner")
             banner = app.screen.query_one("#banner")
             assert banner.has_class("-lost")
             assert app.check_action("stop_engine", ()) is None  # nothing to send it to
-            await _wait(pilot, lambda: app.lost_reason is None and source.exhausted, "the reconnect")
+            await pilot_wait(pilot, lambda: app.lost_reason is None and source.exhausted, "the reconnect")
             await pilot.pause(0.05)
             assert not banner.has_class("-lost")
         assert "DaemonLost" in seen and "StatusPolled" in seen
@@ -242,14 +235,14 @@ def test_nothing_the_daemon_does_crashes_the_console():
         source = _Broken()
         app = make_app(source, refresh_s=0.01, retry_s=0.01, cursor_blink=False)
         async with app.run_test(size=(80, 24)) as pilot:
-            await _wait(pilot, lambda: source.calls >= 5, "five polls")
+            await pilot_wait(pilot, lambda: source.calls >= 5, "five polls")
             await pilot.pause(0.05)
             messages = [n.message for n in app._notifications]
             assert any("socket said something strange" in m for m in messages)
             assert app.snapshot.engine("t1") is not None
             app.hold_polls = True
             await pilot.press("k", "y")
-            await _wait(pilot, lambda: any("is stopping" in n.message for n in app._notifications), "refusal")
+            await pilot_wait(pilot, lambda: any("is stopping" in n.message for n in app._notifications), "refusal")
             assert app.is_running
     run(go())
 
@@ -302,7 +295,7 @@ def test_history_lists_versions_and_rollback_asks_then_sends_the_chosen_version(
         async with app.run_test(size=(120, 40)) as pilot:
             await replay(pilot)
             await pilot.press("h")
-            await _wait(pilot, lambda: getattr(app.screen, "versions", ()), "the history to load")
+            await pilot_wait(pilot, lambda: getattr(app.screen, "versions", ()), "the history to load")
             table = app.screen.query_one("#history-table")
             assert table.row_count == 2
             assert "max_num_seqs: 16→8" in str(table.get_row_at(0)[-1])
@@ -318,6 +311,6 @@ def test_history_lists_versions_and_rollback_asks_then_sends_the_chosen_version(
             await pilot.pause()
             assert isinstance(app.screen, ConfirmScreen) and source.commands == []
             await pilot.press("y")
-            await _wait(pilot, lambda: source.commands, "the rollback command")
+            await pilot_wait(pilot, lambda: source.commands, "the rollback command")
             assert source.commands == [Command("rollback", "t1", {"to": "0123456789ab"})]
     run(go())

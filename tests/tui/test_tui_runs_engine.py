@@ -20,6 +20,7 @@ from llmconsole.console.tui.screens.sweep import SweepScreen
 from llmconsole.console.tui.screens.tune import TuneScreen
 from llmconsole.paths import resolve
 from tests.support.daemon import Cli, short_home, stop_daemon
+from tests.support.waiting import pilot_wait
 
 pytestmark = pytest.mark.engine
 
@@ -40,11 +41,7 @@ def eng(tiny_model):
 
 
 async def _wait(pilot, cond, what: str, timeout_s: float = 30.0) -> None:
-    for _ in range(int(timeout_s / 0.05)):
-        if cond():
-            return
-        await pilot.pause(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    await pilot_wait(pilot, cond, what, timeout_s, interval_s=0.05)  # the console polls a real daemon
 
 
 def _console(eng):

@@ -23,17 +23,10 @@ from llmconsole.console.tui.sweep_view import (SWEEP_DEFAULTS, SweepView, confir
 from llmconsole.engine.sweep.runner import EngineTarget, SweepResult
 from llmconsole.engine.sweep.plan import LoadLevel, PointResult, SweepProgress
 from tests.support.recorded import replay
+from tests.support.waiting import pilot_wait
 
 SPEC = {"max_num_seqs": 4, "max_model_len": 512}
 FORM = dict(SWEEP_DEFAULTS, grid="max_num_seqs=4,8", load="concurrency=1,2", slo="p99_e2e_ms=5000")
-
-
-async def _wait(pilot, cond, what: str, tries: int = 300) -> None:
-    for _ in range(tries):
-        if cond():
-            return
-        await pilot.pause(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 # --- plain functions ---------------------------------------------------------------------------
@@ -141,7 +134,7 @@ def test_the_table_is_the_clis_table():
 async def _open(pilot) -> SweepScreen:
     await replay(pilot)
     await pilot.press("S")
-    await _wait(pilot, lambda: isinstance(pilot.app.screen, SweepScreen), "the sweep screen")
+    await pilot_wait(pilot, lambda: isinstance(pilot.app.screen, SweepScreen), "the sweep screen")
     await pilot.pause(0.05)
     return pilot.app.screen
 
@@ -185,16 +178,16 @@ def test_a_running_sweep_asks_first_and_cannot_be_left_or_quit_until_cancelled(t
             screen.paths = Paths(tmp_path, tmp_path)  # no daemon answers there: the run must fail cleanly
             _set(screen, grid="max_num_seqs=4,8")
             await pilot.press("ctrl+s")
-            await _wait(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
+            await pilot_wait(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
             assert "RESTARTS the engine" in app.screen.question
             await pilot.press("n")
             await pilot.pause(0.05)
             assert app.screen is screen and not screen.started
             await pilot.press("ctrl+s")
-            await _wait(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
+            await pilot_wait(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
             await pilot.press("y")
-            await _wait(pilot, lambda: screen.started, "the run")
-            await _wait(pilot, lambda: not screen.running, "the run's end")
+            await pilot_wait(pilot, lambda: screen.started, "the run")
+            await pilot_wait(pilot, lambda: not screen.running, "the run's end")
             notes = str(screen.query_one("#run-notes", Static).render())
             assert "the sweep stopped" in notes and "control.sock" in notes  # no daemon: said, not raised
             # While a run is under way, esc and q refuse and say how to cancel.

@@ -8,13 +8,13 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.support.daemon import Cli, short_home, stop_daemon
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.engine, pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")]
 
@@ -43,24 +43,12 @@ class Terminal:
         return self._tmux("capture-pane", "-p")
 
     def wait_for(self, pattern: str, timeout_s: float = 60) -> str:
-        deadline = time.monotonic() + timeout_s
-        text = ""
-        while time.monotonic() < deadline:
-            text = self.screen()
-            if re.search(pattern, text, re.MULTILINE):
-                return text
-            time.sleep(0.3)
-        raise AssertionError(f"{pattern!r} never appeared; the screen was:\n{text}")
+        return wait_until(self.screen, timeout_s, 0.3, f"{pattern!r} on the screen",
+                          ok=lambda text: re.search(pattern, text, re.MULTILINE) is not None)
 
     def wait_gone(self, pattern: str, timeout_s: float = 60) -> str:
-        deadline = time.monotonic() + timeout_s
-        text = ""
-        while time.monotonic() < deadline:
-            text = self.screen()
-            if not re.search(pattern, text, re.MULTILINE):
-                return text
-            time.sleep(0.3)
-        raise AssertionError(f"{pattern!r} did not go away; the screen was:\n{text}")
+        return wait_until(self.screen, timeout_s, 0.3, f"{pattern!r} to leave the screen",
+                          ok=lambda text: re.search(pattern, text, re.MULTILINE) is None)
 
     def close(self) -> None:
         subprocess.run(["tmux", "-S", self.socket, "kill-server"], capture_output=True, timeout=30)

@@ -22,18 +22,11 @@ from llmconsole.engine.sweep.runner import EngineTarget
 from llmconsole.engine.tune.tuner import TuneProgress, TuneResult
 from llmconsole.engine.tune.space import Budget, Remeasured, TrialOutcome
 from tests.support.recorded import replay, stream_frames
+from tests.support.waiting import pilot_wait
 
 SPEC = stream_frames()[-1]["status"]["engines"][0]["spec"]   # t1 as the daemon reports it
 FACTS = snapshot_facts(SPEC)
 FORM = dict(TUNE_DEFAULTS, knobs="max_num_seqs=2,4,8", budget="4")
-
-
-async def _wait(pilot, cond, what: str, tries: int = 300) -> None:
-    for _ in range(tries):
-        if cond():
-            return
-        await pilot.pause(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_the_form_makes_the_settings_the_cli_makes():
@@ -129,7 +122,7 @@ def test_the_end_and_when_the_winner_may_be_applied():
 async def _open(pilot) -> TuneScreen:
     await replay(pilot)
     await pilot.press("T")
-    await _wait(pilot, lambda: isinstance(pilot.app.screen, TuneScreen), "the tune screen")
+    await pilot_wait(pilot, lambda: isinstance(pilot.app.screen, TuneScreen), "the tune screen")
     await pilot.pause(0.05)
     return pilot.app.screen
 
@@ -182,7 +175,7 @@ def test_the_screen_shows_progress_and_applies_only_after_asking(recorded_app):
             assert "recommended: max_num_seqs=8" in notes and "a: apply" in notes
             assert t.row_count == 5 and "infeasible" in str(t.get_row_at(4)[1])
             await pilot.press("a")
-            await _wait(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
+            await pilot_wait(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")
             assert "guarded apply" in app.screen.question and "max_num_seqs=8" in app.screen.question
             await pilot.press("n")
             await pilot.pause(0.05)

@@ -10,6 +10,7 @@ import pytest
 
 from llmconsole.engine import host as host_mod
 from llmconsole.engine.host import HostProbe, fmt_na
+from tests.support.waiting import wait_until
 
 
 def test_no_gpu_means_na_never_an_exception():
@@ -58,13 +59,11 @@ def _end_tree(parent: subprocess.Popen) -> None:
 
 
 def _wait_for(probe: HostProbe, pid: int, ok, timeout_s: float = 20.0):
-    deadline = time.monotonic() + timeout_s
-    s = probe.sample_process(pid)
-    while not (s is not None and ok(s)) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    def sample():
         probe.forget(pid)  # re-list the children now rather than after the refresh period
-        s = probe.sample_process(pid)
-    return s
+        return probe.sample_process(pid)
+
+    return wait_until(sample, timeout_s, 0.2, f"process {pid}'s tree", ok=lambda s: s is not None and ok(s))
 
 
 def test_process_tree_is_summed_and_gone_is_none():

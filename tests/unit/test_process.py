@@ -3,11 +3,11 @@
 import asyncio
 import os
 import sys
-import time
 
 import psutil
 
 from llmconsole.engine.process import EngineProcess, ProcessRecord
+from tests.support.waiting import wait_until
 
 # A leader with two children, all in the leader's new session, like vLLM's server/core/worker.
 TREE = [sys.executable, "-c",
@@ -20,9 +20,7 @@ TREE = [sys.executable, "-c",
 
 def _launch(tmp_path):
     proc = EngineProcess.launch(TREE, {}, tmp_path / "tree.log", 18999)
-    deadline = time.monotonic() + 20
-    while len(proc.group_members()) < 3 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(proc.group_members, 20, 0.05, "the leader and its two children", ok=lambda members: len(members) >= 3)
     return proc
 
 
@@ -40,8 +38,7 @@ def test_kill_group_after_the_leader_died_leaves_no_orphans(tmp_path):
     proc = _launch(tmp_path)
     children = [p for p in proc.group_members() if p != proc.pid]
     os.kill(proc.pid, 9)
-    while proc.poll() is None:
-        time.sleep(0.05)
+    wait_until(lambda: proc.poll() is not None, 30, 0.05, "the killed leader's exit")
     assert proc.poll() == -9
     assert all(psutil.pid_exists(c) for c in children), "children outlive their leader until cleaned up"
     asyncio.run(proc.kill_group())
