@@ -24,7 +24,7 @@ import yaml
 
 from llmconsole.db import Store
 from llmconsole.engine.alerts.response_settings import cpu_has_avx512
-from tests.support.daemon import Cli, short_home, stop_daemon
+from tests.support.daemon import daemon_home
 from tests.support.paths import ROOT
 from tests.support.waiting import wait_until
 
@@ -53,18 +53,15 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def acli(tiny_model):
-    home = short_home("llmc-alert-")
-    # The daemon's own rule waits 3 s (not 5 minutes) and answers by halving the window, then
-    # with a standby engine. Where the CPU cannot keep KV in fp8 (AVX2 only) the kv_dtype
-    # response is enabled too, and must be refused with the reason and leave the engine alone.
-    (home / "responses.json").write_text(json.dumps(
-        {"responses": {KV_ALERT: RESPONSES}, "for_s": {KV_ALERT: 3}, "interval_s": 1}))
-    c = Cli(home)
-    c("daemon", "start")
-    c("engine", "start", "p1", "--model", str(tiny_model), "--served-model-name", "tiny", *FLAGS)
-    yield c
-    stop_daemon(home)
-    shutil.rmtree(home, ignore_errors=True)
+    with daemon_home("llmc-alert-") as c:
+        # The daemon's own rule waits 3 s (not 5 minutes) and answers by halving the window, then
+        # with a standby engine. Where the CPU cannot keep KV in fp8 (AVX2 only) the kv_dtype
+        # response is enabled too, and must be refused with the reason and leave the engine alone.
+        (c.home / "responses.json").write_text(json.dumps(
+            {"responses": {KV_ALERT: RESPONSES}, "for_s": {KV_ALERT: 3}, "interval_s": 1}))
+        c("daemon", "start")
+        c("engine", "start", "p1", "--model", str(tiny_model), "--served-model-name", "tiny", *FLAGS)
+        yield c
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import urllib.request
 import psutil
 import pytest
 
-from tests.support.daemon import Cli, short_home, stop_daemon
+from tests.support.daemon import daemon_home
 
 pytestmark = pytest.mark.engine
 
@@ -25,13 +25,11 @@ ENGINE_FLAGS = ["--max-num-seqs", "8", "--max-model-len", "512", "--kv-cache-mem
 
 @pytest.fixture(scope="module")
 def mcli(tiny_model):
-    home = short_home("llmc-int-")
-    c = Cli(home)
-    # The real process layout (API server + engine core): the crash tests check the whole group.
-    c.env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
-    c.model = tiny_model
-    yield c
-    stop_daemon(home)
+    with daemon_home("llmc-int-") as c:
+        # The real process layout (API server + engine core): the crash tests check the whole group.
+        c.env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+        c.model = tiny_model
+        yield c
 
 
 def _complete(url: str, prompt: str = "The quick brown fox", max_tokens: int = 16) -> dict:

@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 
-from tests.support.daemon import Cli, short_home, stop_daemon
+from tests.support.daemon import daemon_home
 
 pytestmark = pytest.mark.engine
 
@@ -25,11 +25,9 @@ ENGINE_FLAGS = ["--max-num-seqs", "8", "--max-model-len", "512", "--kv-cache-mem
 
 @pytest.fixture(scope="module")
 def gcli(tiny_model):
-    home = short_home("llmc-gw-")
-    c = Cli(home)
-    c("engine", "start", "g1", "--model", str(tiny_model), "--served-model-name", "tiny", *ENGINE_FLAGS)
-    yield c
-    stop_daemon(home)
+    with daemon_home("llmc-gw-") as c:
+        c("engine", "start", "g1", "--model", str(tiny_model), "--served-model-name", "tiny", *ENGINE_FLAGS)
+        yield c
 
 
 def _post(url: str, body: dict, timeout_s: float = 300) -> tuple[int, bytes]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import re
-import shutil
 import threading
 import time
 import urllib.error
@@ -24,7 +23,7 @@ import pytest
 from llmconsole.console.client import DaemonClient
 from llmconsole.paths import resolve
 from tests.support.client_team import ClientTeam
-from tests.support.daemon import Cli, short_home, stop_daemon
+from tests.support.daemon import Cli, daemon_home
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.engine
@@ -36,19 +35,14 @@ ENGINES = ("ga", "gb")
 
 @pytest.fixture(scope="module")
 def pair(tiny_model):
-    home = short_home("llmc-grp-")
-    c = Cli(home)
-    c.env["LLMCONSOLE_CPU_KV_BUDGET_BYTES"] = str(8 << 20)
-    c("daemon", "start")
-    try:
+    with daemon_home("llmc-grp-") as c:
+        c.env["LLMCONSOLE_CPU_KV_BUDGET_BYTES"] = str(8 << 20)
+        c("daemon", "start")
         for name in ENGINES:  # both start at once: one wait for the two
             c("engine", "start", name, "--model", str(tiny_model), "--no-wait", *FLAGS)
         for name in ENGINES:
             c.wait_engine(name, lambda e: e["state"] == "ready", timeout_s=480, interval_s=2.0)
         yield c
-    finally:
-        stop_daemon(home)
-        shutil.rmtree(home, ignore_errors=True)
 
 
 def _post(url: str, body: dict, timeout_s: float = 300) -> tuple[int, bytes]:

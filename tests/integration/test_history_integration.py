@@ -12,7 +12,7 @@ import sqlite3
 
 import pytest
 
-from tests.support.daemon import Cli, short_home, stop_daemon
+from tests.support.daemon import Cli, daemon_home
 
 pytestmark = pytest.mark.engine
 
@@ -23,12 +23,10 @@ BASE = ["--served-model-name", "tiny", "--max-model-len", "512", "--kv-cache-mem
 
 @pytest.fixture(scope="module")
 def hcli(tiny_model):
-    home = short_home("llmc-hist-")
-    c = Cli(home)
-    c.env["ENGINE_KEY"] = SECRET
-    c.model = tiny_model
-    yield c
-    stop_daemon(home)
+    with daemon_home("llmc-hist-") as c:
+        c.env["ENGINE_KEY"] = SECRET
+        c.model = tiny_model
+        yield c
 
 
 def _history(c: Cli) -> list[dict]:

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from llmconsole.kernels.usage import LOG_PREFIX, REPORT_EVERY_S, KernelUsage, parse_usage
-from tests.support.daemon import Cli, short_home, stop_daemon
+from tests.support.daemon import daemon_home
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.engine
@@ -45,17 +45,13 @@ NEAR_TIE_NATS = 0.05
 
 @pytest.fixture(scope="module")
 def engines(tiny_model):
-    home = short_home("llmc-kern-")
-    cli = Cli(home)
-    try:
+    with daemon_home("llmc-kern-") as cli:
         # One after the other: the daemon's store refuses two concurrent first starts
         # (FOREIGN KEY failure on the action row), which is not what this module tests.
         for name in ("stock", "custom"):
             cli("engine", "start", name, "--model", str(tiny_model), "--kernel", name,
                 *ENGINE_FLAGS)
         yield cli
-    finally:
-        stop_daemon(home)
 
 
 def _complete(url: str) -> list[dict]:

@@ -10,7 +10,6 @@ size set by hand (no mode) and is switched to each mode in turn.
 from __future__ import annotations
 
 import json
-import shutil
 import urllib.error
 import urllib.request
 
@@ -18,7 +17,7 @@ import pytest
 
 from llmconsole.db import Store
 from tests.support.client_team import ClientTeam
-from tests.support.daemon import Cli, short_home, stop_daemon
+from tests.support.daemon import Cli, daemon_home
 
 pytestmark = pytest.mark.engine
 
@@ -30,14 +29,11 @@ FLAGS = ["--max-num-seqs", "8", "--max-model-len", "512", "--kv-cache-memory-byt
 
 @pytest.fixture(scope="module")
 def mcli(tiny_model):
-    home = short_home("llmc-mode-")
-    c = Cli(home)
-    c.env["LLMCONSOLE_CPU_KV_BUDGET_BYTES"] = str(BUDGET_BYTES)
-    c("daemon", "start")
-    c("engine", "start", "m1", "--model", str(tiny_model), "--served-model-name", "tiny", *FLAGS)
-    yield c
-    stop_daemon(home)
-    shutil.rmtree(home, ignore_errors=True)
+    with daemon_home("llmc-mode-") as c:
+        c.env["LLMCONSOLE_CPU_KV_BUDGET_BYTES"] = str(BUDGET_BYTES)
+        c("daemon", "start")
+        c("engine", "start", "m1", "--model", str(tiny_model), "--served-model-name", "tiny", *FLAGS)
+        yield c
 
 
 class SteadyLoad(ClientTeam):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import urllib.request
 
 import pytest
@@ -17,7 +16,7 @@ from llmconsole.engine.metrics.latency import Slo
 from llmconsole.engine.load.generator import run_load
 from llmconsole.engine.metrics.page import parse_metrics
 from llmconsole.engine.load.workload import LengthDist, Workload, load_tokenizer, plan_requests
-from tests.support.daemon import Cli, short_home, stop_daemon
+from tests.support.daemon import daemon_home
 
 pytestmark = pytest.mark.engine
 
@@ -29,13 +28,10 @@ FLAGS = ["--served-model-name", "tiny", "--max-num-seqs", "4", "--max-model-len"
 
 @pytest.fixture(scope="module")
 def eng(tiny_model):
-    home = short_home("llmc-lg-")
-    c = Cli(home)
-    c.model = tiny_model
-    c("engine", "start", "lg", "--model", str(tiny_model), *FLAGS)
-    yield c
-    stop_daemon(home)
-    shutil.rmtree(home, ignore_errors=True)
+    with daemon_home("llmc-lg-") as c:
+        c.model = tiny_model
+        c("engine", "start", "lg", "--model", str(tiny_model), *FLAGS)
+        yield c
 
 
 def _metrics(url: str):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import signal
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from llmconsole.engine.metrics.latency import Slo
 from llmconsole.engine.load.generator import run_load
 from llmconsole.engine.load.workload import Workload
 from llmconsole.paths import resolve
-from tests.support.daemon import Cli, short_home, stop_daemon
+from tests.support.daemon import daemon_home
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.engine
@@ -36,12 +35,9 @@ LOAD = ["--workload", "concurrency=2", "--num-requests", "8", "--input-len", "16
 
 @pytest.fixture(scope="module")
 def eng(tiny_model):
-    home = short_home("llmc-tn-")
-    c = Cli(home)
-    c("engine", "start", "tn", "--model", str(tiny_model), *FLAGS)
-    yield c
-    stop_daemon(home)
-    shutil.rmtree(home, ignore_errors=True)
+    with daemon_home("llmc-tn-") as c:
+        c("engine", "start", "tn", "--model", str(tiny_model), *FLAGS)
+        yield c
 
 
 def _api(eng) -> DaemonClient:

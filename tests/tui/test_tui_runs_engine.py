@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 
 import pytest
 from textual.widgets import DataTable, Input, Static
@@ -19,7 +18,7 @@ from llmconsole.console.tui.screens.confirm import ConfirmScreen
 from llmconsole.console.tui.screens.sweep import SweepScreen
 from llmconsole.console.tui.screens.tune import TuneScreen
 from llmconsole.paths import resolve
-from tests.support.daemon import Cli, short_home, stop_daemon
+from tests.support.daemon import daemon_home
 from tests.support.waiting import pilot_wait
 
 pytestmark = pytest.mark.engine
@@ -32,12 +31,9 @@ SMALL = dict(input_len="16", output_len="8", slo="p99_e2e_ms=60000")
 
 @pytest.fixture(scope="module")
 def eng(tiny_model):
-    home = short_home("llmc-tr-")
-    c = Cli(home)
-    c("engine", "start", "tr", "--model", str(tiny_model), *FLAGS)
-    yield c
-    stop_daemon(home)
-    shutil.rmtree(home, ignore_errors=True)
+    with daemon_home("llmc-tr-") as c:
+        c("engine", "start", "tr", "--model", str(tiny_model), *FLAGS)
+        yield c
 
 
 async def _wait(pilot, cond, what: str, timeout_s: float = 30.0) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.daemon import Cli, short_home, stop_daemon
+from tests.support.daemon import daemon_home
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.engine, pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")]
@@ -72,12 +72,9 @@ def _health(url: str) -> int:
 
 @pytest.fixture
 def engine_home(tiny_model):
-    home = short_home("llmc-tui-")
-    cli = Cli(home)
-    cli("engine", "start", "t1", "--model", str(tiny_model), "--served-model-name", "tiny", *ENGINE_FLAGS)
-    yield home, cli
-    stop_daemon(home)
-    shutil.rmtree(home, ignore_errors=True)
+    with daemon_home("llmc-tui-") as cli:
+        cli("engine", "start", "t1", "--model", str(tiny_model), "--served-model-name", "tiny", *ENGINE_FLAGS)
+        yield cli.home, cli
 
 
 def test_console_in_a_real_terminal(engine_home):
