@@ -16,8 +16,15 @@ HERE = Path(__file__).parent
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    stray = [i.nodeid for i in items if i.path.is_relative_to(HERE) and not i.get_closest_marker("engine")
-             and not {"cli", "home"} & set(getattr(i, "fixturenames", ()))]
+    stray = [
+        i.nodeid
+        for i in items
+        if i.path.is_relative_to(HERE)
+        and not i.get_closest_marker("engine")
+        and not {"cli", "home"} & set(getattr(i, "fixturenames", ()))
+    ]
     if stray:
-        raise pytest.UsageError("tests/integration/ holds tests of real daemons or engines; these use neither "
-                                "(move them to tests/unit/, or mark them `engine`): " + ", ".join(stray))
+        raise pytest.UsageError(
+            "tests/integration/ holds tests of real daemons or engines; these use neither "
+            "(move them to tests/unit/, or mark them `engine`): " + ", ".join(stray)
+        )

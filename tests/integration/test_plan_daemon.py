@@ -36,8 +36,16 @@ def test_daemon_refuses_configs_that_cannot_fit_on_start_and_restart(cli, tiny_m
         assert time.perf_counter() - t0 < 1.0
         assert e.value.status == 400 and any(d.startswith("needed: ") for d in e.value.details)
         # A restart into a misfit is refused the same way and leaves the engine as it was.
-        ok = c.start_engine("ok", spec={"model": str(tiny_model), "max_model_len": 512, "enforce_eager": True,
-                                        "kv_cache_memory_bytes": 10_000_000, "cpu_threads_bind": "nobind"})
+        ok = c.start_engine(
+            "ok",
+            spec={
+                "model": str(tiny_model),
+                "max_model_len": 512,
+                "enforce_eager": True,
+                "kv_cache_memory_bytes": 10_000_000,
+                "cpu_threads_bind": "nobind",
+            },
+        )
         with pytest.raises(DaemonError) as e:
             c.restart_engine("ok", overrides=bad)
         assert e.value.status == 400 and any(d.startswith("nearest config that fits") for d in e.value.details)

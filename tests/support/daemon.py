@@ -41,8 +41,12 @@ class Cli:
     def __call__(self, *args: str, check: bool = True, timeout: float = 600, input: str | None = None):
         r = subprocess.run(
             [sys.executable, "-m", "llmconsole.console.cli", *args],
-            env=self.env, capture_output=True, text=True, timeout=timeout,
-            stdin=subprocess.DEVNULL if input is None else None, input=input,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL if input is None else None,
+            input=input,
         )
         if check and r.returncode != 0:
             raise AssertionError(f"llmconsole {' '.join(args)} exited {r.returncode}\n{r.stdout}\n{r.stderr}")
@@ -55,8 +59,13 @@ class Cli:
         return next((e for e in self.status()["engines"] if e["name"] == name), None)
 
     def wait_engine(self, name: str, pred, timeout_s: float = 300, interval_s: float = 0.5) -> dict:
-        return wait_until(lambda: self.engine(name), timeout_s, interval_s,
-                          f"engine {name} to reach the expected state", ok=lambda e: e is not None and pred(e))
+        return wait_until(
+            lambda: self.engine(name),
+            timeout_s,
+            interval_s,
+            f"engine {name} to reach the expected state",
+            ok=lambda e: e is not None and pred(e),
+        )
 
 
 def short_home(prefix: str) -> Path:

@@ -33,4 +33,5 @@ def check_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: 
         raise AssertionError(
             f"{what}: {int(bad.sum())} of {out.numel()} elements off; first at {idx}: "
             f"got {float(out[idx]):.6g}, want {float(ref[idx]):.6g}; "
-            f"max err/row max {float((err / row_max.clamp_min(1e-30)).max()):.3g}")
+            f"max err/row max {float((err / row_max.clamp_min(1e-30)).max()):.3g}"
+        )

@@ -54,10 +54,27 @@ def status_frame(status: Any, logs: dict[str, str] | None = None) -> dict[str, A
 def history_frame(current: str) -> dict[str, Any]:
     """The last recorded frame, plus a config history of t1: the current version and an older one."""
     frame = dict(stream_frames()[-1])
-    older = {"config_id": "0123456789ab", "verdict": "known_good", "runs": 2, "first_used_at": 1.7e9,
-             "last_used_at": 1.7e9 + 600, "in_use": False, "label": None, "spec": {}, "diff_from_previous": []}
-    now = {"config_id": current, "verdict": "known_good", "runs": 1, "first_used_at": 1.7e9 + 700,
-           "last_used_at": 1.7e9 + 900, "in_use": True, "label": None, "spec": {},
-           "diff_from_previous": [{"field": "max_num_seqs", "before": 16, "after": 8}]}
+    older = {
+        "config_id": "0123456789ab",
+        "verdict": "known_good",
+        "runs": 2,
+        "first_used_at": 1.7e9,
+        "last_used_at": 1.7e9 + 600,
+        "in_use": False,
+        "label": None,
+        "spec": {},
+        "diff_from_previous": [],
+    }
+    now = {
+        "config_id": current,
+        "verdict": "known_good",
+        "runs": 1,
+        "first_used_at": 1.7e9 + 700,
+        "last_used_at": 1.7e9 + 900,
+        "in_use": True,
+        "label": None,
+        "spec": {},
+        "diff_from_previous": [{"field": "max_num_seqs", "before": 16, "after": 8}],
+    }
     frame["history"] = {"t1": [now, older]}
     return frame

@@ -26,8 +26,9 @@ class Stub:
             if not body.get("stream"):
                 await asyncio.sleep(self.delay_s * self.chunks)
                 self.finished += 1
-                return web.json_response({"id": "x", "from": self.name, "echo": body.get("prompt")},
-                                         headers={"X-Stub": self.name})
+                return web.json_response(
+                    {"id": "x", "from": self.name, "echo": body.get("prompt")}, headers={"X-Stub": self.name}
+                )
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "X-Stub": self.name})
             await resp.prepare(request)
             for k in range(self.chunks):

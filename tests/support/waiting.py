@@ -14,8 +14,14 @@ def _shown(value: Any) -> str:
     return f"\n{value}" if isinstance(value, str) and "\n" in value else f" {value!r}"
 
 
-def wait_until(predicate: Callable[[], T], timeout_s: float, interval_s: float = 0.5,
-               what: str | Callable[[], str] = "", *, ok: Callable[[T], bool] | None = None) -> T:
+def wait_until(
+    predicate: Callable[[], T],
+    timeout_s: float,
+    interval_s: float = 0.5,
+    what: str | Callable[[], str] = "",
+    *,
+    ok: Callable[[T], bool] | None = None,
+) -> T:
     """Call `predicate` every `interval_s` until its value is truthy (or, given `ok`, until
     `ok(value)`), and return that value. After `timeout_s` raise AssertionError naming `what`
     (a string, or a callable read only then, such as a log's tail) and the last value seen.
@@ -28,13 +34,15 @@ def wait_until(predicate: Callable[[], T], timeout_s: float, interval_s: float =
         left = deadline - time.monotonic()
         if left <= 0:
             said = what() if callable(what) else what
-            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {said or predicate}; "
-                                 f"last value:{_shown(value)}")
+            raise AssertionError(
+                f"timed out after {timeout_s:g} s waiting for {said or predicate}; last value:{_shown(value)}"
+            )
         time.sleep(min(interval_s, left))
 
 
-async def pilot_wait(pilot, predicate: Callable[[], Any], what: str, timeout_s: float = 3.0,
-                     interval_s: float = 0.01) -> None:
+async def pilot_wait(
+    pilot, predicate: Callable[[], Any], what: str, timeout_s: float = 3.0, interval_s: float = 0.01
+) -> None:
     """wait_until for the console under a Textual pilot: `predicate` is checked between pauses of
     the app, at most timeout_s / interval_s times (a pause takes longer on a busy host: the count,
     not the clock, bounds the wait)."""
