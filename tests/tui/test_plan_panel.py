@@ -1,0 +1,50 @@
+"""The planner panel in the start-engine form: it re-plans as the fields change."""
+
+from __future__ import annotations
+
+import asyncio
+
+from textual.widgets import Input
+
+from llmconsole.console.tui.screens.form import EngineFormScreen
+from llmconsole.console.tui.widgets.planner_panel import PlannerPanel, planner_lines
+from llmconsole.engine.spec import EngineSpec
+from llmconsole.engine.plan.validate import HostMemory
+from tests.support.recorded import replay
+
+
+def _text(panel: PlannerPanel) -> str:
+    return str(panel.render())
+
+
+def test_panel_follows_the_form_from_no_model_to_misfit_to_fit(tiny_model, recorded_app):
+    async def go():
+        app, source = recorded_app()
+        async with app.run_test(size=(120, 40)) as pilot:
+            await replay(pilot)
+            await pilot.press("n")
+            await pilot.pause()
+            form = app.screen
+            assert isinstance(form, EngineFormScreen)
+            panel = form.query_one(PlannerPanel)
+            assert "fill in a valid config" in _text(panel)
+            for field, value in (("name", "p1"), ("model", str(tiny_model)), ("max_model_len", "2048"),
+                                 ("kv_cache_memory_bytes", "100000")):
+                form.query_one(f"#f-{field}", Input).value = value
+                await pilot.pause()
+            text = _text(panel)
+            assert "DOES NOT FIT" in text and "needs 1,114,112 B, has 100,000 B" in text
+            assert "nearest that fits: kv_cache_memory_bytes=1,114,112" in text
+            form.query_one("#f-kv_cache_memory_bytes", Input).value = "100000000"
+            await pilot.pause()
+            text = _text(panel)
+            assert "fits: needs" in text and "(exact)" in text
+            # 1,525 blocks of 128 tokens; a 2,048-token request takes 16 of them.
+            assert "1,525 blocks = 195,200 tokens, 95.31 requests of 2,048" in text
+            assert source.commands == []  # planning sends nothing to the daemon
+    asyncio.run(go())
+
+
+def test_panel_lines_for_a_hub_model_say_it_cannot_check():
+    lines = planner_lines(EngineSpec(model="Qwen/Qwen3-0.6B"), HostMemory("cpu", 24 << 30))
+    assert any("no local config.json" in text for _, text in lines)

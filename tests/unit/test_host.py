@@ -1,0 +1,95 @@
+"""The host probe on a machine without a GPU, and the NVML wrapper's error handling."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from llmconsole.engine import host as host_mod
+from llmconsole.engine.host import HostProbe, fmt_na
+from tests.support.waiting import wait_until
+
+
+def test_no_gpu_means_na_never_an_exception():
+    probe = HostProbe()
+    s = probe.sample_host()
+    if s.nvml_available:
+        pytest.skip("this machine has a working NVML; the no-GPU path is what is tested here")
+    assert s.gpus == () and s.nvml_error
+    assert s.memory_total_bytes > s.memory_used_bytes > 0
+    assert fmt_na(None) == "N/A" and fmt_na(3, "{}%") == "3%"
+
+
+def test_nvml_errors_become_none(monkeypatch):
+    pynvml = pytest.importorskip("pynvml")
+
+    def boom(*a):
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo", boom)
+    assert host_mod._nvml(pynvml.nvmlDeviceGetMemoryInfo, None) is None
+    probe = HostProbe()
+    probe._nvml_ready = True  # pretend NVML initialised; every device call then fails
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByIndex", lambda i: object())
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: 1)
+    for fn in ("nvmlDeviceGetUtilizationRates", "nvmlDeviceGetPowerUsage", "nvmlDeviceGetTemperature",
+               "nvmlDeviceGetName"):
+        monkeypatch.setattr(pynvml, fn, boom)
+    (gpu,) = probe.sample_gpus()
+    assert gpu.memory_used_bytes is None and gpu.utilization_gpu_pct is None and gpu.power_w is None
+
+
+def _spawn_tree(child_code: str) -> subprocess.Popen:
+    """A parent with one child, in a session of its own so the test can end the whole tree."""
+    code = ("import subprocess, sys, time\n"
+            f"k = subprocess.Popen([sys.executable, '-c', {child_code!r}])\n"
+            "time.sleep(60)\n")
+    return subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+
+
+def _end_tree(parent: subprocess.Popen) -> None:
+    try:
+        os.killpg(parent.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    parent.wait()
+
+
+def _wait_for(probe: HostProbe, pid: int, ok, timeout_s: float = 20.0):
+    def sample():
+        probe.forget(pid)  # re-list the children now rather than after the refresh period
+        return probe.sample_process(pid)
+
+    return wait_until(sample, timeout_s, 0.2, f"process {pid}'s tree", ok=lambda s: s is not None and ok(s))
+
+
+def test_process_tree_is_summed_and_gone_is_none():
+    parent = _spawn_tree("x = bytearray(50_000_000); import time; time.sleep(60)")
+    probe = HostProbe()
+    try:
+        s = _wait_for(probe, parent.pid, lambda s: s.num_processes >= 2 and s.rss_bytes >= 50_000_000)
+        assert s.num_processes == 2
+        assert s.rss_bytes > 50_000_000  # the child's 50 MB counts toward the engine
+        mine = probe.sample_process(os.getpid())
+        assert mine.pid == os.getpid() and mine.num_processes >= 1 and mine.rss_bytes > 10_000_000
+    finally:
+        _end_tree(parent)
+    probe.forget(parent.pid)
+    assert probe.sample_process(parent.pid) is None
+    assert probe.sample_process(2**22 + 12345) is None  # above any pid_max: never existed
+
+
+def test_cpu_pct_is_measured_between_calls_on_the_same_processes():
+    parent = _spawn_tree("while True: pass")
+    probe = HostProbe()
+    try:
+        _wait_for(probe, parent.pid, lambda s: s.num_processes >= 2)
+        time.sleep(1.0)
+        s = probe.sample_process(parent.pid)  # same cached Process objects: a real interval
+        assert s.num_processes == 2
+        assert s.cpu_pct > 1.0, s  # the spinning child (little of a core on a busy host); 0.0: no previous reading
+    finally:
+        _end_tree(parent)

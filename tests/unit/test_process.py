@@ -1,0 +1,60 @@
+"""Process groups and adoption checks, on plain OS processes (no engine involved)."""
+
+import asyncio
+import os
+import sys
+
+import psutil
+
+from llmconsole.engine.process import EngineProcess, ProcessRecord
+from tests.support.waiting import wait_until
+
+# A leader with two children, all in the leader's new session, like vLLM's server/core/worker.
+TREE = [sys.executable, "-c",
+        "import subprocess, sys, time\n"
+        "kids = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']) for _ in range(2)]\n"
+        "print('up', flush=True)\n"
+        "time.sleep(300)\n",
+        "--port", "18999"]
+
+
+def _launch(tmp_path):
+    proc = EngineProcess.launch(TREE, {}, tmp_path / "tree.log", 18999)
+    wait_until(proc.group_members, 20, 0.05, "the leader and its two children", ok=lambda members: len(members) >= 3)
+    return proc
+
+
+def test_terminate_takes_the_whole_group(tmp_path):
+    proc = _launch(tmp_path)
+    members = proc.group_members()
+    assert len(members) == 3 and proc.pid in members
+    assert os.getpgid(proc.pid) == proc.pid != os.getpgid(0)
+    asyncio.run(proc.terminate(drain_timeout_s=5))
+    assert proc.group_members() == []
+    assert proc.poll() is not None
+
+
+def test_kill_group_after_the_leader_died_leaves_no_orphans(tmp_path):
+    proc = _launch(tmp_path)
+    children = [p for p in proc.group_members() if p != proc.pid]
+    os.kill(proc.pid, 9)
+    wait_until(lambda: proc.poll() is not None, 30, 0.05, "the killed leader's exit")
+    assert proc.poll() == -9
+    assert all(psutil.pid_exists(c) for c in children), "children outlive their leader until cleaned up"
+    asyncio.run(proc.kill_group())
+    assert proc.group_members() == []
+
+
+def test_adopt_checks_create_time_argv_and_port(tmp_path):
+    proc = _launch(tmp_path)
+    try:
+        rec = proc.record
+        adopted = EngineProcess.adopt(rec)
+        assert adopted is not None and adopted.adopted and adopted.poll() is None
+        assert EngineProcess.adopt(ProcessRecord(rec.pid, rec.create_time - 100, rec.port, rec.argv)) is None
+        assert EngineProcess.adopt(ProcessRecord(rec.pid, rec.create_time, rec.port, rec.argv + ("x",))) is None
+        assert EngineProcess.adopt(ProcessRecord(rec.pid, rec.create_time, 19000, rec.argv)) is None
+        assert EngineProcess.adopt(ProcessRecord(2**22 + 7, rec.create_time, rec.port, rec.argv)) is None
+    finally:
+        asyncio.run(proc.terminate(drain_timeout_s=5))
+    assert adopted.poll() == -1, "an adopted process's exit is seen, its code unknowable"
