@@ -328,9 +328,26 @@ def _command_modules() -> list:
     return [importlib.import_module(f"llmconsole.console.commands.{n}") for n in names]
 
 
+def _join_extra_args(argv: list[str]) -> list[str]:
+    """`--extra-arg --tokenizer-mode=auto` as `--extra-arg=--tokenizer-mode=auto`: argparse
+    would take a value that starts with `-` for an option of its own and refuse it."""
+    out: list[str] = []
+    it = iter(argv)
+    for arg in it:
+        if arg == "--":
+            out += [arg, *it]
+            break
+        if arg == "--extra-arg":
+            value = next(it, None)
+            out.append(arg if value is None else f"{arg}={value}")
+        else:
+            out.append(arg)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    ns = parser.parse_args(argv)
+    ns = parser.parse_args(_join_extra_args(sys.argv[1:] if argv is None else argv))
     if ns.cmd is None:
         if sys.stdin.isatty() and sys.stdout.isatty():  # a person at a terminal: the console
             from llmconsole.console.tui.run import run_console

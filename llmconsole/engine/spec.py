@@ -17,19 +17,64 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 
 from llmconsole.engine.runtime import Runtime
 
-# Flags the spec owns (set them through its fields), flags that would leak a secret into argv,
-# and flags recent vLLM releases reject outright.
-_OWNED_FLAGS = {
-    "--model", "--host", "--port", "--served-model-name", "--max-num-seqs",
-    "--max-num-batched-tokens", "--max-model-len", "--gpu-memory-utilization",
-    "--kv-cache-memory-bytes", "--num-gpu-blocks-override", "--kv-cache-dtype", "--block-size",
-    "--enable-chunked-prefill", "--no-enable-chunked-prefill", "--enable-prefix-caching",
-    "--no-enable-prefix-caching", "--enforce-eager", "--no-enforce-eager", "--dtype",
-    "--tensor-parallel-size", "-tp", "--pipeline-parallel-size", "-pp",
-    "--distributed-executor-backend", "--seed",
+# How vLLM's parser reads extra args, kept here so validating a spec never imports vLLM (tests
+# check these lists against the installed vLLM's `vllm serve` parser). Every option string of a
+# spec field, aliases included: give these through the field, never through extra args.
+_OWNED_FLAGS: dict[str, str] = {
+    "--model": "model", "--host": "host", "--port": "port", "--served-model-name": "served_model_name",
+    "--max-num-seqs": "max_num_seqs", "--max-num-batched-tokens": "max_num_batched_tokens",
+    "--max-model-len": "max_model_len", "--gpu-memory-utilization": "gpu_memory_utilization",
+    "--device-memory-utilization": "gpu_memory_utilization",
+    "--kv-cache-memory-bytes": "kv_cache_memory_bytes", "--num-gpu-blocks-override": "num_gpu_blocks_override",
+    "--kv-cache-dtype": "kv_cache_dtype", "--block-size": "block_size",
+    "--enable-chunked-prefill": "enable_chunked_prefill", "--no-enable-chunked-prefill": "enable_chunked_prefill",
+    "--enable-prefix-caching": "enable_prefix_caching", "--no-enable-prefix-caching": "enable_prefix_caching",
+    "--enforce-eager": "enforce_eager", "--no-enforce-eager": "enforce_eager", "--dtype": "dtype",
+    "--tensor-parallel-size": "tensor_parallel_size", "-tp": "tensor_parallel_size",
+    "--pipeline-parallel-size": "pipeline_parallel_size", "-pp": "pipeline_parallel_size",
+    "--distributed-executor-backend": "distributed_executor_backend", "--seed": "seed",
 }
-_SECRET_FLAGS = {"--api-key"}
+# Options whose value is a credential: in argv it would be in /proc/PID/cmdline, the state file,
+# the engine's log and the config history. Each maps to the way to give it instead.
+_SECRET_FLAGS: dict[str, str] = {
+    "--api-key": "the spec's api_key (`--api-key-env VAR` or `--api-key-file PATH`), passed by environment",
+    "--hf-token": "env HF_TOKEN (`--env HF_TOKEN=...`), kept out of argv and stored by name only",
+}
+# `--config FILE` reads flags from a file: flags llmconsole could neither check nor keep in history.
+_HIDDEN_FLAGS = {"--config": "give its settings as spec flags or extra args, so they are checked and kept"}
 _REMOVED_FLAGS = {"--swap-space", "--disable-log-requests"}
+# Options of vLLM whose full name is a prefix of a refused one (so typed in full they are not an
+# abbreviation of it). None today; the parser test keeps this honest.
+_OWN_OPTIONS_THAT_PREFIX_REFUSED: frozenset[str] = frozenset()
+_REFUSED = [*_OWNED_FLAGS, *_SECRET_FLAGS, *_HIDDEN_FLAGS]
+
+
+def vllm_option(arg: str) -> str | None:
+    """The option an extra arg names as vLLM's parser reads it (`--max_num_seqs=8` ->
+    `--max-num-seqs`), or None for a value. Abbreviations are left for `refused_option`."""
+    if not arg.startswith("-") or arg == "-" or arg[1:2].isdigit():
+        return None  # a value (negative numbers included)
+    key = arg.split("=", 1)[0]
+    if key.startswith("--"):
+        # vLLM: `_` -> `-` in the name, up to a `.` (dotted keys set fields of a JSON option)
+        key = "--" + key[2:].split(".", 1)[0].replace("_", "-")
+    return key
+
+
+def refused_option(arg: str) -> str | None:
+    """The spec-owned, secret or hidden option `arg` would set in vLLM, abbreviations included
+    (argparse accepts any unique prefix of a long option), or None."""
+    key = vllm_option(arg)
+    if key is None or key in ("-", "--"):
+        return None
+    if key in _OWNED_FLAGS or key in _SECRET_FLAGS or key in _HIDDEN_FLAGS:
+        return key
+    if key in _OWN_OPTIONS_THAT_PREFIX_REFUSED:
+        return None
+    # A prefix of a refused option is that option to vLLM when unique, and an error when not:
+    # either way it must not pass. The first match in order names it.
+    return next((flag for flag in _REFUSED if flag.startswith(key) and len(key) > 1), None)
+
 
 KvCacheDtype = Literal["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"]
 Dtype = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
@@ -104,14 +149,21 @@ class EngineSpec(BaseModel):
     @classmethod
     def _extra_args_do_not_shadow_fields(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         for arg in v:
-            flag = arg.split("=", 1)[0]
+            if vllm_option(arg) in _REMOVED_FLAGS:
+                raise ValueError(f"{arg.split('=', 1)[0]} no longer exists in vLLM and would stop the engine")
+            flag = refused_option(arg)
+            if flag is None:
+                continue
+            read = "" if arg.split("=", 1)[0] == flag else f" (vLLM reads it as {flag})"
             if flag in _SECRET_FLAGS:
-                raise ValueError(f"{flag} would put a secret in the process list; use api_key")
-            if flag in _REMOVED_FLAGS:
-                raise ValueError(f"{flag} no longer exists in vLLM and would stop the engine")
-            if flag in _OWNED_FLAGS:
-                field = flag.lstrip("-").replace("-", "_").removeprefix("no_")
-                raise ValueError(f"{flag} is a spec field ({field}); set it there")
+                raise ValueError(f"{arg.split('=', 1)[0]}{read} would put a secret in the process list, "
+                                 f"the log and the history; use {_SECRET_FLAGS[flag]}")
+            if flag in _HIDDEN_FLAGS:
+                raise ValueError(f"{arg.split('=', 1)[0]}{read} is not allowed in extra args: {_HIDDEN_FLAGS[flag]}")
+            field = _OWNED_FLAGS[flag]
+            cli = "--" + field.replace("_", "-")
+            raise ValueError(f"{arg.split('=', 1)[0]}{read} is a spec field ({field}); set it there "
+                             f"(`{cli}` on the command line), not through extra args")
         return v
 
     @model_validator(mode="after")
