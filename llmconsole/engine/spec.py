@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from llmconsole.engine.runtime import Runtime
+from llmconsole.engine.secrets import SECRET_VALUE, is_secret_name
 
 # How vLLM's parser reads extra args, kept here so validating a spec never imports vLLM (tests
 # check these lists against the installed vLLM's `vllm serve` parser). Every option string of a
@@ -189,25 +191,77 @@ class EngineSpec(BaseModel):
     # --- identity -----------------------------------------------------------------------------
 
     def config_dict(self) -> dict[str, Any]:
-        """Every field that shapes the engine's behaviour, secrets excluded, JSON-ready."""
+        """Every field, the API key excluded, JSON-ready: what a changed spec is built from.
+
+        It carries the values of secret-named env vars (HF_TOKEN, ...): it is for the daemon's
+        own use and its 0600 state file. What is stored or shown is `public_dict()`.
+        """
         return self.model_dump(mode="json", exclude=_NOT_CONFIG)
+
+    def _identity(self) -> dict[str, Any]:
+        """config_dict() with each secret env value replaced by SECRET_VALUE: its name stays."""
+        d = self.config_dict()
+        d["env"] = {k: (SECRET_VALUE if is_secret_name(k) else v) for k, v in self.env.items()}
+        return d
 
     @property
     def config_id(self) -> str:
-        """A stable short hash: the same config always has the same id, on any host."""
-        canonical = json.dumps(self.config_dict(), sort_keys=True, separators=(",", ":"))
+        """A stable short hash: the same config always has the same id, on any host.
+
+        Secrets are not part of it (a rotated HF_TOKEN is the same config), so a version rebuilt
+        from its stored form, with the secrets filled back in, has the id it ran under.
+        """
+        canonical = json.dumps(self._identity(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
     def diff(self, other: EngineSpec) -> list[tuple[str, Any, Any]]:
         """(field, this value, other value) for every config field that differs."""
-        mine, theirs = self.config_dict(), other.config_dict()
+        mine, theirs = self._identity(), other._identity()
         return [(k, mine[k], theirs[k]) for k in mine if mine[k] != theirs[k]]
 
     def public_dict(self) -> dict[str, Any]:
-        """The spec as shown to people and exports: the API key only as whether one is set."""
-        d = self.config_dict()
+        """The spec as stored, shown to people and exported: every field verbatim except secrets.
+
+        The API key shows only as whether one is set; env vars show by name, with their value
+        only when the name is not a credential's (HF_TOKEN: SECRET_VALUE).
+        """
+        d = self._identity()
         d["api_key_set"] = self.api_key is not None
         return d
+
+    def secret_env(self) -> dict[str, str]:
+        """The secret-named env vars and their values (not stand-ins): for the state file only."""
+        return {k: v for k, v in self.env.items() if is_secret_name(k) and v != SECRET_VALUE}
+
+    def unresolved_secrets(self) -> list[str]:
+        """Env vars whose value is still the stand-in of a stored version: nothing to launch with."""
+        return [k for k, v in self.env.items() if v == SECRET_VALUE]
+
+    def restart_flags(self, target: EngineSpec) -> list[str]:
+        """`llmconsole engine restart` flags that move this spec to `target` (secret values
+        shown as stand-ins, never themselves)."""
+        import shlex
+
+        flags: list[str] = []
+        mine, theirs = self.config_dict(), target.config_dict()
+        for name, value in theirs.items():
+            if mine.get(name) == value:
+                continue
+            flag = "--" + name.replace("_", "-")
+            if name == "env":
+                flags += [f"--env {shlex.quote(k + '=' + (SECRET_VALUE if is_secret_name(k) else v))}"
+                          for k, v in target.env.items()]
+            elif name == "extra_args":
+                flags += [f"--extra-arg={shlex.quote(a)}" for a in target.extra_args]
+            elif name == "runtime":
+                flags.append(f"--runtime {shlex.quote(target.runtime.executable)}" if target.runtime else "")
+            elif isinstance(value, bool):
+                flags.append(flag if value else "--no-" + flag[2:])
+            elif value is not None:
+                flags.append(f"{flag} {shlex.quote(str(value))}")
+        if self.api_key != target.api_key:
+            flags.append("--api-key-env VAR")
+        return [f for f in flags if f]
 
     # --- launch -------------------------------------------------------------------------------
 
@@ -266,6 +320,21 @@ class EngineSpec(BaseModel):
     @property
     def display_name(self) -> str:
         return self.served_model_name or Path(self.model).name
+
+
+def fill_secrets(env: Mapping[str, str], known: Mapping[str, str], what: str = "the spec") -> dict[str, str]:
+    """`env` with each stand-in (SECRET_VALUE) replaced by the value `known` has under its name.
+
+    Raises ValueError naming the variables whose value is not known: launching with the stand-in
+    would run something that never ran.
+    """
+    missing = [k for k, v in env.items() if v == SECRET_VALUE and k not in known]
+    if missing:
+        raise ValueError(
+            f"{what} sets {', '.join(missing)}, whose value is a secret kept only by the engine that used "
+            f"it, and this engine has none: give it again with --env {missing[0]}=..."
+        )
+    return {k: (known[k] if v == SECRET_VALUE else v) for k, v in env.items()}
 
 
 def validation_messages(exc: Exception) -> list[str]:

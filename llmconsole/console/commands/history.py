@@ -103,13 +103,18 @@ def cmd_rollback(ns: argparse.Namespace) -> int:
 # --- export ---------------------------------------------------------------------------------
 
 def _known_secrets(state_file: Path) -> list[str]:
-    """API keys the daemon holds (its state file), so the export can prove none leaked."""
+    """Secrets the daemon holds (its state file: API keys, secret env values), so the export
+    can prove none leaked."""
     try:
         data = json.loads(state_file.read_text())
     except (OSError, ValueError):
         return []
-    return [rec["spec"]["api_key"] for rec in data.get("engines", {}).values()
-            if rec.get("spec", {}).get("api_key")]
+    out: list[str] = []
+    for rec in data.get("engines", {}).values():
+        spec = rec.get("spec") or {}
+        out += [spec["api_key"]] if spec.get("api_key") else []
+        out += [v for v in (rec.get("secret_env") or {}).values() if v]
+    return out
 
 
 def cmd_export(ns: argparse.Namespace) -> int:
