@@ -10,6 +10,7 @@ tests run in file order, each leaving it ready for the next.
 from __future__ import annotations
 
 import json
+import shlex
 import stat
 
 import pytest
@@ -95,3 +96,24 @@ def test_the_secret_is_kept_only_in_the_private_state_file(scli, tmp_path):
     files = [f for f in out.rglob("*") if f.is_file()]
     assert files and not [f for f in files if TOKEN.encode() in f.read_bytes()]
     assert "--tokenizer-mode=auto" in (out / "config_versions.jsonl").read_text()
+
+
+def test_a_start_that_would_change_a_running_engine_is_refused_with_the_restart_that_would(scli):
+    before = scli.engine("e1")
+    r = scli("engine", "start", "e1", "--model", str(scli.model), "--max-num-seqs", "6", check=False)
+    assert r.returncode == 2, r.stderr
+    assert "llmconsole engine restart e1 --max-num-seqs 6" in r.stderr
+    for bad, says in ((["--extra-arg", "--max_num_seqs=8"], "--max-num-seqs"),
+                      (["--extra-arg", "--api_key=sk-x"], "--api-key-env")):
+        r = scli("engine", "restart", "e1", *bad, check=False)
+        assert r.returncode == 2 and says in r.stderr, r.stderr
+    after = scli.engine("e1")
+    assert (after["pid"], after["config_id"], after["state"]) == (before["pid"], before["config_id"], "ready")
+    # The command it names does what it says, and the secret stays with the engine.
+    r = scli("engine", "start", "e1", "--max-num-seqs", "6", check=False)
+    named = shlex.split(r.stderr.split("To apply the change: ", 1)[1].strip())
+    assert named[:4] == ["llmconsole", "engine", "restart", "e1"]
+    scli(*named[1:])
+    e = _ready(scli)
+    assert e["spec"]["max_num_seqs"] == 6 and e["config_id"] != before["config_id"]
+    assert _environ(e["pid"])["HF_TOKEN"] == TOKEN and "--tokenizer-mode=auto" in _cmdline(e["pid"])

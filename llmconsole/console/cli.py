@@ -194,9 +194,11 @@ def cmd_engine(ns: argparse.Namespace) -> int:
                     else:  # a known engine: the flags given change its last spec
                         accepted = client.start_engine(ns.name, overrides=overrides, api_key=api_key, force=ns.force)
                 else:
-                    accepted = client.restart_engine(ns.name, overrides=overrides, force=ns.force)
+                    accepted = client.restart_engine(ns.name, overrides=overrides, force=ns.force, api_key=api_key)
             except DaemonError as e:
-                raise CliError(str(e), EXIT_USAGE if e.status in (400, 404) else EXIT_FAILED) from None
+                # 409: refused in the engine's state (another config asked of a running engine,
+                # a stopping one): nothing was changed, and the message says what would do it.
+                raise CliError(str(e), EXIT_USAGE if e.status in (400, 404, 409) else EXIT_FAILED) from None
             if ns.no_wait:
                 e = client.engine(ns.name)
                 print(f"{ns.name}: {e['state']} (config {e['config_id']}, port {e['port']}, log {e['log_path']})")

@@ -38,6 +38,10 @@ STATE_VERSION = 1
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 
+class NeedsRestart(EngineBusy):
+    """A start asked a running engine for another config: nothing changed; a restart applies it."""
+
+
 class UnknownEngine(KeyError):
     def __str__(self) -> str:
         return f"no engine named {self.args[0]!r}"
@@ -119,13 +123,21 @@ class Fleet:
         """Start `name`, creating it if new. With no spec, start it on its last one.
 
         A config that cannot fit is refused (ConfigDoesNotFit, with the numbers) before anything
-        changes, unless `force`.
+        changes, unless `force`. So is another config for an engine that runs (NeedsRestart,
+        naming the restart that would apply it): a start never changes a running engine.
         """
         check_name(name)
         sup = self.engines.get(name)
         target = spec if spec is not None else (sup.spec if sup is not None else None)
         if target is not None:
             _check_launchable(target)
+        if sup is not None and spec is not None and spec != sup.spec and (
+                sup.state.running or sup.state == EngineState.CRASHED):
+            flags = " ".join(sup.spec.restart_flags(spec)) or "(a change of secret values only)"
+            raise NeedsRestart(
+                f"engine {name} is {sup.state} on config {sup.spec.config_id}; start does not change a running "
+                f"engine. To apply the change: llmconsole engine restart {name} {flags}".rstrip())
+        if target is not None:
             enforce_fit(target, force)
         if sup is None:
             if spec is None:
