@@ -63,11 +63,28 @@ def format_versions(engine: str, entries: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _engines_known_to_daemon() -> set[str] | None:
+    """The daemon's engines, or None when no daemon runs (history works without one)."""
+    from llmconsole.console.client import DaemonClient
+
+    client = DaemonClient(resolve())
+    if client.ping() is None:
+        return None
+    with client:
+        return {e["name"] for e in client.status()["engines"]}
+
+
 def cmd_history(ns: argparse.Namespace) -> int:
     from llmconsole.db.versions import versions
 
+    if ns.engine and not resolve().database.exists():
+        raise CliError(f"no engine named {ns.engine!r} has run: nothing has been recorded yet", EXIT_USAGE)
     with _store() as store:
-        engines = [ns.engine] if ns.engine else sorted({r.engine for r in store.runs()})
+        ran = sorted({r.engine for r in store.runs()})
+        if ns.engine and ns.engine not in ran and ns.engine not in (_engines_known_to_daemon() or set()):
+            known = f" (engines with a history: {', '.join(ran)})" if ran else ""
+            raise CliError(f"no engine named {ns.engine!r} has run{known}", EXIT_USAGE)
+        engines = [ns.engine] if ns.engine else ran
         result = {name: [v.to_json() for v in versions(store, name)] for name in engines}
     if ns.json:
         print(json.dumps({"engines": result}, indent=2))
