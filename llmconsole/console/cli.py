@@ -202,9 +202,11 @@ def cmd_engine(ns: argparse.Namespace) -> int:
                     else:  # a known engine: the flags given change its last spec
                         accepted = client.start_engine(ns.name, overrides=overrides, api_key=api_key, force=ns.force)
                 else:
-                    accepted = client.restart_engine(ns.name, overrides=overrides, force=ns.force)
+                    accepted = client.restart_engine(ns.name, overrides=overrides, force=ns.force, api_key=api_key)
             except DaemonError as e:
-                raise CliError(str(e), EXIT_USAGE if e.status in (400, 404) else EXIT_FAILED) from None
+                # 409: refused in the engine's state (another config asked of a running engine,
+                # a stopping one): nothing was changed, and the message says what would do it.
+                raise CliError(str(e), EXIT_USAGE if e.status in (400, 404, 409) else EXIT_FAILED) from None
             if ns.no_wait:
                 launched = client.engine(ns.name)
                 if launched is None:
@@ -339,9 +341,26 @@ def _command_modules() -> list[ModuleType]:
     return [importlib.import_module(f"llmconsole.console.commands.{n}") for n in names]
 
 
+def _join_extra_args(argv: list[str]) -> list[str]:
+    """`--extra-arg --tokenizer-mode=auto` as `--extra-arg=--tokenizer-mode=auto`: argparse
+    would take a value that starts with `-` for an option of its own and refuse it."""
+    out: list[str] = []
+    it = iter(argv)
+    for arg in it:
+        if arg == "--":
+            out += [arg, *it]
+            break
+        if arg == "--extra-arg":
+            value = next(it, None)
+            out.append(arg if value is None else f"{arg}={value}")
+        else:
+            out.append(arg)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    ns = parser.parse_args(argv)
+    ns = parser.parse_args(_join_extra_args(sys.argv[1:] if argv is None else argv))
     if ns.cmd is None:
         if sys.stdin.isatty() and sys.stdout.isatty():  # a person at a terminal: the console
             from llmconsole.console.tui.run import run_console

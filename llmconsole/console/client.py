@@ -121,10 +121,13 @@ class DaemonClient:
             body["api_key"] = api_key
         return self._call("POST", f"/engines/{name}/start", json=body)
 
-    def restart_engine(self, name: str, overrides: dict[str, Any] | None = None, force: bool = False) -> dict[str, Any]:
+    def restart_engine(self, name: str, overrides: dict[str, Any] | None = None, force: bool = False,
+                       api_key: str | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {"overrides": overrides or {}}
         if force:
             body["force"] = True
+        if api_key is not None:
+            body["api_key"] = api_key
         return self._call("POST", f"/engines/{name}/restart", json=body)
 
     def stop_engine(self, name: str, drain_timeout_s: float | None = None) -> dict[str, Any]:

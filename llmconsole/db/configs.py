@@ -6,26 +6,31 @@ process points at its config and carries the verdict on it (pending, known_good,
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import Connection, RowMapping, insert, select, update
 from sqlmodel import col
 
-from llmconsole.db.database import StorePart, inserted_id, now, one_changed, to_json
+from llmconsole.db.database import StorePart, inserted_id, now, one_changed
 from llmconsole.db.records import ConfigHistory, ConfigVersion, EngineRun
 from llmconsole.db.schema import ConfigVersionRow, EngineRunRow
+from llmconsole.db.scrub import scrub_spec
 
 RUN_OUTCOMES = ("pending", "known_good", "known_bad")
 
 
 def insert_config(conn: Connection, config_id: str, spec_public: Mapping[str, Any], at: float) -> bool:
-    """Store a config in the transaction of `conn` unless it is there already; True if it is new."""
+    """Store a config in the transaction of `conn` unless it is there already; True if it is new.
+
+    The spec is kept verbatim (a rollback relaunches exactly it), secrets aside: see scrub_spec.
+    """
     if not config_id:
         raise ValueError("config_id must not be empty")
     r = conn.exec_driver_sql(
         "INSERT OR IGNORE INTO config_versions (config_id, spec_json, first_seen_at) VALUES (?, ?, ?)",
-        (config_id, to_json(dict(spec_public)), at),
+        (config_id, json.dumps(scrub_spec(spec_public), sort_keys=True, default=str), at),
     )
     return r.rowcount == 1
 

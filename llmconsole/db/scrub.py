@@ -1,22 +1,20 @@
 """Keep secrets out of what the store writes and what an export carries.
 
-A spec's public dict already leaves the API key out, but free-form parts (`env`, an action's
-detail, an alert's detail) can still hold a token someone pasted. Any value under a key that
-names a secret is replaced, and so is every occurrence of a string the caller knows is secret.
+A spec's public dict already leaves secrets out (engine/secrets.py says what one is), but
+free-form parts (an action's detail, an alert's detail, a log line) can still hold a token
+someone pasted. Any value under a key that names a secret is replaced, and so is every
+occurrence of a string the caller knows is secret.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-REDACTED = "<redacted>"
+from llmconsole.engine.secrets import SECRET_VALUE, is_secret_name
 
-# api_key, API_KEY, hf_token, HF_TOKEN, client_secret, password, ... but not "api_key_set"
-# (a bool that says only whether a key exists) nor "max_num_batched_tokens" (a count).
-_SECRET_KEY = re.compile(r"(api[_-]?key|token|secret|passw(or)?d|authorization)", re.IGNORECASE)
-_NOT_SECRET_KEYS = {"api_key_set"}
+REDACTED = SECRET_VALUE
 
 # `api_key='sk-...'`, `"hf_token": "hf_..."`, `SECRET=xyz` inside free text such as a log line.
 _KEY_VALUE_IN_TEXT = re.compile(r"""(?P<key>[\w.-]+)(?P<sep>["']?\s*[:=]\s*["']?)(?P<value>[^\s"',}\]]+)""")
@@ -25,11 +23,9 @@ _FLAG_VALUE_IN_TEXT = re.compile(r"(?P<flag>--[\w-]+)(?P<sep>\s+|=)(?P<value>[^\
 
 
 def is_secret_key(key: str) -> bool:
-    if key in _NOT_SECRET_KEYS:
-        return False
-    if "tokens" in key.lower():
-        return False  # max_num_batched_tokens, kv_cache_tokens: counts; credentials are a "token"
-    return bool(_SECRET_KEY.search(key))
+    """api_key, HF_TOKEN, client_secret, password, ... but not api_key_set (a bool that says
+    only whether a key exists), max_num_batched_tokens (a count) nor tokenizer_mode."""
+    return is_secret_name(key)
 
 
 def scrub(value: Any, secrets: Iterable[str] = ()) -> Any:
@@ -71,3 +67,19 @@ def _scrub(value: Any, known: list[str]) -> Any:
     if isinstance(value, str):
         return _scrub_text(value, known)
     return value
+
+
+def scrub_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A spec's public dict as the store keeps it: verbatim, save that a secret can never be in it.
+
+    `EngineSpec.public_dict()` already holds no secret; this is the guard for any other caller.
+    Only values that are secrets are replaced (an API key, the value of a secret-named env var),
+    so extra args such as `--tokenizer-mode=auto` and counts of tokens stay as they ran.
+    """
+    out = dict(spec)
+    if out.get("api_key") is not None:
+        out["api_key"] = REDACTED
+    env = out.get("env")
+    if isinstance(env, Mapping):
+        out["env"] = {k: (REDACTED if is_secret_name(str(k)) else v) for k, v in env.items()}
+    return out

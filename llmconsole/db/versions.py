@@ -1,20 +1,24 @@
 """An engine's config history as people read it, and the choice of a version to roll back to.
 
-The store keeps configs as `EngineSpec.public_dict()`: secrets scrubbed, so a stored version
-cannot carry an API key. Rebuilding a runnable spec from one therefore takes the key from the
-engine's current spec (the key guards the engine; it is not part of the config).
+The store keeps configs as `EngineSpec.public_dict()`: every field verbatim, and secrets only by
+name, so a stored version cannot carry an API key or an HF_TOKEN. Rebuilding a runnable spec
+from one takes the key from the engine's current spec (the key guards the engine; it is not
+part of the config) and each secret env value, by name, from those the engine's daemon keeps in
+its private state file; the rebuilt spec has the config id the version ran under.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from llmconsole.db.records import ConfigHistory
 from llmconsole.db.report import config_diff
 from llmconsole.db.store import Store
-from llmconsole.engine.spec import EngineSpec
+from llmconsole.engine.secrets import SECRET_VALUE
+from llmconsole.engine.spec import EngineSpec, fill_secrets
 
 
 class RollbackError(ValueError):
@@ -73,13 +77,23 @@ def choose_target(store: Store, engine: str, current_config_id: str,
     return target
 
 
-def spec_from_version(version: ConfigHistory, current: EngineSpec) -> EngineSpec:
-    """A runnable spec for a stored version, keeping the current spec's API key."""
+def spec_from_version(version: ConfigHistory, current: EngineSpec,
+                      secret_env: Mapping[str, str] | None = None) -> EngineSpec:
+    """A runnable spec for a stored version: the current spec's API key, and the values of its
+    secret env vars from `secret_env` (name -> value, as the fleet keeps them) or, failing that,
+    from the current spec's env."""
     fields = json.loads(version.spec_json)
     fields.pop("api_key_set", None)
     if current.api_key is not None:
         fields["api_key"] = current.api_key.get_secret_value()
+    # Versions stored before extra args were kept verbatim may hold a scrubbed value.
+    damaged = [a for a in fields.get("extra_args") or () if SECRET_VALUE in str(a)]
+    if damaged:
+        raise RollbackError(f"config {version.config_id} was stored with its extra args scrubbed "
+                            f"({', '.join(damaged)}): what it ran with is not known, so it is not relaunched")
     try:
+        fields["env"] = fill_secrets(fields.get("env") or {}, {**current.env, **(secret_env or {})},
+                                     what=f"config {version.config_id}")
         spec = EngineSpec(**fields)
     except ValueError as e:  # e.g. its model directory was removed since
         raise RollbackError(f"config {version.config_id} can no longer run: {e}") from e

@@ -3,8 +3,10 @@
 The state file is what lets engines outlive the daemon: every change of an engine's process or
 desired state is written to it (atomically, 0600) before the change is reported, and a new
 daemon reads it to adopt the engines that are still serving and to restart the ones that died
-while no daemon was watching. It holds the engines' API keys, which a restart needs, so it is
-private to the user like ~/.netrc; nothing else the console writes ever holds them.
+while no daemon was watching. It holds the engines' API keys, which a restart needs, and the
+values of the secret-named env vars (HF_TOKEN, ...) each engine has run with, by name, which a
+rollback to an older version needs; so it is private to the user like ~/.netrc, and nothing else
+the console writes ever holds them (the config history keeps those names only).
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ STATE_VERSION = 1
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 
+class NeedsRestart(EngineBusy):
+    """A start asked a running engine for another config: nothing changed; a restart applies it."""
+
+
 class UnknownEngine(KeyError):
     def __str__(self) -> str:
         return f"no engine named {self.args[0]!r}"
@@ -50,6 +56,14 @@ def check_name(name: str) -> str:
     return name
 
 
+def _check_launchable(spec: EngineSpec) -> None:
+    """Refuse (ValueError: nothing changes) a spec that still holds a stand-in for a secret."""
+    missing = spec.unresolved_secrets()
+    if missing:
+        raise ValueError(f"env {', '.join(missing)} holds the stand-in of a stored secret, not its value: "
+                         f"give it with --env {missing[0]}=...")
+
+
 def _spec_to_record(spec: EngineSpec) -> dict[str, Any]:
     d = spec.config_dict()
     d["api_key"] = spec.api_key.get_secret_value() if spec.api_key else None
@@ -62,6 +76,8 @@ class Fleet:
         self.policy = policy or SupervisionPolicy()
         self.probe = HostProbe()
         self.engines: dict[str, EngineSupervisor] = {}
+        # Per engine, the value of every secret-named env var it has run with (the latest one).
+        self._secret_env: dict[str, dict[str, str]] = {}
         self._http: aiohttp.ClientSession | None = None
         # Who hears of changes (the recorder) and of configs the supervisor gave up on (a crash
         # loop, or a fresh start that never came up: the rollback). A listener that fails is
@@ -97,15 +113,30 @@ class Fleet:
         except KeyError:
             raise UnknownEngine(name) from None
 
+    def secret_env(self, name: str) -> dict[str, str]:
+        """The values of the secret-named env vars `name` has run with, by name (the latest of
+        each): what a rollback to a stored version, which names them only, launches with."""
+        sup = self.engines.get(name)
+        return {**self._secret_env.get(name, {}), **(sup.spec.secret_env() if sup else {})}
+
     async def start(self, name: str, spec: EngineSpec | None, force: bool = False) -> EngineSupervisor:
         """Start `name`, creating it if new. With no spec, start it on its last one.
 
         A config that cannot fit is refused (ConfigDoesNotFit, with the numbers) before anything
-        changes, unless `force`.
+        changes, unless `force`. So is another config for an engine that runs (NeedsRestart,
+        naming the restart that would apply it): a start never changes a running engine.
         """
         check_name(name)
         sup = self.engines.get(name)
         target = spec if spec is not None else (sup.spec if sup is not None else None)
+        if target is not None:
+            _check_launchable(target)
+        if sup is not None and spec is not None and spec != sup.spec and (
+                sup.state.running or sup.state == EngineState.CRASHED):
+            flags = " ".join(sup.spec.restart_flags(spec)) or "(a change of secret values only)"
+            raise NeedsRestart(
+                f"engine {name} is {sup.state} on config {sup.spec.config_id}; start does not change a running "
+                f"engine. To apply the change: llmconsole engine restart {name} {flags}".rstrip())
         if target is not None:
             enforce_fit(target, force)
         if sup is None:
@@ -127,6 +158,8 @@ class Fleet:
 
     async def restart(self, name: str, spec: EngineSpec | None = None, force: bool = False) -> EngineSupervisor:
         sup = self.get(name)
+        if spec is not None:
+            _check_launchable(spec)
         enforce_fit(spec if spec is not None else sup.spec, force)
         await sup.restart(spec)
         self._persist()
@@ -137,6 +170,7 @@ class Fleet:
         if sup.state.running or sup.state == EngineState.CRASHED:
             raise EngineBusy(f"engine {name} is {sup.state}; stop it before removing it")
         del self.engines[name]
+        self._secret_env.pop(name, None)
         self._persist()
 
     def statuses(self) -> list[EngineStatus]:
@@ -177,8 +211,10 @@ class Fleet:
         engines = {}
         for name, sup in self.engines.items():
             rec = sup.process_record()
+            self._secret_env[name] = self.secret_env(name)
             engines[name] = {
                 "spec": _spec_to_record(sup.spec),
+                "secret_env": self._secret_env[name],
                 "runtime": sup.runtime.model_dump() if sup.runtime else None,
                 "port": sup.port,
                 "desired": "running" if sup.desired_running else "stopped",
@@ -224,6 +260,7 @@ class Fleet:
                 done.append(f"{name}: stored spec invalid ({e}); left stopped")
                 continue
             sup = self._new_supervisor(name, spec)
+            self._secret_env[name] = {str(k): str(v) for k, v in (rec.get("secret_env") or {}).items()}
             if rec.get("runtime"):
                 sup.runtime = Runtime(**rec["runtime"])
             sup.port = rec.get("port")

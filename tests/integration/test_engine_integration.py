@@ -113,8 +113,8 @@ def test_start_again_on_same_config_is_a_no_op(mcli):
 def test_other_config_while_running_is_refused_and_changes_nothing(mcli):
     before = mcli.engine("t1")
     r = mcli("engine", "start", "t1", "--max-num-seqs", "4", check=False)
-    assert r.returncode == 1
-    assert "restart it to apply a different config" in r.stderr
+    assert r.returncode == 2  # refused, nothing changed; and the command that would apply it
+    assert "llmconsole engine restart t1 --max-num-seqs 4" in r.stderr
     after = mcli.engine("t1")
     assert (after["pid"], after["config_id"], after["state"]) == (before["pid"], before["config_id"], "ready")
 

@@ -66,11 +66,28 @@ def format_versions(engine: str, entries: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _engines_known_to_daemon() -> set[str] | None:
+    """The daemon's engines, or None when no daemon runs (history works without one)."""
+    from llmconsole.console.client import DaemonClient
+
+    client = DaemonClient(resolve())
+    if client.ping() is None:
+        return None
+    with client:
+        return {e["name"] for e in client.status()["engines"]}
+
+
 def cmd_history(ns: argparse.Namespace) -> int:
     from llmconsole.db.versions import versions
 
+    if ns.engine and not resolve().database.exists():
+        raise CliError(f"no engine named {ns.engine!r} has run: nothing has been recorded yet", EXIT_USAGE)
     with _store() as store:
-        engines = [ns.engine] if ns.engine else sorted({r.engine for r in store.runs()})
+        ran = sorted({r.engine for r in store.runs()})
+        if ns.engine and ns.engine not in ran and ns.engine not in (_engines_known_to_daemon() or set()):
+            known = f" (engines with a history: {', '.join(ran)})" if ran else ""
+            raise CliError(f"no engine named {ns.engine!r} has run{known}", EXIT_USAGE)
+        engines = [ns.engine] if ns.engine else ran
         result = {name: [v.to_json() for v in versions(store, name)] for name in engines}
     if ns.json:
         print(json.dumps({"engines": result}, indent=2))
@@ -106,13 +123,18 @@ def cmd_rollback(ns: argparse.Namespace) -> int:
 # --- export ---------------------------------------------------------------------------------
 
 def _known_secrets(state_file: Path) -> list[str]:
-    """API keys the daemon holds (its state file), so the export can prove none leaked."""
+    """Secrets the daemon holds (its state file: API keys, secret env values), so the export
+    can prove none leaked."""
     try:
         data = json.loads(state_file.read_text())
     except (OSError, ValueError):
         return []
-    return [rec["spec"]["api_key"] for rec in data.get("engines", {}).values()
-            if rec.get("spec", {}).get("api_key")]
+    out: list[str] = []
+    for rec in data.get("engines", {}).values():
+        spec = rec.get("spec") or {}
+        out += [spec["api_key"]] if spec.get("api_key") else []
+        out += [v for v in (rec.get("secret_env") or {}).values() if v]
+    return out
 
 
 def cmd_export(ns: argparse.Namespace) -> int:

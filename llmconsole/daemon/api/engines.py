@@ -35,7 +35,7 @@ from llmconsole.daemon.context import context_of
 from llmconsole.daemon.http import error_response, json_body, peer_user, session_of
 from llmconsole.daemon.services.rollback import ActionLog
 from llmconsole.engine.fleet import Fleet, check_name
-from llmconsole.engine.spec import EngineSpec
+from llmconsole.engine.spec import EngineSpec, fill_secrets
 from llmconsole.engine.supervisor import EngineBusy
 
 log = logging.getLogger(__name__)
@@ -59,6 +59,9 @@ def _spec_from_body(fleet: Fleet, name: str, body: dict[str, Any]) -> EngineSpec
     base = fleet.get(name).spec
     fields = base.config_dict()
     fields.update(overrides)
+    # A spec read back from status or history names its secrets only: the engine's values fill them.
+    if isinstance(fields.get("env"), dict):
+        fields["env"] = fill_secrets(fields["env"], {**base.env, **fleet.secret_env(name)})
     if api_key is not None:
         fields["api_key"] = api_key
     elif base.api_key is not None:

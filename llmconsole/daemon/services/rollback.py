@@ -58,7 +58,7 @@ async def rollback(ctx: DaemonContext, name: str, *, actor: str, to_config_id: s
     actions = ActionLog(store)
     try:
         target = choose_target(store, name, current.config_id, to_config_id)
-        spec = spec_from_version(target, current)
+        spec = spec_from_version(target, current, ctx.fleet.secret_env(name))
     except RollbackError as e:
         action_id = actions.begin("rollback", name, actor, session_id=session_id, automatic=automatic,
                                   from_spec=current, detail={"reason": reason})
