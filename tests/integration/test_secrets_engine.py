@@ -15,7 +15,7 @@ import stat
 
 import pytest
 
-from tests.conftest import Cli, _short_home, _stop_daemon
+from tests.support.daemon import Cli, daemon_home
 
 pytestmark = pytest.mark.engine
 
@@ -26,12 +26,10 @@ BASE = ["--served-model-name", "tiny", "--max-model-len", "512", "--kv-cache-mem
 
 @pytest.fixture(scope="module")
 def scli(tiny_model):
-    home = _short_home("llmc-sec-")
-    c = Cli(home)
-    c.model = tiny_model
-    c.runs = {}
-    yield c
-    _stop_daemon(home)
+    with daemon_home("llmc-sec-") as c:
+        c.model = tiny_model
+        c.runs = {}
+        yield c
 
 
 def _cmdline(pid: int) -> list[str]:

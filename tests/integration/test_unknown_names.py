@@ -3,21 +3,18 @@ changed, and a message that says which name. No engine is started here."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
-from tests.conftest import Cli, _short_home, _stop_daemon
+pytestmark = pytest.mark.daemon
+
+from tests.support.daemon import daemon_home
 
 
 @pytest.fixture(scope="module")
 def with_daemon():
-    home = _short_home("llmc-names-")
-    c = Cli(home)
-    c("daemon", "start")
-    yield c
-    _stop_daemon(home)
-    shutil.rmtree(home, ignore_errors=True)
+    with daemon_home("llmc-names-") as c:
+        c("daemon", "start")
+        yield c
 
 
 def test_history_of_an_unknown_engine_exits_2_even_before_anything_ran(cli):
