@@ -1,5 +1,6 @@
-"""The CUDA kernel compiles for sm_80 and sm_90, and its ptxas resource report parses and
-responds to the build knobs. No GPU is needed; without nvcc the compile tests skip."""
+"""The CUDA kernel compiles for sm_80 and sm_90, its ptxas resource report parses and responds to
+the build knobs, and the occupancy those figures allow is computed and reported. No GPU is
+needed; without nvcc the compile tests skip."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from llmconsole.kernels.cuda_build import (
 )
 from llmconsole.kernels.cuda_lib import CudaKernelLibrary
 from llmconsole.kernels.info import format_kernel_info, kernel_info
+from llmconsole.kernels.occupancy import SM_LIMITS, dynamic_smem, kernel_occupancy, occupancy
 
 needs_nvcc = pytest.mark.skipif(find_nvcc() is None,
                                 reason="nvcc (CUDA toolkit) not found; set CUDA_HOME or PATH")
@@ -164,14 +166,61 @@ def test_shared_library_exports_launcher():
                                        torch.ones(1, dtype=torch.int32), 0.125)
 
 
+def test_occupancy_arithmetic():
+    # 128 threads, 126 registers: 4096 registers a warp, 4 warps a quarter-SM, 4 CTAs by registers;
+    # 100352 + 256 bytes of shared memory + 1 KiB reserved: 2 CTAs in sm_90's 228 KiB, 1 in sm_80's.
+    h100 = occupancy("sm_90", 128, 126, 256, 100352)
+    assert h100.by_limit == {"threads": 16, "ctas": 32, "registers": 4, "shared memory": 2}
+    assert (h100.ctas_per_sm, h100.warps_per_sm, h100.limited_by) == (2, 8, "shared memory")
+    assert h100.occupancy == 8 / 64
+    a100 = occupancy("sm_80", 128, 126, 256, 100352)
+    assert (a100.ctas_per_sm, a100.limited_by) == (1, "shared memory")
+    # Registers: 255 a thread round to 8192 a warp, 2 warps a quarter-SM: one 256-thread CTA.
+    regs = occupancy("sm_90", 256, 255, 0, 0)
+    assert (regs.ctas_per_sm, regs.limited_by) == (1, "registers")
+    # Threads: 32 registers, no shared memory, 1024-thread CTAs: 2 by threads.
+    assert occupancy("sm_80", 1024, 32, 0, 0).limited_by == "threads"
+    # Too much shared memory for one CTA, too many registers for one thread.
+    assert occupancy("sm_90", 128, 64, 0, 240 * 1024).limited_by == "does not fit: shared memory"
+    assert occupancy("sm_80", 128, 300, 0, 0).ctas_per_sm == 0
+    assert occupancy("sm_86", 128, 32, 0, 0).ctas_per_sm == 12   # 1536 threads an SM
+    # The decode kernel's dynamic shared memory follows its geometry and the build options.
+    name = "llmc::decode_kernel<__nv_bfloat16, __nv_bfloat16, 128, 1>"
+    assert dynamic_smem(name, {"threads": 128}) == 4 * 3 * 8192 + 8 * 128 * 2
+    assert dynamic_smem(name, {"threads": 256}) == 8 * 3 * 8192 + 8 * 128 * 2
+    assert dynamic_smem("llmc::merge_kernel<__half>", {}) == 1024
+    assert kernel_occupancy("sm_75", name, 100, 256, {}) is None
+
+
+@needs_nvcc
+def test_occupancy_of_the_default_build(default_build):
+    options = default_build.options
+    for arch in ("sm_80", "sm_90"):
+        for name, r in default_build.resources[arch].items():
+            occ = kernel_occupancy(arch, name, r.registers, r.shared_bytes, options)
+            assert occ is not None and occ.ctas_per_sm >= 1, (arch, name, occ)
+            assert occ.smem_bytes <= SM_LIMITS[arch].smem_per_cta
+    # Head 128, up to 8 query heads a CTA: two CTAs (8 warps) per Hopper SM, one per A100 SM,
+    # shared memory (the K/V stage rings) being what stops the next one.
+    name = "llmc::decode_kernel<__nv_bfloat16, __nv_bfloat16, 128, 1>"
+    for arch, ctas in (("sm_90", 2), ("sm_80", 1)):
+        r = default_build.resources[arch][name]
+        occ = kernel_occupancy(arch, name, r.registers, r.shared_bytes, options)
+        assert occ is not None and (occ.ctas_per_sm, occ.limited_by) == (ctas, "shared memory"), (arch, occ)
+
+
 @needs_nvcc
 def test_kernel_info_reports_both_builds():
     info = kernel_info()
     assert set(info["cuda"]["archs"]) == {"sm_80", "sm_90"}
     assert info["cuda"]["error"] is None
     assert "cflags" in info["cpu"] and "built" in info["cpu"]
+    assert set(info["cuda"]["occupancy"]) == {"sm_80", "sm_90"}
+    occ = info["cuda"]["occupancy"]["sm_90"]["llmc::decode_kernel<__nv_bfloat16, __nv_bfloat16, 128, 1>"]
+    assert occ["ctas_per_sm"] == 2 and occ["limited_by"] == "shared memory"
     text = format_kernel_info(info)
     assert "sm_90" in text and "llmc::decode_kernel<__nv_bfloat16, __nv_bfloat16, 128, 1>" in text
+    assert "CTAs/SM" in text and "occupancy" in text and "shared memory" in text
 
 
 def test_kernel_info_without_nvcc(monkeypatch):
@@ -208,13 +257,14 @@ def test_cli_kernels_info_passes_build_knobs(cli):
     out = cli("kernels", "info", "--no-build", "--arch", "sm_90", "--max-registers", "32",
               "--fast-math", "--head-size", "128").stdout
     assert "-maxrregcount=32" in out and "--use_fast_math" in out and "-DLLMC_ONLY_HEAD_SIZE=128" in out
-    # Rows: arch, kernel name (with spaces), regs, spill st/ld, stack, smem
-    rows = [re.match(r"\s*(sm_\d+)\s+(llmc::.*?>)\s+(\d+)\s+(\d+)/(\d+)\s+(\d+)\s+(\d+)", line)
+    # Rows: arch, kernel name (with spaces), regs, spill st/ld, stack, smem, dyn smem, CTAs/SM, ...
+    rows = [re.match(r"\s*(sm_\d+)\s+(llmc::.*?>)\s+(\d+)\s+(\d+)/(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)", line)
             for line in out.splitlines() if line.strip().startswith("sm_")]
     assert rows and all(rows)
     assert {r[1] for r in rows} == {"sm_90"}
     assert {r[2] for r in rows} == expected_kernels((128,))
     assert all(int(r[3]) <= 32 for r in rows)
+    assert all(int(r[9]) >= 1 for r in rows)   # CTAs/SM
 
 
 def test_cli_kernels_info_rejects_bad_knobs(cli):

@@ -1,7 +1,8 @@
 """`llmconsole kernels info`: the compiled paged-attention kernels on this host.
 
   llmconsole kernels info                      CPU build status; CUDA flags and, per target
-                                               arch, each kernel's registers, spills, smem
+                                               arch, each kernel's registers, spills, smem and
+                                               the occupancy they allow (CTAs, warps per SM)
   llmconsole kernels info --json
   llmconsole kernels info --max-registers 64 --smem-carveout-kb 96 --fast-math --arch sm_90
   llmconsole kernels info --head-size 128      only the head-128 kernels (a faster build)
@@ -44,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                        "CUDA resource report")
     ksub = k.add_subparsers(dest="kernels_cmd", required=True)
     info = ksub.add_parser("info", help="CPU build status; CUDA build flags and per-arch "
-                                        "registers, spill bytes and shared memory")
+                                        "registers, spill bytes, shared memory and occupancy")
     info.add_argument("--json", action="store_true")
     info.add_argument("--no-build", action="store_true",
                       help="report the CPU kernel's state without compiling it")
