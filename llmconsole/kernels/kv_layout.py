@@ -162,3 +162,11 @@ def random_cuda_paged_cache(context_lens: list[int], num_kv_heads: int, head_siz
         kv_cache[int(spare)] = float("nan")
     lens = torch.tensor(context_lens, dtype=torch.int32)
     return kv_cache, table, lens
+
+
+def move_keeping_layout(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """`t` on `device` with the same strides and storage offset, its whole storage copied (a
+    plain .to() would compact a strided view, losing the layout under test)."""
+    elems = t.untyped_storage().nbytes() // t.element_size()
+    flat = torch.as_strided(t, (elems,), (1,), 0).to(device)
+    return torch.as_strided(flat, t.shape, t.stride(), t.storage_offset())
