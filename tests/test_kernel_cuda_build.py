@@ -166,6 +166,44 @@ def test_shared_library_exports_launcher():
                                        torch.ones(1, dtype=torch.int32), 0.125)
 
 
+def test_cuda_argument_checks_name_the_argument():
+    from llmconsole.kernels.checks import check_cuda_decode_args
+    from llmconsole.kernels.kv_layout import cuda_kv_cache, split_cuda_kv_cache
+
+    key, value = split_cuda_kv_cache(cuda_kv_cache(6, 2, 16, 128, torch.bfloat16), 128)
+    query = torch.zeros(3, 8, 128, dtype=torch.bfloat16)
+    table, lens = torch.zeros(3, 4, dtype=torch.int32), torch.ones(3, dtype=torch.int32)
+
+    def check(**kw):
+        args = dict(query=query, key_cache=key, value_cache=value, block_tables=table, seq_lens=lens, out=None)
+        args.update(kw)
+        check_cuda_decode_args(**args)
+
+    cases = [
+        (dict(query=query.float()), TypeError, "query dtype"),
+        (dict(key_cache=key.float(), value_cache=value.float()), TypeError, "key_cache dtype"),
+        (dict(key_cache=key[..., :64]), ValueError, "key_cache must be"),
+        (dict(value_cache=value[:3]), ValueError, "must match"),
+        (dict(query=query[:, :7]), ValueError, "multiple of num_kv_heads"),
+        (dict(block_tables=table.long()), TypeError, "block_tables"),
+        (dict(seq_lens=lens[:2]), TypeError, "seq_lens"),
+        (dict(out=torch.zeros(3, 8, 128)), ValueError, "out must be"),
+        ({}, ValueError, "must be on the query's CUDA device"),   # all valid, but on the CPU
+    ]
+    for kw, exc, words in cases:
+        with pytest.raises(exc, match=words):
+            check(**kw)
+    small_blocks = split_cuda_kv_cache(cuda_kv_cache(6, 2, 8, 128, torch.bfloat16), 128)
+    with pytest.raises(ValueError, match="block_size must be a positive multiple of 16"):
+        check(key_cache=small_blocks[0], value_cache=small_blocks[1])
+    odd = split_cuda_kv_cache(cuda_kv_cache(6, 2, 16, 96, torch.bfloat16), 96)
+    with pytest.raises(ValueError, match="head_size must be one of"):
+        check(query=torch.zeros(3, 8, 96, dtype=torch.bfloat16), key_cache=odd[0], value_cache=odd[1])
+    fp8 = split_cuda_kv_cache(cuda_kv_cache(6, 2, 16, 128, torch.float8_e4m3fn), 128)
+    with pytest.raises(ValueError, match="CUDA device"):   # fp8 caches pass the dtype check
+        check(key_cache=fp8[0], value_cache=fp8[1])
+
+
 def test_occupancy_arithmetic():
     # 128 threads, 126 registers: 4096 registers a warp, 4 warps a quarter-SM, 4 CTAs by registers;
     # 100352 + 256 bytes of shared memory + 1 KiB reserved: 2 CTAs in sm_90's 228 KiB, 1 in sm_80's.

@@ -99,12 +99,12 @@ def check_cuda_decode_args(query: torch.Tensor, key_cache: torch.Tensor, value_c
             or seq_lens.stride(0) != 1:
         raise TypeError(f"seq_lens must be int32 [num_seqs={num_seqs}], got {seq_lens.dtype} "
                         f"{tuple(seq_lens.shape)}")
-    for name, t in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache),
-                    ("block_tables", block_tables), ("seq_lens", seq_lens)):
-        if t.device.type != "cuda" or t.device != query.device:
-            raise ValueError(f"{name} must be on the query's CUDA device, got {t.device}")
     if out is not None:
         if out.shape != query.shape or out.dtype != query.dtype or out.stride(2) != 1 \
                 or out.device != query.device:
             raise ValueError(f"out must be {query.dtype} {tuple(query.shape)} on {query.device}, contiguous "
                              f"in the head dimension, got {out.dtype} {tuple(out.shape)} on {out.device}")
+    for name, t in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache),
+                    ("block_tables", block_tables), ("seq_lens", seq_lens)):
+        if t.device.type != "cuda" or t.device != query.device:
+            raise ValueError(f"{name} must be on the query's CUDA device, got {t.device}")
