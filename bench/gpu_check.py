@@ -223,19 +223,22 @@ def make_inputs(torch, device, case, gen):
     return query, key_cache, value_cache, table.to(device), seq_lens.to(device), lens, scales
 
 
-def check_one(torch, device, lib, case, gen, graph_replay: bool = False) -> dict:
+def check_one(torch, device, lib, case, gen=None, inputs=None) -> dict:
     """One case through the kernel: poisoned output, every element against float64, rows past
-    the batch untouched."""
+    the batch untouched. `inputs` (make_inputs() and the reference) are built when not given."""
     from llmconsole.kernels.reference import compare_to_reference, cuda_layout_decode_reference
 
     qd, kvd, head_size, group, block_size, _, kv_heads, splits, layout = case
-    query, key_cache, value_cache, table, seq_lens, lens, (ks, vs) = make_inputs(torch, device, case, gen)
+    if inputs is None:
+        inputs = make_inputs(torch, device, case, gen)
+    query, key_cache, value_cache, table, seq_lens, lens, (ks, vs), *cached_ref = inputs
     what = (f"{qd}/{kvd} H={head_size} G={group} bs={block_size} kv={kv_heads} {layout} "
             f"{len(lens)} seqs max {max(lens)} splits={splits or 'plan'}")
     row = {"case": what, "ok": False, "error": None}
     try:
         scale = head_size ** -0.5
-        ref = cuda_layout_decode_reference(query, key_cache, value_cache, table, seq_lens, scale, ks, vs)
+        ref = cached_ref[0] if cached_ref else cuda_layout_decode_reference(
+            query, key_cache, value_cache, table, seq_lens, scale, ks, vs)
         out_buf = torch.full((len(lens) + 2, *query.shape[1:]), float("nan"), dtype=query.dtype, device=device)
         out = out_buf[:len(lens)]
         kw = dict(out=out, max_seq_len=max(lens), num_splits=splits,
@@ -255,6 +258,17 @@ def check_one(torch, device, lib, case, gen, graph_replay: bool = False) -> dict
     except Exception as exc:  # a failed launch is a result to report, not a crash
         row["error"] = f"{type(exc).__name__}: {exc}"
     return row
+
+
+def with_reference(torch, device, case, gen) -> tuple:
+    """make_inputs() plus the float64 reference, for running one case through several builds."""
+    from llmconsole.kernels.reference import cuda_layout_decode_reference
+
+    inputs = make_inputs(torch, device, case, gen)
+    query, key_cache, value_cache, table, seq_lens, _, (ks, vs) = inputs
+    ref = cuda_layout_decode_reference(query, key_cache, value_cache, table, seq_lens,
+                                       query.shape[2] ** -0.5, ks, vs)
+    return (*inputs, ref)
 
 
 def check_graph_replay(torch, device, lib, gen) -> dict:
@@ -620,11 +634,20 @@ def main(argv=None) -> int:
 
     variant_checks: dict[str, str] = {}
     variant_failed = []
-    for vname, vlib in variants.items():
-        if isinstance(vlib, str):
-            variant_checks[vname] = vlib.splitlines()[0]
-            continue
-        vrows = [check_one(torch, device, vlib, c, gen) for c in cases if c[2] == HEAD_SIZE and c[1] != "fp8"]
+    built = {n: v for n, v in variants.items() if not isinstance(v, str)}
+    variant_rows: dict[str, list[dict]] = {n: [] for n in built}
+    for n, v in variants.items():
+        if isinstance(v, str):
+            variant_checks[n] = v.splitlines()[0]
+    if built:
+        for case in cases:
+            if case[2] != HEAD_SIZE or case[1] == "fp8":
+                continue
+            inputs = with_reference(torch, device, case, gen)   # once per case, for every variant
+            for vname, vlib in built.items():
+                variant_rows[vname].append(check_one(torch, device, vlib, case, inputs=inputs))
+            del inputs
+    for vname, vrows in variant_rows.items():
         bad = [r for r in vrows if not r["ok"]]
         variant_checks[vname] = f"{len(vrows) - len(bad)}/{len(vrows)} head-128 cases passed" + (
             f"; FAIL {bad[0]['case']}: {bad[0]['error']}" if bad else "")
