@@ -111,6 +111,23 @@ def test_emulated_kernel_matches_float64_reference(case):
     assert torch.equal(trace.value_reads, expected_reads(value_cache, table, lens, trace.head_tiles))
 
 
+@pytest.mark.parametrize("threads,stage_bytes", [(32, 24576), (256, 24576), (128, 16384), (64, 49152)])
+def test_build_variants_compute_the_same(threads, stage_bytes):
+    """Warps per CTA and the stage ring's depth change who copies and computes which tile, not
+    the result."""
+    qd, kvd, d, group, bs, lens, kvh, splits, layout = CASES[1]
+    gen = torch.Generator().manual_seed(7)
+    kv_cache, table, seq_lens = random_cuda_paged_cache(lens, kvh, d, bs, kvd, layout, generator=gen)
+    key_cache, value_cache = split_cuda_kv_cache(kv_cache, d)
+    query = (torch.randn(len(lens), kvh * group, d, generator=gen) * 2).to(qd)
+    ref = cuda_layout_decode_reference(query, key_cache, value_cache, table, seq_lens, d ** -0.5)
+    out, trace = emulate_decode(query, key_cache, value_cache, table, seq_lens, d ** -0.5, splits,
+                                threads=threads, stage_bytes=stage_bytes)
+    assert trace.geometry.warps == threads // 32
+    assert compare_to_reference(out, ref)["ok"]
+    assert torch.equal(trace.key_reads, expected_reads(key_cache, table, lens, 1))
+
+
 def test_split_counts_agree():
     """The same batch through 1, 2, 5 and the most splits gives the same output to an ulp."""
     case = (torch.bfloat16, torch.bfloat16, 64, 4, 16, [1, 100, 333], 1, 1, "LBNHC")
