@@ -28,8 +28,10 @@ from llmconsole.kernels.build import CSRC_DIR, cache_dir
 
 CUDA_SOURCE = CSRC_DIR / "paged_attention.cu"
 DEFAULT_ARCHS = ("sm_80", "sm_90")
+HEAD_SIZES = (64, 128, 256)
+MAX_THREADS = 256
 # Part of the cache key: bump when the report format or its parsing changes.
-_REPORT_FORMAT = 2
+_REPORT_FORMAT = 3
 
 
 class CudaBuildError(RuntimeError):
@@ -40,12 +42,23 @@ class CudaBuildError(RuntimeError):
 class CudaBuildOptions:
     """The kernel's tuning knobs. Each maps to a define or an nvcc flag (see the .cu header)."""
 
-    warp_reduce: bool = True          # __shfl_xor_sync reductions instead of a smem tree
+    warp_reduce: bool = True          # merge kernel: __shfl_xor_sync reductions, not a smem tree
     smem_carveout_kb: int = 0         # shared memory per SM to ask for; 0 = driver default
     max_registers: int | None = None  # -maxrregcount (drops __launch_bounds__, which overrides it)
     fast_math: bool = False           # --use_fast_math
-    threads: int = 128                # threads per CTA
-    partition_tokens: int = 512       # default split-KV partition
+    threads: int = 128                # threads per CTA: warps streaming one CTA's context
+    partition_tokens: int = 128       # smallest context split the split chooser makes
+    stage_bytes: int = 24576          # shared memory per warp for its ring of K/V stages
+    only_head_size: int = 0           # 0: head sizes 64, 128, 256; N: only N (a faster build)
+    fp8_kv: bool = True               # also build the fp8 e4m3 KV kernels
+
+    def __post_init__(self) -> None:
+        if self.threads % 32 or not 32 <= self.threads <= MAX_THREADS:
+            raise ValueError(f"threads must be a multiple of 32 in [32, {MAX_THREADS}], got {self.threads}")
+        if self.only_head_size not in (0, *HEAD_SIZES):
+            raise ValueError(f"only_head_size must be 0 or one of {HEAD_SIZES}, got {self.only_head_size}")
+        if self.partition_tokens < 16 or self.stage_bytes < 1024:
+            raise ValueError("partition_tokens must be >= 16 and stage_bytes >= 1024")
 
     def defines(self) -> list[str]:
         return [
@@ -53,7 +66,10 @@ class CudaBuildOptions:
             f"-DLLMC_SMEM_CARVEOUT_KB={int(self.smem_carveout_kb)}",
             f"-DLLMC_NUM_THREADS={int(self.threads)}",
             f"-DLLMC_PARTITION_SIZE={int(self.partition_tokens)}",
+            f"-DLLMC_STAGE_BYTES={int(self.stage_bytes)}",
             f"-DLLMC_LAUNCH_BOUNDS={0 if self.max_registers else 1}",
+            f"-DLLMC_ONLY_HEAD_SIZE={int(self.only_head_size)}",
+            f"-DLLMC_FP8_KV={int(self.fp8_kv)}",
         ]
 
     def nvcc_flags(self) -> list[str]:
@@ -142,7 +158,7 @@ _CMEM = re.compile(r"(\d+) bytes cmem\[0\]")
 
 
 def demangle(names: list[str]) -> dict[str, str]:
-    """Readable kernel names (`llmc::llmc_decode_kernel<__nv_bfloat16, 4>`) via c++filt when
+    """Readable kernel names (`llmc::decode_kernel<__nv_bfloat16, __nv_bfloat16, 128, 1>`) via c++filt when
     present; the mangled name otherwise."""
     tool = shutil.which("cu++filt") or shutil.which("c++filt")
     if not tool or not names:

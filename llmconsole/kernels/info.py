@@ -1,6 +1,7 @@
 """What `llmconsole kernels info` reports: the CPU kernel's build, which of vLLM's CPU attention
 ISAs this host runs (AMX or not), and the CUDA kernel's compiler resource report (registers,
-spills, shared memory per kernel and target arch).
+spills, shared memory per kernel and target arch) with the occupancy those figures allow
+(occupancy.py: CTAs and warps per SM, and the resource that limits them).
 
 Nothing here needs a GPU: the CUDA report comes from compiling with nvcc for the listed archs.
 A missing compiler is a value in the report (with the reason), never an exception.
@@ -19,6 +20,7 @@ from llmconsole.kernels.cuda_build import (
     compile_cuda,
     find_nvcc,
 )
+from llmconsole.kernels.occupancy import kernel_occupancy
 
 _DEFAULT_OPTIONS = CudaBuildOptions()
 
@@ -26,8 +28,9 @@ _DEFAULT_OPTIONS = CudaBuildOptions()
 def kernel_info(build_cpu: bool = True, cuda_options: CudaBuildOptions = _DEFAULT_OPTIONS,
                 archs: tuple[str, ...] = DEFAULT_ARCHS) -> dict[str, Any]:
     """{"cpu": build status, "host": cpu_isa.host_attention_isas(), "cuda": {nvcc, flags,
-    options, error, archs: {arch: {kernel: {registers, spill_store_bytes, ...}}}}}.
-    build_cpu=False reports without compiling."""
+    options, error, archs: {arch: {kernel: {registers, spill_store_bytes, ...}}},
+    occupancy: {arch: {kernel: occupancy.Occupancy.as_dict()}}}}. build_cpu=False reports
+    without compiling."""
     if build_cpu:
         try:
             load_cpu_kernel()
@@ -36,7 +39,7 @@ def kernel_info(build_cpu: bool = True, cuda_options: CudaBuildOptions = _DEFAUL
     cpu = cpu_status().as_dict()
 
     cuda: dict[str, Any] = {"nvcc": find_nvcc(), "options": cuda_options.as_dict(),
-                  "flags": cuda_options.nvcc_flags(), "error": None, "archs": {}}
+                  "flags": cuda_options.nvcc_flags(), "error": None, "archs": {}, "occupancy": {}}
     try:
         result = compile_cuda(cuda_options, archs=archs)
     except (CudaBuildError, OSError, ValueError) as exc:
@@ -45,6 +48,11 @@ def kernel_info(build_cpu: bool = True, cuda_options: CudaBuildOptions = _DEFAUL
         report = result.as_dict()
         cuda.update(nvcc=report["nvcc"], nvcc_version=report["nvcc_version"],
                     flags=report["flags"], fatbin=report["path"], archs=report["resources"])
+        for arch, kernels in result.resources.items():
+            for name, r in kernels.items():
+                occ = kernel_occupancy(arch, name, r.registers, r.shared_bytes, report["options"])
+                if occ is not None:
+                    cuda["occupancy"].setdefault(arch, {})[name] = occ.as_dict()
     return {"cpu": cpu, "host": host_attention_isas(), "cuda": cuda}
 
 
@@ -89,14 +97,24 @@ def format_kernel_info(info: dict[str, Any]) -> str:
             for name, r in kernels.items()]
     if not rows:
         return "\n".join(lines)
+    occupancy = cuda.get("occupancy") or {}
     name_w = max(len("kernel"), *(len(n) for _, n, _ in rows))
     header = (f"  {'arch':<6}  {'kernel':<{name_w}}  {'regs':>4}  {'spill st/ld B':>13}  "
-              f"{'stack B':>7}  {'smem B':>6}")
+              f"{'stack B':>7}  {'smem B':>6}  {'dyn smem B':>10}  {'CTAs/SM':>7}  {'warps/SM':>8}  "
+              f"{'occupancy':>9}  limited by")
     lines += ["", header, "  " + "-" * (len(header) - 2)]
     for arch, name, r in rows:
         spill = f"{r['spill_store_bytes']}/{r['spill_load_bytes']}"
-        lines.append(f"  {arch:<6}  {name:<{name_w}}  {r['registers']:>4}  {spill:>13}  "
-                     f"{r['stack_bytes']:>7}  {r['shared_bytes']:>6}")
-    lines.append("  (smem B is static shared memory; the decode kernel adds dynamic shared memory "
-                 "at launch for q, one partition's logits and the p.V partial sums)")
+        row = (f"  {arch:<6}  {name:<{name_w}}  {r['registers']:>4}  {spill:>13}  "
+               f"{r['stack_bytes']:>7}  {r['shared_bytes']:>6}")
+        occ = occupancy.get(arch, {}).get(name)
+        if occ:
+            dyn = occ["smem_bytes"] - r["shared_bytes"]
+            row += (f"  {dyn:>10}  {occ['ctas_per_sm']:>7}  {occ['warps_per_sm']:>8}  "
+                    f"{occ['occupancy']:>9.0%}  {occ['limited_by']}")
+        lines.append(row)
+    lines.append("  (smem B: static shared memory from ptxas; dyn smem B: what a launch adds (the decode "
+                 "kernel's K/V stage rings and Q tile, the merge kernel's weights at 256 splits); "
+                 "CTAs/SM and occupancy: the occupancy calculator's arithmetic on these figures at "
+                 "the largest shared-memory carve-out, with the resource that stops one more CTA)")
     return "\n".join(lines)
