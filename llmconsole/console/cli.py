@@ -20,7 +20,7 @@ from llmconsole.console.client import DaemonClient, DaemonError, DaemonNotRunnin
 from llmconsole.console.spec_flags import add_spec_flags, read_api_key, spec_overrides
 from llmconsole.engine.fleet import check_name
 from llmconsole.engine.spec import EngineSpec, validation_messages
-from llmconsole.paths import resolve
+from llmconsole.paths import UnsafeDirectory, resolve
 from llmconsole.console.cli_common import (  # noqa: F401  (re-exported for scripts)
     EXIT_FAILED, EXIT_NO_DAEMON, EXIT_USAGE, CliError, confirm, daemon_client, na,
 )
@@ -344,6 +344,9 @@ def main(argv: list[str] | None = None) -> int:
     except DaemonNotRunning as e:
         print(f"llmconsole: {e}", file=sys.stderr)
         return EXIT_NO_DAEMON
+    except UnsafeDirectory as e:
+        print(f"llmconsole: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("interrupted; engines keep running", file=sys.stderr)
         return 130

@@ -59,7 +59,7 @@ class EngineProcess:
         env = dict(os.environ)
         env.update(env_extra)
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
         try:
             # The log is the engine's stdout and stderr directly, never a pipe through the
             # daemon: a pipe would break (and kill the engine with SIGPIPE) if the daemon died.

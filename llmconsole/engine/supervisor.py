@@ -262,12 +262,14 @@ class EngineSupervisor:
             self.port = free_port(_connect_host(self.spec.host))
         argv = self.spec.argv(self.runtime, self.port)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "a", encoding="utf-8") as f:
-            os.chmod(self.log_path, 0o600)
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "a", encoding="utf-8") as f:
+            os.fchmod(fd, 0o600)
             f.write(
                 f"\n----- llmconsole: launching engine {self.name} (config {self.spec.config_id}) "
                 f"at {time.strftime('%Y-%m-%dT%H:%M:%S%z')} -----\n$ {' '.join(argv)}\n"
             )
+            f.flush()
             self._log_offset = f.tell()
         self.facts = None
         self._metrics = None
