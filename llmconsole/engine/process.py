@@ -33,6 +33,16 @@ class ProcessRecord:
     argv: tuple[str, ...]
 
 
+def _same_command(cmdline: list[str], argv: list[str]) -> bool:
+    """Whether a running process's command line is `argv` as launched. A script run through its
+    `#!` line (the `vllm` executable is one) shows its interpreter first, and perhaps one
+    interpreter option, then the script path and arguments exactly."""
+    if cmdline == argv:
+        return True
+    extra = len(cmdline) - len(argv)
+    return 1 <= extra <= 2 and cmdline[extra:] == argv
+
+
 class EngineProcess:
     def __init__(self, record: ProcessRecord, popen: subprocess.Popen[bytes] | None) -> None:
         self.record = record
@@ -96,7 +106,7 @@ class EngineProcess:
             cmdline = p.cmdline()
         except psutil.Error:
             return None
-        if cmdline != list(record.argv):
+        if not _same_command(cmdline, list(record.argv)):
             return None
         if "--port" not in cmdline or cmdline[cmdline.index("--port") + 1] != str(record.port):
             return None
