@@ -52,6 +52,9 @@ def format_status(status: dict[str, Any]) -> str:
     for e in engines:
         if e.get("last_error") and e["state"] in ("failed", "crashed", "unhealthy"):
             lines.append(f"{e['name']}: {e['last_error']}")
+        if e.get("state") == "crashed" and e.get("next_restart_in_s") is not None:
+            lines.append(f"{e['name']}: {e.get('consecutive_failures', 0)} failed run(s) in a row; restarting after a "
+                         f"{e.get('backoff_s') or 0:.0f} s backoff, in {e['next_restart_in_s']:.0f} s")
     return "\n".join(lines)
 
 

@@ -26,6 +26,7 @@ from llmconsole.daemon.services.rollback import on_config_failed
 from llmconsole.db import Store, StoreError
 from llmconsole.db.recorder import Recorder
 from llmconsole.engine.fleet import Fleet
+from llmconsole.engine.supervisor import SupervisionPolicy
 from llmconsole.paths import Paths, UnsafeDirectory, resolve
 
 log = logging.getLogger("llmconsole.daemon")
@@ -61,8 +62,8 @@ def _write_pid_file(paths: Paths) -> None:
         f.write(f"{os.getpid()}\n")
 
 
-async def serve(paths: Paths) -> None:
-    fleet = Fleet(paths)
+async def serve(paths: Paths, policy: SupervisionPolicy | None = None) -> None:
+    fleet = Fleet(paths, policy)
     # The store opens first: a database that is damaged or not ours stops the daemon with the
     # store's message (and the file untouched) before any engine is adopted or started.
     store = Store.open(paths.database)
@@ -136,6 +137,7 @@ async def _sample_forever(fleet: Fleet, recorder: Recorder, interval_s: float = 
 def main() -> int:
     try:
         paths = resolve().ensure()
+        policy = SupervisionPolicy.from_env()
     except (UnsafeDirectory, ValueError) as e:
         print(f"llmconsole daemon: {e}", file=sys.stderr)
         return EXIT_CONFIG
@@ -151,7 +153,7 @@ def main() -> int:
         return EXIT_ALREADY_RUNNING
     _write_pid_file(paths)
     try:
-        asyncio.run(serve(paths))
+        asyncio.run(serve(paths, policy))
     except StoreError as e:
         print(f"llmconsole daemon: {e}", file=sys.stderr)
         return EXIT_STORE

@@ -45,6 +45,9 @@ class EngineStatus:
     last_exit_code: int | None = None
     last_error: str | None = None
     next_restart_in_s: float | None = None
+    consecutive_failures: int = 0       # runs in a row that ended before they were stable
+    backoff_s: float | None = None      # the delay before the pending restart (state crashed)
+    gave_up_reason: str | None = None   # why supervision stopped restarting it (state failed)
     kv_cache_tokens: int | None = None
     max_concurrency: float | None = None
     max_concurrency_len: int | None = None

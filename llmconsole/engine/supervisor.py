@@ -4,8 +4,8 @@ One `EngineSupervisor` per engine, living in the daemon's event loop. It owns th
 process and its state machine (see `EngineState`), and publishes an immutable `EngineStatus`
 on demand. A crash (the process exits, or /health fails `health_failures_to_crash` times in a
 row) is seen within about a second, the rest of the process group is cleaned up, and the engine
-is restarted after an exponential backoff. Too many crashes in a window mark the config as
-crash-looping and supervision gives up on it (the fleet may then roll it back).
+is restarted after an exponential backoff. Runs that keep failing (see `FailureCounter`) mark
+the config as crash-looping and supervision gives up on it (the fleet may then roll it back).
 """
 
 from __future__ import annotations
@@ -13,13 +13,16 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
+import json
 import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -45,10 +48,83 @@ class SupervisionPolicy:
     start_timeout_s: float = 900.0        # model loads on big GPUs can take many minutes
     backoff_initial_s: float = 1.0
     backoff_max_s: float = 30.0
-    stable_after_s: float = 60.0          # ready this long: the next crash starts backoff anew
-    crash_loop_count: int = 3             # this many crashes ...
-    crash_loop_window_s: float = 300.0    # ... within this window: crash-looping, give up
+    stable_after_s: float = 60.0          # ready this long: the run succeeded, the streak ends
+    crash_loop_count: int = 3             # this many failed runs in a row (whatever each lasted),
+    crash_loop_window_s: float = 300.0    # or this many crashes within this window: give up
     drain_timeout_s: float = 30.0
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> SupervisionPolicy:
+        """The default policy with the fields of $LLMCONSOLE_SUPERVISION (a JSON object) changed,
+        e.g. '{"start_timeout_s": 1800}' for models that load for longer than 15 minutes."""
+        raw = (os.environ if environ is None else environ).get(POLICY_ENV)
+        if not raw:
+            return cls()
+        try:
+            given = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{POLICY_ENV} is not JSON ({e})") from None
+        if not isinstance(given, dict):
+            raise ValueError(f"{POLICY_ENV} must be a JSON object of policy fields")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        out: dict[str, Any] = {}
+        for key, value in given.items():
+            if key not in fields:
+                raise ValueError(f"{POLICY_ENV}: unknown field {key!r} (known: {', '.join(fields)})")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"{POLICY_ENV}: {key} must be a positive number, not {value!r}")
+            out[key] = int(value) if fields[key].type in (int, "int") else float(value)
+        return dataclasses.replace(cls(), **out)
+
+
+POLICY_ENV = "LLMCONSOLE_SUPERVISION"
+
+
+@dataclass(frozen=True)
+class RestartDecision:
+    give_up: str | None   # why supervision stops restarting the engine; None: restart it
+    delay_s: float        # the backoff before that restart
+
+
+class FailureCounter:
+    """Counts an engine's failed runs, to choose between a restart after a backoff and giving up.
+
+    A run failed when it ended before it was stable: it never became ready (it exited, or hung
+    past the start timeout and was killed), or it served for less than `stable_after_s`. Failed
+    runs in a row are a loop whatever each one lasted: a model that takes minutes to load loops
+    as surely as one that dies in a second. A run that was stable ends the streak (its crash is
+    the first of a new one); crashes that come fast, stable or not, are a loop as well when
+    `crash_loop_count` of them fall within `crash_loop_window_s`. The backoff doubles with each
+    failed run in a row, up to `backoff_max_s`.
+    """
+
+    def __init__(self, policy: SupervisionPolicy) -> None:
+        self.policy = policy
+        self.consecutive = 0
+        self._times: collections.deque[float] = collections.deque()
+
+    def reset(self) -> None:
+        self.consecutive = 0
+        self._times.clear()
+
+    def served(self) -> None:
+        """The current run became stable: the streak of failed runs is over."""
+        self.consecutive = 0
+
+    def record(self, now: float, stable: bool) -> RestartDecision:
+        """A run ended at `now` (monotonic seconds); `stable`: it had served long enough."""
+        p = self.policy
+        self.consecutive = 1 if stable else self.consecutive + 1
+        self._times.append(now)
+        while self._times and now - self._times[0] > p.crash_loop_window_s:
+            self._times.popleft()
+        give_up = None
+        if self.consecutive >= p.crash_loop_count:
+            give_up = f"{self.consecutive} runs in a row ended before serving {p.stable_after_s:.0f} s"
+        elif len(self._times) >= p.crash_loop_count:
+            give_up = f"{len(self._times)} crashes in {p.crash_loop_window_s:.0f} s"
+        delay = min(p.backoff_max_s, p.backoff_initial_s * (2 ** (self.consecutive - 1)))
+        return RestartDecision(give_up, delay)
 
 
 class EngineBusy(RuntimeError):
@@ -101,8 +177,9 @@ class EngineSupervisor:
         self.ready_at_s: float | None = None
         self._ready_mono: float | None = None
         self._next_restart_mono: float | None = None
-        self._crash_times: collections.deque[float] = collections.deque()
-        self._consecutive_crashes = 0
+        self.failures = FailureCounter(policy)
+        self.backoff_s: float | None = None
+        self.gave_up_reason: str | None = None
         self._metrics: WindowedMetrics | None = None
         self._process_sample: ProcessSample | None = None
         self._run_task: asyncio.Task[None] | None = None
@@ -203,6 +280,9 @@ class EngineSupervisor:
             last_exit_code=self.last_exit_code,
             last_error=self.last_error,
             next_restart_in_s=next_restart,
+            consecutive_failures=self.failures.consecutive,
+            backoff_s=self.backoff_s if self.state == EngineState.CRASHED else None,
+            gave_up_reason=self.gave_up_reason if self.state == EngineState.FAILED else None,
             kv_cache_tokens=self.facts.kv_cache_tokens if self.facts else None,
             max_concurrency=self.facts.max_concurrency if self.facts else None,
             max_concurrency_len=self.facts.max_concurrency_len if self.facts else None,
@@ -228,8 +308,9 @@ class EngineSupervisor:
         self.crash_looping = False
         self.last_error = None
         self.last_exit_code = None
-        self._crash_times.clear()
-        self._consecutive_crashes = 0
+        self.gave_up_reason = None
+        self.backoff_s = None
+        self.failures.reset()
 
     async def _stop_locked(self, drain_timeout_s: float | None) -> None:
         self.desired_running = False
@@ -348,8 +429,8 @@ class EngineSupervisor:
                         return "unhealthy", None, ready
                 elif now - launched > p.start_timeout_s:
                     return "start_timeout", None, ready
-            if ready and self._ready_mono and now - self._ready_mono > p.stable_after_s:
-                self._consecutive_crashes = 0
+            if ready and self._ready_mono and now - self._ready_mono >= p.stable_after_s:
+                self.failures.served()
             await asyncio.sleep(p.poll_interval_s)
 
     def _became_ready(self) -> None:
@@ -371,6 +452,8 @@ class EngineSupervisor:
         await self.proc.kill_group()  # engine core and workers must not outlive their server
         self.last_exit_code = code if code is not None else self.proc.poll()
         self.proc = None
+        now = time.monotonic()
+        stable = self._ready_mono is not None and now - self._ready_mono >= p.stable_after_s
         self._ready_mono = None
         text = self._run_log()
         if outcome == "unhealthy":
@@ -387,28 +470,27 @@ class EngineSupervisor:
             # failed as surely as a crash loop, so the fleet hears of it the same way (and may
             # roll the engine back to the config it ran before).
             self.desired_running = False
+            self.gave_up_reason = f"the config asked for never came up: {reason}"
             self._set_state(EngineState.FAILED)
             self._on_crash_loop(self)
             return
 
-        now = time.monotonic()
-        self._crash_times.append(now)
-        while self._crash_times and now - self._crash_times[0] > p.crash_loop_window_s:
-            self._crash_times.popleft()
-        if len(self._crash_times) >= p.crash_loop_count:
+        decision = self.failures.record(now, stable)
+        if decision.give_up is not None:
             self.crash_looping = True
             self.desired_running = False
-            self.last_error = f"crash-looping ({len(self._crash_times)} crashes in {p.crash_loop_window_s:.0f} s): {reason}"
+            self.gave_up_reason = f"crash-looping ({decision.give_up}); not restarted again"
+            self.last_error = f"crash-looping ({decision.give_up}): {reason}"
             self._set_state(EngineState.FAILED)
             self._on_crash_loop(self)
             return
 
-        delay = min(p.backoff_max_s, p.backoff_initial_s * (2 ** self._consecutive_crashes))
-        self._consecutive_crashes += 1
-        self._next_restart_mono = now + delay
+        self.backoff_s = decision.delay_s
+        self._next_restart_mono = now + decision.delay_s
         self._set_state(EngineState.CRASHED)
-        await asyncio.sleep(delay)
+        await asyncio.sleep(decision.delay_s)
         self._next_restart_mono = None
+        self.backoff_s = None
         self.restarts += 1
 
     async def _scrape_loop(self) -> None:

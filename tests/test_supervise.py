@@ -1,0 +1,130 @@
+"""Supervision under faults, on real OS processes standing in for vLLM (tests/fake_engine.py):
+the failure count behind crash-loop detection, and starts that hang."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import aiohttp
+import psutil
+import pytest
+
+from llmconsole.engine.status import EngineState
+from llmconsole.engine.supervisor import (
+    EngineSupervisor,
+    FailureCounter,
+    SupervisionPolicy,
+)
+from llmconsole.paths import Paths
+from tests.fake_engine import FakeEngine
+
+# Fast enough for a unit test; the crash window is so short that only the failure streak can
+# ever find a loop.
+FAST = SupervisionPolicy(
+    poll_interval_s=0.05, health_interval_s=0.2, health_timeout_s=1.0, scrape_interval_s=0.5,
+    start_timeout_s=2.0, backoff_initial_s=0.2, backoff_max_s=1.0, stable_after_s=60.0,
+    crash_loop_count=3, crash_loop_window_s=0.01, drain_timeout_s=2.0,
+)
+
+
+async def until(pred: Callable[[], bool], timeout_s: float = 30.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s} s: {what}")
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+def fake(tmp_path) -> FakeEngine:
+    return FakeEngine(tmp_path / "fake")
+
+
+def _paths(tmp_path: Path) -> Paths:
+    return Paths(data_dir=tmp_path / "data", runtime_dir=tmp_path / "run").ensure()
+
+
+def _session() -> aiohttp.ClientSession:
+    return aiohttp.ClientSession()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+# --- the counting rule --------------------------------------------------------------------------
+
+def test_failed_runs_in_a_row_are_a_loop_whatever_each_lasted():
+    c = FailureCounter(SupervisionPolicy(crash_loop_count=3, crash_loop_window_s=300.0, backoff_initial_s=1.0,
+                                         backoff_max_s=30.0))
+    # A model that loads for 20 minutes and fails: three such runs span an hour, not 300 s.
+    first = c.record(now=0.0, stable=False)
+    assert (first.give_up, first.delay_s, c.consecutive) == (None, 1.0, 1)
+    second = c.record(now=1200.0, stable=False)
+    assert (second.give_up, second.delay_s, c.consecutive) == (None, 2.0, 2)
+    third = c.record(now=2400.0, stable=False)
+    assert third.give_up is not None and "3 runs in a row" in third.give_up
+
+
+def test_a_stable_run_ends_the_streak_but_fast_crashes_still_loop():
+    p = SupervisionPolicy(crash_loop_count=3, crash_loop_window_s=300.0, backoff_initial_s=1.0, backoff_max_s=4.0)
+    c = FailureCounter(p)
+    c.record(now=0.0, stable=False)
+    c.record(now=1000.0, stable=False)
+    d = c.record(now=2000.0, stable=True)  # served long enough: its crash starts a new streak
+    assert (d.give_up, d.delay_s, c.consecutive) == (None, 1.0, 1)
+    # Stable runs that crash three times within the window are a loop too.
+    c = FailureCounter(p)
+    assert c.record(now=0.0, stable=True).give_up is None
+    assert c.record(now=100.0, stable=True).give_up is None
+    d = c.record(now=200.0, stable=True)
+    assert d.give_up is not None and "3 crashes in 300 s" in d.give_up
+    # The backoff doubles with the streak, up to its cap.
+    c = FailureCounter(replace(p, crash_loop_count=10))
+    assert [c.record(now=10_000.0 * i, stable=False).delay_s for i in range(5)] == [1.0, 2.0, 4.0, 4.0, 4.0]
+
+
+def test_policy_from_the_environment():
+    assert SupervisionPolicy.from_env({}) == SupervisionPolicy()
+    p = SupervisionPolicy.from_env({"LLMCONSOLE_SUPERVISION": '{"start_timeout_s": 1800, "crash_loop_count": 2}'})
+    assert p.start_timeout_s == 1800.0 and p.crash_loop_count == 2 and isinstance(p.crash_loop_count, int)
+    for bad in ('{"start_timeout": 5}', '{"crash_loop_count": 0}', "[1]", "{"):
+        with pytest.raises(ValueError, match="LLMCONSOLE_SUPERVISION"):
+            SupervisionPolicy.from_env({"LLMCONSOLE_SUPERVISION": bad})
+
+
+# --- restarts that hang, and giving up ----------------------------------------------------------
+
+def test_restarts_that_hang_past_the_start_timeout_end_in_a_visible_give_up(tmp_path, fake):
+    async def main():
+        async with _session() as http:
+            sup = EngineSupervisor("e", fake.spec(), tmp_path / "e.log", http, FAST)
+            await sup.start()
+            await until(lambda: sup.state == EngineState.READY, what="ready")
+            first_pid = sup.proc.pid
+            fake.set("hang")  # every later launch loads forever
+            os.kill(first_pid, signal.SIGKILL)
+            await until(lambda: sup.state == EngineState.CRASHED, what="crashed")
+            st = sup.status()
+            assert st.consecutive_failures == 1 and st.backoff_s == pytest.approx(0.2)
+            assert st.next_restart_in_s is not None and st.gave_up_reason is None
+            await until(lambda: sup.state == EngineState.FAILED, timeout_s=30, what="gave up")
+            st = sup.status()
+            assert st.crash_looping and st.consecutive_failures == 3 and st.restarts == 2
+            assert "3 runs in a row" in st.gave_up_reason
+            assert "not ready within 2 s" in st.last_error
+            assert st.pid is None and st.backoff_s is None
+            hung = [p.pid for p in psutil.process_iter(["cmdline"]) if str(fake.exe) in (p.info["cmdline"] or [])]
+            assert not [p for p in hung if _alive(p)], "a start that timed out is killed"
+            await sup.stop()
+
+    asyncio.run(main())
