@@ -1,9 +1,10 @@
 """Supervision under faults, on real OS processes standing in for vLLM (tests/fake_engine.py):
-the failure count behind crash-loop detection, and starts that hang."""
+the failure count behind crash-loop detection, starts that hang, and a stranger on an engine's port."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
@@ -15,11 +16,14 @@ import aiohttp
 import psutil
 import pytest
 
+from llmconsole.engine.fleet import Fleet
 from llmconsole.engine.status import EngineState
 from llmconsole.engine.supervisor import (
     EngineSupervisor,
     FailureCounter,
+    PortInUse,
     SupervisionPolicy,
+    free_port,
 )
 from llmconsole.paths import Paths
 from tests.fake_engine import FakeEngine
@@ -126,5 +130,67 @@ def test_restarts_that_hang_past_the_start_timeout_end_in_a_visible_give_up(tmp_
             hung = [p.pid for p in psutil.process_iter(["cmdline"]) if str(fake.exe) in (p.info["cmdline"] or [])]
             assert not [p for p in hung if _alive(p)], "a start that timed out is killed"
             await sup.stop()
+
+    asyncio.run(main())
+
+
+# --- whoever answers on the port ----------------------------------------------------------------
+
+def test_a_stranger_answering_on_the_port_is_not_the_engine(tmp_path, fake):
+    port = free_port()
+    stranger = fake.stranger(port)
+    try:
+        async def main():
+            async with _session() as http:
+                fake.set("hang")  # our engine never listens: only the stranger answers /health
+                sup = EngineSupervisor("e", fake.spec(port=port), tmp_path / "e.log", http, FAST)
+                await sup.start()
+                seen = set()
+                deadline = time.monotonic() + 8
+                while sup.state != EngineState.FAILED and time.monotonic() < deadline:
+                    seen.add(sup.state)
+                    await asyncio.sleep(0.05)
+                assert EngineState.READY not in seen
+                assert sup.state == EngineState.FAILED
+                assert f"answered by pid {stranger.pid}" in sup.last_error
+                assert "not ready within" in sup.last_error
+
+        asyncio.run(main())
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_a_port_in_use_is_refused_at_start_and_changes_nothing(tmp_path, fake):
+    port = free_port()
+
+    async def main():
+        fleet = Fleet(_paths(tmp_path), FAST)
+        await fleet.open()
+        try:
+            a = await fleet.start("a", fake.spec(port=port), force=True)
+            await until(lambda: a.state == EngineState.READY, what="a ready")
+            before = (a.proc.pid, a.status().config_id, a.state)
+            with pytest.raises(PortInUse, match=f"port {port} is engine a's"):
+                await fleet.start("b", fake.spec(model="other/model", port=port), force=True)
+            assert "b" not in fleet.engines
+            assert (a.proc.pid, a.status().config_id, a.state) == before
+            saved = json.loads(fleet.paths.state_file.read_text())["engines"]
+            assert list(saved) == ["a"]
+            # Anything else listening there is refused the same way, naming it.
+            other = free_port()
+            stranger = fake.stranger(other)
+            try:
+                with pytest.raises(PortInUse, match=f"port {other} is already in use .* pid {stranger.pid}"):
+                    await fleet.start("c", fake.spec(port=other), force=True)
+                assert "c" not in fleet.engines
+            finally:
+                stranger.kill()
+                stranger.wait()
+            # A restart on its own port is no conflict.
+            await fleet.restart("a")
+            await until(lambda: a.state == EngineState.READY, what="a ready again")
+        finally:
+            await fleet.close(stop_engines=True)
 
     asyncio.run(main())

@@ -25,7 +25,13 @@ from llmconsole.engine.process import ProcessRecord
 from llmconsole.engine.runtime import Runtime
 from llmconsole.engine.spec import EngineSpec
 from llmconsole.engine.status import EngineState, EngineStatus
-from llmconsole.engine.supervisor import EngineBusy, EngineSupervisor, SupervisionPolicy
+from llmconsole.engine.supervisor import (
+    EngineBusy,
+    EngineSupervisor,
+    PortInUse,
+    SupervisionPolicy,
+    port_holder,
+)
 from llmconsole.paths import Paths
 
 log = logging.getLogger(__name__)
@@ -108,6 +114,9 @@ class Fleet:
         target = spec if spec is not None else (sup.spec if sup is not None else None)
         if target is not None:
             enforce_fit(target, force)
+            if sup is None or not (sup.state.running or sup.state == EngineState.CRASHED):
+                port = target.port if target.port is not None else (sup.port if sup is not None else None)
+                self._check_port(name, target.host, port, probe=True)
         if sup is None:
             if spec is None:
                 raise UnknownEngine(name)
@@ -127,7 +136,11 @@ class Fleet:
 
     async def restart(self, name: str, spec: EngineSpec | None = None, force: bool = False) -> EngineSupervisor:
         sup = self.get(name)
-        enforce_fit(spec if spec is not None else sup.spec, force)
+        target = spec if spec is not None else sup.spec
+        enforce_fit(target, force)
+        port = target.port if target.port is not None else sup.port
+        # Its own listener is on its port until the restart stops it: probe only another port.
+        self._check_port(name, target.host, port, probe=not (sup.state.running and port == sup.port))
         await sup.restart(spec)
         self._persist()
         return sup
@@ -138,6 +151,19 @@ class Fleet:
             raise EngineBusy(f"engine {name} is {sup.state}; stop it before removing it")
         del self.engines[name]
         self._persist()
+
+    def _check_port(self, name: str, host: str, port: int | None, probe: bool) -> None:
+        """Refuse (PortInUse) a port another engine holds, or anything else listens on."""
+        if port is None:
+            return
+        for other_name, other in self.engines.items():
+            if other_name != name and other.port == port and (other.state.running or other.state == EngineState.CRASHED):
+                raise PortInUse(f"port {port} is engine {other_name}'s ({other.state}); give {name} another "
+                                "--port, or none for a free one")
+        holder = port_holder(host, port) if probe else None
+        if holder is not None:
+            raise PortInUse(f"port {port} is already in use on {host} by {holder}; give {name} another "
+                            "--port, or none for a free one")
 
     def statuses(self) -> list[EngineStatus]:
         out = [sup.status() for sup in self.engines.values()]

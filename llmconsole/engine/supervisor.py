@@ -6,6 +6,10 @@ on demand. A crash (the process exits, or /health fails `health_failures_to_cras
 row) is seen within about a second, the rest of the process group is cleaned up, and the engine
 is restarted after an exponential backoff. Runs that keep failing (see `FailureCounter`) mark
 the config as crash-looping and supervision gives up on it (the fleet may then roll it back).
+
+An answer on the engine's port counts only when the socket listening there belongs to the
+engine's own process tree: a stranger on the port (or another engine started on it) is never
+taken for the engine.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -27,7 +32,13 @@ from typing import Any
 import aiohttp
 
 from llmconsole.engine import runtime as runtime_mod
-from llmconsole.engine.host import HostProbe, ProcessSample
+from llmconsole.engine.host import (
+    HostProbe,
+    ProcessSample,
+    listening_socket_inodes,
+    socket_holders,
+    tree_socket_inodes,
+)
 from llmconsole.engine.metrics.page import parse_metrics
 from llmconsole.engine.metrics.window import MetricsWindow, WindowedMetrics
 from llmconsole.engine.process import EngineProcess, ProcessRecord
@@ -131,11 +142,35 @@ class EngineBusy(RuntimeError):
     """The request does not fit the engine's current state (e.g. start while running)."""
 
 
+class PortInUse(ValueError):
+    """The port asked for is already someone's: nothing was started or changed."""
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def port_holder(host: str, port: int) -> str | None:
+    """Who already listens where an engine would bind `host`:`port`, or None when it is free.
+
+    The probe binds as vLLM does (SO_REUSEADDR, so connections left in TIME_WAIT by an engine
+    that just stopped do not count) and never listens.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                return None  # e.g. an address this host does not have: vLLM will say so itself
+            inodes = listening_socket_inodes(port)
+            holders = socket_holders(inodes) if inodes else []
+            return ", ".join(holders) if holders else "another process"
+    return None
 
 
 def _connect_host(host: str) -> str:
@@ -180,6 +215,8 @@ class EngineSupervisor:
         self.failures = FailureCounter(policy)
         self.backoff_s: float | None = None
         self.gave_up_reason: str | None = None
+        self._owned_listeners: frozenset[int] | None = None
+        self._foreign_note: str | None = None
         self._metrics: WindowedMetrics | None = None
         self._process_sample: ProcessSample | None = None
         self._run_task: asyncio.Task[None] | None = None
@@ -356,6 +393,8 @@ class EngineSupervisor:
         self._metrics = None
         self.ready_at_s = None
         self._ready_mono = None
+        self._owned_listeners = None
+        self._foreign_note = None
         self.started_at_s = time.time()
         self.proc = EngineProcess.launch(argv, self.spec.launch_env(self.runtime), self.log_path, self.port)
         self._on_change(self)  # the new pid must reach the state file before anything else
@@ -373,9 +412,36 @@ class EngineSupervisor:
         try:
             timeout = aiohttp.ClientTimeout(total=self.policy.health_timeout_s)
             async with self._http.get(url, timeout=timeout) as r:
-                return r.status == 200
+                if r.status != 200:
+                    return False
         except (TimeoutError, aiohttp.ClientError, OSError):
             return False
+        return self._answered_by_engine()
+
+    def _answered_by_engine(self) -> bool:
+        """Whether what answers on the port is this engine: every socket listening there must
+        belong to its process tree. Another engine or a stranger on the port is never healthy."""
+        assert self.proc is not None and self.port is not None
+        listening = listening_socket_inodes(self.port)
+        if listening is None:
+            return True  # this host cannot tell (no /proc): the answer is all there is
+        if listening and listening == self._owned_listeners:
+            return True  # the same sockets as last time, already found to be ours: no fd scan
+        foreign = listening - tree_socket_inodes(self.proc.pid)
+        if listening and not foreign:
+            self._owned_listeners = listening
+            self._foreign_note = None
+            return True
+        self._owned_listeners = None
+        who = ", ".join(socket_holders(foreign)) or "a process of another user"
+        problem = (f"port {self.port} is answered by {who}, not by this engine (pid {self.proc.pid})"
+                   if foreign else f"nothing listens on port {self.port}")
+        if problem != self._foreign_note:
+            log.warning("engine %s: /health answered, but %s: not counted as healthy", self.name, problem)
+            self._foreign_note = problem
+            self.last_error = problem
+            self._on_change(self)
+        return False
 
     async def _run(self, first_launch_is_fresh: bool) -> None:
         fresh = first_launch_is_fresh
@@ -462,6 +528,8 @@ class EngineSupervisor:
             reason = f"not ready within {p.start_timeout_s:.0f} s; killed"
         else:
             reason = failure_reason(text) or f"exited with code {self.last_exit_code}"
+        if self._foreign_note and not was_ready:
+            reason = f"{reason} ({self._foreign_note})"
         self.last_error = reason
         log.warning("engine %s: %s (%s)", self.name, outcome, reason)
 
