@@ -1,9 +1,11 @@
 """Supervision under faults, on real OS processes standing in for vLLM (tests/fake_engine.py):
-the failure count behind crash-loop detection, starts that hang, and a stranger on an engine's port."""
+the failure count behind crash-loop detection, starts that hang, a stranger on an engine's port,
+and a state file that cannot be written."""
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import signal
@@ -16,6 +18,7 @@ import aiohttp
 import psutil
 import pytest
 
+from llmconsole.engine import fleet as fleet_mod
 from llmconsole.engine.fleet import Fleet
 from llmconsole.engine.status import EngineState
 from llmconsole.engine.supervisor import (
@@ -194,3 +197,46 @@ def test_a_port_in_use_is_refused_at_start_and_changes_nothing(tmp_path, fake):
             await fleet.close(stop_engines=True)
 
     asyncio.run(main())
+
+
+# --- a state file that cannot be written --------------------------------------------------------
+
+@pytest.mark.parametrize("err", [errno.ENOSPC, errno.EMFILE])
+def test_a_failed_state_write_keeps_the_engine_supervised_and_is_retried(tmp_path, fake, monkeypatch, caplog, err):
+    paths = _paths(tmp_path)
+    failing = {"on": True}
+    real_replace = os.replace
+
+    def replace_or_fail(src, dst, *a, **kw):
+        if failing["on"] and Path(dst) == paths.state_file:
+            raise OSError(err, os.strerror(err))
+        return real_replace(src, dst, *a, **kw)
+
+    monkeypatch.setattr(fleet_mod.os, "replace", replace_or_fail)
+
+    async def main():
+        fleet = Fleet(paths, FAST)
+        fleet._save_retry_s = (0.1, 0.2)
+        await fleet.open()
+        try:
+            sup = await fleet.start("e", fake.spec(), force=True)  # the write fails right after the launch
+            await until(lambda: sup.state == EngineState.READY, what="ready while unsaved")
+            st = sup.status()
+            assert st.pid is not None and _alive(st.pid)
+            assert st.record_error is not None and "not saved" in st.record_error
+            assert os.strerror(err) in st.record_error
+            assert not paths.state_file.exists()
+            # Supervision goes on: a crash is still seen and the engine restarted.
+            os.kill(st.pid, signal.SIGKILL)
+            await until(lambda: sup.state == EngineState.READY and sup.proc.pid != st.pid, what="restarted")
+            failing["on"] = False
+            await until(lambda: fleet.record_error is None, timeout_s=5, what="saved by the retry")
+            saved = json.loads(paths.state_file.read_text())["engines"]["e"]
+            assert saved["process"]["pid"] == sup.proc.pid
+            assert sup.status().record_error is None
+        finally:
+            await fleet.close(stop_engines=True)
+
+    asyncio.run(main())
+    assert any("not saved" in r.getMessage() for r in caplog.records)
+    assert any("saved again" in r.getMessage() for r in caplog.records)

@@ -55,6 +55,9 @@ def format_status(status: dict[str, Any]) -> str:
         if e.get("state") == "crashed" and e.get("next_restart_in_s") is not None:
             lines.append(f"{e['name']}: {e.get('consecutive_failures', 0)} failed run(s) in a row; restarting after a "
                          f"{e.get('backoff_s') or 0:.0f} s backoff, in {e['next_restart_in_s']:.0f} s")
+    record_error = next((e["record_error"] for e in engines if e.get("record_error")), None)
+    if record_error:
+        lines.append(f"warning: {record_error}")
     return "\n".join(lines)
 
 

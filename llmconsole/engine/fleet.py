@@ -5,10 +5,16 @@ desired state is written to it (atomically, 0600) before the change is reported,
 daemon reads it to adopt the engines that are still serving and to restart the ones that died
 while no daemon was watching. It holds the engines' API keys, which a restart needs, so it is
 private to the user like ~/.netrc; nothing else the console writes ever holds them.
+
+A write that fails (a full disk, no file descriptor left) never stops supervision: the engines'
+records stay in memory, every status says the file is not saved, and the write is retried until
+it succeeds.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -76,6 +82,11 @@ class Fleet:
         self.config_failed_listeners: list[Callable[[str], None]] = []
         # What adds to each status before it is reported (the gateway: its URL and window).
         self.status_annotators: list[Callable[[EngineStatus], EngineStatus]] = []
+        # Why the state file could not be written (None: every record is saved), and the task
+        # that retries the write meanwhile.
+        self.record_error: str | None = None
+        self._save_retry: asyncio.Task[None] | None = None
+        self._save_retry_s = (0.5, 10.0)  # first and longest pause between tries
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -91,7 +102,18 @@ class Fleet:
                 await sup.stop()
             else:
                 await sup.detach()
-        self._persist()
+        if self._save_retry is not None:
+            self._save_retry.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._save_retry
+        for _ in range(10):
+            if self._persist(retry=False):
+                break
+            await asyncio.sleep(0.5)
+        else:
+            log.error("engine state file %s could not be written before the daemon stopped; engines left "
+                      "running are missing from it: %s", self.paths.state_file,
+                      ", ".join(f"{n} pid {r.pid}" for n, s in self.engines.items() if (r := s.process_record())) or "none")
         if self._http is not None:
             await self._http.close()
 
@@ -175,7 +197,7 @@ class Fleet:
 
     def _new_supervisor(self, name: str, spec: EngineSpec) -> EngineSupervisor:
         assert self._http is not None, "Fleet.open() first"
-        return EngineSupervisor(
+        sup = EngineSupervisor(
             name,
             spec,
             self.paths.engine_log(name),
@@ -185,6 +207,8 @@ class Fleet:
             on_change=self._changed,
             on_crash_loop=lambda s: self._notify(self.config_failed_listeners, s.name),
         )
+        sup.record_error = self.record_error
+        return sup
 
     def _changed(self, sup: EngineSupervisor) -> None:
         self._persist()
@@ -199,8 +223,8 @@ class Fleet:
             except Exception:
                 log.exception("a listener failed on %r", getattr(value, "name", value))
 
-    def _persist(self) -> None:
-        engines = {}
+    def _records(self) -> dict[str, Any]:
+        engines: dict[str, Any] = {}
         for name, sup in self.engines.items():
             rec = sup.process_record()
             engines[name] = {
@@ -215,7 +239,10 @@ class Fleet:
                     "pid": rec.pid, "create_time": rec.create_time, "port": rec.port, "argv": list(rec.argv),
                 },
             }
-        data = json.dumps({"version": STATE_VERSION, "engines": engines}, indent=1)
+        return engines
+
+    def _write_state(self) -> None:
+        data = json.dumps({"version": STATE_VERSION, "engines": self._records()}, indent=1)
         self.paths.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd, tmp = tempfile.mkstemp(dir=self.paths.data_dir, prefix=".engines.", suffix=".tmp")
         try:
@@ -225,9 +252,50 @@ class Fleet:
                 os.fsync(f.fileno())
             os.replace(tmp, self.paths.state_file)
         except BaseException:
-            if os.path.exists(tmp):
+            with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
+
+    def _persist(self, retry: bool = True) -> bool:
+        """Write the state file. On failure the records stay in memory, every engine's status
+        says they are not saved, and (with `retry`) a task tries again until a write succeeds.
+        Never raises: a full disk must not stop supervision of what already runs."""
+        try:
+            self._write_state()
+        except OSError as e:
+            self._save_failed(e, retry)
+            return False
+        if self.record_error is not None:
+            log.warning("engine state file %s is saved again", self.paths.state_file)
+            self._set_record_error(None)
+        return True
+
+    def _save_failed(self, e: OSError, retry: bool) -> None:
+        msg = (f"engine state file {self.paths.state_file} not saved ({e.strerror or e}); the engines are "
+               "supervised meanwhile and the write is retried")
+        if msg != self.record_error:
+            log.error("%s", msg)
+        self._set_record_error(msg)
+        if not retry or (self._save_retry is not None and not self._save_retry.done()):
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._save_retry = loop.create_task(self._retry_save(), name="save-engine-state")
+
+    async def _retry_save(self) -> None:
+        pause, longest = self._save_retry_s
+        while self.record_error is not None:
+            await asyncio.sleep(pause)
+            if self._persist():
+                return
+            pause = min(longest, pause * 2)
+
+    def _set_record_error(self, msg: str | None) -> None:
+        self.record_error = msg
+        for sup in self.engines.values():
+            sup.record_error = msg
 
     def _load(self) -> list[str]:
         path = self.paths.state_file

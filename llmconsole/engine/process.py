@@ -84,9 +84,11 @@ class EngineProcess:
             )
         finally:
             os.close(fd)
+        # From here on a process runs: nothing may fail without returning its record (EMFILE
+        # reading /proc, say), or it would run on with nobody knowing its pid.
         try:
             create_time = psutil.Process(popen.pid).create_time()
-        except psutil.Error:
+        except (psutil.Error, OSError):
             create_time = time.time()
         return cls(ProcessRecord(popen.pid, create_time, port, tuple(argv)), popen)
 

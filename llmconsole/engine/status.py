@@ -48,6 +48,7 @@ class EngineStatus:
     consecutive_failures: int = 0       # runs in a row that ended before they were stable
     backoff_s: float | None = None      # the delay before the pending restart (state crashed)
     gave_up_reason: str | None = None   # why supervision stopped restarting it (state failed)
+    record_error: str | None = None     # the state file could not be written: this record is not saved
     kv_cache_tokens: int | None = None
     max_concurrency: float | None = None
     max_concurrency_len: int | None = None

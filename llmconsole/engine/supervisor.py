@@ -215,6 +215,7 @@ class EngineSupervisor:
         self.failures = FailureCounter(policy)
         self.backoff_s: float | None = None
         self.gave_up_reason: str | None = None
+        self.record_error: str | None = None  # set by the fleet while its state file cannot be written
         self._owned_listeners: frozenset[int] | None = None
         self._foreign_note: str | None = None
         self._metrics: WindowedMetrics | None = None
@@ -320,6 +321,7 @@ class EngineSupervisor:
             consecutive_failures=self.failures.consecutive,
             backoff_s=self.backoff_s if self.state == EngineState.CRASHED else None,
             gave_up_reason=self.gave_up_reason if self.state == EngineState.FAILED else None,
+            record_error=self.record_error,
             kv_cache_tokens=self.facts.kv_cache_tokens if self.facts else None,
             max_concurrency=self.facts.max_concurrency if self.facts else None,
             max_concurrency_len=self.facts.max_concurrency_len if self.facts else None,
@@ -330,7 +332,12 @@ class EngineSupervisor:
         )
 
     def process_record(self) -> ProcessRecord | None:
-        return self.proc.record if self.proc is not None and self.state.running else None
+        """The process to find again after a daemon restart: while one runs, whatever the state."""
+        if self.proc is None:
+            return None
+        if self.state.running or self.proc.poll() is None:
+            return self.proc.record
+        return None
 
     # --- internals ------------------------------------------------------------------------
 
@@ -397,7 +404,6 @@ class EngineSupervisor:
         self._foreign_note = None
         self.started_at_s = time.time()
         self.proc = EngineProcess.launch(argv, self.spec.launch_env(self.runtime), self.log_path, self.port)
-        self._on_change(self)  # the new pid must reach the state file before anything else
 
     def _run_log(self) -> str:
         try:
@@ -452,10 +458,15 @@ class EngineSupervisor:
                     try:
                         self._launch()
                     except (OSError, runtime_mod.RuntimeNotFound) as e:
-                        self.last_error = f"could not launch: {e}"
-                        self.desired_running = False
-                        self._set_state(EngineState.FAILED)
-                        return
+                        if self.proc is None:  # nothing runs: the launch itself failed
+                            self.last_error = f"could not launch: {e}"
+                            self.desired_running = False
+                            self._set_state(EngineState.FAILED)
+                            return
+                        log.exception("engine %s: launched pid %d, then failed", self.name, self.proc.pid)
+                    # The new pid must reach the state file before anything else (the fleet keeps
+                    # it in memory and retries if the file cannot be written just now).
+                    self._on_change(self)
                 outcome, code, was_ready = await self._watch()
                 await self._after_exit(outcome, code, was_ready, fresh)
                 fresh = False
