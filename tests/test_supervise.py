@@ -1,6 +1,6 @@
 """Supervision under faults, on real OS processes standing in for vLLM (tests/fake_engine.py):
 the failure count behind crash-loop detection, starts that hang, a stranger on an engine's port,
-and a state file that cannot be written."""
+a state file that cannot be written, and stored specs that no longer validate."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from pathlib import Path
 import aiohttp
 import psutil
 import pytest
+from pydantic import ValidationError
 
 from llmconsole.engine import fleet as fleet_mod
 from llmconsole.engine.fleet import Fleet
@@ -27,6 +28,7 @@ from llmconsole.engine.supervisor import (
     PortInUse,
     SupervisionPolicy,
     free_port,
+    stored_config_id,
 )
 from llmconsole.paths import Paths
 from tests.fake_engine import FakeEngine
@@ -240,3 +242,98 @@ def test_a_failed_state_write_keeps_the_engine_supervised_and_is_retried(tmp_pat
     asyncio.run(main())
     assert any("not saved" in r.getMessage() for r in caplog.records)
     assert any("saved again" in r.getMessage() for r in caplog.records)
+
+
+# --- stored specs that no longer validate -------------------------------------------------------
+
+def _model_dir(path: Path) -> Path:
+    path.mkdir(parents=True)
+    (path / "config.json").write_text("{}")
+    return path
+
+
+def test_an_invalid_stored_spec_is_listed_kept_and_starts_once_valid_again(tmp_path, fake):
+    paths = _paths(tmp_path)
+    model = _model_dir(tmp_path / "models" / "m")
+    moved = tmp_path / "models" / "moved"
+
+    async def main():
+        fleet = Fleet(paths, FAST)
+        await fleet.open()
+        sup = await fleet.start("e", fake.spec(model=str(model), api_key="sk-kept"), force=True)
+        await until(lambda: sup.state == EngineState.READY, what="ready")
+        config_id = sup.config_id
+        await fleet.close(stop_engines=True)
+        before = json.loads(paths.state_file.read_text())["engines"]["e"]
+        # A newer version's field beside it, and the model directory moved away.
+        data = json.loads(paths.state_file.read_text())
+        data["engines"]["new"] = dict(before, spec=dict(before["spec"], a_field_from_a_newer_version=1))
+        paths.state_file.write_text(json.dumps(data))
+        model.rename(moved)
+
+        fleet = Fleet(paths, FAST)
+        done = await fleet.open()
+        try:
+            assert any("e: stored spec invalid" in line for line in done)
+            e, new = fleet.engines["e"], fleet.engines["new"]
+            st = e.status()
+            assert st.state == EngineState.INVALID and st.config_id == config_id
+            assert f"model directory {model} has no config.json" in st.last_error
+            assert "a_field_from_a_newer_version: Extra inputs are not permitted" in new.status().last_error
+            saved = json.loads(paths.state_file.read_text())["engines"]
+            assert saved["e"]["spec"] == before["spec"] and saved["e"]["spec"]["api_key"] == "sk-kept"
+            assert saved["new"]["spec"]["a_field_from_a_newer_version"] == 1
+            assert saved["e"]["state"] == "invalid"
+            # Still invalid: refused, nothing changes.
+            with pytest.raises(ValidationError):
+                await fleet.start("e", None, force=True)
+            assert e.state == EngineState.INVALID
+            moved.rename(model)
+            await fleet.start("e", None, force=True)
+            await until(lambda: e.state == EngineState.READY, what="ready again")
+            assert e.config_id == config_id and e.spec.api_key.get_secret_value() == "sk-kept"
+            assert e.status().spec_error is None
+        finally:
+            await fleet.close(stop_engines=True)
+        assert json.loads(paths.state_file.read_text())["engines"]["new"]["spec"]["a_field_from_a_newer_version"] == 1
+
+    asyncio.run(main())
+
+
+def test_a_running_engine_whose_spec_no_longer_validates_is_adopted_not_relaunched(tmp_path, fake):
+    paths = _paths(tmp_path)
+    model = _model_dir(tmp_path / "models" / "m")
+
+    async def main():
+        fleet = Fleet(paths, FAST)
+        await fleet.open()
+        sup = await fleet.start("e", fake.spec(model=str(model)), force=True)
+        await until(lambda: sup.state == EngineState.READY, what="ready")
+        pid = sup.proc.pid
+        await fleet.close()  # the daemon goes; the engine keeps serving
+        model.rename(tmp_path / "models" / "moved")
+
+        fleet = Fleet(paths, FAST)
+        done = await fleet.open()
+        try:
+            assert any(f"adopted pid {pid}" in line for line in done)
+            e = fleet.engines["e"]
+            await until(lambda: e.state == EngineState.READY, what="adopted")
+            st = e.status()
+            assert st.pid == pid and st.adopted and "has no config.json" in st.spec_error
+            os.kill(pid, signal.SIGKILL)
+            await until(lambda: e.state == EngineState.INVALID, what="invalid after its exit")
+            await asyncio.sleep(0.5)
+            assert e.state == EngineState.INVALID and e.proc is None, "never relaunched from a stand-in"
+            assert "not restarted" in e.status().last_error
+            assert json.loads(paths.state_file.read_text())["engines"]["e"]["spec"]["model"] == str(model)
+        finally:
+            await fleet.close(stop_engines=True)
+
+    asyncio.run(main())
+
+
+def test_the_stored_config_id_is_the_specs_own(fake):
+    spec = fake.spec(max_num_seqs=8, extra_args=("--x",), api_key="k")
+    assert stored_config_id(json.loads(json.dumps(fleet_mod._spec_to_record(spec)))) == spec.config_id
+

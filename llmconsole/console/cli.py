@@ -50,7 +50,7 @@ def format_status(status: dict[str, Any]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     for e in engines:
-        if e.get("last_error") and e["state"] in ("failed", "crashed", "unhealthy"):
+        if e.get("last_error") and (e["state"] in ("failed", "crashed", "unhealthy", "invalid") or e.get("spec_error")):
             lines.append(f"{e['name']}: {e['last_error']}")
         if e.get("state") == "crashed" and e.get("next_restart_in_s") is not None:
             lines.append(f"{e['name']}: {e.get('consecutive_failures', 0)} failed run(s) in a row; restarting after a "
@@ -145,7 +145,7 @@ def _wait_ready(client: DaemonClient, name: str, timeout_s: float, quiet: bool,
             if show:
                 sys.stderr.write("\r\033[K")
             return e
-        if state in ("failed", "stopped"):
+        if state in ("failed", "stopped", "invalid"):
             if show:
                 sys.stderr.write("\r\033[K")
             raise CliError(f"engine {name} failed to start: {e.get('last_error') or state}\n"

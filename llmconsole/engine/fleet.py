@@ -6,9 +6,11 @@ daemon reads it to adopt the engines that are still serving and to restart the o
 while no daemon was watching. It holds the engines' API keys, which a restart needs, so it is
 private to the user like ~/.netrc; nothing else the console writes ever holds them.
 
-A write that fails (a full disk, no file descriptor left) never stops supervision: the engines'
-records stay in memory, every status says the file is not saved, and the write is retried until
-it succeeds.
+Nothing in it is ever dropped. A stored spec that no longer validates (its model directory was
+moved, a field from a newer version) stays, verbatim, and its engine stays listed as `invalid`
+with the reason until `engine start` finds it valid again. A write that fails (a full disk, no
+file descriptor left) never stops supervision: the engines' records stay in memory, every
+status says the file is not saved, and the write is retried until it succeeds.
 """
 
 from __future__ import annotations
@@ -24,12 +26,13 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import aiohttp
+from pydantic import ValidationError
 
 from llmconsole.engine.host import HostProbe
 from llmconsole.engine.plan.validate import enforce as enforce_fit
 from llmconsole.engine.process import ProcessRecord
 from llmconsole.engine.runtime import Runtime
-from llmconsole.engine.spec import EngineSpec
+from llmconsole.engine.spec import EngineSpec, validation_messages
 from llmconsole.engine.status import EngineState, EngineStatus
 from llmconsole.engine.supervisor import (
     EngineBusy,
@@ -68,6 +71,30 @@ def _spec_to_record(spec: EngineSpec) -> dict[str, Any]:
     return d
 
 
+# The model of a stand-in spec when the stored one names none.
+_NO_MODEL = "unknown-model"
+
+
+def _stand_in_spec(raw: dict[str, Any]) -> EngineSpec:
+    """A spec for an engine whose stored spec no longer validates: every field that still
+    validates, the others at their defaults, and the model as stored. It names and guards the
+    engine (host, port, key) while the stored spec is kept; it is never launched."""
+    fields = {k: v for k, v in raw.items() if k in EngineSpec.model_fields and k != "model"}
+    for _ in range(len(fields) + 1):
+        try:
+            spec = EngineSpec(model=_NO_MODEL, **fields)
+            break
+        except ValidationError as e:
+            bad = {str(err["loc"][0]) for err in e.errors() if err["loc"]}
+            if not bad & set(fields):  # only fields that disagree with each other: keep the basics
+                bad = set(fields) - {"host", "port", "api_key", "served_model_name"}
+            fields = {k: v for k, v in fields.items() if k not in bad}
+    else:
+        spec = EngineSpec(model=_NO_MODEL)
+    model = raw.get("model")
+    return spec.model_copy(update={"model": model}) if isinstance(model, str) and model else spec
+
+
 class Fleet:
     def __init__(self, paths: Paths, policy: SupervisionPolicy | None = None):
         self.paths = paths
@@ -87,6 +114,8 @@ class Fleet:
         self.record_error: str | None = None
         self._save_retry: asyncio.Task[None] | None = None
         self._save_retry_s = (0.5, 10.0)  # first and longest pause between tries
+        # Entries of the state file this version cannot read at all: written back untouched.
+        self._unreadable: dict[str, Any] = {}
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -133,6 +162,8 @@ class Fleet:
         """
         check_name(name)
         sup = self.engines.get(name)
+        if sup is not None and spec is None and sup.stored is not None:
+            spec = sup.revalidate()  # pydantic's ValidationError if it still does not: nothing changes
         target = spec if spec is not None else (sup.spec if sup is not None else None)
         if target is not None:
             enforce_fit(target, force)
@@ -158,6 +189,8 @@ class Fleet:
 
     async def restart(self, name: str, spec: EngineSpec | None = None, force: bool = False) -> EngineSupervisor:
         sup = self.get(name)
+        if spec is None and sup.stored is not None:
+            spec = sup.revalidate()
         target = spec if spec is not None else sup.spec
         enforce_fit(target, force)
         port = target.port if target.port is not None else sup.port
@@ -224,12 +257,14 @@ class Fleet:
                 log.exception("a listener failed on %r", getattr(value, "name", value))
 
     def _records(self) -> dict[str, Any]:
-        engines: dict[str, Any] = {}
+        engines: dict[str, Any] = dict(self._unreadable)
         for name, sup in self.engines.items():
             rec = sup.process_record()
+            stored = sup.stored
             engines[name] = {
-                "spec": _spec_to_record(sup.spec),
-                "runtime": sup.runtime.model_dump() if sup.runtime else None,
+                "spec": stored["spec"] if stored is not None else _spec_to_record(sup.spec),
+                "runtime": (stored.get("runtime") if stored is not None
+                            else sup.runtime.model_dump() if sup.runtime else None),
                 "port": sup.port,
                 "desired": "running" if sup.desired_running else "stopped",
                 "state": str(sup.state),
@@ -311,30 +346,53 @@ class Fleet:
             raise RuntimeError(f"engine state file {path} has version {data.get('version')}, expected {STATE_VERSION}")
         done = []
         for name, rec in data.get("engines", {}).items():
+            if not isinstance(rec, dict) or not isinstance(rec.get("spec"), dict):
+                log.error("engine %s: its entry in %s cannot be read; it is kept there as it is", name, path)
+                self._unreadable[name] = rec
+                done.append(f"{name}: entry unreadable; kept in the state file as it is")
+                continue
             try:
-                spec = EngineSpec(**rec["spec"])
-            except Exception as e:  # e.g. the model directory was deleted
-                log.error("engine %s: stored spec no longer valid: %s", name, e)
-                done.append(f"{name}: stored spec invalid ({e}); left stopped")
-                continue
-            sup = self._new_supervisor(name, spec)
-            if rec.get("runtime"):
-                sup.runtime = Runtime(**rec["runtime"])
-            sup.port = rec.get("port")
-            sup.restarts = int(rec.get("restarts", 0))
-            sup.last_error = rec.get("last_error")
-            if rec.get("state") == str(EngineState.FAILED):
-                sup.state = EngineState.FAILED
-            self.engines[name] = sup
-            if rec.get("desired") != "running":
-                done.append(f"{name}: stopped")
-                continue
-            proc = rec.get("process")
-            if proc and sup.adopt(ProcessRecord(proc["pid"], proc["create_time"], proc["port"], tuple(proc["argv"])), sup.restarts):
-                done.append(f"{name}: adopted pid {proc['pid']}")
-            else:
-                sup.resume_after_lost(sup.restarts + 1, "the engine died while no daemon was supervising it")
-                done.append(f"{name}: not running any more; restarting")
+                done.append(self._load_one(name, rec))
+            except Exception:  # a bug or an entry malformed in a way not foreseen: keep it as it is
+                log.exception("engine %s: could not load its entry; it is kept in %s as it is", name, path)
+                self.engines.pop(name, None)
+                self._unreadable[name] = rec
+                done.append(f"{name}: entry could not be loaded; kept in the state file as it is")
         self._persist()
         return done
 
+    def _load_one(self, name: str, rec: dict[str, Any]) -> str:
+        error = None
+        try:
+            spec = EngineSpec(**rec["spec"])
+            runtime = Runtime(**rec["runtime"]) if rec.get("runtime") else None
+        except (ValidationError, TypeError, ValueError) as e:  # e.g. the model directory was moved
+            error = "; ".join(validation_messages(e))
+            spec = _stand_in_spec(rec["spec"])
+            runtime = None
+        sup = self._new_supervisor(name, spec)
+        sup.runtime = runtime
+        sup.port = rec.get("port")
+        sup.restarts = int(rec.get("restarts", 0))
+        sup.last_error = rec.get("last_error")
+        if rec.get("state") == str(EngineState.FAILED):
+            sup.state = EngineState.FAILED
+        self.engines[name] = sup
+        proc = rec.get("process")
+        record = (ProcessRecord(proc["pid"], proc["create_time"], proc["port"], tuple(proc["argv"]))
+                  if proc else None)
+        if error is not None:
+            log.error("engine %s: stored spec no longer valid: %s", name, error)
+            sup.mark_invalid({"spec": rec["spec"], "runtime": rec.get("runtime")}, error)
+            sup.desired_running = rec.get("desired") == "running"  # kept for when it is valid again
+            if record is not None and sup.adopt(record, sup.restarts):
+                sup.last_error = (f"stored spec no longer valid: {error}; it keeps serving, but cannot be "
+                                  f"restarted until that is fixed and `llmconsole engine start {name}` is run")
+                return f"{name}: adopted pid {record.pid}; stored spec invalid ({error})"
+            return f"{name}: stored spec invalid ({error}); kept, listed as invalid"
+        if rec.get("desired") != "running":
+            return f"{name}: stopped"
+        if record is not None and sup.adopt(record, sup.restarts):
+            return f"{name}: adopted pid {record.pid}"
+        sup.resume_after_lost(sup.restarts + 1, "the engine died while no daemon was supervising it")
+        return f"{name}: not running any more; restarting"

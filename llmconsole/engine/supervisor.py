@@ -19,6 +19,8 @@ import collections
 import contextlib
 import dataclasses
 import errno
+import functools
+import hashlib
 import json
 import logging
 import os
@@ -173,6 +175,19 @@ def port_holder(host: str, port: int) -> str | None:
     return None
 
 
+@functools.cache
+def _not_config_fields() -> frozenset[str]:
+    return frozenset(EngineSpec.model_fields) - frozenset(EngineSpec(model="x").config_dict())
+
+
+def stored_config_id(raw: Mapping[str, Any]) -> str:
+    """The config id of a spec as stored (see EngineSpec.config_id), even if it no longer validates."""
+    not_config = _not_config_fields()
+    canonical = json.dumps({k: v for k, v in raw.items() if k not in not_config}, sort_keys=True,
+                           separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
 def _connect_host(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
 
@@ -215,6 +230,11 @@ class EngineSupervisor:
         self.failures = FailureCounter(policy)
         self.backoff_s: float | None = None
         self.gave_up_reason: str | None = None
+        # A stored spec that no longer validates (set by the fleet when it loads the state file):
+        # kept verbatim, with why, until it validates again or a new spec replaces it. Meanwhile
+        # `spec` is a stand-in that names and guards the engine but is never launched.
+        self.stored: dict[str, Any] | None = None
+        self.spec_error: str | None = None
         self.record_error: str | None = None  # set by the fleet while its state file cannot be written
         self._owned_listeners: frozenset[int] | None = None
         self._foreign_note: str | None = None
@@ -231,17 +251,18 @@ class EngineSupervisor:
         """Start the engine (optionally on a new spec). Returns once launched, not when ready."""
         async with self._lock:
             if self.state.running or self.state == EngineState.CRASHED:
-                if self.state != EngineState.STOPPING and (spec is None or spec.config_id == self.spec.config_id):
+                if self.state != EngineState.STOPPING and (spec is None or spec.config_id == self.config_id):
+                    if spec is not None and self.stored is not None:
+                        self._apply_spec(spec)  # the same config, now valid again
                     return  # already running this config: starting it again is a no-op
                 raise EngineBusy(
-                    f"engine {self.name} is {self.state} on config {self.spec.config_id}; "
+                    f"engine {self.name} is {self.state} on config {self.config_id}; "
                     "restart it to apply a different config"
                 )
             if spec is not None:
-                if spec.port is not None:
-                    self.port = spec.port
-                self.spec = spec
-                self.runtime = spec.runtime
+                self._apply_spec(spec)
+            if self.stored is not None:
+                raise EngineBusy(f"engine {self.name} cannot start: {self.spec_error}")
             self._reset_for_fresh_start()
             self._set_state(EngineState.STARTING)
             self._run_task = asyncio.create_task(self._run(first_launch_is_fresh=True), name=f"run-{self.name}")
@@ -252,12 +273,11 @@ class EngineSupervisor:
 
     async def restart(self, spec: EngineSpec | None = None) -> None:
         async with self._lock:
+            if spec is None and self.stored is not None:
+                raise EngineBusy(f"engine {self.name} cannot be restarted: {self.spec_error}")
             await self._stop_locked(None)
             if spec is not None:
-                if spec.port is not None:
-                    self.port = spec.port
-                self.spec = spec
-                self.runtime = spec.runtime
+                self._apply_spec(spec)
             self._reset_for_fresh_start()
             self._set_state(EngineState.STARTING)
             self._run_task = asyncio.create_task(self._run(first_launch_is_fresh=True), name=f"run-{self.name}")
@@ -288,6 +308,46 @@ class EngineSupervisor:
         """Stop supervising but leave the engine running (the daemon is going away)."""
         await self._cancel_tasks()
 
+    # --- a stored spec that no longer validates ---------------------------------------------
+
+    def mark_invalid(self, stored: dict[str, Any], error: str) -> None:
+        """The stored spec (and runtime) no longer validate: keep them as they are, say why.
+
+        A process that still runs is adopted as usual (see `adopt`) and supervised until it
+        exits; it is never relaunched from the stand-in spec.
+        """
+        self.stored = stored
+        self.spec_error = error
+        self.last_error = f"stored spec no longer valid: {error}; fix that, then `llmconsole engine start {self.name}`"
+        self.state = EngineState.INVALID
+
+    def revalidate(self) -> EngineSpec:
+        """The stored spec, validated again (the model directory is back, say), which then
+        becomes the engine's spec. Raises pydantic's ValidationError, changing nothing, if it
+        still does not validate."""
+        assert self.stored is not None
+        spec = EngineSpec(**self.stored["spec"])
+        runtime = runtime_mod.Runtime(**self.stored["runtime"]) if self.stored.get("runtime") else None
+        self._apply_spec(spec)
+        if runtime is not None:
+            self.runtime = runtime
+        if self.state == EngineState.INVALID:
+            self.last_error = None
+            self._set_state(EngineState.STOPPED)
+        return spec
+
+    def _apply_spec(self, spec: EngineSpec) -> None:
+        if spec.port is not None:
+            self.port = spec.port
+        self.spec = spec
+        self.runtime = spec.runtime
+        self.stored = None
+        self.spec_error = None
+
+    @property
+    def config_id(self) -> str:
+        return stored_config_id(self.stored["spec"]) if self.stored is not None else self.spec.config_id
+
     # --- status ---------------------------------------------------------------------------
 
     def status(self) -> EngineStatus:
@@ -302,7 +362,7 @@ class EngineSupervisor:
         return EngineStatus(
             name=self.name,
             state=self.state,
-            config_id=self.spec.config_id,
+            config_id=self.config_id,
             model=self.spec.model,
             served_model_name=self.spec.display_name,
             device=self.runtime.device if self.runtime else "unknown",
@@ -321,6 +381,7 @@ class EngineSupervisor:
             consecutive_failures=self.failures.consecutive,
             backoff_s=self.backoff_s if self.state == EngineState.CRASHED else None,
             gave_up_reason=self.gave_up_reason if self.state == EngineState.FAILED else None,
+            spec_error=self.spec_error,
             record_error=self.record_error,
             kv_cache_tokens=self.facts.kv_cache_tokens if self.facts else None,
             max_concurrency=self.facts.max_concurrency if self.facts else None,
@@ -370,6 +431,8 @@ class EngineSupervisor:
         self.proc = None
         self._ready_mono = None
         self._set_state(EngineState.STOPPED)
+        if self.stored is not None:
+            self._set_state(EngineState.INVALID)  # stopped, and it cannot start again as stored
 
     async def _cancel_tasks(self) -> None:
         for task in (self._run_task, self._scrape_task):
@@ -452,7 +515,7 @@ class EngineSupervisor:
     async def _run(self, first_launch_is_fresh: bool) -> None:
         fresh = first_launch_is_fresh
         try:
-            while self.desired_running:
+            while self.desired_running and self.state != EngineState.INVALID:
                 if self.proc is None:
                     self._set_state(EngineState.STARTING)
                     try:
@@ -543,6 +606,13 @@ class EngineSupervisor:
             reason = f"{reason} ({self._foreign_note})"
         self.last_error = reason
         log.warning("engine %s: %s (%s)", self.name, outcome, reason)
+
+        if self.stored is not None:
+            # It ran on a spec that no longer validates: nothing can be relaunched from that.
+            self.last_error = f"{reason}; not restarted: stored spec no longer valid: {self.spec_error}"
+            self._set_state(EngineState.CRASHED)
+            self._set_state(EngineState.INVALID)
+            return
 
         if fresh and not was_ready:
             # A config the operator just asked for never came up: say why, do not retry it. It
