@@ -201,6 +201,40 @@ def test_a_port_in_use_is_refused_at_start_and_changes_nothing(tmp_path, fake):
     asyncio.run(main())
 
 
+def test_a_port_picked_before_and_taken_meanwhile_is_picked_anew(tmp_path, fake):
+    strangers = []
+
+    async def main():
+        fleet = Fleet(_paths(tmp_path), replace(FAST, backoff_initial_s=3.0))
+        await fleet.open()
+        try:
+            e = await fleet.start("e", fake.spec(), force=True)  # no port asked for: one is picked
+            await until(lambda: e.state == EngineState.READY, what="ready")
+            first = e.port
+            # It crashes, and while it waits to be restarted someone takes its port.
+            os.kill(e.proc.pid, signal.SIGKILL)
+            await until(lambda: e.state == EngineState.CRASHED, what="crashed")
+            strangers.append(await asyncio.to_thread(fake.stranger, first))
+            await until(lambda: e.state == EngineState.READY and e.port != first, what="ready on another port")
+            assert e.restarts == 1 and e.failures.consecutive == 1
+            # Stopped, and its port taken again: a start picks another rather than refusing.
+            await fleet.stop("e")
+            second = e.port
+            strangers.append(await asyncio.to_thread(fake.stranger, second))
+            await fleet.start("e", None, force=True)
+            await until(lambda: e.state == EngineState.READY, what="ready after the start")
+            assert e.port not in (first, second)
+        finally:
+            await fleet.close(stop_engines=True)
+
+    try:
+        asyncio.run(main())
+    finally:
+        for s in strangers:
+            s.kill()
+            s.wait()
+
+
 # --- a state file that cannot be written --------------------------------------------------------
 
 @pytest.mark.parametrize("err", [errno.ENOSPC, errno.EMFILE])

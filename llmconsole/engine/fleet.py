@@ -168,8 +168,8 @@ class Fleet:
         if target is not None:
             enforce_fit(target, force)
             if sup is None or not (sup.state.running or sup.state == EngineState.CRASHED):
-                port = target.port if target.port is not None else (sup.port if sup is not None else None)
-                self._check_port(name, target.host, port, probe=True)
+                # Only a port asked for is held to: one picked before is picked anew if taken.
+                self._check_port(name, target.host, target.port, probe=True)
         if sup is None:
             if spec is None:
                 raise UnknownEngine(name)
@@ -193,9 +193,8 @@ class Fleet:
             spec = sup.revalidate()
         target = spec if spec is not None else sup.spec
         enforce_fit(target, force)
-        port = target.port if target.port is not None else sup.port
         # Its own listener is on its port until the restart stops it: probe only another port.
-        self._check_port(name, target.host, port, probe=not (sup.state.running and port == sup.port))
+        self._check_port(name, target.host, target.port, probe=not (sup.state.running and target.port == sup.port))
         await sup.restart(spec)
         self._persist()
         return sup

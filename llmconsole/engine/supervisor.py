@@ -448,6 +448,11 @@ class EngineSupervisor:
             self.runtime = runtime_mod.detect()
         if self.port is None:
             self.port = free_port(_connect_host(self.spec.host))
+        elif self.spec.port is None and (holder := port_holder(self.spec.host, self.port)) is not None:
+            # The port picked for it before is someone else's now; only a port asked for is kept.
+            log.warning("engine %s: port %d, picked for it before, is held by %s now; picking another",
+                        self.name, self.port, holder)
+            self.port = free_port(_connect_host(self.spec.host))
         argv = self.spec.argv(self.runtime, self.port)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
