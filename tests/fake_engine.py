@@ -16,6 +16,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import psutil
+
 from llmconsole.engine.runtime import Runtime
 from llmconsole.engine.spec import EngineSpec
 
@@ -70,6 +72,15 @@ class FakeEngine:
     def spec(self, model: str = "fake/model", **fields) -> EngineSpec:
         env = dict(fields.pop("env", {}), **{CONTROL_ENV: str(self.control)})
         return EngineSpec(model=model, runtime=self.runtime, env=env, **fields)
+
+    def kill_all(self) -> None:
+        """Kill every process still running this stand-in (engines and strangers alike)."""
+        for p in psutil.process_iter(["cmdline"]):
+            if str(self.exe) in (p.info["cmdline"] or []):
+                try:
+                    p.kill()
+                except psutil.Error:
+                    pass
 
     def stranger(self, port: int) -> subprocess.Popen[bytes]:
         """Something else answering 200 on `port`, launched by nobody's supervisor."""

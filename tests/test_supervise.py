@@ -51,8 +51,10 @@ async def until(pred: Callable[[], bool], timeout_s: float = 30.0, what: str = "
 
 
 @pytest.fixture
-def fake(tmp_path) -> FakeEngine:
-    return FakeEngine(tmp_path / "fake")
+def fake(tmp_path):
+    engine = FakeEngine(tmp_path / "fake")
+    yield engine
+    engine.kill_all()  # whatever a failed test left running
 
 
 def _paths(tmp_path: Path) -> Paths:
