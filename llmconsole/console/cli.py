@@ -31,7 +31,7 @@ from llmconsole.console.client import DaemonClient, DaemonError, DaemonNotRunnin
 from llmconsole.console.spec_flags import add_spec_flags, read_api_key, spec_overrides
 from llmconsole.engine.fleet import check_name
 from llmconsole.engine.spec import EngineSpec, validation_messages
-from llmconsole.paths import resolve
+from llmconsole.paths import UnsafeDirectory, resolve
 
 # --- status ---------------------------------------------------------------------------------
 
@@ -58,8 +58,14 @@ def format_status(status: dict[str, Any]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     for e in engines:
-        if e.get("last_error") and e["state"] in ("failed", "crashed", "unhealthy"):
+        if e.get("last_error") and (e["state"] in ("failed", "crashed", "unhealthy", "invalid") or e.get("spec_error")):
             lines.append(f"{e['name']}: {e['last_error']}")
+        if e.get("state") == "crashed" and e.get("next_restart_in_s") is not None:
+            lines.append(f"{e['name']}: {e.get('consecutive_failures', 0)} failed run(s) in a row; restarting after a "
+                         f"{e.get('backoff_s') or 0:.0f} s backoff, in {e['next_restart_in_s']:.0f} s")
+    record_error = next((e["record_error"] for e in engines if e.get("record_error")), None)
+    if record_error:
+        lines.append(f"warning: {record_error}")
     return "\n".join(lines)
 
 
@@ -147,7 +153,7 @@ def _wait_ready(client: DaemonClient, name: str, timeout_s: float, quiet: bool,
             if show:
                 sys.stderr.write("\r\033[K")
             return e
-        if state in ("failed", "stopped"):
+        if state in ("failed", "stopped", "invalid"):
             if show:
                 sys.stderr.write("\r\033[K")
             raise CliError(f"engine {name} failed to start: {e.get('last_error') or state}\n"
@@ -374,6 +380,9 @@ def main(argv: list[str] | None = None) -> int:
     except DaemonNotRunning as e:
         print(f"llmconsole: {e}", file=sys.stderr)
         return EXIT_NO_DAEMON
+    except UnsafeDirectory as e:
+        print(f"llmconsole: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("interrupted; engines keep running", file=sys.stderr)
         return 130

@@ -34,7 +34,9 @@ class DaemonError(RuntimeError):
 
 class DaemonClient:
     def __init__(self, paths: Paths, timeout_s: float = 120.0):
-        self.paths = paths
+        # A socket in a directory someone else controls could be anyone's daemon: refuse it
+        # (UnsafeDirectory) before a request, which may carry an API key, is sent.
+        self.paths = paths.verify()
         self._http = httpx.Client(
             transport=httpx.HTTPTransport(uds=str(paths.socket)),
             base_url="http://llmconsole",
@@ -230,7 +232,7 @@ def engine_facts(client: DaemonClient, name: str, *, with_window: bool) -> Engin
 
 def spawn_daemon(paths: Paths) -> subprocess.Popen[bytes]:
     paths.ensure()
-    fd = os.open(paths.daemon_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    fd = os.open(paths.daemon_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
     try:
         # A new session: the daemon must not die with the terminal or SSH login that started it.
         return subprocess.Popen(

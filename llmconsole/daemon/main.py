@@ -26,10 +26,12 @@ from llmconsole.daemon.services.rollback import on_config_failed
 from llmconsole.db import Store, StoreError
 from llmconsole.db.recorder import Recorder
 from llmconsole.engine.fleet import Fleet
-from llmconsole.paths import Paths, resolve
+from llmconsole.engine.supervisor import SupervisionPolicy
+from llmconsole.paths import Paths, UnsafeDirectory, resolve
 
 log = logging.getLogger("llmconsole.daemon")
 
+EXIT_CONFIG = 2
 EXIT_ALREADY_RUNNING = 3
 EXIT_STORE = 4
 
@@ -40,7 +42,7 @@ class AlreadyRunning(RuntimeError):
 
 def acquire_lock(paths: Paths) -> int:
     """Hold an exclusive lock for the daemon's lifetime; the kernel drops it if we die."""
-    fd = os.open(paths.lock_file, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(paths.lock_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -54,8 +56,14 @@ def acquire_lock(paths: Paths) -> int:
     return fd
 
 
-async def serve(paths: Paths) -> None:
-    fleet = Fleet(paths)
+def _write_pid_file(paths: Paths) -> None:
+    fd = os.open(paths.daemon_pid_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{os.getpid()}\n")
+
+
+async def serve(paths: Paths, policy: SupervisionPolicy | None = None) -> None:
+    fleet = Fleet(paths, policy)
     # The store opens first: a database that is damaged or not ours stops the daemon with the
     # store's message (and the file untouched) before any engine is adopted or started.
     store = Store.open(paths.database)
@@ -128,7 +136,12 @@ async def _sample_forever(fleet: Fleet, recorder: Recorder, interval_s: float = 
 
 
 def main() -> int:
-    paths = resolve().ensure()
+    try:
+        paths = resolve().ensure()
+        policy = SupervisionPolicy.from_env()
+    except (UnsafeDirectory, ValueError) as e:
+        print(f"llmconsole daemon: {e}", file=sys.stderr)
+        return EXIT_CONFIG
     logging.basicConfig(
         level=os.environ.get("LLMCONSOLE_LOG_LEVEL", "INFO"),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -139,9 +152,9 @@ def main() -> int:
     except AlreadyRunning as e:
         print(f"llmconsole daemon: {e}", file=sys.stderr)
         return EXIT_ALREADY_RUNNING
-    paths.daemon_pid_file.write_text(f"{os.getpid()}\n")
+    _write_pid_file(paths)
     try:
-        asyncio.run(serve(paths))
+        asyncio.run(serve(paths, policy))
     except StoreError as e:
         print(f"llmconsole daemon: {e}", file=sys.stderr)
         return EXIT_STORE

@@ -7,10 +7,18 @@ while no daemon was watching. It holds the engines' API keys, which a restart ne
 values of the secret-named env vars (HF_TOKEN, ...) each engine has run with, by name, which a
 rollback to an older version needs; so it is private to the user like ~/.netrc, and nothing else
 the console writes ever holds them (the config history keeps those names only).
+
+Nothing in it is ever dropped. A stored spec that no longer validates (its model directory was
+moved, a field from a newer version) stays, verbatim, and its engine stays listed as `invalid`
+with the reason until `engine start` finds it valid again. A write that fails (a full disk, no
+file descriptor left) never stops supervision: the engines' records stay in memory, every
+status says the file is not saved, and the write is retried until it succeeds.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -20,14 +28,21 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import aiohttp
+from pydantic import ValidationError
 
 from llmconsole.engine.host import HostProbe
 from llmconsole.engine.plan.validate import enforce as enforce_fit
 from llmconsole.engine.process import ProcessRecord
 from llmconsole.engine.runtime import Runtime
-from llmconsole.engine.spec import EngineSpec
+from llmconsole.engine.spec import EngineSpec, validation_messages
 from llmconsole.engine.status import EngineState, EngineStatus
-from llmconsole.engine.supervisor import EngineBusy, EngineSupervisor, SupervisionPolicy
+from llmconsole.engine.supervisor import (
+    EngineBusy,
+    EngineSupervisor,
+    PortInUse,
+    SupervisionPolicy,
+    port_holder,
+)
 from llmconsole.paths import Paths
 
 log = logging.getLogger(__name__)
@@ -38,13 +53,13 @@ STATE_VERSION = 1
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 
-class NeedsRestart(EngineBusy):
-    """A start asked a running engine for another config: nothing changed; a restart applies it."""
-
-
 class UnknownEngine(KeyError):
     def __str__(self) -> str:
         return f"no engine named {self.args[0]!r}"
+
+
+class NeedsRestart(EngineBusy):
+    """A start asked a running engine for another config: nothing changed; a restart applies it."""
 
 
 def check_name(name: str) -> str:
@@ -70,14 +85,36 @@ def _spec_to_record(spec: EngineSpec) -> dict[str, Any]:
     return d
 
 
+# The model of a stand-in spec when the stored one names none.
+_NO_MODEL = "unknown-model"
+
+
+def _stand_in_spec(raw: dict[str, Any]) -> EngineSpec:
+    """A spec for an engine whose stored spec no longer validates: every field that still
+    validates, the others at their defaults, and the model as stored. It names and guards the
+    engine (host, port, key) while the stored spec is kept; it is never launched."""
+    fields = {k: v for k, v in raw.items() if k in EngineSpec.model_fields and k != "model"}
+    for _ in range(len(fields) + 1):
+        try:
+            spec = EngineSpec(model=_NO_MODEL, **fields)
+            break
+        except ValidationError as e:
+            bad = {str(err["loc"][0]) for err in e.errors() if err["loc"]}
+            if not bad & set(fields):  # only fields that disagree with each other: keep the basics
+                bad = set(fields) - {"host", "port", "api_key", "served_model_name"}
+            fields = {k: v for k, v in fields.items() if k not in bad}
+    else:
+        spec = EngineSpec(model=_NO_MODEL)
+    model = raw.get("model")
+    return spec.model_copy(update={"model": model}) if isinstance(model, str) and model else spec
+
+
 class Fleet:
     def __init__(self, paths: Paths, policy: SupervisionPolicy | None = None):
         self.paths = paths
         self.policy = policy or SupervisionPolicy()
         self.probe = HostProbe()
         self.engines: dict[str, EngineSupervisor] = {}
-        # Per engine, the value of every secret-named env var it has run with (the latest one).
-        self._secret_env: dict[str, dict[str, str]] = {}
         self._http: aiohttp.ClientSession | None = None
         # Who hears of changes (the recorder) and of configs the supervisor gave up on (a crash
         # loop, or a fresh start that never came up: the rollback). A listener that fails is
@@ -86,6 +123,15 @@ class Fleet:
         self.config_failed_listeners: list[Callable[[str], None]] = []
         # What adds to each status before it is reported (the gateway: its URL and window).
         self.status_annotators: list[Callable[[EngineStatus], EngineStatus]] = []
+        # Why the state file could not be written (None: every record is saved), and the task
+        # that retries the write meanwhile.
+        self.record_error: str | None = None
+        self._save_retry: asyncio.Task[None] | None = None
+        self._save_retry_s = (0.5, 10.0)  # first and longest pause between tries
+        # Entries of the state file this version cannot read at all: written back untouched.
+        self._unreadable: dict[str, Any] = {}
+        # Per engine, the value of every secret-named env var it has run with (the latest one).
+        self._secret_env: dict[str, dict[str, str]] = {}
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -101,7 +147,18 @@ class Fleet:
                 await sup.stop()
             else:
                 await sup.detach()
-        self._persist()
+        if self._save_retry is not None:
+            self._save_retry.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._save_retry
+        for _ in range(10):
+            if self._persist(retry=False):
+                break
+            await asyncio.sleep(0.5)
+        else:
+            log.error("engine state file %s could not be written before the daemon stopped; engines left "
+                      "running are missing from it: %s", self.paths.state_file,
+                      ", ".join(f"{n} pid {r.pid}" for n, s in self.engines.items() if (r := s.process_record())) or "none")
         if self._http is not None:
             await self._http.close()
 
@@ -128,6 +185,8 @@ class Fleet:
         """
         check_name(name)
         sup = self.engines.get(name)
+        if sup is not None and spec is None and sup.stored is not None:
+            spec = sup.revalidate()  # pydantic's ValidationError if it still does not: nothing changes
         target = spec if spec is not None else (sup.spec if sup is not None else None)
         if target is not None:
             _check_launchable(target)
@@ -139,6 +198,9 @@ class Fleet:
                 f"engine. To apply the change: llmconsole engine restart {name} {flags}".rstrip())
         if target is not None:
             enforce_fit(target, force)
+            if sup is None or not (sup.state.running or sup.state == EngineState.CRASHED):
+                # Only a port asked for is held to: one picked before is picked anew if taken.
+                self._check_port(name, target.host, target.port, probe=True)
         if sup is None:
             if spec is None:
                 raise UnknownEngine(name)
@@ -158,9 +220,14 @@ class Fleet:
 
     async def restart(self, name: str, spec: EngineSpec | None = None, force: bool = False) -> EngineSupervisor:
         sup = self.get(name)
+        if spec is None and sup.stored is not None:
+            spec = sup.revalidate()
         if spec is not None:
             _check_launchable(spec)
-        enforce_fit(spec if spec is not None else sup.spec, force)
+        target = spec if spec is not None else sup.spec
+        enforce_fit(target, force)
+        # Its own listener is on its port until the restart stops it: probe only another port.
+        self._check_port(name, target.host, target.port, probe=not (sup.state.running and target.port == sup.port))
         await sup.restart(spec)
         self._persist()
         return sup
@@ -173,6 +240,19 @@ class Fleet:
         self._secret_env.pop(name, None)
         self._persist()
 
+    def _check_port(self, name: str, host: str, port: int | None, probe: bool) -> None:
+        """Refuse (PortInUse) a port another engine holds, or anything else listens on."""
+        if port is None:
+            return
+        for other_name, other in self.engines.items():
+            if other_name != name and other.port == port and (other.state.running or other.state == EngineState.CRASHED):
+                raise PortInUse(f"port {port} is engine {other_name}'s ({other.state}); give {name} another "
+                                "--port, or none for a free one")
+        holder = port_holder(host, port) if probe else None
+        if holder is not None:
+            raise PortInUse(f"port {port} is already in use on {host} by {holder}; give {name} another "
+                            "--port, or none for a free one")
+
     def statuses(self) -> list[EngineStatus]:
         out = [sup.status() for sup in self.engines.values()]
         for annotate in self.status_annotators:
@@ -183,7 +263,7 @@ class Fleet:
 
     def _new_supervisor(self, name: str, spec: EngineSpec) -> EngineSupervisor:
         assert self._http is not None, "Fleet.open() first"
-        return EngineSupervisor(
+        sup = EngineSupervisor(
             name,
             spec,
             self.paths.engine_log(name),
@@ -193,6 +273,8 @@ class Fleet:
             on_change=self._changed,
             on_crash_loop=lambda s: self._notify(self.config_failed_listeners, s.name),
         )
+        sup.record_error = self.record_error
+        return sup
 
     def _changed(self, sup: EngineSupervisor) -> None:
         self._persist()
@@ -207,15 +289,17 @@ class Fleet:
             except Exception:
                 log.exception("a listener failed on %r", getattr(value, "name", value))
 
-    def _persist(self) -> None:
-        engines = {}
+    def _records(self) -> dict[str, Any]:
+        engines: dict[str, Any] = dict(self._unreadable)
         for name, sup in self.engines.items():
             rec = sup.process_record()
+            stored = sup.stored
             self._secret_env[name] = self.secret_env(name)
             engines[name] = {
-                "spec": _spec_to_record(sup.spec),
+                "spec": stored["spec"] if stored is not None else _spec_to_record(sup.spec),
                 "secret_env": self._secret_env[name],
-                "runtime": sup.runtime.model_dump() if sup.runtime else None,
+                "runtime": (stored.get("runtime") if stored is not None
+                            else sup.runtime.model_dump() if sup.runtime else None),
                 "port": sup.port,
                 "desired": "running" if sup.desired_running else "stopped",
                 "state": str(sup.state),
@@ -225,7 +309,10 @@ class Fleet:
                     "pid": rec.pid, "create_time": rec.create_time, "port": rec.port, "argv": list(rec.argv),
                 },
             }
-        data = json.dumps({"version": STATE_VERSION, "engines": engines}, indent=1)
+        return engines
+
+    def _write_state(self) -> None:
+        data = json.dumps({"version": STATE_VERSION, "engines": self._records()}, indent=1)
         self.paths.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd, tmp = tempfile.mkstemp(dir=self.paths.data_dir, prefix=".engines.", suffix=".tmp")
         try:
@@ -235,9 +322,50 @@ class Fleet:
                 os.fsync(f.fileno())
             os.replace(tmp, self.paths.state_file)
         except BaseException:
-            if os.path.exists(tmp):
+            with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
+
+    def _persist(self, retry: bool = True) -> bool:
+        """Write the state file. On failure the records stay in memory, every engine's status
+        says they are not saved, and (with `retry`) a task tries again until a write succeeds.
+        Never raises: a full disk must not stop supervision of what already runs."""
+        try:
+            self._write_state()
+        except OSError as e:
+            self._save_failed(e, retry)
+            return False
+        if self.record_error is not None:
+            log.warning("engine state file %s is saved again", self.paths.state_file)
+            self._set_record_error(None)
+        return True
+
+    def _save_failed(self, e: OSError, retry: bool) -> None:
+        msg = (f"engine state file {self.paths.state_file} not saved ({e.strerror or e}); the engines are "
+               "supervised meanwhile and the write is retried")
+        if msg != self.record_error:
+            log.error("%s", msg)
+        self._set_record_error(msg)
+        if not retry or (self._save_retry is not None and not self._save_retry.done()):
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._save_retry = loop.create_task(self._retry_save(), name="save-engine-state")
+
+    async def _retry_save(self) -> None:
+        pause, longest = self._save_retry_s
+        while self.record_error is not None:
+            await asyncio.sleep(pause)
+            if self._persist():
+                return
+            pause = min(longest, pause * 2)
+
+    def _set_record_error(self, msg: str | None) -> None:
+        self.record_error = msg
+        for sup in self.engines.values():
+            sup.record_error = msg
 
     def _load(self) -> list[str]:
         path = self.paths.state_file
@@ -253,31 +381,54 @@ class Fleet:
             raise RuntimeError(f"engine state file {path} has version {data.get('version')}, expected {STATE_VERSION}")
         done = []
         for name, rec in data.get("engines", {}).items():
+            if not isinstance(rec, dict) or not isinstance(rec.get("spec"), dict):
+                log.error("engine %s: its entry in %s cannot be read; it is kept there as it is", name, path)
+                self._unreadable[name] = rec
+                done.append(f"{name}: entry unreadable; kept in the state file as it is")
+                continue
             try:
-                spec = EngineSpec(**rec["spec"])
-            except Exception as e:  # e.g. the model directory was deleted
-                log.error("engine %s: stored spec no longer valid: %s", name, e)
-                done.append(f"{name}: stored spec invalid ({e}); left stopped")
-                continue
-            sup = self._new_supervisor(name, spec)
-            self._secret_env[name] = {str(k): str(v) for k, v in (rec.get("secret_env") or {}).items()}
-            if rec.get("runtime"):
-                sup.runtime = Runtime(**rec["runtime"])
-            sup.port = rec.get("port")
-            sup.restarts = int(rec.get("restarts", 0))
-            sup.last_error = rec.get("last_error")
-            if rec.get("state") == str(EngineState.FAILED):
-                sup.state = EngineState.FAILED
-            self.engines[name] = sup
-            if rec.get("desired") != "running":
-                done.append(f"{name}: stopped")
-                continue
-            proc = rec.get("process")
-            if proc and sup.adopt(ProcessRecord(proc["pid"], proc["create_time"], proc["port"], tuple(proc["argv"])), sup.restarts):
-                done.append(f"{name}: adopted pid {proc['pid']}")
-            else:
-                sup.resume_after_lost(sup.restarts + 1, "the engine died while no daemon was supervising it")
-                done.append(f"{name}: not running any more; restarting")
+                done.append(self._load_one(name, rec))
+            except Exception:  # a bug or an entry malformed in a way not foreseen: keep it as it is
+                log.exception("engine %s: could not load its entry; it is kept in %s as it is", name, path)
+                self.engines.pop(name, None)
+                self._unreadable[name] = rec
+                done.append(f"{name}: entry could not be loaded; kept in the state file as it is")
         self._persist()
         return done
 
+    def _load_one(self, name: str, rec: dict[str, Any]) -> str:
+        error = None
+        try:
+            spec = EngineSpec(**rec["spec"])
+            runtime = Runtime(**rec["runtime"]) if rec.get("runtime") else None
+        except (ValidationError, TypeError, ValueError) as e:  # e.g. the model directory was moved
+            error = "; ".join(validation_messages(e))
+            spec = _stand_in_spec(rec["spec"])
+            runtime = None
+        sup = self._new_supervisor(name, spec)
+        self._secret_env[name] = {str(k): str(v) for k, v in (rec.get("secret_env") or {}).items()}
+        sup.runtime = runtime
+        sup.port = rec.get("port")
+        sup.restarts = int(rec.get("restarts", 0))
+        sup.last_error = rec.get("last_error")
+        if rec.get("state") == str(EngineState.FAILED):
+            sup.state = EngineState.FAILED
+        self.engines[name] = sup
+        proc = rec.get("process")
+        record = (ProcessRecord(proc["pid"], proc["create_time"], proc["port"], tuple(proc["argv"]))
+                  if proc else None)
+        if error is not None:
+            log.error("engine %s: stored spec no longer valid: %s", name, error)
+            sup.mark_invalid({"spec": rec["spec"], "runtime": rec.get("runtime")}, error)
+            sup.desired_running = rec.get("desired") == "running"  # kept for when it is valid again
+            if record is not None and sup.adopt(record, sup.restarts):
+                sup.last_error = (f"stored spec no longer valid: {error}; it keeps serving, but cannot be "
+                                  f"restarted until that is fixed and `llmconsole engine start {name}` is run")
+                return f"{name}: adopted pid {record.pid}; stored spec invalid ({error})"
+            return f"{name}: stored spec invalid ({error}); kept, listed as invalid"
+        if rec.get("desired") != "running":
+            return f"{name}: stopped"
+        if record is not None and sup.adopt(record, sup.restarts):
+            return f"{name}: adopted pid {record.pid}"
+        sup.resume_after_lost(sup.restarts + 1, "the engine died while no daemon was supervising it")
+        return f"{name}: not running any more; restarting"

@@ -5,10 +5,14 @@ call the device does not support) into None, printed as "N/A". A host with no GP
 gauges, never a traceback. The probe runs at 1 Hz inside a daemon whose budget is a fraction of
 a percent of a core, so it caches: NVML is initialised once (and tried once), and each engine's
 process tree is re-listed only every few seconds.
+
+It also tells who listens on a TCP port (from /proc/net/tcp and the processes' open sockets), so
+the supervisor can refuse an answer on an engine's port that does not come from that engine.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -165,3 +169,74 @@ class HostProbe:
 
     def forget(self, pid: int) -> None:
         self._trees.pop(pid, None)
+
+
+# --- who listens on a port ----------------------------------------------------------------------
+
+_TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
+_TCP_LISTEN = "0A"
+
+
+def listening_socket_inodes(port: int) -> frozenset[int] | None:
+    """Inodes of the TCP sockets listening on `port` (any address, IPv4 and IPv6), or None where
+    the kernel's tables cannot be read (not Linux)."""
+    found: set[int] = set()
+    readable = False
+    for table in _TCP_TABLES:
+        try:
+            with open(table, encoding="ascii") as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        readable = True
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 10 or fields[3] != _TCP_LISTEN:
+                continue
+            try:
+                if int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    found.add(int(fields[9]))
+            except ValueError:
+                continue
+    return frozenset(found) if readable else None
+
+
+def _socket_inodes_of(pid: int) -> set[int]:
+    out: set[int] = set()
+    fd_dir = f"/proc/{pid}/fd"
+    try:
+        fds = os.listdir(fd_dir)
+    except OSError:
+        return out
+    for fd in fds:
+        try:
+            link = os.readlink(f"{fd_dir}/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            out.add(int(link[8:-1]))
+    return out
+
+
+def tree_socket_inodes(pid: int) -> set[int]:
+    """Inodes of every socket the process `pid` and its descendants hold open."""
+    try:
+        root = psutil.Process(pid)
+        pids = [pid] + [c.pid for c in root.children(recursive=True)]
+    except psutil.Error:
+        return set()
+    out: set[int] = set()
+    for p in pids:
+        out |= _socket_inodes_of(p)
+    return out
+
+
+def socket_holders(inodes: frozenset[int] | set[int]) -> list[str]:
+    """'pid N (name)' for each process holding one of the sockets `inodes` (those we may see)."""
+    if not inodes:
+        return []
+    out = []
+    for p in psutil.process_iter(["pid", "name"]):
+        if _socket_inodes_of(p.info["pid"]) & inodes:
+            out.append(f"pid {p.info['pid']} ({p.info['name']})")
+    return out

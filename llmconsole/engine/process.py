@@ -33,6 +33,16 @@ class ProcessRecord:
     argv: tuple[str, ...]
 
 
+def _same_command(cmdline: list[str], argv: list[str]) -> bool:
+    """Whether a running process's command line is `argv` as launched. A script run through its
+    `#!` line (the `vllm` executable is one) shows its interpreter first, and perhaps one
+    interpreter option, then the script path and arguments exactly."""
+    if cmdline == argv:
+        return True
+    extra = len(cmdline) - len(argv)
+    return 1 <= extra <= 2 and cmdline[extra:] == argv
+
+
 class EngineProcess:
     def __init__(self, record: ProcessRecord, popen: subprocess.Popen[bytes] | None) -> None:
         self.record = record
@@ -59,7 +69,7 @@ class EngineProcess:
         env = dict(os.environ)
         env.update(env_extra)
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
         try:
             # The log is the engine's stdout and stderr directly, never a pipe through the
             # daemon: a pipe would break (and kill the engine with SIGPIPE) if the daemon died.
@@ -74,9 +84,11 @@ class EngineProcess:
             )
         finally:
             os.close(fd)
+        # From here on a process runs: nothing may fail without returning its record (EMFILE
+        # reading /proc, say), or it would run on with nobody knowing its pid.
         try:
             create_time = psutil.Process(popen.pid).create_time()
-        except psutil.Error:
+        except (psutil.Error, OSError):
             create_time = time.time()
         return cls(ProcessRecord(popen.pid, create_time, port, tuple(argv)), popen)
 
@@ -96,7 +108,7 @@ class EngineProcess:
             cmdline = p.cmdline()
         except psutil.Error:
             return None
-        if cmdline != list(record.argv):
+        if not _same_command(cmdline, list(record.argv)):
             return None
         if "--port" not in cmdline or cmdline[cmdline.index("--port") + 1] != str(record.port):
             return None

@@ -19,6 +19,7 @@ class EngineState(StrEnum):
     STOPPING = "stopping"    # asked to stop: draining, then killed
     STOPPED = "stopped"      # stopped on request
     FAILED = "failed"        # given up: a fresh start failed, or the config is crash-looping
+    INVALID = "invalid"      # its stored spec no longer validates (last_error says why): cannot start
 
     @property
     def running(self) -> bool:
@@ -45,6 +46,11 @@ class EngineStatus:
     last_exit_code: int | None = None
     last_error: str | None = None
     next_restart_in_s: float | None = None
+    consecutive_failures: int = 0       # runs in a row that ended before they were stable
+    backoff_s: float | None = None      # the delay before the pending restart (state crashed)
+    gave_up_reason: str | None = None   # why supervision stopped restarting it (state failed)
+    spec_error: str | None = None       # the stored spec no longer validates: it cannot be (re)started
+    record_error: str | None = None     # the state file could not be written: this record is not saved
     kv_cache_tokens: int | None = None
     max_concurrency: float | None = None
     max_concurrency_len: int | None = None

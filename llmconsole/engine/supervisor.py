@@ -4,8 +4,12 @@ One `EngineSupervisor` per engine, living in the daemon's event loop. It owns th
 process and its state machine (see `EngineState`), and publishes an immutable `EngineStatus`
 on demand. A crash (the process exits, or /health fails `health_failures_to_crash` times in a
 row) is seen within about a second, the rest of the process group is cleaned up, and the engine
-is restarted after an exponential backoff. Too many crashes in a window mark the config as
-crash-looping and supervision gives up on it (the fleet may then roll it back).
+is restarted after an exponential backoff. Runs that keep failing (see `FailureCounter`) mark
+the config as crash-looping and supervision gives up on it (the fleet may then roll it back).
+
+An answer on the engine's port counts only when the socket listening there belongs to the
+engine's own process tree: a stranger on the port (or another engine started on it) is never
+taken for the engine.
 """
 
 from __future__ import annotations
@@ -13,18 +17,30 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
+import errno
+import functools
+import hashlib
+import json
 import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
 from llmconsole.engine import runtime as runtime_mod
-from llmconsole.engine.host import HostProbe, ProcessSample
+from llmconsole.engine.host import (
+    HostProbe,
+    ProcessSample,
+    listening_socket_inodes,
+    socket_holders,
+    tree_socket_inodes,
+)
 from llmconsole.engine.metrics.page import parse_metrics
 from llmconsole.engine.metrics.window import MetricsWindow, WindowedMetrics
 from llmconsole.engine.process import EngineProcess, ProcessRecord
@@ -45,14 +61,91 @@ class SupervisionPolicy:
     start_timeout_s: float = 900.0        # model loads on big GPUs can take many minutes
     backoff_initial_s: float = 1.0
     backoff_max_s: float = 30.0
-    stable_after_s: float = 60.0          # ready this long: the next crash starts backoff anew
-    crash_loop_count: int = 3             # this many crashes ...
-    crash_loop_window_s: float = 300.0    # ... within this window: crash-looping, give up
+    stable_after_s: float = 60.0          # ready this long: the run succeeded, the streak ends
+    crash_loop_count: int = 3             # this many failed runs in a row (whatever each lasted),
+    crash_loop_window_s: float = 300.0    # or this many crashes within this window: give up
     drain_timeout_s: float = 30.0
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> SupervisionPolicy:
+        """The default policy with the fields of $LLMCONSOLE_SUPERVISION (a JSON object) changed,
+        e.g. '{"start_timeout_s": 1800}' for models that load for longer than 15 minutes."""
+        raw = (os.environ if environ is None else environ).get(POLICY_ENV)
+        if not raw:
+            return cls()
+        try:
+            given = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{POLICY_ENV} is not JSON ({e})") from None
+        if not isinstance(given, dict):
+            raise ValueError(f"{POLICY_ENV} must be a JSON object of policy fields")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        out: dict[str, Any] = {}
+        for key, value in given.items():
+            if key not in fields:
+                raise ValueError(f"{POLICY_ENV}: unknown field {key!r} (known: {', '.join(fields)})")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"{POLICY_ENV}: {key} must be a positive number, not {value!r}")
+            out[key] = int(value) if fields[key].type in (int, "int") else float(value)
+        return dataclasses.replace(cls(), **out)
+
+
+POLICY_ENV = "LLMCONSOLE_SUPERVISION"
+
+
+@dataclass(frozen=True)
+class RestartDecision:
+    give_up: str | None   # why supervision stops restarting the engine; None: restart it
+    delay_s: float        # the backoff before that restart
+
+
+class FailureCounter:
+    """Counts an engine's failed runs, to choose between a restart after a backoff and giving up.
+
+    A run failed when it ended before it was stable: it never became ready (it exited, or hung
+    past the start timeout and was killed), or it served for less than `stable_after_s`. Failed
+    runs in a row are a loop whatever each one lasted: a model that takes minutes to load loops
+    as surely as one that dies in a second. A run that was stable ends the streak (its crash is
+    the first of a new one); crashes that come fast, stable or not, are a loop as well when
+    `crash_loop_count` of them fall within `crash_loop_window_s`. The backoff doubles with each
+    failed run in a row, up to `backoff_max_s`.
+    """
+
+    def __init__(self, policy: SupervisionPolicy) -> None:
+        self.policy = policy
+        self.consecutive = 0
+        self._times: collections.deque[float] = collections.deque()
+
+    def reset(self) -> None:
+        self.consecutive = 0
+        self._times.clear()
+
+    def served(self) -> None:
+        """The current run became stable: the streak of failed runs is over."""
+        self.consecutive = 0
+
+    def record(self, now: float, stable: bool) -> RestartDecision:
+        """A run ended at `now` (monotonic seconds); `stable`: it had served long enough."""
+        p = self.policy
+        self.consecutive = 1 if stable else self.consecutive + 1
+        self._times.append(now)
+        while self._times and now - self._times[0] > p.crash_loop_window_s:
+            self._times.popleft()
+        give_up = None
+        if self.consecutive >= p.crash_loop_count:
+            give_up = f"{self.consecutive} runs in a row ended before serving {p.stable_after_s:.0f} s"
+        elif len(self._times) >= p.crash_loop_count:
+            give_up = f"{len(self._times)} crashes in {p.crash_loop_window_s:.0f} s"
+        delay = min(p.backoff_max_s, p.backoff_initial_s * (2 ** (self.consecutive - 1)))
+        return RestartDecision(give_up, delay)
 
 
 class EngineBusy(RuntimeError):
     """The request does not fit the engine's current state (e.g. start while running)."""
+
+
+class PortInUse(ValueError):
+    """The port asked for is already someone's: nothing was started or changed."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -60,6 +153,39 @@ def free_port(host: str = "127.0.0.1") -> int:
         s.bind((host, 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def port_holder(host: str, port: int) -> str | None:
+    """Who already listens where an engine would bind `host`:`port`, or None when it is free.
+
+    The probe binds as vLLM does (SO_REUSEADDR, so connections left in TIME_WAIT by an engine
+    that just stopped do not count) and never listens.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                return None  # e.g. an address this host does not have: vLLM will say so itself
+            inodes = listening_socket_inodes(port)
+            holders = socket_holders(inodes) if inodes else []
+            return ", ".join(holders) if holders else "another process"
+    return None
+
+
+@functools.cache
+def _not_config_fields() -> frozenset[str]:
+    return frozenset(EngineSpec.model_fields) - frozenset(EngineSpec(model="x").config_dict())
+
+
+def stored_config_id(raw: Mapping[str, Any]) -> str:
+    """The config id of a spec as stored (see EngineSpec.config_id), even if it no longer validates."""
+    not_config = _not_config_fields()
+    canonical = json.dumps({k: v for k, v in raw.items() if k not in not_config}, sort_keys=True,
+                           separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 
 def _connect_host(host: str) -> str:
@@ -101,8 +227,17 @@ class EngineSupervisor:
         self.ready_at_s: float | None = None
         self._ready_mono: float | None = None
         self._next_restart_mono: float | None = None
-        self._crash_times: collections.deque[float] = collections.deque()
-        self._consecutive_crashes = 0
+        self.failures = FailureCounter(policy)
+        self.backoff_s: float | None = None
+        self.gave_up_reason: str | None = None
+        # A stored spec that no longer validates (set by the fleet when it loads the state file):
+        # kept verbatim, with why, until it validates again or a new spec replaces it. Meanwhile
+        # `spec` is a stand-in that names and guards the engine but is never launched.
+        self.stored: dict[str, Any] | None = None
+        self.spec_error: str | None = None
+        self.record_error: str | None = None  # set by the fleet while its state file cannot be written
+        self._owned_listeners: frozenset[int] | None = None
+        self._foreign_note: str | None = None
         self._metrics: WindowedMetrics | None = None
         self._process_sample: ProcessSample | None = None
         self._run_task: asyncio.Task[None] | None = None
@@ -116,17 +251,18 @@ class EngineSupervisor:
         """Start the engine (optionally on a new spec). Returns once launched, not when ready."""
         async with self._lock:
             if self.state.running or self.state == EngineState.CRASHED:
-                if self.state != EngineState.STOPPING and (spec is None or spec.config_id == self.spec.config_id):
+                if self.state != EngineState.STOPPING and (spec is None or spec.config_id == self.config_id):
+                    if spec is not None and self.stored is not None:
+                        self._apply_spec(spec)  # the same config, now valid again
                     return  # already running this config: starting it again is a no-op
                 raise EngineBusy(
-                    f"engine {self.name} is {self.state} on config {self.spec.config_id}; "
+                    f"engine {self.name} is {self.state} on config {self.config_id}; "
                     "restart it to apply a different config"
                 )
             if spec is not None:
-                if spec.port is not None:
-                    self.port = spec.port
-                self.spec = spec
-                self.runtime = spec.runtime
+                self._apply_spec(spec)
+            if self.stored is not None:
+                raise EngineBusy(f"engine {self.name} cannot start: {self.spec_error}")
             self._reset_for_fresh_start()
             self._set_state(EngineState.STARTING)
             self._run_task = asyncio.create_task(self._run(first_launch_is_fresh=True), name=f"run-{self.name}")
@@ -137,12 +273,11 @@ class EngineSupervisor:
 
     async def restart(self, spec: EngineSpec | None = None) -> None:
         async with self._lock:
+            if spec is None and self.stored is not None:
+                raise EngineBusy(f"engine {self.name} cannot be restarted: {self.spec_error}")
             await self._stop_locked(None)
             if spec is not None:
-                if spec.port is not None:
-                    self.port = spec.port
-                self.spec = spec
-                self.runtime = spec.runtime
+                self._apply_spec(spec)
             self._reset_for_fresh_start()
             self._set_state(EngineState.STARTING)
             self._run_task = asyncio.create_task(self._run(first_launch_is_fresh=True), name=f"run-{self.name}")
@@ -173,6 +308,46 @@ class EngineSupervisor:
         """Stop supervising but leave the engine running (the daemon is going away)."""
         await self._cancel_tasks()
 
+    # --- a stored spec that no longer validates ---------------------------------------------
+
+    def mark_invalid(self, stored: dict[str, Any], error: str) -> None:
+        """The stored spec (and runtime) no longer validate: keep them as they are, say why.
+
+        A process that still runs is adopted as usual (see `adopt`) and supervised until it
+        exits; it is never relaunched from the stand-in spec.
+        """
+        self.stored = stored
+        self.spec_error = error
+        self.last_error = f"stored spec no longer valid: {error}; fix that, then `llmconsole engine start {self.name}`"
+        self.state = EngineState.INVALID
+
+    def revalidate(self) -> EngineSpec:
+        """The stored spec, validated again (the model directory is back, say), which then
+        becomes the engine's spec. Raises pydantic's ValidationError, changing nothing, if it
+        still does not validate."""
+        assert self.stored is not None
+        spec = EngineSpec(**self.stored["spec"])
+        runtime = runtime_mod.Runtime(**self.stored["runtime"]) if self.stored.get("runtime") else None
+        self._apply_spec(spec)
+        if runtime is not None:
+            self.runtime = runtime
+        if self.state == EngineState.INVALID:
+            self.last_error = None
+            self._set_state(EngineState.STOPPED)
+        return spec
+
+    def _apply_spec(self, spec: EngineSpec) -> None:
+        if spec.port is not None:
+            self.port = spec.port
+        self.spec = spec
+        self.runtime = spec.runtime
+        self.stored = None
+        self.spec_error = None
+
+    @property
+    def config_id(self) -> str:
+        return stored_config_id(self.stored["spec"]) if self.stored is not None else self.spec.config_id
+
     # --- status ---------------------------------------------------------------------------
 
     def status(self) -> EngineStatus:
@@ -187,7 +362,7 @@ class EngineSupervisor:
         return EngineStatus(
             name=self.name,
             state=self.state,
-            config_id=self.spec.config_id,
+            config_id=self.config_id,
             model=self.spec.model,
             served_model_name=self.spec.display_name,
             device=self.runtime.device if self.runtime else "unknown",
@@ -203,6 +378,11 @@ class EngineSupervisor:
             last_exit_code=self.last_exit_code,
             last_error=self.last_error,
             next_restart_in_s=next_restart,
+            consecutive_failures=self.failures.consecutive,
+            backoff_s=self.backoff_s if self.state == EngineState.CRASHED else None,
+            gave_up_reason=self.gave_up_reason if self.state == EngineState.FAILED else None,
+            spec_error=self.spec_error,
+            record_error=self.record_error,
             kv_cache_tokens=self.facts.kv_cache_tokens if self.facts else None,
             max_concurrency=self.facts.max_concurrency if self.facts else None,
             max_concurrency_len=self.facts.max_concurrency_len if self.facts else None,
@@ -213,7 +393,12 @@ class EngineSupervisor:
         )
 
     def process_record(self) -> ProcessRecord | None:
-        return self.proc.record if self.proc is not None and self.state.running else None
+        """The process to find again after a daemon restart: while one runs, whatever the state."""
+        if self.proc is None:
+            return None
+        if self.state.running or self.proc.poll() is None:
+            return self.proc.record
+        return None
 
     # --- internals ------------------------------------------------------------------------
 
@@ -228,8 +413,9 @@ class EngineSupervisor:
         self.crash_looping = False
         self.last_error = None
         self.last_exit_code = None
-        self._crash_times.clear()
-        self._consecutive_crashes = 0
+        self.gave_up_reason = None
+        self.backoff_s = None
+        self.failures.reset()
 
     async def _stop_locked(self, drain_timeout_s: float | None) -> None:
         self.desired_running = False
@@ -245,6 +431,8 @@ class EngineSupervisor:
         self.proc = None
         self._ready_mono = None
         self._set_state(EngineState.STOPPED)
+        if self.stored is not None:
+            self._set_state(EngineState.INVALID)  # stopped, and it cannot start again as stored
 
     async def _cancel_tasks(self) -> None:
         for task in (self._run_task, self._scrape_task):
@@ -260,22 +448,30 @@ class EngineSupervisor:
             self.runtime = runtime_mod.detect()
         if self.port is None:
             self.port = free_port(_connect_host(self.spec.host))
+        elif self.spec.port is None and (holder := port_holder(self.spec.host, self.port)) is not None:
+            # The port picked for it before is someone else's now; only a port asked for is kept.
+            log.warning("engine %s: port %d, picked for it before, is held by %s now; picking another",
+                        self.name, self.port, holder)
+            self.port = free_port(_connect_host(self.spec.host))
         argv = self.spec.argv(self.runtime, self.port)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "a", encoding="utf-8") as f:
-            os.chmod(self.log_path, 0o600)
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "a", encoding="utf-8") as f:
+            os.fchmod(fd, 0o600)
             f.write(
                 f"\n----- llmconsole: launching engine {self.name} (config {self.spec.config_id}) "
                 f"at {time.strftime('%Y-%m-%dT%H:%M:%S%z')} -----\n$ {' '.join(argv)}\n"
             )
+            f.flush()
             self._log_offset = f.tell()
         self.facts = None
         self._metrics = None
         self.ready_at_s = None
         self._ready_mono = None
+        self._owned_listeners = None
+        self._foreign_note = None
         self.started_at_s = time.time()
         self.proc = EngineProcess.launch(argv, self.spec.launch_env(self.runtime), self.log_path, self.port)
-        self._on_change(self)  # the new pid must reach the state file before anything else
 
     def _run_log(self) -> str:
         try:
@@ -290,23 +486,55 @@ class EngineSupervisor:
         try:
             timeout = aiohttp.ClientTimeout(total=self.policy.health_timeout_s)
             async with self._http.get(url, timeout=timeout) as r:
-                return r.status == 200
+                if r.status != 200:
+                    return False
         except (TimeoutError, aiohttp.ClientError, OSError):
             return False
+        return self._answered_by_engine()
+
+    def _answered_by_engine(self) -> bool:
+        """Whether what answers on the port is this engine: every socket listening there must
+        belong to its process tree. Another engine or a stranger on the port is never healthy."""
+        assert self.proc is not None and self.port is not None
+        listening = listening_socket_inodes(self.port)
+        if listening is None:
+            return True  # this host cannot tell (no /proc): the answer is all there is
+        if listening and listening == self._owned_listeners:
+            return True  # the same sockets as last time, already found to be ours: no fd scan
+        foreign = listening - tree_socket_inodes(self.proc.pid)
+        if listening and not foreign:
+            self._owned_listeners = listening
+            self._foreign_note = None
+            return True
+        self._owned_listeners = None
+        who = ", ".join(socket_holders(foreign)) or "a process of another user"
+        problem = (f"port {self.port} is answered by {who}, not by this engine (pid {self.proc.pid})"
+                   if foreign else f"nothing listens on port {self.port}")
+        if problem != self._foreign_note:
+            log.warning("engine %s: /health answered, but %s: not counted as healthy", self.name, problem)
+            self._foreign_note = problem
+            self.last_error = problem
+            self._on_change(self)
+        return False
 
     async def _run(self, first_launch_is_fresh: bool) -> None:
         fresh = first_launch_is_fresh
         try:
-            while self.desired_running:
+            while self.desired_running and self.state != EngineState.INVALID:
                 if self.proc is None:
                     self._set_state(EngineState.STARTING)
                     try:
                         self._launch()
                     except (OSError, runtime_mod.RuntimeNotFound) as e:
-                        self.last_error = f"could not launch: {e}"
-                        self.desired_running = False
-                        self._set_state(EngineState.FAILED)
-                        return
+                        if self.proc is None:  # nothing runs: the launch itself failed
+                            self.last_error = f"could not launch: {e}"
+                            self.desired_running = False
+                            self._set_state(EngineState.FAILED)
+                            return
+                        log.exception("engine %s: launched pid %d, then failed", self.name, self.proc.pid)
+                    # The new pid must reach the state file before anything else (the fleet keeps
+                    # it in memory and retries if the file cannot be written just now).
+                    self._on_change(self)
                 outcome, code, was_ready = await self._watch()
                 await self._after_exit(outcome, code, was_ready, fresh)
                 fresh = False
@@ -346,8 +574,8 @@ class EngineSupervisor:
                         return "unhealthy", None, ready
                 elif now - launched > p.start_timeout_s:
                     return "start_timeout", None, ready
-            if ready and self._ready_mono and now - self._ready_mono > p.stable_after_s:
-                self._consecutive_crashes = 0
+            if ready and self._ready_mono and now - self._ready_mono >= p.stable_after_s:
+                self.failures.served()
             await asyncio.sleep(p.poll_interval_s)
 
     def _became_ready(self) -> None:
@@ -369,6 +597,8 @@ class EngineSupervisor:
         await self.proc.kill_group()  # engine core and workers must not outlive their server
         self.last_exit_code = code if code is not None else self.proc.poll()
         self.proc = None
+        now = time.monotonic()
+        stable = self._ready_mono is not None and now - self._ready_mono >= p.stable_after_s
         self._ready_mono = None
         text = self._run_log()
         if outcome == "unhealthy":
@@ -377,36 +607,44 @@ class EngineSupervisor:
             reason = f"not ready within {p.start_timeout_s:.0f} s; killed"
         else:
             reason = failure_reason(text) or f"exited with code {self.last_exit_code}"
+        if self._foreign_note and not was_ready:
+            reason = f"{reason} ({self._foreign_note})"
         self.last_error = reason
         log.warning("engine %s: %s (%s)", self.name, outcome, reason)
+
+        if self.stored is not None:
+            # It ran on a spec that no longer validates: nothing can be relaunched from that.
+            self.last_error = f"{reason}; not restarted: stored spec no longer valid: {self.spec_error}"
+            self._set_state(EngineState.CRASHED)
+            self._set_state(EngineState.INVALID)
+            return
 
         if fresh and not was_ready:
             # A config the operator just asked for never came up: say why, do not retry it. It
             # failed as surely as a crash loop, so the fleet hears of it the same way (and may
             # roll the engine back to the config it ran before).
             self.desired_running = False
+            self.gave_up_reason = f"the config asked for never came up: {reason}"
             self._set_state(EngineState.FAILED)
             self._on_crash_loop(self)
             return
 
-        now = time.monotonic()
-        self._crash_times.append(now)
-        while self._crash_times and now - self._crash_times[0] > p.crash_loop_window_s:
-            self._crash_times.popleft()
-        if len(self._crash_times) >= p.crash_loop_count:
+        decision = self.failures.record(now, stable)
+        if decision.give_up is not None:
             self.crash_looping = True
             self.desired_running = False
-            self.last_error = f"crash-looping ({len(self._crash_times)} crashes in {p.crash_loop_window_s:.0f} s): {reason}"
+            self.gave_up_reason = f"crash-looping ({decision.give_up}); not restarted again"
+            self.last_error = f"crash-looping ({decision.give_up}): {reason}"
             self._set_state(EngineState.FAILED)
             self._on_crash_loop(self)
             return
 
-        delay = min(p.backoff_max_s, p.backoff_initial_s * (2 ** self._consecutive_crashes))
-        self._consecutive_crashes += 1
-        self._next_restart_mono = now + delay
+        self.backoff_s = decision.delay_s
+        self._next_restart_mono = now + decision.delay_s
         self._set_state(EngineState.CRASHED)
-        await asyncio.sleep(delay)
+        await asyncio.sleep(decision.delay_s)
         self._next_restart_mono = None
+        self.backoff_s = None
         self.restarts += 1
 
     async def _scrape_loop(self) -> None:

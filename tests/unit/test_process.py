@@ -58,3 +58,19 @@ def test_adopt_checks_create_time_argv_and_port(tmp_path):
     finally:
         asyncio.run(proc.terminate(drain_timeout_s=5))
     assert adopted.poll() == -1, "an adopted process's exit is seen, its code unknowable"
+
+
+def test_a_script_run_through_its_shebang_line_is_adopted(tmp_path):
+    # `vllm serve` is such a script: its process shows the interpreter before the script's path.
+    script = tmp_path / "vllm"
+    script.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(300)\n")
+    script.chmod(0o755)
+    proc = EngineProcess.launch([str(script), "serve", "m", "--port", "18998"], {}, tmp_path / "s.log", 18998)
+    try:
+        assert psutil.Process(proc.pid).cmdline()[0] != str(script)
+        adopted = EngineProcess.adopt(proc.record)
+        assert adopted is not None and adopted.poll() is None
+        assert EngineProcess.adopt(ProcessRecord(proc.pid, proc.record.create_time, 18998,
+                                                 (str(script), "serve", "other", "--port", "18998"))) is None
+    finally:
+        asyncio.run(proc.terminate(drain_timeout_s=5))

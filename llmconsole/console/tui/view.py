@@ -16,7 +16,7 @@ from typing import Any
 NA = "N/A"
 
 RUNNING_STATES = frozenset({"starting", "ready", "unhealthy", "stopping"})
-STARTABLE_STATES = frozenset({"stopped", "failed"})
+STARTABLE_STATES = frozenset({"stopped", "failed", "invalid"})
 STOPPABLE_STATES = frozenset({"starting", "ready", "unhealthy", "crashed"})
 RESTARTABLE_STATES = frozenset({"starting", "ready", "unhealthy", "crashed", "failed"})
 
