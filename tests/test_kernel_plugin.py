@@ -5,18 +5,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
+from importlib.metadata import entry_points
 
-# vLLM's AVX-512 library dies with SIGILL on AVX2 hosts; set before anything imports vllm.
-os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+import pytest
 
-from importlib.metadata import entry_points  # noqa: E402
-
-import pytest  # noqa: E402
-
-from llmconsole.engine.spec import KERNEL_ENV  # noqa: E402
-from llmconsole.kernels import vllm_plugin  # noqa: E402
-from llmconsole.kernels.usage import LOG_PREFIX, UsageCounter, parse_usage  # noqa: E402
+from llmconsole.engine.spec import KERNEL_ENV
+from llmconsole.kernels import vllm_plugin
+from llmconsole.kernels.usage import LOG_PREFIX, UsageCounter, parse_usage
 
 
 def test_entry_point_is_installed():
@@ -48,6 +43,7 @@ def test_plugin_does_nothing_without_the_variable(cpu_attn, monkeypatch):
     assert cpu_attn.get_path() == "vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend"
 
 
+@pytest.mark.needs_cpu_vllm
 def test_plugin_overrides_cpu_attention_when_asked(cpu_attn, monkeypatch):
     monkeypatch.setenv(KERNEL_ENV, "custom")
     vllm_plugin.register()
