@@ -18,8 +18,8 @@ from pydantic import ValidationError
 from llmconsole import __version__
 from llmconsole.console.client import DaemonClient, DaemonError, DaemonNotRunning, ensure_daemon
 from llmconsole.console.spec_flags import add_spec_flags, read_api_key, spec_overrides
-from llmconsole.engine.fleet import check_name
-from llmconsole.engine.spec import EngineSpec, validation_messages
+from llmconsole.engine.fleet import check_name, enforce_kernel
+from llmconsole.engine.spec import EngineSpec, KernelUnavailable, validation_messages
 from llmconsole.paths import resolve
 from llmconsole.console.cli_common import (  # noqa: F401  (re-exported for scripts)
     EXIT_FAILED, EXIT_NO_DAEMON, EXIT_USAGE, CliError, confirm, daemon_client, na,
@@ -178,9 +178,11 @@ def cmd_engine(ns: argparse.Namespace) -> int:
         if "model" in overrides:
             # Validate here first: a bad flag is refused in milliseconds, before any daemon work.
             try:
-                EngineSpec(**overrides, **({"api_key": api_key} if api_key else {}))
+                enforce_kernel(EngineSpec(**overrides, **({"api_key": api_key} if api_key else {})))
             except ValidationError as e:
                 raise CliError("invalid engine spec:\n  " + "\n  ".join(validation_messages(e)), EXIT_USAGE) from None
+            except KernelUnavailable as e:
+                raise CliError(str(e), EXIT_USAGE) from None
             full_spec = overrides
         client, _ = ensure_daemon(paths) if ns.engine_cmd == "start" else (daemon_client(), False)
         with client:

@@ -22,8 +22,8 @@ import aiohttp
 from llmconsole.engine.host import HostProbe
 from llmconsole.engine.plan.validate import enforce as enforce_fit
 from llmconsole.engine.process import ProcessRecord
-from llmconsole.engine.runtime import Runtime
-from llmconsole.engine.spec import EngineSpec
+from llmconsole.engine.runtime import Runtime, RuntimeNotFound, detect
+from llmconsole.engine.spec import EngineSpec, KernelUnavailable
 from llmconsole.engine.status import EngineState, EngineStatus
 from llmconsole.engine.supervisor import EngineBusy, EngineSupervisor, SupervisionPolicy
 from llmconsole.paths import Paths
@@ -39,6 +39,20 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 class UnknownEngine(KeyError):
     def __str__(self) -> str:
         return f"no engine named {self.args[0]!r}"
+
+
+def enforce_kernel(spec: EngineSpec) -> None:
+    """Refuse (KernelUnavailable, before anything changes) a spec whose kernel its runtime cannot
+    run. `force` does not lift it: the runtime's plugin would not put the kernel in either."""
+    if spec.kernel == "stock":
+        return
+    try:
+        runtime = spec.runtime or detect()
+    except RuntimeNotFound:
+        return  # the launch itself fails, saying so
+    reason = spec.kernel_refusal(runtime)
+    if reason is not None:
+        raise KernelUnavailable(reason)
 
 
 def check_name(name: str) -> str:
@@ -107,6 +121,7 @@ class Fleet:
         sup = self.engines.get(name)
         target = spec if spec is not None else (sup.spec if sup is not None else None)
         if target is not None:
+            enforce_kernel(target)
             enforce_fit(target, force)
         if sup is None:
             if spec is None:
@@ -127,6 +142,7 @@ class Fleet:
 
     async def restart(self, name: str, spec: EngineSpec | None = None, force: bool = False) -> EngineSupervisor:
         sup = self.get(name)
+        enforce_kernel(spec if spec is not None else sup.spec)
         enforce_fit(spec if spec is not None else sup.spec, force)
         await sup.restart(spec)
         self._persist()
