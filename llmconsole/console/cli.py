@@ -52,6 +52,8 @@ def format_status(status: dict[str, Any]) -> str:
     for e in engines:
         if e.get("last_error") and e["state"] in ("failed", "crashed", "unhealthy"):
             lines.append(f"{e['name']}: {e['last_error']}")
+        if e.get("kernel_note") and e.get("kernel"):  # the engine runs another kernel than asked
+            lines.append(f"{e['name']}: kernel {e['kernel']} ({e['kernel_note']})")
     return "\n".join(lines)
 
 
