@@ -1,8 +1,9 @@
 """`kernel: custom` only where the runtime can run it: refused before anything starts, with the
-reason, by the CLI (exit 2) and the daemon (400)."""
+reason, by the CLI (exit 2) and the daemon (400), and offered by the tuner only where it runs."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -89,3 +90,61 @@ def test_cli_refuses_custom_on_such_a_runtime_with_exit_2_before_any_daemon(cli,
     assert not (cli.home / "engines.json").exists()  # nothing was started, no engine recorded
     assert cli("daemon", "status", check=False).returncode == 3
 
+
+def test_tuner_offers_only_the_kernels_the_runtime_runs(tiny_model):
+    import argparse
+
+    from llmconsole.console.commands.tune import build
+    from llmconsole.engine.tune.ranges import EngineFacts
+
+    refusal = "nvcc not found: ..."
+    spec = {"max_num_seqs": 8, "max_model_len": 256, "kv_cache_memory_bytes": 20 * 65536, "kernel": "stock"}
+    facts = EngineFacts(model=str(tiny_model), device="cuda", spec=spec, custom_kernel_refusal=refusal)
+
+    def ns(*knobs: str) -> argparse.Namespace:
+        return argparse.Namespace(engine="e", workload="concurrency=2", slo=["p99_e2e_ms=2000"], budget="4", knob=list(knobs),
+                                  input_len="64", output_len="32", num_requests=24, warmup=2, ignore_eos=True,
+                                  search="pattern", seed=0, top_k=4, repeats=2, eta=3, max_run=300.0)
+
+    _, space = build(ns("kernel", "max_num_seqs"), facts)  # what `tune --dry-run` prints
+    text = "\n".join(space.describe())
+    assert "kernel=stock  (runtime: stock only (nvcc not found" in text and "custom" not in text
+    from llmconsole.console.cli_common import CliError
+
+    with pytest.raises(CliError) as e:
+        build(ns("kernel=stock,custom"), facts)
+    assert e.value.code == 2 and "nvcc not found" in str(e.value)
+    _, space = build(ns("kernel"), EngineFacts(model=str(tiny_model), spec=spec))
+    assert "kernel=stock,custom" in "\n".join(space.describe())
+
+
+def test_status_json_carries_the_refusal_for_clients(tmp_path):
+    """The console's tune form and `tune --dry-run` read it from status (client.engine_facts)."""
+    from llmconsole.console.client import engine_facts
+
+    class Client:
+        def engine(self, name):
+            return {"name": name, "state": "ready", "url": "http://127.0.0.1:1", "model": "m",
+                    "device": "cuda", "spec": {"kernel": "stock"}, "custom_kernel_refusal": "no nvcc"}
+
+    assert engine_facts(Client(), "e", with_window=False).custom_kernel_refusal == "no nvcc"
+    assert json.dumps(Client().engine("e"))  # plain JSON, as the daemon sends it
+
+
+def test_sweeps_and_tunes_asking_for_custom_are_refused_before_they_start():
+    """The daemon's run service, as `llmconsole sweep --grid kernel=stock,custom` reaches it."""
+    from types import SimpleNamespace
+
+    from llmconsole.daemon.services.run_service import RunService
+    from llmconsole.engine.status import EngineState
+
+    refusal = "no CUDA vLLM package found beside /env/bin/vllm"
+    sup = SimpleNamespace(state=EngineState.READY, status=lambda: SimpleNamespace(custom_kernel_refusal=refusal))
+    service = RunService(SimpleNamespace(fleet=SimpleNamespace(get=lambda name: sup)))
+    sweep = {"engine": "e", "grid": ["kernel=stock,custom"], "loads": ["concurrency=1"]}
+    tune = {"engine": "e", "workload": "concurrency=1", "slo": ["p99_e2e_ms=2000"], "budget": "2",
+            "knobs": ["kernel=stock,custom"]}
+    for kind, request in (("sweep", sweep), ("tune", tune)):
+        with pytest.raises(ValueError, match="kernel=custom: no CUDA vLLM package"):
+            service.start(kind, request, actor="test")
+    assert service.runs == {}
