@@ -54,6 +54,15 @@ models: $(MODELS)/tiny/llmconsole-model.json $(MODELS)/small/llmconsole-model.js
 test: setup $(MODELS)/tiny/llmconsole-model.json
 	LLMCONSOLE_TEST_MODEL=$(CURDIR)/$(MODELS)/tiny $(PY) -m pytest --durations=25 $(PYTEST_ARGS)
 
+# On a GPU host: the checks only a GPU can make (marked gpu: NVML gauges of a real GPU, the CUDA
+# kernel on vLLM's CUDA KV layouts, the CUDA backend against vLLM's own FlashAttention, two real
+# GPU engines) and GPU argv read back by the installed vLLM's parser (gpu_argv). Each test that
+# cannot run says what it needs. On a machine prepared by hand, without network for the setup:
+# make test-gpu GPU_TEST_SETUP= PY=python3
+GPU_TEST_SETUP ?= setup $(MODELS)/tiny/llmconsole-model.json
+test-gpu: $(GPU_TEST_SETUP)
+	LLMCONSOLE_TEST_MODEL=$(CURDIR)/$(MODELS)/tiny $(PY) -m pytest -rs -m "gpu or gpu_argv" $(PYTEST_ARGS)
+
 # Everything that does not start a real vLLM engine (those are marked `engine`): for iterating.
 test-fast: setup $(MODELS)/tiny/llmconsole-model.json
 	LLMCONSOLE_TEST_MODEL=$(CURDIR)/$(MODELS)/tiny $(PY) -m pytest -m "not engine" $(PYTEST_ARGS)
