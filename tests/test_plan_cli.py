@@ -30,8 +30,9 @@ def plan(capsys):
 
 
 def test_plan_json_holds_exact_figures_estimates_and_rules(plan, tiny_model):
+    # The CPU profile (vLLM's CPU block of 128 tokens) whatever GPU this host has.
     rc, out, _ = plan("--model", str(tiny_model), "--max-model-len", "512", "--kv-cache-memory-bytes", "100000000",
-                      "--workload", "prompt=100,output=64", "--json")
+                      "--workload", "prompt=100,output=64", "--device", "cpu", "--json")
     assert rc == 0
     p = json.loads(out)
     assert p["kv_capacity"]["tokens"] == 195_200 and p["kv_capacity_exact"] is True
@@ -74,6 +75,7 @@ def test_plan_with_a_hub_name_recommends_without_arithmetic(plan):
     assert "no local config.json" in p["notes"][0]
 
 
+@pytest.mark.needs_cpu_vllm  # the figures are a CPU engine's (blocks of 128 tokens)
 def test_daemon_refuses_configs_that_cannot_fit_on_start_and_restart(cli, tiny_model, home, monkeypatch):
     # The CLI: exit 2, the numbers, the nearest fit, and nothing created.
     r = cli("engine", "start", "bad", "--model", str(tiny_model), *BAD, "--enforce-eager", check=False)
