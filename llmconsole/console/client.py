@@ -227,7 +227,7 @@ def engine_facts(client: DaemonClient, name: str, *, with_window: bool) -> Engin
             raise DaemonError(err.status, f"the gateway's window cannot be tuned: {err}") from None
         window = {"min_window": int(w["min_window"]), "max_window": int(w["max_window"])}
     return EngineFacts(model=str(e["model"]), device=str(e.get("device") or "cpu"), spec=dict(e["spec"]),
-                       window=window)
+                       window=window, custom_kernel_refusal=e.get("custom_kernel_refusal"))
 
 
 def spawn_daemon(paths: Paths) -> subprocess.Popen[bytes]:

@@ -33,8 +33,8 @@ from pydantic import ValidationError
 from llmconsole.engine.host import HostProbe
 from llmconsole.engine.plan.validate import enforce as enforce_fit
 from llmconsole.engine.process import ProcessRecord
-from llmconsole.engine.runtime import Runtime
-from llmconsole.engine.spec import EngineSpec, validation_messages
+from llmconsole.engine.runtime import Runtime, RuntimeNotFound, detect
+from llmconsole.engine.spec import EngineSpec, KernelUnavailable, validation_messages
 from llmconsole.engine.status import EngineState, EngineStatus
 from llmconsole.engine.supervisor import (
     EngineBusy,
@@ -60,6 +60,20 @@ class UnknownEngine(KeyError):
 
 class NeedsRestart(EngineBusy):
     """A start asked a running engine for another config: nothing changed; a restart applies it."""
+
+
+def enforce_kernel(spec: EngineSpec) -> None:
+    """Refuse (KernelUnavailable, before anything changes) a spec whose kernel its runtime cannot
+    run. `force` does not lift it: the runtime's plugin would not put the kernel in either."""
+    if spec.kernel == "stock":
+        return
+    try:
+        runtime = spec.runtime or detect()
+    except RuntimeNotFound:
+        return  # the launch itself fails, saying so
+    reason = spec.kernel_refusal(runtime)
+    if reason is not None:
+        raise KernelUnavailable(reason)
 
 
 def check_name(name: str) -> str:
@@ -190,6 +204,7 @@ class Fleet:
         target = spec if spec is not None else (sup.spec if sup is not None else None)
         if target is not None:
             _check_launchable(target)
+            enforce_kernel(target)
         if sup is not None and spec is not None and spec != sup.spec and (
                 sup.state.running or sup.state == EngineState.CRASHED):
             flags = " ".join(sup.spec.restart_flags(spec)) or "(a change of secret values only)"
@@ -225,6 +240,7 @@ class Fleet:
         if spec is not None:
             _check_launchable(spec)
         target = spec if spec is not None else sup.spec
+        enforce_kernel(target)
         enforce_fit(target, force)
         # Its own listener is on its port until the restart stops it: probe only another port.
         self._check_port(name, target.host, target.port, probe=not (sup.state.running and target.port == sup.port))

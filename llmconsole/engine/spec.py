@@ -317,6 +317,16 @@ class EngineSpec(BaseModel):
             env["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu_threads_bind
         return env
 
+    def kernel_refusal(self, runtime: Runtime) -> str | None:
+        """Why this spec's kernel cannot run on `runtime`, or None (always None for stock). Not a
+        field validator: a stored spec must load on any host; it is asked before each start."""
+        if self.kernel == "stock":
+            return None
+        from llmconsole.kernels.support import custom_kernel_refusal
+
+        reason = custom_kernel_refusal(runtime.device, runtime.executable)
+        return None if reason is None else f"kernel: custom cannot run on this {runtime.device} runtime: {reason}"
+
     @property
     def display_name(self) -> str:
         return self.served_model_name or Path(self.model).name
@@ -335,6 +345,10 @@ def fill_secrets(env: Mapping[str, str], known: Mapping[str, str], what: str = "
             f"it, and this engine has none: give it again with --env {missing[0]}=..."
         )
     return {k: (known[k] if v == SECRET_VALUE else v) for k, v in env.items()}
+
+
+class KernelUnavailable(ValueError):
+    """A spec asks for a kernel its runtime cannot run (EngineSpec.kernel_refusal says why)."""
 
 
 def validation_messages(exc: Exception) -> list[str]:

@@ -63,6 +63,13 @@ class EngineStatus:
     controller: dict[str, Any] | None = None  # the window controller's settings, state and trace
     mode: str | None = None             # memory mode read from the spec (performance|balanced|aggressive)
     mode_auto: bool = False             # the auto policy picks the mode
+    # The decode attention the engine reports it runs (its own log: kernels/usage.py), never the
+    # spec's wish: "custom", "stock", or None while it has not said. kernel_note says why it differs
+    # from the spec's; kernel_usage holds the engine's latest counters of a custom kernel.
+    kernel: str | None = None
+    kernel_note: str | None = None
+    kernel_usage: dict[str, Any] | None = None
+    custom_kernel_refusal: str | None = None  # why `kernel: custom` cannot run on this runtime; None: it can
 
     def to_json(self) -> dict[str, Any]:
         """The status as JSON. The flat keys at the top are the stable CLI contract."""
@@ -78,6 +85,6 @@ class EngineStatus:
             p99_ttft_s=m.p99_ttft_s if m else None,
             p99_e2e_s=m.p99_e2e_s if m else None,
             metrics_stale=m.stale if m else None,
-            kernel=self.spec.get("kernel", "stock"),
+            kernel_requested=self.spec.get("kernel", "stock"),
         )
         return d

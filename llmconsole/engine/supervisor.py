@@ -47,6 +47,7 @@ from llmconsole.engine.process import EngineProcess, ProcessRecord
 from llmconsole.engine.spec import EngineSpec
 from llmconsole.engine.startup_log import StartupFacts, failure_reason, parse_facts
 from llmconsole.engine.status import EngineState, EngineStatus
+from llmconsole.kernels.usage import KernelLogReader
 
 log = logging.getLogger(__name__)
 
@@ -244,6 +245,10 @@ class EngineSupervisor:
         self._scrape_task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         self._log_offset = 0
+        # Which kernel the engine says it runs: its log, read as it grows from the current run's start.
+        self._kernel_log = KernelLogReader()
+        self._kernel_log_pos = 0
+        self._refusals: dict[runtime_mod.Runtime, str | None] = {}
 
     # --- operator actions -----------------------------------------------------------------
 
@@ -359,6 +364,10 @@ class EngineSupervisor:
             else None
         )
         proc = self.proc if self.state.running else None
+        ready = self.state in (EngineState.READY, EngineState.UNHEALTHY)
+        if proc is not None:
+            self._read_kernel_log()
+        kernel = self._kernel_log.report(self.spec.kernel, ready) if proc is not None else None
         return EngineStatus(
             name=self.name,
             state=self.state,
@@ -390,7 +399,34 @@ class EngineSupervisor:
             process=self._process_sample if proc is not None else None,
             spec=self.spec.public_dict(),
             log_path=str(self.log_path),
+            kernel=kernel.kernel if kernel else None,
+            kernel_note=kernel.note if kernel else None,
+            kernel_usage=kernel.usage.as_dict() if kernel and kernel.usage else None,
+            custom_kernel_refusal=self._custom_refusal(),
         )
+
+    def _custom_refusal(self) -> str | None:
+        """Why `kernel: custom` cannot run on this engine's runtime (None: it can, or no runtime
+        is known yet). Asked of the runtime's files once per runtime (kernels/support.py)."""
+        if self.runtime is None:
+            return None
+        if self.runtime not in self._refusals:
+            from llmconsole.kernels.support import custom_kernel_refusal
+
+            self._refusals[self.runtime] = custom_kernel_refusal(self.runtime.device, self.runtime.executable)
+        return self._refusals[self.runtime]
+
+    def _read_kernel_log(self) -> None:
+        """Feed the kernel reader what the engine logged since the last look (a few lines a
+        second at most: the plugin's and the backend's, and the counters)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._kernel_log_pos)
+                data = f.read(8 << 20)
+        except OSError:
+            return
+        self._kernel_log_pos += len(data)
+        self._kernel_log.feed(data.decode("utf-8", errors="replace"))
 
     def process_record(self) -> ProcessRecord | None:
         """The process to find again after a daemon restart: while one runs, whatever the state."""
@@ -464,6 +500,8 @@ class EngineSupervisor:
             )
             f.flush()
             self._log_offset = f.tell()
+        self._kernel_log = KernelLogReader()
+        self._kernel_log_pos = self._log_offset
         self.facts = None
         self._metrics = None
         self.ready_at_s = None

@@ -109,6 +109,93 @@ def parse_usage(log_text: str) -> KernelUsage | None:
                        fallback_tokens=by_reason("fallback_tokens"))
 
 
+# The lines that say which kernel an engine runs, logged by its own processes: the backend when
+# its kernel loaded (or failed to), the plugin when it would not install a backend, the backend
+# when a layer keeps vLLM's attention whatever the batch. The engine's word, not the spec's.
+LOADED_TAG = "custom decode kernel loaded from"
+UNAVAILABLE_TAG = "custom decode kernel unavailable, vLLM's attention runs instead:"
+IGNORED_TAG = "ignored:"
+LAYER_KEPT_TAG = "attention layer kept on vLLM's attention:"
+# The line the supervisor writes before each launch: what follows belongs to that run alone.
+LAUNCH_MARKER = "----- llmconsole: launching engine"
+
+
+@dataclass(frozen=True)
+class KernelReport:
+    """Which decode attention an engine runs, as its log says. kernel: "custom" (its attention
+    backend loaded llmconsole's kernel), "stock" (vLLM's own), or None (not said yet); note: why
+    it is not what was asked, or what is still unknown."""
+
+    kernel: str | None
+    note: str | None = None
+    usage: KernelUsage | None = None
+
+
+class KernelLogReader:
+    """Reads an engine's log as it grows (feed() each new piece) and reports its kernel. Keeps
+    only what matters: the kernel lines and each worker's latest counters."""
+
+    def __init__(self) -> None:
+        self._partial = ""
+        self._reset()
+
+    def _reset(self) -> None:
+        self._loaded = False
+        self._unavailable: str | None = None
+        self._ignored: str | None = None
+        self._kept: dict[str, None] = {}
+        self._counters: dict[int, str] = {}
+
+    def feed(self, text: str) -> None:
+        text = self._partial + text
+        lines = text.split("\n")
+        self._partial = lines.pop()
+        for line in lines:
+            if line.startswith(LAUNCH_MARKER):
+                self._reset()
+                continue
+            at = line.find(LOG_PREFIX)
+            if at < 0:
+                continue
+            said = line[at + len(LOG_PREFIX):].strip()
+            if said.startswith(_COUNTERS_TAG):
+                match = _COUNTERS_LINE.search(line)
+                if match:
+                    try:
+                        self._counters[int(json.loads(match.group(1))["pid"])] = line[match.start():]
+                    except (ValueError, KeyError, TypeError):
+                        pass
+            elif said.startswith(LOADED_TAG):
+                self._loaded = True
+            elif said.startswith(UNAVAILABLE_TAG):
+                self._unavailable = said.removeprefix(UNAVAILABLE_TAG).strip()
+            elif LAYER_KEPT_TAG in said:
+                self._kept[said.split(LAYER_KEPT_TAG, 1)[1].strip()] = None
+            elif IGNORED_TAG in said:
+                self._ignored = said
+
+    def report(self, requested: str, ready: bool) -> KernelReport:
+        """What the engine runs, given the kernel its spec asked for and whether it is ready (by
+        then every attention layer of a vLLM engine has been built, and has said so)."""
+        usage = parse_usage("\n".join(self._counters.values())) if self._counters else None
+        if requested != "custom":
+            return KernelReport("stock", None, usage)  # the plugin installs nothing unasked
+        if self._unavailable is not None:
+            return KernelReport("stock", f"custom asked; {self._unavailable}", usage)
+        if self._loaded:
+            return KernelReport("custom", None, usage)
+        if self._ignored is not None:
+            return KernelReport("stock", f"custom asked; {self._ignored}", usage)
+        if self._kept:
+            return KernelReport("stock", "custom asked; every attention layer stays vLLM's: "
+                                + "; ".join(self._kept), usage)
+        if ready:
+            return KernelReport("stock", "custom asked, but the engine loaded no llmconsole attention "
+                                "backend (vLLM selected another, or the plugin did not run): see its log",
+                                usage)
+        return KernelReport(None, "custom asked; the engine has not said yet which kernel runs", usage)
+
+
 class UsageCounter:
     """Per-process counters with the logging described above. Thread-safe; cheap per call."""
 
@@ -121,6 +208,7 @@ class UsageCounter:
         self._split_prefill_tokens = 0
         self._fallbacks: dict[str, int] = {}
         self._fallback_tokens: dict[str, int] = {}
+        self._kept: set[str] = set()
         self._reported: tuple[int, int, int, tuple[tuple[str, int], ...]] | None = None
         self._report_every_s = report_every_s
         self._reporter: threading.Thread | None = None
@@ -156,6 +244,16 @@ class UsageCounter:
             self._log.info("%s falling back to vLLM's attention for %s (logged once, counted)",
                            LOG_PREFIX, reason)
             self._start_reporter()
+
+    def layer_kept(self, reason: str) -> None:
+        """A layer that never runs the kernel (its attention is one the kernel does not cover):
+        said once per reason, when the layer is built, so the engine's log tells before any
+        step whether the kernel can run at all."""
+        with self._lock:
+            first = reason not in self._kept
+            self._kept.add(reason)
+        if first:
+            self._log.info("%s %s %s", LOG_PREFIX, LAYER_KEPT_TAG, reason)
 
     def snapshot(self) -> KernelUsage:
         with self._lock:

@@ -31,7 +31,7 @@ from llmconsole.kernels.build import KernelBuildError, load_cpu_kernel
 from llmconsole.kernels.checks import SUPPORTED_DTYPES
 from llmconsole.kernels.cpu_isa import KERNEL_LAYOUT_ISAS, kernel_isa
 from llmconsole.kernels.mixed_batch import PrefillPart, plan_prefill_part, run_mixed
-from llmconsole.kernels.usage import LOG_PREFIX, UsageCounter
+from llmconsole.kernels.usage import LOADED_TAG, LOG_PREFIX, UNAVAILABLE_TAG, UsageCounter
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -55,11 +55,10 @@ def _kernel_ready() -> bool:
         _kernel_checked = True
         try:
             status = load_cpu_kernel()
-            log.info("%s custom decode kernel loaded from %s", LOG_PREFIX, status.library_path)
+            log.info("%s %s %s", LOG_PREFIX, LOADED_TAG, status.library_path)
         except KernelBuildError as exc:
             _kernel_error = str(exc)
-            log.error("%s custom decode kernel unavailable, vLLM's attention runs instead: %s",
-                      LOG_PREFIX, exc)
+            log.error("%s %s %s", LOG_PREFIX, UNAVAILABLE_TAG, exc)
     return _kernel_error is None
 
 
@@ -117,6 +116,8 @@ class LlmconsoleCpuAttentionImpl(CPUAttentionBackendImpl):
         self._static_fallback = self._layer_fallback_reason()
         if self._static_fallback is None:
             _kernel_ready()
+        else:
+            USAGE.layer_kept(self._static_fallback)
 
     def _layer_fallback_reason(self) -> str | None:
         if self.attn_type != AttentionType.DECODER:

@@ -6,8 +6,10 @@ every engine on the host, including engines that never asked for the kernel. In 
 engine it asks for AMX tile state where the CPU has AMX (cpu_isa.py: without it vLLM's own
 AMX attention dies of SIGILL); beyond that it does nothing unless the engine was started with
 LLMCONSOLE_KERNEL=custom (set by the engine spec's `kernel: custom`), and even then it only
-records a class path: the backend module, and with it the compiled kernel, loads when vLLM's
-CPU platform resolves CPU_ATTN.
+records class paths: the backend module, and with it the compiled kernel, loads when vLLM's
+platform resolves the backend. On CPU engines that is CPU_ATTN (vllm_backend.py); on CUDA
+engines FLASH_ATTN and TRITON_ATTN (vllm_cuda_backend.py), whichever vLLM selects. Other
+platforms (ROCm, XPU, ...) keep their own backends and say so in the log.
 """
 
 from __future__ import annotations
@@ -20,6 +22,11 @@ from collections.abc import Mapping
 # not ask for the kernel imports nothing of llmconsole beyond this module and cpu_isa.
 KERNEL_ENV = "LLMCONSOLE_KERNEL"
 BACKEND_CLASS = "llmconsole.kernels.vllm_backend.LlmconsoleCpuAttentionBackend"
+# vLLM's CUDA backends the CUDA backend module replaces, and the class in place of each.
+CUDA_BACKEND_CLASSES = {
+    "FLASH_ATTN": "llmconsole.kernels.vllm_cuda_backend.LlmconsoleFlashAttentionBackend",
+    "TRITON_ATTN": "llmconsole.kernels.vllm_cuda_backend.LlmconsoleTritonAttentionBackend",
+}
 
 log = logging.getLogger("vllm.llmconsole_kernel")
 
@@ -40,12 +47,18 @@ def register() -> None:
                         "tile state; vLLM's AMX attention may fail with SIGILL")
     if not wanted():
         return
-    if not current_platform.is_cpu():
-        # The compiled kernel here is the CPU one; GPU engines keep their own backends.
-        log.warning("llmconsole-kernel: %s=custom ignored: the custom kernel runs on CPU "
-                    "engines only (this one is %s)", KERNEL_ENV, current_platform.device_type)
-        return
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
-    register_backend(AttentionBackendEnum.CPU_ATTN, BACKEND_CLASS)
-    log.info("llmconsole-kernel: CPU attention backend set to %s", BACKEND_CLASS)
+    if current_platform.is_cpu():
+        register_backend(AttentionBackendEnum.CPU_ATTN, BACKEND_CLASS)
+        log.info("llmconsole-kernel: CPU attention backend set to %s", BACKEND_CLASS)
+        return
+    if current_platform.is_cuda():
+        for name, path in CUDA_BACKEND_CLASSES.items():
+            register_backend(AttentionBackendEnum[name], path)
+        log.info("llmconsole-kernel: CUDA attention backends %s set to llmconsole's (%s)",
+                 " and ".join(CUDA_BACKEND_CLASSES), ", ".join(CUDA_BACKEND_CLASSES.values()))
+        return
+    # Read by status (usage.py's reader): the engine runs vLLM's attention, and why.
+    log.warning("llmconsole-kernel: %s=custom ignored: no custom kernel runs on %s engines",
+                KERNEL_ENV, current_platform.device_type)

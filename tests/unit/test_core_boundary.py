@@ -5,7 +5,6 @@ import pkgutil
 import subprocess
 import sys
 
-import llmconsole
 
 
 def _core_modules():

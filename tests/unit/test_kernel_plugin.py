@@ -5,18 +5,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
+from importlib.metadata import entry_points
 
-# vLLM's AVX-512 library dies with SIGILL on AVX2 hosts; set before anything imports vllm.
-os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+import pytest
 
-from importlib.metadata import entry_points  # noqa: E402
-
-import pytest  # noqa: E402
-
-from llmconsole.engine.spec import KERNEL_ENV  # noqa: E402
-from llmconsole.kernels import vllm_plugin  # noqa: E402
-from llmconsole.kernels.usage import LOG_PREFIX, UsageCounter, parse_usage  # noqa: E402
+from llmconsole.engine.spec import KERNEL_ENV
+from llmconsole.kernels import vllm_plugin
+from llmconsole.kernels.usage import LOG_PREFIX, UsageCounter, parse_usage
 
 
 def test_entry_point_is_installed():
@@ -48,6 +43,7 @@ def test_plugin_does_nothing_without_the_variable(cpu_attn, monkeypatch):
     assert cpu_attn.get_path() == "vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend"
 
 
+@pytest.mark.needs_cpu_vllm
 def test_plugin_overrides_cpu_attention_when_asked(cpu_attn, monkeypatch):
     monkeypatch.setenv(KERNEL_ENV, "custom")
     vllm_plugin.register()
@@ -123,3 +119,61 @@ def test_counter_logs_first_use_once_and_counters_only_on_change(caplog):
     since = usage.minus(earlier)
     assert (since.decode_calls, since.decode_tokens, since.split_calls) == (3, 7, 2)
     assert since.fallback_calls == {} and since.vllm_tokens == 107
+
+
+# --- what status shows: the kernel the engine says it runs ----------------------------------------
+
+
+def _engine_log(*said: str, pid: int = 7) -> str:
+    """Lines as vLLM's logger writes the backend's and the plugin's words into an engine log."""
+    return "".join(f"(EngineCore pid={pid}) INFO 12-04 07:24:12 [x.py:1] {LOG_PREFIX} {s}\n" for s in said)
+
+
+def _report(text: str, requested: str = "custom", ready: bool = True, chunk: int = 0):
+    from llmconsole.kernels.usage import KernelLogReader
+
+    reader = KernelLogReader()
+    if chunk:  # a log read as it grows: lines cut anywhere
+        for i in range(0, len(text), chunk):
+            reader.feed(text[i:i + chunk])
+    else:
+        reader.feed(text)
+    return reader.report(requested, ready)
+
+
+def test_status_kernel_is_what_the_engine_log_says_not_what_the_spec_asked():
+    from llmconsole.kernels.usage import LAUNCH_MARKER, LAYER_KEPT_TAG, LOADED_TAG, UNAVAILABLE_TAG
+
+    loaded = _engine_log(f"{LOADED_TAG} /cache/llmconsole_paged_attention.so")
+    assert _report(loaded, chunk=7).kernel == "custom"
+    # Asked for, but the kernel did not build: vLLM's attention runs, and status says why.
+    failed = _engine_log(f"{UNAVAILABLE_TAG} nvcc failed (exit 1): no space left on device")
+    r = _report(loaded + failed)
+    assert r.kernel == "stock" and "nvcc failed" in r.note
+    # The plugin would not install it (another platform): the words go to the operator.
+    ignored = _engine_log("LLMCONSOLE_KERNEL=custom ignored: no custom kernel runs on rocm engines")
+    r = _report(ignored)
+    assert r.kernel == "stock" and "no custom kernel runs on rocm engines" in r.note
+    # Every layer is one the kernel does not cover.
+    r = _report(_engine_log(f"{LAYER_KEPT_TAG} sliding-window attention", f"{LAYER_KEPT_TAG} ALiBi"))
+    assert r.kernel == "stock" and "sliding-window attention; ALiBi" in r.note
+    # Nothing said by a ready engine: vLLM chose a backend that is not llmconsole's.
+    r = _report("(APIServer pid=1) INFO Using FLASHINFER backend\n")
+    assert r.kernel == "stock" and "loaded no llmconsole attention backend" in r.note
+    assert _report("", ready=False).kernel is None  # still starting: not said yet
+    # A stock spec: the plugin installs nothing, whatever an earlier run logged.
+    assert _report(loaded, requested="stock") == _report("", requested="stock")
+    # Only the current run counts: a launch marker starts the record afresh.
+    relaunched = loaded + f"\n{LAUNCH_MARKER} demo (config abc) at 2026-12-04T08:00:00 -----\n" + failed
+    assert _report(relaunched).kernel == "stock"
+    again = failed + f"{LAUNCH_MARKER} demo (config abc) at 2026-12-04T08:00:00 -----\n" + loaded
+    assert _report(again).kernel == "custom"
+
+
+def test_status_carries_the_engines_latest_counters():
+    text = _engine_log("custom decode kernel loaded from /x.so") + "\n".join([
+        _counters_line(10, 4, 8, {"prefill": 1}), _counters_line(11, 2, 2, {}),
+        _counters_line(10, 9, 30, {"prefill": 2})]) + "\n"
+    r = _report(text, chunk=13)
+    assert r.kernel == "custom"
+    assert (r.usage.decode_calls, r.usage.decode_tokens, r.usage.fallback_calls) == (11, 32, {"prefill": 2})

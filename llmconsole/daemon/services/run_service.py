@@ -42,6 +42,7 @@ from llmconsole.engine.sweep.request import SweepRequest
 from llmconsole.engine.sweep.runner import EngineTarget, SweepRunner
 from llmconsole.engine.tune.ranges import EngineFacts
 from llmconsole.engine.tune.request import TuneRequest
+from llmconsole.engine.tune.space import parse_knob
 from llmconsole.engine.tune.study import open_study, outcomes
 from llmconsole.engine.tune.tuner import TuneProgress, Tuner
 
@@ -134,9 +135,10 @@ class RunService:
         """Check the request and the engine, then start the run; ValueError (bad input), UnknownEngine,
         EngineBusy (not ready, or another run holds it) leave nothing started."""
         body: Callable[[Run, BridgedController], Awaitable[dict[str, Any]]]
+        kernels: tuple[object, ...] = ()  # the kernels the run would start the engine on
         if kind == "sweep":
             sweep = _validated(SweepRequest, request)
-            sweep.plan()  # ValueError for a bad plan before anything is started
+            kernels = sweep.plan().grid.get("kernel", ())  # ValueError for a bad plan before anything is started
             engine = sweep.engine
 
             def body(run: Run, ctl: BridgedController) -> Awaitable[dict[str, Any]]:
@@ -144,6 +146,7 @@ class RunService:
         elif kind == "tune":
             tune = _validated(TuneRequest, request)
             tune.check()
+            kernels = next((k.choices for k in map(parse_knob, tune.knobs) if k.name == "kernel"), ())
             engine = tune.engine
 
             def body(run: Run, ctl: BridgedController) -> Awaitable[dict[str, Any]]:
@@ -151,6 +154,9 @@ class RunService:
         else:
             raise ValueError(f"unknown run kind {kind!r}: sweep or tune")
         sup = self.ctx.fleet.get(engine)  # UnknownEngine
+        refusal = sup.status().custom_kernel_refusal if "custom" in kernels else None
+        if refusal is not None:
+            raise ValueError(f"kernel=custom: {refusal}")
         if sup.state != EngineState.READY:
             raise EngineBusy(f"engine {engine} is {sup.state}, not ready; nothing was started")
         busy = next((r for r in self.runs.values() if r.engine == engine and r.state == "running"), None)

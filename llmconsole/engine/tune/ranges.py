@@ -34,6 +34,7 @@ class EngineFacts:
     device: str = "cpu"                       # cpu | cuda
     spec: dict[str, Any] = field(default_factory=dict)
     window: dict[str, int] | None = None      # {"min_window": .., "max_window": ..}
+    custom_kernel_refusal: str | None = None  # why the runtime cannot run kernel=custom; None: it can
 
 
 @dataclass(frozen=True)
@@ -104,9 +105,15 @@ def derive_space(knobs: Sequence[Knob], facts: EngineFacts, *, input_len: int, o
     out: list[Knob] = []
     sources: dict[str, str] = {}
     for k in knobs:
+        if k.name == "kernel" and "custom" in k.choices and facts.custom_kernel_refusal:
+            raise ValueError(f"knob {k.describe()}: {facts.custom_kernel_refusal}")
         if not k.open:
             out.append(k)
             sources[k.name] = "given"
+            continue
+        if k.name == "kernel" and facts.custom_kernel_refusal:
+            out.append(Knob("kernel", choices=("stock",)))
+            sources[k.name] = f"runtime: stock only ({facts.custom_kernel_refusal})"
             continue
         knob, why = _range(k.name, spec, kv, need, concurrency)
         out.append(knob)

@@ -103,7 +103,8 @@ class DetailScreen(EngineScreen):
             ("pid             ", "bold"), na(e.pid), "\n",
             ("uptime          ", "bold"), fmt_uptime(e.uptime_s) if e.running else "-", "\n",
             ("kernel          ", "bold"),
-            "custom (llmconsole decode)" if e.kernel == "custom" else "stock (vLLM)",
+            {"custom": "custom (llmconsole decode)", "stock": "stock (vLLM)"}.get(e.kernel, e.kernel),
+            f"\n                ({e.kernel_note})" if e.kernel_note else "",
         )
 
     @staticmethod
