@@ -1,4 +1,5 @@
-"""Shared fixtures: a real tiny model, an isolated LLMCONSOLE_HOME, and the CLI as a subprocess."""
+"""Shared fixtures: a real tiny model, an isolated LLMCONSOLE_HOME, the CLI as a subprocess, and
+real sshd servers on loopback standing for other hosts (tests/sshd.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.sshd import ssh_fleet  # noqa: F401  (a shared fixture: sshd servers on loopback)
 
 
 @pytest.fixture(scope="session")

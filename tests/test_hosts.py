@@ -1,0 +1,301 @@
+"""Hosts without engines: destinations and the hosts file, ENGINE@HOST, the backoff, the CLI's
+errors, and a real sshd on loopback carrying the control API (dial-stdio) to a second daemon."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from llmconsole.console.client import DaemonNotRunning, HostUnreachable
+from llmconsole.console.hosts import (
+    LOCAL,
+    Destination,
+    Host,
+    HostCatalog,
+    HostsError,
+    client_for,
+    hosts_file,
+    parse_hosts,
+    split_engine,
+)
+from llmconsole.console.ssh import SSH_COMMAND_ENV, Backoff, ssh_argv, ssh_reason
+from tests.conftest import Cli, _short_home, _stop_daemon
+
+# --- destinations and the hosts file ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, user, hostname, port", [
+    ("gpu1", None, "gpu1", None),
+    ("ops@gpu1.example.com", "ops", "gpu1.example.com", None),
+    ("ssh://ops@gpu1:2222", "ops", "gpu1", 2222),
+    ("ssh://gpu1", None, "gpu1", None),
+    ("ssh://root@[::1]:22", "root", "::1", 22),
+    ("10.0.0.7", None, "10.0.0.7", None),
+])
+def test_destinations_as_ssh_takes_them(text, user, hostname, port):
+    d = Destination.parse(text)
+    assert (d.user, d.hostname, d.port) == (user, hostname, port)
+    assert str(d) == text  # handed to ssh unchanged
+
+
+@pytest.mark.parametrize("text, words", [
+    ("", "empty"),
+    ("-oProxyCommand=sh", "not valid"),          # never an option to ssh
+    ("a b", "not valid"),
+    ("gpu1;reboot", "not valid"),
+    ("user@gpu1:2222", "ssh://"),                # ssh would read gpu1:2222 as a host name
+    ("http://gpu1", "only ssh://"),
+    ("ssh://ops:pw@gpu1", "nothing more"),       # no passwords in URIs
+    ("ssh://gpu1/path", "nothing more"),
+    ("ssh://gpu1:99999", "ssh destination"),
+    ("@gpu1", "not a user name"),
+])
+def test_bad_destinations_say_why(text, words):
+    with pytest.raises(HostsError) as e:
+        Destination.parse(text)
+    assert words in str(e.value)
+
+
+def test_hosts_file_parses_in_order_with_optional_fields():
+    hosts = parse_hosts('''
+[hosts.gpu1]
+destination = "ops@gpu1"
+command = "/opt/llmconsole/bin/llmconsole"
+data_dir = "/srv/llmconsole"
+metrics = "10.0.0.11:9400"
+
+[hosts.gpu2]
+destination = "ssh://ops@gpu2:2222"
+data_dir = "~/llmc"
+''')
+    assert [h.name for h in hosts] == ["gpu1", "gpu2"]
+    g1, g2 = hosts
+    assert (g1.command, g1.data_dir, g1.metrics) == ("/opt/llmconsole/bin/llmconsole", "/srv/llmconsole", "10.0.0.11:9400")
+    assert g2.command == "llmconsole" and g2.destination is not None and g2.destination.port == 2222
+    # What the remote shell runs: the data dir quoted, ~ left to the remote user's home.
+    assert g1.remote_command("daemon", "dial-stdio") == \
+        "env LLMCONSOLE_HOME=/srv/llmconsole /opt/llmconsole/bin/llmconsole daemon dial-stdio"
+    assert g2.remote_command("engine", "stop", "a b") == 'env LLMCONSOLE_HOME="$HOME"/llmc llmconsole engine stop \'a b\''
+
+
+@pytest.mark.parametrize("text, words", [
+    ("[hosts.gpu1\n", "not valid TOML"),
+    ("[hosts.gpu1]\ncommand = 'x'\n", "`destination` is required"),
+    ("[hosts.gpu1]\ndestination = 'gpu1'\ndestnation = 'x'\n", "unknown key(s) destnation"),
+    ("[hosts.local]\ndestination = 'gpu1'\n", "this host's own name"),
+    ("[hosts.'a b']\ndestination = 'gpu1'\n", "name is not valid"),
+    ("[hosts.gpu1]\ndestination = '-oProxyCommand=x'\n", "[hosts.gpu1]: ssh destination"),
+    ("[hosts.gpu1]\ndestination = 'gpu1'\ndata_dir = 'relative'\n", "must be absolute"),
+    ("[hosts.gpu1]\ndestination = 'gpu1'\nmetrics = 'gpu1'\n", "not HOST:PORT"),
+    ("[host.gpu1]\ndestination = 'gpu1'\n", "unknown top-level key"),
+    ("hosts = 3\n", "must be a table"),
+])
+def test_hosts_file_errors_name_the_entry_and_the_fix(text, words):
+    with pytest.raises(HostsError) as e:
+        parse_hosts(text, "hosts.toml")
+    assert words in str(e.value)
+    assert str(e.value).startswith("hosts.toml")
+
+
+def test_hosts_file_lives_with_the_state_or_in_the_config_dir(tmp_path):
+    assert hosts_file({"LLMCONSOLE_HOME": "/x/y"}) == Path("/x/y/hosts.toml")
+    assert hosts_file({"XDG_CONFIG_HOME": "/c"}) == Path("/c/llmconsole/hosts.toml")
+
+
+def test_catalog_names_destinations_and_the_local_host(tmp_path):
+    f = tmp_path / "hosts.toml"
+    f.write_text('[hosts.gpu1]\ndestination = "ops@gpu1"\n')
+    cat = HostCatalog(f, command="/venv/bin/llmconsole", data_dir="/srv/l")
+    assert cat.lookup("gpu1").destination == Destination.parse("ops@gpu1")
+    assert cat.lookup("gpu1").command == "llmconsole"  # a file entry keeps its own command
+    adhoc = cat.lookup("ssh://me@gpu9:2200")
+    assert (adhoc.name, adhoc.command, adhoc.data_dir) == ("me@gpu9:2200", "/venv/bin/llmconsole", "/srv/l")
+    assert cat.lookup(LOCAL).is_local
+    assert [h.name for h in cat.all_hosts()] == ["local", "gpu1"]
+    assert HostCatalog(tmp_path / "none.toml").all_hosts() == [Host(name="local")]
+
+
+def test_engine_at_host():
+    assert split_engine("demo@gpu1") == ("demo", "gpu1")
+    assert split_engine("demo@ops@gpu1") == ("demo", "ops@gpu1")
+    assert split_engine("demo") == ("demo", None)
+    for bad in ("@gpu1", "demo@"):
+        with pytest.raises(HostsError):
+            split_engine(bad)
+
+
+# --- ssh, without a server -------------------------------------------------------------------
+
+def test_ssh_never_prompts_and_the_destination_is_never_an_option():
+    argv = ssh_argv("ops@gpu1", "llmconsole daemon dial-stdio", env={SSH_COMMAND_ENV: "ssh -F /tmp/cfg"})
+    assert argv[:3] == ["ssh", "-F", "/tmp/cfg"]
+    assert "BatchMode=yes" in argv
+    assert argv[-3:] == ["--", "ops@gpu1", "llmconsole daemon dial-stdio"]
+    assert ssh_reason("Warning: Permanently added x\r\nssh: connect to host h port 1: Connection refused\r\n") == \
+        "Warning: Permanently added x / ssh: connect to host h port 1: Connection refused"
+
+
+def test_backoff_doubles_to_a_ceiling_and_resets_on_success():
+    now = [100.0]
+    b = Backoff(first_s=1, factor=2, max_s=5, clock=lambda: now[0])
+    assert b.wait_s() == 0
+    assert [b.failed("refused") for _ in range(5)] == [1, 2, 4, 5, 5]
+    assert b.wait_s() == 5 and b.reason == "refused"
+    now[0] += 5
+    assert b.wait_s() == 0
+    b.succeeded()
+    assert b.failed("again") == 1
+
+
+def test_an_unreachable_host_is_said_with_ssh_words_then_backed_off(monkeypatch):
+    monkeypatch.setenv(SSH_COMMAND_ENV, "ssh -F /dev/null -o StrictHostKeyChecking=no")
+    host = Host(name="nowhere", destination=Destination.parse("ssh://nobody@127.0.0.1:1"))
+    with client_for(host, timeout_s=20) as c:
+        with pytest.raises(HostUnreachable) as first:
+            c.status()
+        assert "Connection refused" in first.value.reason and first.value.retry_in_s is None
+        with pytest.raises(HostUnreachable) as second:  # within the backoff: not even tried
+            c.status()
+        assert second.value.retry_in_s is not None and "Connection refused" in second.value.reason
+        assert isinstance(second.value, DaemonNotRunning)  # callers that know no hosts still cope
+
+
+# --- the CLI ---------------------------------------------------------------------------------
+
+def test_cli_refuses_bad_hosts_and_conflicts_with_exit_2(cli, home):
+    (home / "hosts.toml").write_text("[hosts.gpu1]\ndestnation = 'x'\n")
+    r = cli("--host", "gpu1", "status", check=False)
+    assert r.returncode == 2 and "unknown key(s) destnation" in r.stderr
+    (home / "hosts.toml").write_text("[hosts.gpu1]\ndestination = 'gpu1'\n[hosts.gpu2]\ndestination = 'gpu2'\n")
+    r = cli("--host", "gpu2", "engine", "stop", "demo@gpu1", "--yes", check=False)
+    assert r.returncode == 2 and "names host gpu1, but --host names gpu2" in r.stderr
+    r = cli("--host", "gpu1", "--host", "gpu2", "engine", "stop", "demo", check=False)
+    assert r.returncode == 2 and "acts on one host" in r.stderr
+    r = cli("--host=-oProxyCommand=touch", "status", check=False)
+    assert r.returncode == 2 and "not valid" in r.stderr
+    r = cli("hosts", "ls", "--json")
+    assert [h["name"] for h in json.loads(r.stdout)["hosts"]] == ["gpu1", "gpu2"]
+
+
+def test_status_all_hosts_reports_each_host_and_exits_4_when_one_is_down(cli, home):
+    (home / "hosts.toml").write_text("[hosts.down]\ndestination = 'ssh://nobody@127.0.0.1:1'\n")
+    cli.env[SSH_COMMAND_ENV] = "ssh -F /dev/null -o StrictHostKeyChecking=no"
+    r = cli("status", "--all-hosts", "--json", check=False)
+    assert r.returncode == 4, r.stderr
+    hosts = {h["host"]: h for h in json.loads(r.stdout)["hosts"]}
+    assert hosts["local"]["reachable"] and not hosts["local"]["running"]
+    assert hosts["local"]["error"] == "no llmconsole daemon is running"
+    assert not hosts["down"]["reachable"] and "Connection refused" in hosts["down"]["error"]
+    text = cli("status", "--all-hosts", check=False).stdout
+    assert "local (this host)\n  no llmconsole daemon is running" in text
+    assert "down (nobody@127.0.0.1:1)\n  unreachable: ssh: connect to host 127.0.0.1 port 1: Connection refused" in text
+    r = cli("engine", "stop", "demo@down", "--yes", check=False)
+    assert r.returncode == 4 and "host down is unreachable: ssh: connect to host" in r.stderr
+
+
+def test_dial_stdio_without_a_daemon_exits_3(cli):
+    r = cli("daemon", "dial-stdio", "--no-start", check=False, input="")
+    assert r.returncode == 3 and "no llmconsole daemon is running" in r.stderr
+
+
+# --- a second daemon behind a real sshd ------------------------------------------------------
+
+def remote_command() -> str:
+    """llmconsole as the test's own interpreter runs it, with the test's import path."""
+    env = ["env", "VLLM_ENABLE_V1_MULTIPROCESSING=0"]
+    if os.environ.get("PYTHONPATH"):
+        env.append(f"PYTHONPATH={os.environ['PYTHONPATH']}")
+    return shlex.join([*env, sys.executable, "-m", "llmconsole.console.cli"])
+
+
+@pytest.fixture(scope="module")
+def gamma(ssh_fleet):
+    """Host `gamma`: an sshd on loopback in front of a daemon of its own data dir."""
+    server = ssh_fleet.host("gamma")
+    remote_home = _short_home("llmc-g-")
+    local_home = _short_home("llmc-l-")
+    (local_home / "hosts.toml").write_text(
+        f'[hosts.gamma]\ndestination = "gamma"\ncommand = {json.dumps(remote_command())}\n'
+        f'data_dir = "{remote_home}"\n')
+    c = Cli(local_home)
+    c.env[SSH_COMMAND_ENV] = ssh_fleet.ssh_command
+    c.remote_home, c.server = remote_home, server
+    yield c
+    _stop_daemon(remote_home)
+    _stop_daemon(local_home)
+
+
+def test_remote_daemon_start_status_stop_over_ssh(gamma):
+    r = gamma("--host", "gamma", "status", check=False)
+    assert r.returncode == 3 and "no llmconsole daemon is running on gamma" in r.stderr
+    r = gamma("--host", "gamma", "daemon", "start")
+    assert "daemon running on gamma" in r.stdout
+    # That daemon is the one of gamma's data dir: its socket is there, 0600.
+    sock = gamma.remote_home / "run" / "control.sock"
+    assert sock.exists() and (sock.stat().st_mode & 0o777) == 0o600
+    info = json.loads(gamma("--host", "gamma", "daemon", "status", "--json").stdout)
+    assert info["running"] and info["host"] == "gamma" and info["socket"] == str(sock)
+    assert gamma("--host", "gamma", "status", "--json").stdout.strip().startswith("{")
+    # The local host has no daemon; gamma's answers; each is said as such.
+    st = {h["host"]: h for h in json.loads(gamma("status", "--all-hosts", "--json").stdout)["hosts"]}
+    assert st["gamma"]["running"] and st["gamma"]["status"]["engines"] == []
+    assert not st["local"]["running"]
+
+
+def test_one_client_many_calls_and_threads_over_one_host(gamma, monkeypatch):
+    gamma("--host", "gamma", "daemon", "start")
+    monkeypatch.setenv(SSH_COMMAND_ENV, gamma.env[SSH_COMMAND_ENV])
+    host = HostCatalog(gamma.home / "hosts.toml").lookup("gamma")
+    errors: list[BaseException] = []
+    with client_for(host, timeout_s=60) as c:
+        assert c.ping() is not None
+        pids = set()
+
+        def poll() -> None:
+            try:
+                for _ in range(5):
+                    pids.add(c.daemon_info()["pid"])
+                    assert c.status()["engines"] == []
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=poll) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    assert not errors, errors
+    assert len(pids) == 1
+
+
+def test_commands_without_an_api_run_on_the_host(gamma, tmp_path):
+    gamma("--host", "gamma", "daemon", "start")
+    # history reads gamma's own database, over there.
+    r = gamma("--host", "gamma", "history", "--json")
+    assert json.loads(r.stdout) == {"engines": {}}
+    # export comes back here: gamma's export, streamed as a tar over ssh.
+    out = tmp_path / "bundle"
+    r = gamma("--host", "gamma", "export", "--out", str(out))
+    assert (out / "report.md").is_file() and (out / "sessions.jsonl").is_file()
+    assert "exported gamma to" in r.stdout
+    # One bundle across hosts: each host's folder, and hosts.json saying which made it.
+    both = tmp_path / "both"
+    r = gamma("export", "--all-hosts", "--out", str(both), check=False)
+    index = {h["host"]: h for h in json.loads((both / "hosts.json").read_text())["hosts"]}
+    assert index["gamma"]["ok"] and (both / "gamma" / "report.md").is_file()
+    assert not index["local"]["ok"] and "no llmconsole database" in index["local"]["error"]
+    assert r.returncode == 1
+
+
+def test_remote_daemon_stop_over_ssh(gamma):
+    gamma("--host", "gamma", "daemon", "start")
+    r = gamma("--host", "gamma", "daemon", "stop")
+    assert "daemon on gamma stopped; engines keep serving" in r.stdout
+    assert not (gamma.remote_home / "run" / "control.sock").exists()
+    assert gamma("--host", "gamma", "daemon", "status", check=False).returncode == 3
