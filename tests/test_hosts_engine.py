@@ -56,9 +56,6 @@ def two_hosts(ssh_fleet, tiny_model):
     c.env[SSH_COMMAND_ENV] = ssh_fleet.ssh_command
     c.model, c.homes, c.servers = tiny_model, homes, {"alpha": alpha, "beta": beta}
     yield c
-    for name, server in c.servers.items():
-        if not server.running:
-            server.start()
     for home in (*homes.values(), local):
         _stop_daemon(home)
         shutil.rmtree(home, ignore_errors=True)
