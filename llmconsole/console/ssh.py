@@ -139,16 +139,19 @@ class SshStream(httpcore.NetworkStream):
             raise httpcore.WriteError(f"the connection to {self.host} closed ({e})") from None
 
     def _ended(self) -> None:
-        """The stream ended: raise what it means when it ended before the daemon said anything."""
+        """The stream ended: raise what it means. ssh's own failure (the host or the network went
+        away, now or mid-conversation) is the host being unreachable; a remote side that ended
+        before saying anything says why in its exit status; a clean end is for HTTP to judge."""
         try:
             code = self.proc.wait(timeout=5.0)
         except subprocess.TimeoutExpired:
             return
+        if code == EXIT_SSH_FAILED:
+            reason = ssh_reason(self._stderr.text())
+            raise HostUnreachable(self.host, reason or f"ssh exited with status {code}")
         if self._answered:
             return
         reason = ssh_reason(self._stderr.text())
-        if code == EXIT_SSH_FAILED:
-            raise HostUnreachable(self.host, reason or f"ssh exited with status {code}")
         if code == EXIT_NO_DAEMON:
             raise DaemonNotRunning(f"no llmconsole daemon is running on {self.host}"
                                    + (f" ({reason})" if reason else ""))
