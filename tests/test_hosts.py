@@ -299,3 +299,32 @@ def test_remote_daemon_stop_over_ssh(gamma):
     assert "daemon on gamma stopped; engines keep serving" in r.stdout
     assert not (gamma.remote_home / "run" / "control.sock").exists()
     assert gamma("--host", "gamma", "daemon", "status", check=False).returncode == 3
+
+
+def test_commands_that_run_on_the_host_go_there_as_typed(monkeypatch, tmp_path):
+    """history, load, sweep, tune ...: the command line from the command on, ENGINE@HOST made the
+    bare name, run by the host's llmconsole on its data dir; ssh's 255 is an unreachable host."""
+    from llmconsole.console import cli, ssh
+
+    (tmp_path / "hosts.toml").write_text('[hosts.gpu1]\ndestination = "ops@gpu1"\ndata_dir = "/srv/l"\n')
+    monkeypatch.setenv("LLMCONSOLE_HOME", str(tmp_path))
+    sent = []
+
+    def fake_run_remote(destination, remote_command, *, host, tty=False, env=None):
+        sent.append((destination, remote_command, host))
+        return sent_code[0]
+
+    sent_code = [0]
+    monkeypatch.setattr(ssh, "run_remote", fake_run_remote)
+    assert cli.main(["tune", "--engine", "demo@gpu1", "--workload", "concurrency=4", "--budget", "3"]) == 0
+    assert cli.main(["--host", "gpu1", "load", "demo", "--concurrency", "2"]) == 0
+    assert cli.main(["history", "--json", "demo@gpu1"]) == 0
+    assert cli.main(["--host", "gpu1", "daemon", "install", "--user"]) == 0
+    assert sent == [
+        ("ops@gpu1", "env LLMCONSOLE_HOME=/srv/l llmconsole tune --engine demo --workload concurrency=4 --budget 3", "gpu1"),
+        ("ops@gpu1", "env LLMCONSOLE_HOME=/srv/l llmconsole load demo --concurrency 2", "gpu1"),
+        ("ops@gpu1", "env LLMCONSOLE_HOME=/srv/l llmconsole history --json demo", "gpu1"),
+        ("ops@gpu1", "env LLMCONSOLE_HOME=/srv/l llmconsole daemon install --user", "gpu1"),
+    ]
+    sent_code[0] = 255
+    assert cli.main(["--host", "gpu1", "plan", "--model", "/m"]) == 4
