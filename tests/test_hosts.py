@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import sys
 import threading
 from pathlib import Path
@@ -227,8 +228,9 @@ def gamma(ssh_fleet):
     c.env[SSH_COMMAND_ENV] = ssh_fleet.ssh_command
     c.remote_home, c.server = remote_home, server
     yield c
-    _stop_daemon(remote_home)
-    _stop_daemon(local_home)
+    for h in (remote_home, local_home):
+        _stop_daemon(h)
+        shutil.rmtree(h, ignore_errors=True)
 
 
 def test_remote_daemon_start_status_stop_over_ssh(gamma):
