@@ -44,12 +44,13 @@ $(VENV)/.install-stamp: pyproject.toml $(VENV)/.vllm-stamp
 
 # Debian tools the suite drives for real: tmux (the console in a real terminal), promtool and
 # prometheus (the alert rules' tests and a live Prometheus on loopback; the package's service is
-# never started by the tests, which run their own server). Installed only where missing; needs
-# root or sudo.
-DEBIAN_TOOLS := tmux:tmux promtool:prometheus
+# never started by the tests, which run their own server), and sshd (other hosts over SSH: each
+# test runs its own sshd on a loopback port with its own host key, never the system service).
+# Installed only where missing; needs root or sudo. sshd lives in /usr/sbin, off most users' PATH.
+DEBIAN_TOOLS := tmux:tmux promtool:prometheus sshd:openssh-server
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-$(VENV)/.debian-stamp: | $(PY)
-	@missing=""; for pair in $(DEBIAN_TOOLS); do cmd=$${pair%%:*}; pkg=$${pair#*:}; \
+$(VENV)/.debian-stamp: Makefile | $(PY)
+	@missing=""; PATH="$$PATH:/usr/sbin:/sbin"; for pair in $(DEBIAN_TOOLS); do cmd=$${pair%%:*}; pkg=$${pair#*:}; \
 		command -v $$cmd >/dev/null || missing="$$missing $$pkg"; done; \
 	if [ -n "$$missing" ]; then echo "installing$$missing (Debian packages)"; \
 		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; fi

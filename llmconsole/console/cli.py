@@ -1,7 +1,11 @@
 """The `llmconsole` command line. Users and scripts rely on it: keep it stable.
 
 Exit codes: 0 done; 1 the operation failed (an engine did not start, ...); 2 bad input (nothing
-was changed); 3 no daemon is running (for commands that do not start one).
+was changed); 3 no daemon is running (for commands that do not start one); 4 a host could not be
+reached over SSH.
+
+Every command acts on this host unless `--host DEST` (before the command) or ENGINE@HOST names
+another; see console/hosts.py for hosts and the hosts file.
 """
 
 from __future__ import annotations
@@ -21,13 +25,18 @@ from llmconsole import __version__
 from llmconsole.console.cli_common import (  # noqa: F401  (re-exported for scripts)
     EXIT_FAILED,
     EXIT_NO_DAEMON,
+    EXIT_UNREACHABLE,
     EXIT_USAGE,
     CliError,
     confirm,
+    current_host,
     daemon_client,
     na,
+    started_daemon_client,
+    use_host,
 )
-from llmconsole.console.client import DaemonClient, DaemonError, DaemonNotRunning, ensure_daemon
+from llmconsole.console.client import DaemonClient, DaemonError, DaemonNotRunning, HostUnreachable
+from llmconsole.console.hosts import LOCAL_HOST, Host, HostCatalog, HostsError, client_for, split_engine
 from llmconsole.console.spec_flags import add_spec_flags, read_api_key, spec_overrides
 from llmconsole.engine.fleet import check_name, enforce_kernel
 from llmconsole.engine.spec import EngineSpec, KernelUnavailable, validation_messages
@@ -50,12 +59,29 @@ _COLUMNS: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
 ]
 
 
+def parallel_text(e: dict[str, Any]) -> str:
+    """How many nodes an engine spans when it says so, else its spec's tensor x pipeline size
+    (vLLM places the tp x pp workers, on one node or, with Ray, across several)."""
+    nodes = e.get("nodes")
+    if nodes:
+        return f"{nodes} nodes"
+    spec = e.get("spec") or {}
+    tp, pp = int(spec.get("tensor_parallel_size") or 1), int(spec.get("pipeline_parallel_size") or 1)
+    if tp * pp == 1:
+        return "1"
+    backend = spec.get("distributed_executor_backend")
+    return f"tp{tp}xpp{pp}" + (f" {backend}" if backend else "")
+
+
 def format_status(status: dict[str, Any]) -> str:
     engines = status["engines"]
     if not engines:
         return "no engines (start one with `llmconsole engine start NAME --model DIR`)"
-    rows = [[h for h, _ in _COLUMNS]] + [[f(e) for _, f in _COLUMNS] for e in engines]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
+    columns = list(_COLUMNS)
+    if any(parallel_text(e) != "1" for e in engines):  # only where some engine spans workers
+        columns.insert(3, ("PARALLEL", parallel_text))
+    rows = [[h for h, _ in columns]] + [[f(e) for _, f in columns] for e in engines]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(columns))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     for e in engines:
         if e.get("last_error") and (e["state"] in ("failed", "crashed", "unhealthy", "invalid") or e.get("spec_error")):
@@ -71,7 +97,47 @@ def format_status(status: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def format_hosts_status(reports: list[Any]) -> str:
+    """Each host's section: its engines, or why there are none to show."""
+    out = []
+    for r in reports:
+        head = r.host.label
+        if r.status is not None:
+            body = format_status(r.status)
+        elif not r.reachable:
+            body = f"unreachable: {r.error}"
+        else:
+            body = r.error or "no answer"
+        out.append(head + "\n" + "\n".join("  " + line for line in body.splitlines()))
+    return "\n\n".join(out)
+
+
+def _status_across(ns: argparse.Namespace, hosts: list[Host]) -> int:
+    from llmconsole.console.host_status import gather
+
+    # Long-lived clients: with --watch an unreachable host is retried with backoff, not per round.
+    clients = {h.name: client_for(h, timeout_s=30.0) for h in hosts}
+    try:
+        while True:
+            reports = gather(hosts, clients=clients)
+            if ns.json:
+                print(json.dumps({"hosts": [r.to_json() for r in reports]}, indent=2))
+            else:
+                print(format_hosts_status(reports))
+            if not ns.watch:
+                return 0 if all(r.reachable for r in reports) else EXIT_UNREACHABLE
+            time.sleep(ns.watch)
+            print()
+    finally:
+        for c in clients.values():
+            c.close()
+
+
 def cmd_status(ns: argparse.Namespace) -> int:
+    targets: list[Host] = ns.targets
+    if ns.all_hosts or len(targets) > 1:
+        hosts = ns.catalog.all_hosts() if ns.all_hosts else targets
+        return _status_across(ns, hosts)
     with daemon_client() as c:
         while True:
             st = c.status()
@@ -87,13 +153,84 @@ def cmd_status(ns: argparse.Namespace) -> int:
 
 # --- daemon ---------------------------------------------------------------------------------
 
+def _daemon_service(ns: argparse.Namespace) -> int:
+    from llmconsole.console import service_unit
+
+    if ns.daemon_cmd == "install":
+        if not ns.user:
+            raise CliError("only a user service is supported: `llmconsole daemon install --user`", EXIT_USAGE)
+        try:
+            path, replaced = service_unit.install(force=ns.force)
+        except FileExistsError:
+            raise CliError(f"{service_unit.unit_path()} exists and differs; --force replaces it", EXIT_USAGE) from None
+        print(f"{'replaced' if replaced else 'wrote'} {path}")
+        print("then, to start it now and at every boot:")
+        for line in service_unit.next_steps():
+            print(f"  {line}")
+        return 0
+    removed = service_unit.uninstall()
+    if removed is None:
+        print(f"no unit at {service_unit.unit_path()}; nothing to remove")
+        return 0
+    print(f"removed {removed}")
+    print(f"if it was enabled: systemctl --user disable --now {service_unit.UNIT_NAME} && "
+          "systemctl --user daemon-reload (engines keep serving)")
+    return 0
+
+
+def _daemon_remote(ns: argparse.Namespace, host: Host) -> int:
+    """daemon start, status and stop of another host's daemon, through SSH."""
+    if ns.daemon_cmd == "start":
+        if ns.foreground:
+            raise CliError("--foreground runs the daemon in this terminal; on another host run it there", EXIT_USAGE)
+        client, _ = started_daemon_client()
+        with client:
+            running = client.daemon_info()
+        print(f"daemon running on {host.name}: pid {running['pid']}, socket {running['socket']}")
+        return 0
+    with client_for(host) as client:
+        info = client.ping()
+        if ns.daemon_cmd == "status":
+            if info is None:
+                print(json.dumps({"running": False, "host": host.name}) if ns.json
+                      else f"no daemon running on {host.name}")
+                return EXIT_NO_DAEMON
+            info.update(running=True, host=host.name)
+            print(json.dumps(info, indent=2) if ns.json else
+                  f"{host.name}: daemon pid {info['pid']} (v{info['version']}), up {info['uptime_s']:.0f} s, "
+                  f"{info['engines']} engine(s), socket {info['socket']}")
+            return 0
+        if info is None:
+            print(f"no daemon running on {host.name}")
+            return 0
+        if ns.stop_engines:
+            confirm(f"Stop the daemon on {host.name} AND every engine it supervises ({info['engines']})?", ns.yes)
+        client.stop_daemon(stop_engines=ns.stop_engines)
+        deadline = time.monotonic() + (120 if ns.stop_engines else 30)
+        while time.monotonic() < deadline and client.ping() is not None:
+            time.sleep(0.5)
+        if client.ping() is not None:
+            raise CliError(f"the daemon on {host.name} did not stop in time; see its log there")
+    print(f"daemon on {host.name} stopped" + ("; engines stopped" if ns.stop_engines else "; engines keep serving"))
+    return 0
+
+
 def cmd_daemon(ns: argparse.Namespace) -> int:
     paths = resolve()
+    if ns.daemon_cmd in ("install", "uninstall"):
+        return _daemon_service(ns)
+    if ns.daemon_cmd == "dial-stdio":
+        from llmconsole.console.dial_stdio import dial_stdio
+
+        return dial_stdio(paths, start=not ns.no_start)
+    host = current_host()
+    if not host.is_local:
+        return _daemon_remote(ns, host)
     if ns.daemon_cmd == "start":
         if ns.foreground:
             from llmconsole.daemon.main import main as daemon_main
             return daemon_main()
-        client, started = ensure_daemon(paths)
+        client, started = started_daemon_client()
         running = client.daemon_info()
         print(f"daemon {'started' if started else 'already running'}: pid {running['pid']}, socket {running['socket']}")
         return 0
@@ -182,25 +319,29 @@ def _print_ready(e: dict[str, Any]) -> None:
 
 
 def cmd_engine(ns: argparse.Namespace) -> int:
-    paths = resolve()
+    host = current_host()
     if ns.engine_cmd in ("start", "restart"):
         try:
             check_name(ns.name)
-            overrides = spec_overrides(ns)
+            overrides = spec_overrides(ns, local=host.is_local)
             api_key = read_api_key(ns)
         except (ValueError, RuntimeError) as e:
             raise CliError(str(e), EXIT_USAGE) from None
         full_spec = None
         if "model" in overrides:
             # Validate here first: a bad flag is refused in milliseconds, before any daemon work.
+            # A model on another host is that host's to check (its daemon does, on start).
+            checked = overrides if host.is_local else {**overrides, "model": "model-on-" + host.name}
             try:
-                enforce_kernel(EngineSpec(**overrides, **({"api_key": api_key} if api_key else {})))
+                spec = EngineSpec(**checked, **({"api_key": api_key} if api_key else {}))
+                if host.is_local:  # another host's runtime is its daemon's to judge
+                    enforce_kernel(spec)
             except ValidationError as e:
                 raise CliError("invalid engine spec:\n  " + "\n  ".join(validation_messages(e)), EXIT_USAGE) from None
             except KernelUnavailable as e:
                 raise CliError(str(e), EXIT_USAGE) from None
             full_spec = overrides
-        client, _ = ensure_daemon(paths) if ns.engine_cmd == "start" else (daemon_client(), False)
+        client, _ = started_daemon_client() if ns.engine_cmd == "start" else (daemon_client(), False)
         with client:
             try:
                 existing = client.engine(ns.name)
@@ -282,9 +423,23 @@ def cmd_model(ns: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="llmconsole", description="Launch, supervise and tune local vLLM engines.")
     p.add_argument("--version", action="version", version=f"llmconsole {__version__}")
+    hosts = p.add_argument_group("hosts (before the command: `llmconsole --host gpu1 status`)")
+    hosts.add_argument("--host", dest="hosts", action="append", default=[], metavar="DEST",
+                       help="act on this host: a hosts file name, `local`, or an ssh destination (gpu1, "
+                            "user@gpu1, ssh://user@gpu1:2222), reached with your own ssh; repeatable for "
+                            "status and export")
+    hosts.add_argument("--hosts-file", metavar="PATH", default=None,
+                       help="the hosts file (default: hosts.toml in LLMCONSOLE_HOME, else ~/.config/llmconsole)")
+    hosts.add_argument("--remote-command", metavar="CMD", default=None,
+                       help="how to run llmconsole on a --host DEST that is not in the hosts file "
+                            "(default: llmconsole)")
+    hosts.add_argument("--remote-data-dir", metavar="DIR", default=None,
+                       help="LLMCONSOLE_HOME on a --host DEST that is not in the hosts file")
     sub = p.add_subparsers(dest="cmd")
 
     st = sub.add_parser("status", help="engines and their live figures")
+    st.add_argument("--all-hosts", action="store_true",
+                    help="every host of the hosts file and this one; unreachable hosts say why")
     st.add_argument("--json", action="store_true")
     st.add_argument("--watch", type=float, nargs="?", const=1.0, default=None, metavar="S",
                     help="repeat every S seconds (default 1)")
@@ -299,6 +454,13 @@ def build_parser() -> argparse.ArgumentParser:
     dt.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     dq = dsub.add_parser("status")
     dq.add_argument("--json", action="store_true")
+    dd = dsub.add_parser("dial-stdio", help="bridge stdin/stdout to the daemon's control socket "
+                                            "(what a console on another host runs over ssh)")
+    dd.add_argument("--no-start", action="store_true", help="do not start a daemon if none runs (exit 3)")
+    di = dsub.add_parser("install", help="write a systemd user unit that runs the daemon (asks nothing, starts nothing)")
+    di.add_argument("--user", action="store_true", required=True, help="a user service (~/.config/systemd/user)")
+    di.add_argument("--force", action="store_true", help="replace a unit that differs")
+    dsub.add_parser("uninstall", help="remove the systemd user unit")
     d.set_defaults(func=cmd_daemon)
 
     e = sub.add_parser("engine", help="start, stop, restart engines; read their logs")
@@ -368,19 +530,121 @@ def _join_extra_args(argv: list[str]) -> list[str]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    ns = parser.parse_args(_join_extra_args(sys.argv[1:] if argv is None else argv))
+# Commands that act on several hosts at once; every other command acts on one.
+_MULTI_HOST = {"status", "export"}
+# Commands that run where the host's files, devices and engines' ports are: on another host they
+# run there, through ssh, with this terminal (the control API does not carry what they need).
+_RUN_ON_HOST = {"load", "sweep", "tune", "plan", "kernels", "model", "history", "console"}
+# Where an engine is named, and so may be named ENGINE@HOST.
+_ENGINE_ARG = {"engine": "name", "rollback": "name", "mode": "engine", "window": "engine", "load": "engine",
+               "history": "engine", "sweep": "engine", "tune": "engine"}
+_GLOBAL_WITH_VALUE = ("--host", "--hosts-file", "--remote-command", "--remote-data-dir")
+
+
+def _command_tokens(argv: list[str]) -> list[str]:
+    """The command line from the command on: what runs on the other host."""
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if tok in _GLOBAL_WITH_VALUE:
+            i += 2
+        elif tok.startswith("-"):
+            i += 1
+        else:
+            return argv[i:]
+    return []
+
+
+def _select_hosts(ns: argparse.Namespace) -> tuple[list[Host], dict[str, str]]:
+    """The hosts given (--host), with ENGINE@HOST folded in: (hosts, {ENGINE@HOST: ENGINE})."""
+    catalog = HostCatalog(Path(ns.hosts_file).expanduser() if ns.hosts_file else None,
+                          command=ns.remote_command, data_dir=ns.remote_data_dir)
+    ns.catalog = catalog
+    targets = [catalog.lookup(h) for h in ns.hosts]
+    renamed: dict[str, str] = {}
+    attr = _ENGINE_ARG.get(ns.cmd or "")
+    value = getattr(ns, attr, None) if attr else None
+    if attr and isinstance(value, str) and "@" in value:
+        name, at_host = split_engine(value)
+        host = catalog.lookup(at_host or "")
+        if targets and [t.name for t in targets] != [host.name]:
+            raise CliError(f"{value} names host {host.name}, but --host names "
+                           f"{', '.join(t.name for t in targets)}; give one", EXIT_USAGE)
+        targets = [host]
+        setattr(ns, attr, name)
+        renamed[value] = name
+    ns.targets = targets
+    return targets, renamed
+
+
+def _run_there(host: Host, argv: list[str], renamed: dict[str, str]) -> int:
+    """Run this command line on `host`, through ssh, with this terminal."""
+    from llmconsole.console.ssh import run_remote
+
+    tokens = []
+    for tok in _command_tokens(argv):
+        for full, bare in renamed.items():
+            if tok == full:
+                tok = bare
+            elif tok.endswith("=" + full):
+                tok = tok[: -len(full)] + bare
+        tokens.append(tok)
+    assert host.destination is not None
+    tty = sys.stdin.isatty() and sys.stdout.isatty()
+    code = run_remote(str(host.destination), host.remote_command(*tokens), host=host.name, tty=tty)
+    if code == 255:
+        raise CliError(f"host {host.name}: ssh failed (its reason is above)", EXIT_UNREACHABLE)
+    return code
+
+
+def _dispatch(ns: argparse.Namespace, argv: list[str]) -> int:
+    targets, renamed = _select_hosts(ns)
     if ns.cmd is None:
-        if sys.stdin.isatty() and sys.stdout.isatty():  # a person at a terminal: the console
+        if len(targets) > 1:
+            return cmd_status(_status_ns(ns))
+        if targets and not targets[0].is_local:
+            if not (sys.stdin.isatty() and sys.stdout.isatty()):
+                use_host(targets[0])
+                return cmd_status(_status_ns(ns))
+            argv = [*argv, "console"]  # the console of that host, run there, in this terminal
+            ns.cmd = "console"
+        elif sys.stdin.isatty() and sys.stdout.isatty():  # a person at a terminal: the console
             from llmconsole.console.tui.run import run_console
             return run_console()
-        ns = parser.parse_args(["status"])  # a script or a pipe: the status table, as before
+        else:
+            return cmd_status(_status_ns(ns))  # a script or a pipe: the status table, as before
+    if len(targets) > 1 and ns.cmd not in _MULTI_HOST:
+        raise CliError(f"`{ns.cmd}` acts on one host; give one --host (status and export take several)", EXIT_USAGE)
+    host = targets[0] if targets else LOCAL_HOST
+    use_host(host)
+    remote_only_here = ns.cmd == "daemon" and ns.daemon_cmd in ("install", "uninstall")
+    if not host.is_local and (ns.cmd in _RUN_ON_HOST or remote_only_here):
+        return _run_there(host, argv, renamed)
+    if not host.is_local and ns.cmd == "daemon" and ns.daemon_cmd == "dial-stdio":
+        raise CliError("dial-stdio bridges this host's daemon; it takes no --host", EXIT_USAGE)
+    return int(ns.func(ns) or 0)
+
+
+def _status_ns(ns: argparse.Namespace) -> argparse.Namespace:
+    ns.cmd, ns.json, ns.watch, ns.all_hosts = "status", False, None, False
+    return ns
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = _join_extra_args(list(sys.argv[1:] if argv is None else argv))
+    ns = parser.parse_args(args)
     try:
-        return ns.func(ns) or 0
+        return _dispatch(ns, args)
     except CliError as e:
         print(f"llmconsole: {e}", file=sys.stderr)
         return e.code
+    except HostsError as e:
+        print(f"llmconsole: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except HostUnreachable as e:
+        print(f"llmconsole: {e}", file=sys.stderr)
+        return EXIT_UNREACHABLE
     except DaemonNotRunning as e:
         print(f"llmconsole: {e}", file=sys.stderr)
         return EXIT_NO_DAEMON
@@ -390,6 +654,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; engines keep running", file=sys.stderr)
         return 130
+    finally:
+        use_host(LOCAL_HOST)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,30 @@
-"""What every `llmconsole` subcommand shares: exit codes, the error type, the daemon client,
-confirmation before anything destructive, and how a missing value prints."""
+"""What every `llmconsole` subcommand shares: exit codes, the error type, the daemon client of
+the host the command acts on, confirmation before anything destructive, and how a missing value
+prints."""
 
 from __future__ import annotations
 
 import sys
 from typing import Any
 
-from llmconsole.console.client import DaemonClient
+from llmconsole.console.client import DaemonClient, ensure_daemon
+from llmconsole.console.hosts import LOCAL_HOST, Host, client_for
 from llmconsole.paths import resolve
 
-EXIT_FAILED, EXIT_USAGE, EXIT_NO_DAEMON = 1, 2, 3
+EXIT_FAILED, EXIT_USAGE, EXIT_NO_DAEMON, EXIT_UNREACHABLE = 1, 2, 3, 4
+
+# The host this invocation's command acts on: `--host DEST`, or ENGINE@HOST where an engine is
+# named (cli.main sets it before the command runs). The local host unless one was given.
+_host: Host = LOCAL_HOST
+
+
+def use_host(host: Host) -> None:
+    global _host
+    _host = host
+
+
+def current_host() -> Host:
+    return _host
 
 
 class CliError(Exception):
@@ -23,10 +38,38 @@ def na(value: Any, fmt: str = "{}") -> str:
 
 
 def daemon_client() -> DaemonClient:
-    client = DaemonClient(resolve())
-    if client.ping() is None:
-        raise CliError("no llmconsole daemon is running (start one with `llmconsole daemon start`)", EXIT_NO_DAEMON)
+    """A client of the running daemon of the host the command acts on; none running is an error
+    (exit 3) that says how to start one. A host ssh cannot reach raises HostUnreachable."""
+    host = _host
+    if host.is_local:
+        client = DaemonClient(resolve())
+        if client.ping() is None:
+            raise CliError("no llmconsole daemon is running (start one with `llmconsole daemon start`)", EXIT_NO_DAEMON)
+        return client
+    client = client_for(host)
+    try:
+        if client.ping() is None:
+            raise CliError(f"no llmconsole daemon is running on {host.name} "
+                           f"(start one with `llmconsole --host {host.name} daemon start`)", EXIT_NO_DAEMON)
+    except BaseException:
+        client.close()
+        raise
     return client
+
+
+def started_daemon_client() -> tuple[DaemonClient, bool]:
+    """A client of the host's daemon, started if none runs: (client, whether this started it;
+    over SSH dial-stdio starts it, unseen from here, so always False)."""
+    host = _host
+    if host.is_local:
+        return ensure_daemon(resolve())
+    client = client_for(host, start_daemon=True)
+    try:
+        client.daemon_info()
+    except BaseException:
+        client.close()
+        raise
+    return client, False
 
 
 def confirm(question: str, yes: bool) -> None:

@@ -1,4 +1,8 @@
-"""A client of the daemon's control API, and starting the daemon when none is running."""
+"""A client of the daemon's control API, and starting the daemon when none is running.
+
+The client speaks to this host's daemon over its Unix socket, or to another host's over SSH
+(console/ssh.py supplies the transport; console/hosts.py says which host): every call is the
+same HTTP either way."""
 
 from __future__ import annotations
 
@@ -19,6 +23,20 @@ class DaemonNotRunning(RuntimeError):
     pass
 
 
+class HostUnreachable(DaemonNotRunning):
+    """ssh could not reach a host (or run llmconsole there); `reason` is ssh's own words.
+
+    `retry_in_s` is set when the call was not even tried: the host failed a moment ago and the
+    client waits out its backoff before the next attempt."""
+
+    def __init__(self, host: str, reason: str, retry_in_s: float | None = None):
+        self.host = host
+        self.reason = reason.strip() or "ssh failed and said nothing"
+        self.retry_in_s = retry_in_s
+        retry = f" (next try in {retry_in_s:.0f} s)" if retry_in_s is not None else ""
+        super().__init__(f"host {host} is unreachable: {self.reason}{retry}")
+
+
 class DaemonError(RuntimeError):
     """The daemon refused a request; `details` says what to fix."""
 
@@ -33,15 +51,21 @@ class DaemonError(RuntimeError):
 
 
 class DaemonClient:
-    def __init__(self, paths: Paths, timeout_s: float = 120.0):
-        # A socket in a directory someone else controls could be anyone's daemon: refuse it
-        # (UnsafeDirectory) before a request, which may carry an API key, is sent.
-        self.paths = paths.verify()
-        self._http = httpx.Client(
-            transport=httpx.HTTPTransport(uds=str(paths.socket)),
-            base_url="http://llmconsole",
-            timeout=timeout_s,
-        )
+    """The control API of one daemon: this host's through `paths` (its Unix socket), or another
+    host's through `transport` (console/hosts.py's Host.client builds one over SSH)."""
+
+    def __init__(self, paths: Paths | None = None, timeout_s: float = 120.0, *,
+                 transport: httpx.BaseTransport | None = None, where: str | None = None):
+        if transport is None:
+            if paths is None:
+                raise ValueError("a DaemonClient needs the local paths or a transport")
+            # A socket in a directory someone else controls could be anyone's daemon: refuse it
+            # (UnsafeDirectory) before a request, which may carry an API key, is sent.
+            paths = paths.verify()
+            transport = httpx.HTTPTransport(uds=str(paths.socket))
+        self.paths = paths
+        self.where = where or (str(paths.socket) if paths is not None else "the daemon")
+        self._http = httpx.Client(transport=transport, base_url="http://llmconsole", timeout=timeout_s)
 
     def close(self) -> None:
         self._http.close()
@@ -75,8 +99,9 @@ class DaemonClient:
         """The daemon's answer: every route answers with a JSON object."""
         try:
             r = self._http.request(method, f"/v1{path}", **kw)
-        except (httpx.ConnectError, httpx.RemoteProtocolError, FileNotFoundError) as e:
-            raise DaemonNotRunning(f"no daemon answers on {self.paths.socket} ({e})") from None
+        except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError,
+                FileNotFoundError) as e:
+            raise DaemonNotRunning(f"no daemon answers on {self.where} ({e})") from None
         body: dict[str, Any]
         try:
             body = r.json()
@@ -87,8 +112,12 @@ class DaemonClient:
         return body
 
     def ping(self) -> dict[str, Any] | None:
+        """The daemon's facts, or None when none runs. A host ssh cannot reach is not a daemon
+        that is not running: HostUnreachable goes to the caller."""
         try:
             return self._call("GET", "/daemon")
+        except HostUnreachable:
+            raise
         except DaemonNotRunning:
             return None
 
@@ -152,6 +181,10 @@ class DaemonClient:
 
     def alerts(self) -> dict[str, Any]:
         return self._call("GET", "/alerts")
+
+    def exporter(self) -> dict[str, Any]:
+        """Where the daemon's Prometheus endpoint listens: {"url", "port"}."""
+        return self._call("GET", "/exporter")
 
     def undo_response(self, action_id: int) -> dict[str, Any]:
         """Undo an automated response; a rollback it implies restarts an engine (minutes on CPU)."""

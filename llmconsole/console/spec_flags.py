@@ -59,8 +59,12 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
                    help="read the engine's API key from this file")
 
 
-def spec_overrides(ns: argparse.Namespace) -> dict[str, Any]:
-    """The spec fields the operator gave on the command line, ready for EngineSpec(**...)."""
+def spec_overrides(ns: argparse.Namespace, local: bool = True) -> dict[str, Any]:
+    """The spec fields the operator gave on the command line, ready for EngineSpec(**...).
+
+    `local` False: the engine runs on another host, so paths are that host's: the model is
+    passed as given (absolute, ~/..., or a hub name) and --runtime, which is resolved by looking
+    at the file, is refused (that host's daemon uses the vLLM beside its llmconsole)."""
     from llmconsole.engine.runtime import from_path
 
     out: dict[str, Any] = {}
@@ -70,8 +74,13 @@ def spec_overrides(ns: argparse.Namespace) -> dict[str, Any]:
         out[name] = getattr(ns, name)
     if hasattr(ns, "model"):
         m = ns.model
-        # The daemon runs elsewhere (cwd /), so a relative path is made absolute here.
-        out["model"] = str(Path(m).expanduser().resolve()) if (m.startswith((".", "~")) or Path(m).exists()) else m
+        if not local:
+            if m.startswith(".") or (m.startswith("~") and not m.startswith("~/")):
+                raise ValueError(f"--model {m!r}: on another host give an absolute path (or ~/...) there")
+            out["model"] = m
+        else:
+            # The daemon runs elsewhere (cwd /), so a relative path is made absolute here.
+            out["model"] = str(Path(m).expanduser().resolve()) if (m.startswith((".", "~")) or Path(m).exists()) else m
     if hasattr(ns, "env"):
         env = {}
         for kv in ns.env:
@@ -83,6 +92,9 @@ def spec_overrides(ns: argparse.Namespace) -> dict[str, Any]:
     if hasattr(ns, "extra_args"):
         out["extra_args"] = list(ns.extra_args)
     if hasattr(ns, "runtime"):
+        if not local:
+            raise ValueError("--runtime names a file on this host; on another host the daemon runs the vLLM "
+                             "beside its llmconsole (point the hosts file's `command` at that installation)")
         out["runtime"] = from_path(ns.runtime).model_dump()
     return out
 

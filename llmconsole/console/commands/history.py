@@ -2,6 +2,11 @@
 
 history and export open the database themselves (read-only use), so they work with no daemon
 running; rollback restarts an engine, so it goes through the daemon like every other change.
+
+Across hosts, export gathers one bundle: this host's export and each other host's, each in a
+folder of its own. Another host's export is that host's own `llmconsole export --tar`, run over
+ssh (so it needs no daemon there either, and its secrets are redacted there, by the host that
+knows them); the tar stream comes back on ssh's stdout and is unpacked here.
 """
 
 from __future__ import annotations
@@ -9,12 +14,17 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
+import sys
+import tarfile
+import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
-from llmconsole.console.cli_common import EXIT_USAGE, CliError, confirm, daemon_client
+from llmconsole.console.cli_common import EXIT_UNREACHABLE, EXIT_USAGE, CliError, confirm, current_host, daemon_client
+from llmconsole.console.hosts import Host
 from llmconsole.paths import resolve
 
 if TYPE_CHECKING:
@@ -137,7 +147,8 @@ def _known_secrets(state_file: Path) -> list[str]:
     return out
 
 
-def cmd_export(ns: argparse.Namespace) -> int:
+def _export_here(ns: argparse.Namespace, out: Path, quiet: bool = False) -> None:
+    """This host's bundle into `out` (new or empty)."""
     from llmconsole.db.export import ExportError, export_bundle
 
     paths = resolve()
@@ -147,15 +158,136 @@ def cmd_export(ns: argparse.Namespace) -> int:
         logs = {name: paths.engine_log(name) for name in engines if paths.engine_log(name).exists()}
         logs["daemon"] = paths.daemon_log
         try:
-            result = export_bundle(store, ns.out, session_id=ns.session, since_s=since,
+            result = export_bundle(store, out, session_id=ns.session, since_s=since,
                                    logs={k: v for k, v in logs.items() if v.exists()},
                                    secrets=_known_secrets(paths.state_file))
         except ExportError as e:
             raise CliError(str(e), EXIT_USAGE) from None
     counts = ", ".join(f"{n} {t}" for t, n in result.counts)
-    print(f"exported to {result.out_dir}: {counts}")
+    say = sys.stderr if quiet else sys.stdout
+    print(f"exported to {result.out_dir}: {counts}", file=say)
     for f in result.files:
-        print(f"  {f}")
+        print(f"  {f}", file=say)
+
+
+def _export_tar(ns: argparse.Namespace) -> None:
+    """This host's bundle as a tar stream on stdout (what another host's export reads over ssh)."""
+    with tempfile.TemporaryDirectory(prefix="llmconsole-export-") as tmp:
+        _export_here(ns, Path(tmp) / "bundle", quiet=True)
+        with tarfile.open(fileobj=sys.stdout.buffer, mode="w|") as tar:
+            tar.add(Path(tmp) / "bundle", arcname=".")
+        sys.stdout.buffer.flush()
+
+
+def _unpack(data: IO[bytes], out: Path) -> list[str]:
+    """A bundle's tar stream into `out`: plain files and folders only, nothing outside `out`."""
+    out.mkdir(parents=True, exist_ok=True, mode=0o700)
+    names = []
+    with tarfile.open(fileobj=data, mode="r|") as tar:
+        for member in tar:
+            target = (out / member.name).resolve()
+            if not (member.isfile() or member.isdir()) or not target.is_relative_to(out.resolve()):
+                raise CliError(f"refusing {member.name!r} in the bundle: not a plain file inside it")
+            if member.isdir():
+                target.mkdir(parents=True, exist_ok=True, mode=0o700)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            src = tar.extractfile(member)
+            assert src is not None
+            with open(target, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            target.chmod(0o600)
+            names.append(str(target.relative_to(out)))
+    return names
+
+
+def _export_args(ns: argparse.Namespace) -> list[str]:
+    args = ["export", "--tar"]
+    if ns.since:
+        args += ["--since", ns.since]
+    if ns.session is not None:
+        args += ["--session", str(ns.session)]
+    return args
+
+
+def _export_remote(ns: argparse.Namespace, host: Host, out: Path) -> list[str]:
+    """Another host's bundle into `out`: its own export, streamed back over ssh."""
+    from llmconsole.console.ssh import capture_remote
+
+    assert host.destination is not None
+    with tempfile.TemporaryFile() as spool:
+        try:
+            capture_remote(str(host.destination), host.remote_command(*_export_args(ns)), host=host.name,
+                           stdout=spool, timeout_s=900.0)
+        except RuntimeError as e:
+            raise CliError(f"export on {e}") from None
+        spool.seek(0)
+        try:
+            return _unpack(spool, out)
+        except tarfile.TarError as e:
+            raise CliError(f"export on {host.name}: the bundle did not arrive whole ({e})") from None
+
+
+def _export_across(ns: argparse.Namespace, hosts: list[Host]) -> int:
+    """One bundle: each host's export in a folder named after it, and hosts.json saying which
+    hosts are in it and why any is not."""
+    from llmconsole.console.client import HostUnreachable
+
+    out = Path(ns.out)
+    if out.exists() and any(out.iterdir()):
+        raise CliError(f"{out} is not empty; export into a new directory", EXIT_USAGE)
+    out.mkdir(parents=True, exist_ok=True, mode=0o700)
+    index = []
+    for host in hosts:
+        folder = out / host.name
+        entry: dict[str, Any] = {"host": host.name, "folder": host.name,
+                                 "destination": str(host.destination) if host.destination else None}
+        try:
+            if host.is_local:
+                _export_here(ns, folder, quiet=True)
+            else:
+                _export_remote(ns, host, folder)
+            entry.update(ok=True, error=None)
+            print(f"{host.name}: exported to {folder}")
+        except HostUnreachable as e:
+            entry.update(ok=False, reachable=False, error=e.reason)
+            print(f"{host.name}: unreachable: {e.reason}", file=sys.stderr)
+        except CliError as e:
+            entry.update(ok=False, error=str(e))
+            print(f"{host.name}: {e}", file=sys.stderr)
+        index.append(entry)
+    (out / "hosts.json").write_text(json.dumps({"exported_at": time.time(), "hosts": index}, indent=2) + "\n")
+    done = sum(1 for e in index if e["ok"])
+    print(f"exported {done} of {len(index)} host(s) to {out} (hosts.json lists them)")
+    if done == len(index):
+        return 0
+    return EXIT_UNREACHABLE if any(e.get("reachable") is False for e in index) else 1
+
+
+def cmd_export(ns: argparse.Namespace) -> int:
+    targets: list[Host] = getattr(ns, "targets", [])
+    if (ns.out is None) == (not ns.tar):
+        raise CliError("give --out DIR, or --tar for a tar stream on stdout", EXIT_USAGE)
+    if ns.all_hosts or len(targets) > 1:
+        if ns.tar:
+            raise CliError("--tar exports one host; across hosts give --out DIR", EXIT_USAGE)
+        if ns.session is not None:
+            raise CliError("--session is one host's; across hosts give --since", EXIT_USAGE)
+        return _export_across(ns, ns.catalog.all_hosts() if ns.all_hosts else targets)
+    host = current_host()
+    if host.is_local:
+        if ns.tar:
+            _export_tar(ns)
+        else:
+            _export_here(ns, Path(ns.out))
+        return 0
+    if ns.tar:
+        raise CliError("--tar is what another host's export runs; here give --out DIR", EXIT_USAGE)
+    out = Path(ns.out)
+    if out.exists() and any(out.iterdir()):
+        raise CliError(f"{out} is not empty; export into a new directory", EXIT_USAGE)
+    files = _export_remote(ns, host, out)
+    print(f"exported {host.name} to {out}: {len(files)} files")
     return 0
 
 
@@ -175,5 +307,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     span = x.add_mutually_exclusive_group()
     span.add_argument("--session", type=int, metavar="ID", help="one operator session")
     span.add_argument("--since", metavar="T", help="an ISO time or an age such as 2h (default: everything)")
-    x.add_argument("--out", required=True, metavar="DIR", help="a new or empty directory")
+    x.add_argument("--out", metavar="DIR", help="a new or empty directory")
+    x.add_argument("--tar", action="store_true", help="write the bundle as a tar stream to stdout instead")
+    x.add_argument("--all-hosts", action="store_true",
+                   help="this host and every host of the hosts file, each in a folder of --out")
     x.set_defaults(func=cmd_export)

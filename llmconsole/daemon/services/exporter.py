@@ -4,7 +4,8 @@ A custom collector reads the daemon's live state (the fleet's statuses, the gate
 alert tracker) when Prometheus scrapes, so there is no second set of counters to keep in step.
 The port is LLMCONSOLE_METRICS_PORT when set, else the one used last time (exporter.json in the
 data directory), else a free one, which is then remembered: a scrape config keeps working across
-daemon restarts.
+daemon restarts. The address is 127.0.0.1 unless LLMCONSOLE_METRICS_BIND names another (a
+private interface a fleet's Prometheus reaches): never beyond loopback unless asked.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PORT_ENV = "LLMCONSOLE_METRICS_PORT"
+BIND_ENV = "LLMCONSOLE_METRICS_BIND"
 _STATES = [str(s) for s in EngineState]
 _MODES = [m.value for m in FRACTIONS]
 
@@ -164,10 +166,10 @@ class DaemonCollector:
 
 
 class Exporter:
-    def __init__(self, collector: DaemonCollector, data_dir: Path, host: str = "127.0.0.1", port: int | None = None):
+    def __init__(self, collector: DaemonCollector, data_dir: Path, host: str | None = None, port: int | None = None):
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(collector)
-        self.host = host
+        self.host = host or os.environ.get(BIND_ENV, "").strip() or "127.0.0.1"
         self._file = data_dir / "exporter.json"
         env = os.environ.get(PORT_ENV)
         self.port = port if port is not None else int(env) if env else self._saved_port()
@@ -204,7 +206,8 @@ class Exporter:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}/metrics"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
 
     async def close(self) -> None:
         if self._runner is not None:

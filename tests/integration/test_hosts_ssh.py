@@ -1,0 +1,149 @@
+"""Hosts without engines: destinations and the hosts file, ENGINE@HOST, the backoff, the CLI's
+errors, and a real sshd on loopback carrying the control API (dial-stdio) to a second daemon."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+
+import pytest
+
+from llmconsole.console.hosts import (
+    HostCatalog,
+    client_for,
+)
+from llmconsole.console.ssh import SSH_COMMAND_ENV
+from tests.support.daemon import Cli, short_home, stop_daemon
+from tests.support.sshd import remote_command
+
+pytestmark = pytest.mark.daemon
+
+# --- the CLI ---------------------------------------------------------------------------------
+
+def test_cli_refuses_bad_hosts_and_conflicts_with_exit_2(cli, home):
+    (home / "hosts.toml").write_text("[hosts.gpu1]\ndestnation = 'x'\n")
+    r = cli("--host", "gpu1", "status", check=False)
+    assert r.returncode == 2 and "unknown key(s) destnation" in r.stderr
+    (home / "hosts.toml").write_text("[hosts.gpu1]\ndestination = 'gpu1'\n[hosts.gpu2]\ndestination = 'gpu2'\n")
+    r = cli("--host", "gpu2", "engine", "stop", "demo@gpu1", "--yes", check=False)
+    assert r.returncode == 2 and "names host gpu1, but --host names gpu2" in r.stderr
+    r = cli("--host", "gpu1", "--host", "gpu2", "engine", "stop", "demo", check=False)
+    assert r.returncode == 2 and "acts on one host" in r.stderr
+    r = cli("--host=-oProxyCommand=touch", "status", check=False)
+    assert r.returncode == 2 and "not valid" in r.stderr
+    r = cli("hosts", "ls", "--json")
+    assert [h["name"] for h in json.loads(r.stdout)["hosts"]] == ["gpu1", "gpu2"]
+
+
+def test_status_all_hosts_reports_each_host_and_exits_4_when_one_is_down(cli, home):
+    (home / "hosts.toml").write_text("[hosts.down]\ndestination = 'ssh://nobody@127.0.0.1:1'\n")
+    cli.env[SSH_COMMAND_ENV] = "ssh -F /dev/null -o StrictHostKeyChecking=no"
+    r = cli("status", "--all-hosts", "--json", check=False)
+    assert r.returncode == 4, r.stderr
+    hosts = {h["host"]: h for h in json.loads(r.stdout)["hosts"]}
+    assert hosts["local"]["reachable"] and not hosts["local"]["running"]
+    assert hosts["local"]["error"] == "no llmconsole daemon is running"
+    assert not hosts["down"]["reachable"] and "Connection refused" in hosts["down"]["error"]
+    text = cli("status", "--all-hosts", check=False).stdout
+    assert "local (this host)\n  no llmconsole daemon is running" in text
+    assert "down (nobody@127.0.0.1:1)\n  unreachable: ssh: connect to host 127.0.0.1 port 1: Connection refused" in text
+    r = cli("engine", "stop", "demo@down", "--yes", check=False)
+    assert r.returncode == 4 and "host down is unreachable: ssh: connect to host" in r.stderr
+
+
+def test_dial_stdio_without_a_daemon_exits_3(cli):
+    r = cli("daemon", "dial-stdio", "--no-start", check=False, input="")
+    assert r.returncode == 3 and "no llmconsole daemon is running" in r.stderr
+
+
+# --- a second daemon behind a real sshd ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def gamma(ssh_fleet):
+    """Host `gamma`: an sshd on loopback in front of a daemon of its own data dir."""
+    server = ssh_fleet.host("gamma")
+    remote_home = short_home("llmc-g-")
+    local_home = short_home("llmc-l-")
+    (local_home / "hosts.toml").write_text(
+        f'[hosts.gamma]\ndestination = "gamma"\ncommand = {json.dumps(remote_command())}\n'
+        f'data_dir = "{remote_home}"\n')
+    c = Cli(local_home)
+    c.env[SSH_COMMAND_ENV] = ssh_fleet.ssh_command
+    c.remote_home, c.server = remote_home, server
+    yield c
+    for h in (remote_home, local_home):
+        stop_daemon(h)
+        shutil.rmtree(h, ignore_errors=True)
+
+
+def test_remote_daemon_start_status_stop_over_ssh(gamma):
+    r = gamma("--host", "gamma", "status", check=False)
+    assert r.returncode == 3 and "no llmconsole daemon is running on gamma" in r.stderr
+    r = gamma("--host", "gamma", "daemon", "start")
+    assert "daemon running on gamma" in r.stdout
+    # That daemon is the one of gamma's data dir: its socket is there, 0600.
+    sock = gamma.remote_home / "run" / "control.sock"
+    assert sock.exists() and (sock.stat().st_mode & 0o777) == 0o600
+    info = json.loads(gamma("--host", "gamma", "daemon", "status", "--json").stdout)
+    assert info["running"] and info["host"] == "gamma" and info["socket"] == str(sock)
+    assert gamma("--host", "gamma", "status", "--json").stdout.strip().startswith("{")
+    # The local host has no daemon; gamma's answers; each is said as such.
+    st = {h["host"]: h for h in json.loads(gamma("status", "--all-hosts", "--json").stdout)["hosts"]}
+    assert st["gamma"]["running"] and st["gamma"]["status"]["engines"] == []
+    assert not st["local"]["running"]
+
+
+def test_one_client_many_calls_and_threads_over_one_host(gamma, monkeypatch):
+    gamma("--host", "gamma", "daemon", "start")
+    monkeypatch.setenv(SSH_COMMAND_ENV, gamma.env[SSH_COMMAND_ENV])
+    host = HostCatalog(gamma.home / "hosts.toml").lookup("gamma")
+    errors: list[BaseException] = []
+    with client_for(host, timeout_s=60) as c:
+        assert c.ping() is not None
+        pids = set()
+
+        def poll() -> None:
+            try:
+                for _ in range(5):
+                    pids.add(c.daemon_info()["pid"])
+                    assert c.status()["engines"] == []
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=poll) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    assert not errors, errors
+    assert len(pids) == 1
+
+
+def test_commands_without_an_api_run_on_the_host(gamma, tmp_path):
+    gamma("--host", "gamma", "daemon", "start")
+    # history reads gamma's own database, over there.
+    r = gamma("--host", "gamma", "history", "--json")
+    assert json.loads(r.stdout) == {"engines": {}}
+    # export comes back here: gamma's export, streamed as a tar over ssh.
+    out = tmp_path / "bundle"
+    r = gamma("--host", "gamma", "export", "--out", str(out))
+    assert (out / "report.md").is_file() and (out / "sessions.jsonl").is_file()
+    assert "exported gamma to" in r.stdout
+    # One bundle across hosts: each host's folder, and hosts.json saying which made it.
+    both = tmp_path / "both"
+    r = gamma("export", "--all-hosts", "--out", str(both), check=False)
+    index = {h["host"]: h for h in json.loads((both / "hosts.json").read_text())["hosts"]}
+    assert index["gamma"]["ok"] and (both / "gamma" / "report.md").is_file()
+    assert not index["local"]["ok"] and "no llmconsole database" in index["local"]["error"]
+    assert r.returncode == 1
+
+
+def test_remote_daemon_stop_over_ssh(gamma):
+    gamma("--host", "gamma", "daemon", "start")
+    r = gamma("--host", "gamma", "daemon", "stop")
+    assert "daemon on gamma stopped; engines keep serving" in r.stdout
+    assert not (gamma.remote_home / "run" / "control.sock").exists()
+    assert gamma("--host", "gamma", "daemon", "status", check=False).returncode == 3
+
+
