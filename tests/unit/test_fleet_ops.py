@@ -18,8 +18,8 @@ from llmconsole.console.service_unit import render_unit
 from llmconsole.console.spec_flags import add_spec_flags, spec_overrides
 from llmconsole.engine.runtime import Runtime
 from llmconsole.engine.spec import EngineSpec
+from tests.support.paths import ROOT  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 PROM = ROOT / "deploy" / "prometheus"
 DASHBOARD = ROOT / "deploy" / "grafana" / "llmconsole-fleet.json"
 
