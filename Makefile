@@ -76,8 +76,9 @@ test-gpu: $(GPU_TEST_SETUP)
 	LLMCONSOLE_TEST_MODEL=$(CURDIR)/$(MODELS)/tiny $(PY) -m pytest -rs -m "gpu or gpu_argv" $(PYTEST_ARGS)
 
 # Everything that does not start a real vLLM engine (those are marked `engine`): for iterating.
+# Those tests share nothing (each daemon has a home of its own), so they run on every core.
 test-fast: setup $(MODELS)/tiny/llmconsole-model.json
-	LLMCONSOLE_TEST_MODEL=$(CURDIR)/$(MODELS)/tiny $(PY) -m pytest -m "not engine" $(PYTEST_ARGS)
+	LLMCONSOLE_TEST_MODEL=$(CURDIR)/$(MODELS)/tiny $(PY) -m pytest -m "not engine" -n auto $(PYTEST_ARGS)
 
 # The rails: lint and format (ruff), types (mypy, strict) and the package
 # boundaries (import-linter); the contracts and settings live in pyproject.toml.
