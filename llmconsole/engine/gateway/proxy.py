@@ -35,11 +35,12 @@ import re
 import time
 from collections.abc import Callable
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
 from aiohttp.http_writer import StreamWriter
-from yarl import URL
+from multidict import CIMultiDict
 
 from llmconsole.engine.gateway import group as outcomes
 from llmconsole.engine.gateway.admission import QueueFull, QueueTimeout
@@ -53,6 +54,7 @@ from llmconsole.engine.gateway.door import (
     host_allowed,
 )
 from llmconsole.engine.gateway.group import EngineGroup, RequestRecord, Upstream
+from llmconsole.engine.gateway.upstream import UpstreamError, UpstreamPool, UpstreamRefused, UpstreamResponse
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +105,8 @@ class Gateway:
         self.door = Door(limits)
         self._hosts = allowed_hosts(host, self.door.limits)
         self._on_record = on_record
-        self._http: aiohttp.ClientSession | None = None
-        self._urls: dict[tuple[str, str], URL] = {}
+        self._pool: UpstreamPool | None = None
+        self._addrs: dict[str, tuple[str, int, str]] = {}
 
     @property
     def limits(self) -> DoorLimits:
@@ -113,33 +115,29 @@ class Gateway:
     # --- lifecycle ------------------------------------------------------------------------
 
     async def start(self) -> str:
-        # The window, not the connector, bounds concurrency; the connector's bound keeps the
-        # engines' side inside the descriptors the door set aside for it.
-        self._http = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=self.limits.upstream_connections, keepalive_timeout=60),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5.0),
-            auto_decompress=False, skip_auto_headers=("User-Agent",),
-        )
+        # The window, not the pool, bounds concurrency; the pool's bound keeps the engines' side
+        # inside the descriptors the door set aside for it.
+        self._pool = UpstreamPool(self.limits.upstream_connections)
         self.door.make_server(self._handle)
         try:
             self.port = await self.door.listen(self.host, self.port)
         except OSError:
-            await self._http.close()
-            self._http = None
+            await self._pool.close()
+            self._pool = None
             raise
         log.info("gateway listening on %s (at most %d connections)", self.url, self.door.cap)
         return self.url
 
-    def _client(self) -> aiohttp.ClientSession:
-        if self._http is None:
+    def _upstreams(self) -> UpstreamPool:
+        if self._pool is None:
             raise RuntimeError("the gateway is not started")
-        return self._http
+        return self._pool
 
     async def close(self) -> None:
         await self.door.close()
-        if self._http is not None:
-            await self._http.close()
-            self._http = None
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
 
     @property
     def url(self) -> str:
@@ -263,10 +261,11 @@ class Gateway:
             if up is None:
                 continue
             try:
-                async with self._client().get(f"{up.url}/v1/models", headers=_auth(up)) as r:
-                    if r.status == 200:
-                        data.extend((await r.json()).get("data", []))
-            except (aiohttp.ClientError, OSError):
+                r = await self._send(up, "GET", _MODELS_PATH, "", [], b"")
+                body = await r.read()
+                if r.status == 200:
+                    data.extend(json.loads(body).get("data", []))
+            except (UpstreamError, ValueError, AttributeError):
                 continue
         return web.json_response({"object": "list", "data": data})
 
@@ -310,37 +309,50 @@ class Gateway:
                 if admit:
                     group.admission.release()
 
-    def _upstream_url(self, up: Upstream, path: str, query: str) -> URL:
-        if query:
-            return URL(f"{up.url}{path}?{query}", encoded=True)
-        key = (up.url, path)
-        url = self._urls.get(key)
-        if url is None:
-            if len(self._urls) > 256:
-                self._urls.clear()
-            url = self._urls[key] = URL(f"{up.url}{path}")
-        return url
+    def _address(self, up: Upstream) -> tuple[str, int, str]:
+        """(host, port, Host header) of an engine's URL, parsed once."""
+        addr = self._addrs.get(up.url)
+        if addr is None:
+            u = urlsplit(up.url)
+            host, port = u.hostname or "127.0.0.1", u.port or 80
+            name = f"[{host}]" if ":" in host else host
+            if len(self._addrs) > 1024:
+                self._addrs.clear()
+            addr = self._addrs[up.url] = (host, port, f"{name}:{port}")
+        return addr
+
+    async def _send(self, up: Upstream, method: str, path: str, query: str, headers: list[str],
+                    body: bytes) -> UpstreamResponse:
+        """One request to an engine: the client's headers (less hop-by-hop ones and its key),
+        the engine's own key, the body as read."""
+        host, port, host_header = self._address(up)
+        lines = [f"{method} {path}?{query} HTTP/1.1" if query else f"{method} {path} HTTP/1.1", f"Host: {host_header}",
+                 *headers]
+        if up.api_key:
+            lines.append(f"Authorization: Bearer {up.api_key}")
+        if body or method == "POST":
+            lines.append(f"Content-Length: {len(body)}")
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
+        return await self._upstreams().request(host, port, head, body)
 
     async def _forward(self, request: web.BaseRequest, group: EngineGroup, up: Upstream, path: str,
                        body: bytes, arrived: float, queue_s: float, conn: Connection | None) -> web.StreamResponse:
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP_HEADERS}
-        if up.api_key:
-            headers["Authorization"] = f"Bearer {up.api_key}"
-        url = self._upstream_url(up, path, request.query_string)
+        headers = [f"{k}: {v}" for k, v in request.headers.items() if k.lower() not in _DROP_HEADERS]
         dispatched = time.monotonic()
         up.outstanding += 1
         first_s = None
         chunks = 0
         last = prev = b""
         resp: web.StreamResponse | None = None
+        r: UpstreamResponse | None = None
         try:
             try:
-                r = await self._client().request(request.method, url, data=body or None, headers=headers)
-            except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as e:
+                r = await self._send(up, request.method, path, request.query_string, headers, body)
+            except UpstreamRefused as e:
                 raise _EngineRefused(str(e)) from e
             try:
-                out_headers = {k: v for k, v in r.headers.items() if k.lower() not in _DROP_RESPONSE_HEADERS}
-                if not r.content_type.startswith("text/event-stream"):
+                out_headers = CIMultiDict((k, v) for k, v in r.headers if k.lower() not in _DROP_RESPONSE_HEADERS)
+                if r.content_type != "text/event-stream":
                     data = await r.read()
                     resp = web.Response(body=data, status=r.status, headers=out_headers)
                 else:
@@ -351,7 +363,8 @@ class Gateway:
                     writer = cast(StreamWriter, request.writer)
                     proto = request.protocol
                     cap = self.limits.client_buffer_bytes
-                    async for chunk in r.content.iter_any():
+                    next_chunk = r.next_chunk
+                    while (chunk := await next_chunk()) is not None:
                         if first_s is None:
                             first_s = time.monotonic()
                             group.first_token(first_s - dispatched)
@@ -362,11 +375,8 @@ class Gateway:
                             transport = request.transport
                             if transport is not None and transport.get_write_buffer_size() > cap:
                                 await writer.drain()
-            except BaseException:
-                r.close()  # an unfinished upstream response: close its connection, vLLM aborts
-                raise
             finally:
-                r.release()
+                r.close()  # an unfinished answer: its connection closes and vLLM aborts the request
         except asyncio.CancelledError:
             self._finish(group, up.name, path, 499, _client_gone(conn), arrived, queue_s, dispatched=dispatched,
                          first_s=first_s, chunks=chunks)
@@ -376,15 +386,15 @@ class Gateway:
             self._finish(group, up.name, path, 499, _client_gone(conn), arrived, queue_s, dispatched=dispatched,
                          first_s=first_s, chunks=chunks)
             return resp if resp is not None else web.Response(status=499)
-        except (aiohttp.ClientError, TimeoutError) as e:
+        except UpstreamError as e:
             if resp is not None and resp.prepared:
                 self._finish(group, up.name, path, 502, outcomes.UPSTREAM_DIED, arrived, queue_s,
                              dispatched=dispatched, first_s=first_s, chunks=chunks)
                 await self._abort_stream(request, up, e)
                 return resp
-            died = isinstance(e, aiohttp.ClientPayloadError)
+            died = r is not None and r.status != 0  # the answer had begun
             return self._refuse(group, up.name, path, 502, outcomes.UPSTREAM_DIED if died else outcomes.ENGINE_ERROR,
-                                arrived, queue_s, f"engine {up.name}: {e or type(e).__name__}")
+                                arrived, queue_s, f"engine {up.name}: {e}")
         finally:
             up.outstanding -= 1
         if r.status >= 500:
@@ -456,10 +466,6 @@ def _client_gone(conn: Connection | None) -> str:
     if conn is not None and conn.cut == "write_timeout":
         return outcomes.CLIENT_TIMEOUT
     return outcomes.CLIENT_DISCONNECTED
-
-
-def _auth(up: Upstream) -> dict[str, str]:
-    return {"Authorization": f"Bearer {up.api_key}"} if up.api_key else {}
 
 
 def state_of(gateway: Gateway) -> dict[str, Any]:
