@@ -188,11 +188,11 @@ def test_idle_slow_header_and_slow_body_connections_are_closed_and_counted():
         await stub.start()
         gw = await _gateway(stub.url, limits=DoorLimits(header_timeout_s=1.0, body_timeout_s=1.0))
         try:
-            idle = await _raw(gw)
+            idle = await _raw(gw)  # held by the kernel for a second, then by the door for one more
             partial = await _raw(gw, b"POST /g/g/v1/completions HTTP/1.1\r\nHost: 127")
             slow_body = await _raw(gw, _head(length=1000) + b'{"prompt": "')
             for r, _ in (idle, partial, slow_body):
-                assert await _closed_within(r, 4.0) == b""  # cut, no answer
+                assert await _closed_within(r, 6.0) == b""  # cut, no answer
             assert gw.door.rejected["header_timeout"] == 2 and gw.door.rejected["body_timeout"] == 1
             assert stub.started == 0 and gw.door.open_connections == 0
             # A keep-alive client between requests is not a refusal.
@@ -297,8 +297,10 @@ def test_at_the_connection_cap_idle_connections_make_room_and_busy_ones_are_wait
         await stub.start()
         gw = await _gateway(stub.url, limits=DoorLimits(max_connections=4, header_timeout_s=30.0), window=8)
         try:
-            idle = [await _raw(gw) for _ in range(4)]
-            await asyncio.sleep(0.2)
+            # Sockets that send nothing stay in the kernel (TCP_DEFER_ACCEPT): these send the
+            # start of a request and then nothing.
+            idle = [await _raw(gw, b"POST /v1/comp") for _ in range(4)]
+            await asyncio.sleep(0.7)
             assert gw.door.open_connections == 4
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as c:
                 async with c.post(f"{gw.url}/g/g/v1/completions", json={}) as r:

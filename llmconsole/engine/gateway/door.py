@@ -12,7 +12,9 @@ gateway.json) with a safe default, and every refusal is counted by reason
                   never takes a descriptor from the reserve. Clients on one host share one
                   address: nothing here counts per address.
   header_timeout  a connection gets `header_timeout_s` to send a complete request header, from
-                  when it opened or its last answer ended: idle sockets and slow headers go.
+                  when it opened or its last answer ended: idle sockets and slow headers go. (On
+                  Linux a socket that has sent nothing at all waits in the kernel first, for as
+                  long, without the daemon ever seeing it: TCP_DEFER_ACCEPT.)
   too_large       a body over `max_body_bytes` is refused with 413 before it is read (from
                   Content-Length), or as soon as a chunked body passes the cap.
   body_timeout    a body must arrive within `body_timeout_s` of its header.
@@ -28,7 +30,8 @@ gateway.json) with a safe default, and every refusal is counted by reason
   descriptors     accept() itself ran out of descriptors (the limit was lowered under us).
 
 The door keeps no timer per request: one sweep a second walks the idle connections oldest
-first (stopping at the first that is young enough) and the busy ones, so the request path pays
+first (stopping at the first that is young enough, and after 256 closes, so that sockets opened
+together do not all close, and reconnect, in one go) and the busy ones, so the request path pays
 for none of this but two dictionary moves.
 """
 
@@ -60,6 +63,10 @@ _DESCRIPTOR_RETRY_S = 0.5
 # A connection idle for less than this is not closed to make room: a client that has just
 # connected, or just had its answer, is about to send its request.
 _EVICT_GRACE_S = 0.5
+# Idle connections closed per sweep at most: connections opened together (a flood of idle
+# sockets) expire together, and closing thousands at once (and accepting their reconnections)
+# would stall the event loop for everyone else; the rest go in the next sweeps.
+_CLOSES_PER_SWEEP = 256
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]", "ip6-localhost"})
 
@@ -297,7 +304,7 @@ class Door:
                                   max_line_size=8190, max_field_size=8190, max_headers=128)
         return self.server
 
-    async def listen(self, host: str, port: int, backlog: int = 1024) -> int:
+    async def listen(self, host: str, port: int, backlog: int = 4096) -> int:
         """Bind and start accepting; returns the bound port. OSError when the port is taken."""
         if self.server is None:
             raise RuntimeError("make_server() first")
@@ -307,6 +314,10 @@ class Door:
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if hasattr(socket, "TCP_DEFER_ACCEPT"):
+                # Linux keeps a connection that has sent nothing in the kernel for up to the
+                # header timeout: idle sockets cost the daemon nothing until then.
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, max(1, int(self.limits.header_timeout_s)))
             sock.bind(addr)
             sock.listen(backlog)
             sock.setblocking(False)
@@ -546,7 +557,7 @@ class Door:
         idle_out: list[RequestHandler] = []
         for h in self._idle:
             since = self.conns[h].idle_since
-            if since is not None and since > expired:
+            if since is not None and since > expired or len(idle_out) >= _CLOSES_PER_SWEEP:
                 break
             idle_out.append(h)
         for h in idle_out:
