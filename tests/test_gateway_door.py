@@ -499,3 +499,71 @@ def test_engine_errors_client_errors_and_what_counts_against_an_engine():
     assert (fig.requests, fig.errors, fig.good) == (10, 0, 10)  # a flood at the door counts for nothing
     fig = window_figures([rec("ok")] * 8 + [rec("engine_error"), rec("upstream_died")], slo, 10.0, 20.0)
     assert (fig.requests, fig.errors) == (10, 2)
+
+
+_LOW_LIMIT_GATEWAY = """
+import asyncio, json, os, sys
+from llmconsole.engine.gateway.door import DoorLimits
+from llmconsole.engine.gateway.proxy import Gateway
+
+async def main():
+    gw = Gateway(limits=DoorLimits(reserved_fds=64, upstream_connections=32, header_timeout_s=30.0))
+    await gw.start()
+    print(json.dumps({"port": gw.port, "cap": gw.door.cap}), flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    files = []
+    try:
+        for _ in range(50):  # what supervision needs meanwhile: health checks, launches, logs
+            files.append(open(os.devnull))
+    except OSError:
+        pass
+    print(json.dumps({"opened": len(files), "connections": gw.door.open_connections,
+                      "peak": gw.door.peak_connections, "rejected": dict(gw.door.rejected)}), flush=True)
+    await gw.close()
+
+asyncio.run(main())
+"""
+
+
+def test_a_flood_past_the_descriptor_limit_leaves_the_reserve_to_supervision():
+    import os
+    import resource
+    import subprocess
+    import sys
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    proc = subprocess.Popen([sys.executable, "-c", _LOW_LIMIT_GATEWAY], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, preexec_fn=low_limit, env=dict(os.environ))
+    try:
+        first = json.loads(proc.stdout.readline())
+        assert first["cap"] == 256 - 64 - 32
+
+        async def flood():
+            held = []
+            for _ in range(400):  # far past the cap, and past the process's descriptor limit
+                try:
+                    r, w = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", first["port"]), 5)
+                    w.write(b"GET /health HT")  # accepted (it sent something), never completed
+                    held.append((r, w))
+                except (OSError, TimeoutError):
+                    pass
+            await asyncio.sleep(1.5)
+            async with aiohttp.ClientSession() as c:  # an ordinary client still gets in
+                async with c.get(f"http://127.0.0.1:{first['port']}/health",
+                                 timeout=aiohttp.ClientTimeout(total=20)) as r:
+                    assert r.status == 200
+            return held
+
+        held = asyncio.run(flood())
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        after = json.loads(proc.stdout.readline())
+        assert after["opened"] == 50  # the reserve was still there
+        assert after["peak"] <= first["cap"] and after["connections"] <= first["cap"]
+        assert after["rejected"].get("connections", 0) >= 1 and "descriptors" not in after["rejected"]
+        del held
+    finally:
+        proc.kill()
+        proc.wait()
