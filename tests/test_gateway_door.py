@@ -567,3 +567,28 @@ def test_a_flood_past_the_descriptor_limit_leaves_the_reserve_to_supervision():
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_client_that_expects_100_continue_gets_it_or_its_413_before_sending():
+    async def main():
+        stub = Stub()
+        await stub.start()
+        gw = await _gateway(stub.url, limits=DoorLimits(max_body_bytes=1 * MiB, body_budget_bytes=2 * MiB))
+        try:
+            body = b'{"prompt": "x"}'
+            reader, writer = await _raw(gw, _head(length=len(body), extra="Expect: 100-continue\r\n"))
+            interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
+            assert interim.startswith(b"HTTP/1.1 100 Continue")
+            writer.write(body)
+            answer = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
+            assert answer.startswith(b"HTTP/1.1 200")
+            writer.close()
+            reader, writer = await _raw(gw, _head(length=2 * MiB, extra="Expect: 100-continue\r\n"))
+            answer = await _closed_within(reader, 5.0)
+            assert answer.startswith(b"HTTP/1.1 413")
+            writer.close()
+        finally:
+            await gw.close()
+            await stub.runner.cleanup()
+
+    run(main())

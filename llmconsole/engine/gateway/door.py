@@ -300,8 +300,7 @@ class Door:
         # aiohttp's own keep-alive timer stays as a backstop behind the sweep's; no lingering
         # read of a body the gateway refused.
         self.server = _DoorServer(handler, self, handler_cancellation=True, access_log=None,
-                                  keepalive_timeout=lim.header_timeout_s + 5.0, lingering_time=0.0,
-                                  max_line_size=8190, max_field_size=8190, max_headers=128)
+                                  keepalive_timeout=lim.header_timeout_s + 5.0, lingering_time=0.0)
         return self.server
 
     async def listen(self, host: str, port: int, backlog: int = 4096) -> int:

@@ -216,6 +216,13 @@ class Gateway:
         auth = request.headers.get("Authorization")
         if not self._key_ok(auth, [group] if group is not None else list(self.groups.values())):
             return self._unauthorized(group, api)
+        if request.headers.get("Expect", "").lower() == "100-continue" and request.version >= (1, 1):
+            cl = request.content_length
+            if cl is not None and cl > self.limits.max_body_bytes:
+                self.door.reject("too_large")
+                return _closing(error_response(413, f"the request body is over the gateway's limit of "
+                                               f"{self.limits.max_body_bytes} bytes", "request_too_large"))
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits for it before a body
         try:
             body, held = await self.door.read_body(request, conn)
         except BodyTooLarge:
