@@ -340,7 +340,9 @@ class UpstreamPool:
     """Keep-alive connections per engine address, at most `limit` open at once (a request that
     finds them all busy waits for one)."""
 
-    def __init__(self, limit: int, connect_timeout_s: float = 5.0, keepalive_s: float = 60.0) -> None:
+    # vLLM's server (uvicorn) closes a connection idle for 5 s: reuse only younger ones, so that
+    # a reuse rarely races that close (the retry covers the rest).
+    def __init__(self, limit: int, connect_timeout_s: float = 5.0, keepalive_s: float = 4.0) -> None:
         self.limit = limit
         self.connect_timeout_s = connect_timeout_s
         self.keepalive_s = keepalive_s
