@@ -12,7 +12,8 @@ engine; then a steady open-loop stream of ordinary streamed requests runs three 
                4 KiB receive buffer, read at 128 bytes/s; a new one once the gateway has closed it
   after      the stream alone again (how far the shared host drifted meanwhile)
 
-It prints each phase's success rate (status 200, [DONE] and every token) with TTFT and
+The group's window is fixed at 8 (the engine's max_num_seqs), so that the controller's answer to
+the shared host's load is not counted as the door's. It prints each phase's success rate (status 200, [DONE] and every token) with TTFT and
 end-to-end p50/p99, the attack's p99 against the baseline's (target: 100% and at most 1.5x),
 the daemon's peak RSS (VmHWM; target under 300 MB) and most open descriptors, the door's
 refusals by reason, how fast `llmconsole status` answered during the attack, and whether the
@@ -296,6 +297,9 @@ def main() -> None:
         before = d.engine("b1")
         gw = before["gateway_url"]
         port = int(gw.split(":")[2].split("/")[0])
+        # The window is fixed at the engine's max_num_seqs: how the controller answers the shared
+        # host's load is not the door's doing, and would blur what the door costs.
+        d.cli("window", "b1", "--set", "8")
         asyncio.run(stream_phase(gw, ns.rate, 5.0, 20, ns.tokens, 10_000_000))  # warm-up
         engine_pid = int(before["pid"])
         sock = str(home / "run" / "control.sock")
@@ -391,7 +395,8 @@ def main() -> None:
           f"open descriptors {atk['fds']} during the attack, {base['fds']} before (descriptor limit "
           f"{door.get('descriptor_limit')}, connection cap {door.get('connection_cap')}, peak connections "
           f"{door.get('peak_connections')})")
-    print(f"door refusals: {json.dumps(door.get('rejected', {}), sort_keys=True)}")
+    print(f"door refusals: {json.dumps(door.get('rejected', {}), sort_keys=True)}; the daemon's event loop ran "
+          f"at most {door.get('loop_lag_max_s', 0) * 1000:.0f} ms late (baseline and attack)")
     print(f"attacker: {json.dumps(atk.get('attacker', {}), sort_keys=True)}")
     for p in phases:
         cpu = ", ".join(f"{k} {v:.2f}" for k, v in p["cpu"].items())

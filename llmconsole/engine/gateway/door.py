@@ -292,6 +292,7 @@ class Door:
         self._retry: asyncio.TimerHandle | None = None
         self._adopting: set[asyncio.Task[None]] = set()
         self._sweeper: asyncio.Task[None] | None = None
+        self.loop_lag_max_s = 0.0
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -544,7 +545,10 @@ class Door:
 
     async def _sweep_forever(self) -> None:
         while True:
+            due = time.monotonic() + _SWEEP_S
             await asyncio.sleep(_SWEEP_S)
+            # How late the event loop ran this: what everything on it (supervision too) waited.
+            self.loop_lag_max_s = max(self.loop_lag_max_s, time.monotonic() - due)
             try:
                 self.sweep(time.monotonic())
             except Exception:  # the door must keep sweeping whatever one connection does
@@ -588,4 +592,5 @@ class Door:
     def state_json(self) -> dict[str, Any]:
         return {"connections": len(self.conns), "connection_cap": self.cap, "peak_connections": self.peak_connections,
                 "descriptor_limit": descriptor_limit(), "body_budget_used": self.budget.used,
+                "loop_lag_max_s": round(self.loop_lag_max_s, 4),
                 "rejected": dict(self.rejected), "limits": self.limits.to_json()}
