@@ -27,9 +27,9 @@ import aiohttp
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from llmconsole.engine.gateway.proxy import Gateway  # noqa: E402
 from llmconsole.engine.gateway.group import EngineGroup, Upstream  # noqa: E402
 from llmconsole.engine.gateway.pid import PidSettings  # noqa: E402
+from llmconsole.engine.gateway.proxy import Gateway  # noqa: E402
 
 
 def free_port() -> int:
@@ -201,7 +201,7 @@ async def _serve(ns: argparse.Namespace) -> None:
             trace.write(json.dumps({**s.to_json(), "at_mono_s": time.monotonic()}) + "\n")
         try:
             await asyncio.wait_for(stop_event.wait(), settings.interval_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
     await gw.close()
 

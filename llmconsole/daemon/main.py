@@ -21,11 +21,12 @@ from llmconsole.daemon.api import make_app
 from llmconsole.daemon.api.engines import STOP, STOP_ENGINES
 from llmconsole.daemon.context import DaemonContext
 from llmconsole.daemon.hosted import HostedServices
-from llmconsole.daemon.services.gateway_service import GatewayService
+from llmconsole.daemon.services.gateway_service import GatewayService, PortTaken
 from llmconsole.daemon.services.rollback import on_config_failed
 from llmconsole.db import Store, StoreError
 from llmconsole.db.recorder import Recorder
 from llmconsole.engine.fleet import Fleet
+from llmconsole.engine.gateway.door import raise_descriptor_limit
 from llmconsole.engine.supervisor import SupervisionPolicy
 from llmconsole.paths import Paths, UnsafeDirectory, resolve
 
@@ -34,6 +35,7 @@ log = logging.getLogger("llmconsole.daemon")
 EXIT_CONFIG = 2
 EXIT_ALREADY_RUNNING = 3
 EXIT_STORE = 4
+EXIT_PORT_TAKEN = 5
 
 
 class AlreadyRunning(RuntimeError):
@@ -153,11 +155,18 @@ def main() -> int:
         print(f"llmconsole daemon: {e}", file=sys.stderr)
         return EXIT_ALREADY_RUNNING
     _write_pid_file(paths)
+    # Every client connection takes a descriptor: take all the kernel allows this process (the
+    # gateway then caps its connections below that, with a reserve for supervision).
+    before, after = raise_descriptor_limit()
+    log.info("descriptor limit %d (was %d)", after, before)
     try:
         asyncio.run(serve(paths, policy))
     except StoreError as e:
         print(f"llmconsole daemon: {e}", file=sys.stderr)
         return EXIT_STORE
+    except PortTaken as e:
+        print(f"llmconsole daemon: {e}", file=sys.stderr)
+        return EXIT_PORT_TAKEN
     finally:
         try:
             paths.daemon_pid_file.unlink()

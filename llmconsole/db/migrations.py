@@ -2,7 +2,7 @@
 
 Each version is frozen SQL, never derived from the models in schema.py: a migration has to do
 today exactly what it did when a file was first upgraded by it, whatever the models look like
-later. `tests/test_db_migrations.py` checks that the newest version and the models agree.
+later. `tests/unit/test_db_migrations.py` checks that the newest version and the models agree.
 
 The version lives in `PRAGMA user_version` and the file's owner in `PRAGMA application_id`,
 both in the 100-byte header of the file. That is why we do not use Alembic: the store must

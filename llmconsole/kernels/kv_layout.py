@@ -3,7 +3,7 @@
 The cache is declared [num_blocks, num_kv_heads, block_size, 2 * head_size], but vLLM's CPU
 backend (ISAs "vec" and "vec16", used on AVX2 hosts) fills each (block, kv_head) slab as
 K transposed, [head_size, block_size], followed by V, [block_size, head_size]; this is what
-`cpu_attn_reshape_and_cache` writes (checked against it in tests/test_kernel_cpu.py). The
+`cpu_attn_reshape_and_cache` writes (checked against it in tests/unit/test_kernel_cpu.py). The
 helpers here let tests and benchmarks build caches without vLLM and read them back.
 """
 

@@ -29,7 +29,7 @@ from llmconsole.kernels.cuda_build import find_nvcc
 
 PLUGIN_MODULE = "llmconsole.kernels.vllm_plugin"
 # The vLLM release whose FlashAttention and Triton backends (class structure, metadata builders,
-# KV-cache views) vllm_cuda_backend.py is written and checked against (tests/test_kernel_cuda_backend.py).
+# KV-cache views) vllm_cuda_backend.py is written and checked against (tests/unit/test_kernel_cuda_backend.py).
 MIN_CUDA_VLLM = (0, 32)
 # vLLM's files the CUDA backend imports and subclasses, relative to the vllm package.
 CUDA_BACKEND_SOURCES = (

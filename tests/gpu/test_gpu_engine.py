@@ -1,4 +1,4 @@
-"""tests/test_kernel_engine.py on a GPU host: two real CUDA engines on the tiny model, one with
+"""tests/integration/test_kernel_engine.py on a GPU host: two real CUDA engines on the tiny model, one with
 vLLM's attention and one with llmconsole's kernel (`--kernel custom`, the CUDA backend), given the
 same prompts greedily. The custom engine must report the kernel (status and its own counters),
 run its decode rows in it, split mixed steps, and decode what the stock engine decodes.

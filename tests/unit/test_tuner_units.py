@@ -91,7 +91,7 @@ def _rec(at: float, outcome: str = "ok", e2e: float = 0.1, ttft: float = 0.01) -
 
 def test_guard_window_figures_breach_and_sustained():
     slo = Slo.parse(["p99_e2e_ms=500"])
-    recs = [_rec(10.0 + i) for i in range(6)] + [_rec(12.5, e2e=0.9), _rec(13.5, "upstream_error"), _rec(99.0)]
+    recs = [_rec(10.0 + i) for i in range(6)] + [_rec(12.5, e2e=0.9), _rec(13.5, "engine_error"), _rec(99.0)]
     fig = window_figures(recs, slo, 10.0, 20.0)
     assert (fig.requests, fig.errors, fig.good) == (8, 1, 6)
     g = GuardSettings(min_attainment=0.9, max_error_rate=0.2, min_requests=5)

@@ -10,7 +10,11 @@ Routes (all under /v1):
                                     "force": true skips the fit check (without it, a config that
                                     cannot fit is a 400 whose details hold the numbers)
   POST /engines/{name}/stop         {"drain_timeout_s": 30}
-  POST /engines/{name}/restart      same body as start (optional)
+  POST /engines/{name}/restart      same body as start (optional), and "drain_timeout_s"
+                                    Both drain through the gateway first, as a mode switch does:
+                                    the engine gets no new requests and those in flight finish
+                                    (within the drain timeout, default the supervision policy's)
+                                    before it stops, so a planned restart cuts no stream.
   DELETE /engines/{name}            forget a stopped engine
   GET  /engines/{name}/logs         ?offset=N (bytes; omit for the tail) &max_bytes=M
 
@@ -21,17 +25,18 @@ Errors are {"error": "...", "details": [...]} with 400 (bad input: nothing was c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
 from llmconsole import __version__
-from llmconsole.daemon.context import context_of
+from llmconsole.daemon.context import DaemonContext, context_of
 from llmconsole.daemon.http import error_response, json_body, peer_user, session_of
 from llmconsole.daemon.services.rollback import ActionLog
 from llmconsole.engine.fleet import Fleet, check_name
@@ -100,6 +105,18 @@ async def get_status(request: web.Request) -> web.Response:
     })
 
 
+@contextlib.asynccontextmanager
+async def _drained(ctx: DaemonContext, name: str, drain_timeout_s: float | None) -> AsyncIterator[None]:
+    """Around a stop or restart: hold the engine at the gateway until its requests in flight
+    finish, then let the action run (see GatewayService.held)."""
+    if ctx.gateway is None or name not in ctx.fleet.engines:
+        yield
+        return
+    timeout = ctx.fleet.policy.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
+    async with ctx.gateway.held(name, timeout):
+        yield
+
+
 def _engine_handler(action: str) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def handler(request: web.Request) -> web.Response:
         ctx = context_of(request)
@@ -118,13 +135,16 @@ def _engine_handler(action: str) -> Callable[[web.Request], Awaitable[web.Respon
         action_id = actions.begin(action, name, peer_user(request), session_id=session_of(request),
                                   from_spec=before, to_spec=after)
         try:
+            raw_drain = body.get("drain_timeout_s")
+            drain = float(raw_drain) if raw_drain is not None else None
             if action == "start":
                 await fleet.start(name, spec, force=bool(body.get("force")))
             elif action == "restart":
-                await fleet.restart(name, spec, force=bool(body.get("force")))
+                async with _drained(ctx, name, drain):
+                    await fleet.restart(name, spec, force=bool(body.get("force")))
             elif action == "stop":
-                drain = body.get("drain_timeout_s")
-                await fleet.stop(name, float(drain) if drain is not None else None)
+                async with _drained(ctx, name, drain):
+                    await fleet.stop(name, drain)
         except (ValueError, TypeError, EngineBusy) as e:  # refused: recorded, then answered by the middleware
             actions.end(action_id, "refused", {"error": str(e)})
             raise

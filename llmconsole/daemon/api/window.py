@@ -10,6 +10,8 @@ window and its PID controller). `name` in a window route is a group, or an engin
                                     then removed ones still finishing ("retired": true, no URL)
   PUT    /v1/groups/{name}          {"engines": ["a", "b"]}: form the named group, or change it
   DELETE /v1/groups/{name}          dissolve it; its engines go back to groups of their own
+  GET    /v1/gateway                the door: URL, limits, connections and their cap, refusals
+                                    by reason, whether a key is required and where it is kept
 
 Errors follow the rest of the API (daemon/http.py): 400 bad input (nothing was changed), 404
 unknown engine or group, 503 the daemon runs no gateway.
@@ -70,9 +72,14 @@ async def delete_group(request: web.Request) -> web.Response:
     return web.json_response({"removed": name, "engines": engines})
 
 
+async def get_gateway(request: web.Request) -> web.Response:
+    return web.json_response(context_of(request).need_gateway().door_state())
+
+
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/engines/{name}/window", get_window)
     app.router.add_post("/v1/engines/{name}/window", post_window)
     app.router.add_get("/v1/groups", get_groups)
     app.router.add_put("/v1/groups/{name}", put_group)
     app.router.add_delete("/v1/groups/{name}", delete_group)
+    app.router.add_get("/v1/gateway", get_gateway)

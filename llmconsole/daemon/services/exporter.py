@@ -6,6 +6,8 @@ The port is LLMCONSOLE_METRICS_PORT when set, else the one used last time (expor
 data directory), else a free one, which is then remembered: a scrape config keeps working across
 daemon restarts. The address is 127.0.0.1 unless LLMCONSOLE_METRICS_BIND names another (a
 private interface a fleet's Prometheus reaches): never beyond loopback unless asked.
+A set or saved port that another process holds stops the daemon at start, and the Host header
+must name loopback (a browser page cannot read it by DNS rebinding).
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import Metric
 
 from llmconsole.daemon.context import DaemonContext
+from llmconsole.daemon.services.gateway_service import port_taken
 from llmconsole.engine.alerts import rules as ar
+from llmconsole.engine.gateway.door import DoorLimits, allowed_hosts, host_allowed
+from llmconsole.engine.gateway.group import OUTCOMES
 from llmconsole.engine.modes.memory import FRACTIONS
 from llmconsole.engine.modes.policy import used_fraction
 from llmconsole.engine.status import EngineState
@@ -124,7 +129,19 @@ class DaemonCollector:
             ("slo_burn_rate", "How fast the SLO's error budget burns (1 = exactly on budget)"),
         )}
         admitted = CounterMetricFamily("llmconsole_gateway_admitted", "Requests admitted", labels=e)
-        rejected = CounterMetricFamily("llmconsole_gateway_rejected", "Requests turned away", labels=["engine", "reason"])
+        rejected = CounterMetricFamily("llmconsole_gateway_rejected",
+                                       "Requests and connections turned away, by reason; the door's own "
+                                       "(before a request reaches a group) have an empty engine label",
+                                       labels=["engine", "reason"])
+        requests = CounterMetricFamily("llmconsole_gateway_requests", "Requests finished, by how they ended",
+                                       labels=["engine", "outcome"])
+        door = self.gateway.gateway.door
+        for reason, count in sorted(door.rejected.items()):
+            rejected.add_metric(["", reason], count)
+        connections = GaugeMetricFamily("llmconsole_gateway_connections", "Client connections open at the gateway")
+        connections.add_metric([], door.open_connections)
+        cap = GaugeMetricFamily("llmconsole_gateway_connection_limit", "Client connections the gateway keeps at most")
+        cap.add_metric([], door.cap)
         for name, group in list(self.gateway.gateway.groups.items()):
             st = group.admission.stats()
             c = group.controller
@@ -151,9 +168,14 @@ class DaemonCollector:
             admitted.add_metric([name], st.admitted_total)
             rejected.add_metric([name, "queue_full"], st.rejected_full_total)
             rejected.add_metric([name, "queue_timeout"], st.timed_out_total)
+            for outcome in OUTCOMES:
+                requests.add_metric([name, outcome], group.outcomes.get(outcome, 0))
         yield from g.values()
         yield admitted
         yield rejected
+        yield requests
+        yield connections
+        yield cap
 
     def _alerts(self) -> Iterator[Metric]:
         if self.responses is None:
@@ -174,6 +196,8 @@ class Exporter:
         env = os.environ.get(PORT_ENV)
         self.port = port if port is not None else int(env) if env else self._saved_port()
         self._runner: web.AppRunner | None = None
+        self._hosts = allowed_hosts(self.host, DoorLimits())
+        self.refused_hosts = 0
 
     def _saved_port(self) -> int:
         try:
@@ -182,6 +206,9 @@ class Exporter:
             return 0
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        if not host_allowed(request.headers.get("Host"), self._hosts):
+            self.refused_hosts += 1
+            return web.Response(status=403, text="the Host header does not name this exporter\n")
         body = generate_latest(self.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -194,11 +221,13 @@ class Exporter:
             site = web.TCPSite(self._runner, self.host, self.port)
             await site.start()
         except OSError as e:
-            if self.port == 0 or os.environ.get(PORT_ENV):
+            await self._runner.cleanup()
+            self._runner = None
+            if self.port == 0:
                 raise
-            log.warning("metrics port %d is taken (%s); choosing another", self.port, e)
-            site = web.TCPSite(self._runner, self.host, 0)
-            await site.start()
+            how = (f"set {PORT_ENV} to a free port" if os.environ.get(PORT_ENV) else
+                   f"remove {self._file} (a free port is then chosen and saved) or set {PORT_ENV}")
+            raise port_taken("metrics", self.host, self.port, e, how) from None
         self.port = int(self._runner.addresses[0][1])  # the port bound, when 0 asked for a free one
         self._file.write_text(json.dumps({"port": self.port}))
         log.info("Prometheus metrics on %s", self.url)

@@ -11,46 +11,84 @@ steps and its window moves. The trace stays in memory for the console (bounded b
 controller) and goes to the store through `_store_trace`, the one place that writes it.
 
 The front door's port is stable per LLMCONSOLE_HOME: LLMCONSOLE_GATEWAY_PORT if set, else the
-port used last time (in gateway.json), else a free one, which is then remembered.
+port used last time (in gateway.json), else a free one, which is then remembered. A port that is
+set or saved and taken by another process stops the daemon at start with a message saying so:
+moving silently to another port would hand that process the clients' prompts and keys. It listens
+on 127.0.0.1 unless LLMCONSOLE_GATEWAY_HOST says otherwise.
+
+The door's limits are gateway.json's "limits" (see engine/gateway/door.py; any subset, the rest
+default). The gateway's own key is LLMCONSOLE_GATEWAY_KEY, else the 0600 file gateway.key in the
+data directory; it is required whenever any engine behind the gateway has a key (the file is
+then created if there is none) and whenever the operator set one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
 import os
+import secrets
+import stat
 import tempfile
 import time
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from llmconsole.db import Store
 from llmconsole.engine.fleet import Fleet, UnknownEngine
+from llmconsole.engine.gateway.door import DoorLimits
 from llmconsole.engine.gateway.group import EngineGroup, Upstream
 from llmconsole.engine.gateway.membership import Membership, UnknownGroup
 from llmconsole.engine.gateway.pid import PidSettings, TraceSample
-from llmconsole.engine.gateway.proxy import Gateway
+from llmconsole.engine.gateway.proxy import Gateway, state_of
 from llmconsole.engine.status import EngineState, EngineStatus
 
 log = logging.getLogger(__name__)
 
 SYNC_INTERVAL_S = 0.25
 _SETTING_KEYS = ("target_ms", "signal", "min_window", "max_window", "start_window", "kp", "ki", "kd")
+PORT_ENV = "LLMCONSOLE_GATEWAY_PORT"
+HOST_ENV = "LLMCONSOLE_GATEWAY_HOST"
+KEY_ENV = "LLMCONSOLE_GATEWAY_KEY"
+_DRAIN_POLL_S = 0.1
+
+
+class PortTaken(RuntimeError):
+    """A port the operator set, or the daemon saved, is held by another process."""
+
+
+def port_taken(what: str, host: str, port: int, error: OSError, how_to_move: str) -> PortTaken:
+    return PortTaken(f"the {what} port {host}:{port} is taken by another process ({error.strerror or error}); "
+                     f"stop that process, or {how_to_move}. The daemon does not move to another port on its own: "
+                     f"clients would send their requests and keys to whatever holds this one.")
 
 
 class GatewayService:
-    def __init__(self, fleet: Fleet, host: str = "127.0.0.1", port: int | None = None, store: Store | None = None):
+    def __init__(self, fleet: Fleet, host: str | None = None, port: int | None = None, store: Store | None = None,
+                 limits: DoorLimits | None = None):
         self.fleet = fleet
         self.store = store  # None: the trace then lives in memory only
-        self.host = host
+        self.host = host or os.environ.get(HOST_ENV) or "127.0.0.1"
         self._file = fleet.paths.data_dir / "gateway.json"
+        self.key_file = fleet.paths.data_dir / "gateway.key"
         saved = self._read_file()
-        env_port = os.environ.get("LLMCONSOLE_GATEWAY_PORT")
+        env_port = os.environ.get(PORT_ENV)
+        self._port_from = "given" if port is not None else PORT_ENV if env_port else "saved" if saved.get("port") else ""
         self._port = port if port is not None else int(env_port) if env_port else int(saved.get("port") or 0)
         self._saved_groups: dict[str, dict[str, Any]] = saved.get("groups", {})
+        self._saved_limits = saved.get("limits")
+        if limits is None:
+            try:
+                limits = DoorLimits.from_json(self._saved_limits)
+            except (TypeError, ValueError) as e:
+                log.error("the gateway limits in %s are not valid (%s); using the defaults", self._file, e)
+                limits = DoorLimits()
         self.membership = Membership.from_json(saved.get("members"))
-        self.gateway = Gateway(host, self._port)
+        self.gateway = Gateway(self.host, self._port, limits=limits, key=self._configured_key())
         self._draining: list[EngineGroup] = []  # retired groups still finishing their requests
         self._task: asyncio.Task[None] | None = None
 
@@ -60,11 +98,11 @@ class GatewayService:
         try:
             url = await self.gateway.start()
         except OSError as e:
-            if self._port == 0 or os.environ.get("LLMCONSOLE_GATEWAY_PORT"):
+            if self._port == 0:
                 raise
-            log.warning("gateway port %d is taken (%s); choosing another", self._port, e)
-            self.gateway = Gateway(self.host, 0)
-            url = await self.gateway.start()
+            how = (f"set {PORT_ENV} to a free port" if self._port_from == PORT_ENV else
+                   f"remove \"port\" from {self._file} (a free one is then chosen and saved) or set {PORT_ENV}")
+            raise port_taken("gateway", self.host, self._port, e, how) from None
         self.sync()
         self._save()
         self.fleet.status_annotators.append(self.annotate)
@@ -111,6 +149,8 @@ class GatewayService:
                 group.set_upstream(name, st.url, st.state == EngineState.READY, key)
                 models |= {st.served_model_name, st.model}
             group.model_names = models
+        if self.gateway.key is None and any(g.api_keys() for g in groups.values()):
+            self.gateway.key = self._ensure_key_file()  # an engine has a key: so must the door
         for gname in [n for n in groups if n not in layout]:
             self._draining.append(groups.pop(gname))  # new arrivals find no such group: 404
         self._drain()
@@ -165,7 +205,58 @@ class GatewayService:
         except Exception:
             log.exception("writing the window trace to the store failed")
 
+    # --- the key ----------------------------------------------------------------------------
+
+    def _configured_key(self) -> str | None:
+        """LLMCONSOLE_GATEWAY_KEY, else the key file when there is one."""
+        env = os.environ.get(KEY_ENV, "").strip()
+        if env:
+            return env
+        return read_key_file(self.key_file)
+
+    def _ensure_key_file(self) -> str:
+        key = read_key_file(self.key_file)
+        if key is None:
+            key = secrets.token_urlsafe(32)
+            fd = os.open(self.key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(key + "\n")
+            log.info("an engine has an API key, so the gateway requires one too: created %s (0600)", self.key_file)
+        return key
+
+    def key_source(self) -> str | None:
+        if self.gateway.key is None:
+            return None
+        return KEY_ENV if os.environ.get(KEY_ENV, "").strip() else str(self.key_file)
+
+    def door_state(self) -> dict[str, Any]:
+        """The door for the control API: URL, limits, connections, refusals, where the key is."""
+        return {**state_of(self.gateway), "key_source": self.key_source()}
+
     # --- a restart of one engine ------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def held(self, engine: str, drain_timeout_s: float) -> AsyncIterator[int]:
+        """Hold `engine` out of routing and let its requests in flight finish (for at most
+        `drain_timeout_s`) before the caller stops or restarts it, as a guarded apply does: the
+        group serves on through its other engines, or queues. Yields what is still in flight
+        when the drain ended (0 unless it timed out). The hold ends after the body, once the
+        gateway has seen the engine's new state."""
+        self.sync()
+        self.hold_engine(engine, True)
+        try:
+            deadline = time.monotonic() + max(0.0, drain_timeout_s)
+            while self.outstanding(engine) and time.monotonic() < deadline:
+                await asyncio.sleep(_DRAIN_POLL_S)
+            left = self.outstanding(engine)
+            if left:
+                log.warning("engine %s still has %d requests in flight after %.0f s of drain; they are cut",
+                            engine, left, drain_timeout_s)
+            yield left
+        finally:
+            self.sync()
+            self.hold_engine(engine, False)
+
 
     def _holding(self, engine: str) -> list[EngineGroup]:
         """Every group that routes to `engine`: its own or named group, a retired group still
@@ -302,8 +393,10 @@ class GatewayService:
                             "frozen": g.controller.frozen, "window": g.controller.window}
         groups = {n: v for n, v in groups.items() if n in self.fleet.engines or n in self.membership.groups}
         self._saved_groups = groups
-        data = json.dumps({"port": self.gateway.port, "groups": groups, "members": self.membership.to_json()},
-                          indent=1)
+        saved: dict[str, Any] = {"port": self.gateway.port, "groups": groups, "members": self.membership.to_json()}
+        if self._saved_limits is not None:
+            saved["limits"] = self._saved_limits  # the operator's, kept as written
+        data = json.dumps(saved, indent=1)
         fd, tmp = tempfile.mkstemp(dir=self._file.parent, prefix=".gateway.", suffix=".tmp")
         with os.fdopen(fd, "w") as f:
             f.write(data)
@@ -317,3 +410,16 @@ def write_trace(store: Store, samples: list[tuple[str, TraceSample]]) -> int:
          "error": s.error, "p": s.p, "i": s.i, "d": s.d, "window": float(s.window)}
         for g, s in samples
     ])
+
+
+def read_key_file(path: Path) -> str | None:
+    """A key file's key, or None when there is none. A file others can read is made 0600 first."""
+    try:
+        mode = path.stat().st_mode
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            log.warning("%s could be read by other users; it is now 0600", path)
+            os.chmod(path, 0o600)
+        key = path.read_text().strip()
+    except FileNotFoundError:
+        return None
+    return key or None

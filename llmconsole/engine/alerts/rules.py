@@ -66,14 +66,15 @@ class SloFigures:
 def slo_figures(records: Iterable[RequestRecord], target_ms: float, signal: str, now_wall_s: float | None = None,
                 window_s: float = SLO_WINDOW_S) -> SloFigures:
     """Gateway request records of the last `window_s`: how many, and how many met the target.
-    A request that failed counts against the SLO; one the client cancelled does not count."""
+    A request the engine failed counts against the SLO; what clients did (left, read too slowly,
+    sent a bad request) and admission refusals (a full queue) do not count at all."""
     now = time.time() if now_wall_s is None else now_wall_s
     total = good = 0
     for r in records:
-        if r.finished_at_s < now - window_s or r.outcome in ("cancelled", "unauthorized"):
+        if r.finished_at_s < now - window_s or not r.judged:
             continue
         total += 1
-        if r.outcome != "ok":
+        if r.engine_fault:
             continue
         value = r.ttft_s if signal == "ttft" and r.ttft_s is not None else r.e2e_s
         if value is not None and value * 1000.0 <= target_ms:

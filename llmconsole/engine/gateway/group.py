@@ -41,6 +41,24 @@ class Upstream:
         return self.ready and not self.held
 
 
+# How a request ended. Only an engine's own failures count against it (and its config) in the
+# tune guard, the SLO figures and the automatic rollback: what clients do (leave, read too
+# slowly, send bad requests) and how many of them come at once (a full queue) says nothing about
+# the engine, and any local user could otherwise force a rollback by flooding the door.
+OK = "ok"
+ENGINE_ERROR = "engine_error"            # the engine answered 5xx, or could not be reached in time
+UPSTREAM_DIED = "upstream_died"          # the engine's answer was cut off mid-way (it died)
+CLIENT_ERROR = "client_error"            # the engine refused the request as invalid (4xx)
+QUEUE_FULL = "queue_full"
+QUEUE_TIMEOUT = "queue_timeout"
+CLIENT_DISCONNECTED = "client_disconnected"
+CLIENT_TIMEOUT = "client_timeout"        # the gateway cut a client that stopped reading
+UNAUTHORIZED = "unauthorized"
+ENGINE_FAULTS = frozenset({ENGINE_ERROR, UPSTREAM_DIED})
+OUTCOMES = (OK, ENGINE_ERROR, UPSTREAM_DIED, CLIENT_ERROR, QUEUE_FULL, QUEUE_TIMEOUT, CLIENT_DISCONNECTED,
+            CLIENT_TIMEOUT, UNAUTHORIZED)
+
+
 @dataclass(frozen=True)
 class RequestRecord:
     """One request as the gateway saw it. Client-visible times run from arrival at the gateway;
@@ -50,7 +68,7 @@ class RequestRecord:
     engine: str | None
     path: str
     status: int
-    outcome: str                 # ok, upstream_error, queue_full, queue_timeout, cancelled, unauthorized
+    outcome: str                 # one of OUTCOMES
     streamed: bool
     finished_at_s: float         # wall clock
     queue_s: float
@@ -62,6 +80,16 @@ class RequestRecord:
     # The engine's own count from a stream's usage frame (clients that ask for one); events
     # undercount tokens when vLLM merges several into one event under load.
     output_tokens: int | None = None
+
+    @property
+    def engine_fault(self) -> bool:
+        return self.outcome in ENGINE_FAULTS
+
+    @property
+    def judged(self) -> bool:
+        """Whether this request says anything about the engine: it was served, or the engine
+        failed it. Client-side ends and admission refusals do not."""
+        return self.outcome == OK or self.outcome in ENGINE_FAULTS
 
     @property
     def output_len(self) -> int | None:
@@ -86,6 +114,7 @@ class EngineGroup:
         self.controlled = controlled          # False: a static window (the controller never steps)
         self.admission = Admission(self.controller.window, max_queue, queue_timeout_s)
         self.records: collections.deque[RequestRecord] = collections.deque(maxlen=records_len)
+        self.outcomes: collections.Counter[str] = collections.Counter()   # since start, for /metrics
         self.model_names: set[str] = set()
         self.refresh_open()
 
@@ -150,7 +179,8 @@ class EngineGroup:
 
     def record(self, rec: RequestRecord) -> None:
         self.records.append(rec)
-        if rec.outcome == "ok" and rec.engine_e2e_s is not None:
+        self.outcomes[rec.outcome] += 1
+        if rec.outcome == OK and rec.engine_e2e_s is not None:
             self.controller.observe(LatencySample(
                 at_s=time.monotonic(), ttft_s=rec.engine_ttft_s, e2e_s=rec.engine_e2e_s,
                 output_chunks=rec.output_chunks, output_tokens=rec.output_tokens, count_ttft=False,

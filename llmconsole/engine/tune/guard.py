@@ -42,14 +42,16 @@ class WindowFigures:
 
 
 def window_figures(records: Iterable[RequestRecord], slo: Slo, since_s: float, until_s: float) -> WindowFigures:
-    """Requests the gateway finished in [since_s, until_s] (wall clock): how many, how many
-    failed, how many met the SLO. Queue-full refusals count as errors: clients saw them."""
+    """Requests the gateway finished in [since_s, until_s] (wall clock): how many, how many the
+    engine failed, how many met the SLO. Only what the engine did counts: a client that left or
+    read too slowly, a bad request and a full queue say nothing about the config (and a flood at
+    the door must not be able to roll a config back)."""
     n = errors = good = 0
     for r in records:
-        if not since_s <= r.finished_at_s <= until_s or r.outcome in ("cancelled", "unauthorized"):
+        if not since_s <= r.finished_at_s <= until_s or not r.judged:
             continue
         n += 1
-        if r.outcome != "ok":
+        if r.engine_fault:
             errors += 1
             continue
         tpot = None
