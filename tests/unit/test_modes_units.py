@@ -7,9 +7,17 @@ import json
 import pytest
 
 from llmconsole.engine.alerts import rules as ar
-from llmconsole.engine.modes.policy import PolicySettings, PolicyState, replay, step, used_fraction, wanted_mode
-from llmconsole.engine.modes.memory import Mode, ModeError, cpu_kv_budget_bytes, mode_of, mode_spec, parse_mode
 from llmconsole.engine.alerts.response_settings import kv_dtype_spec, kv_dtype_support, validate_settings
+from llmconsole.engine.modes.memory import (
+    Mode,
+    ModeError,
+    cpu_kv_budget_bytes,
+    mode_of,
+    mode_spec,
+    parse_mode,
+    with_default_kv,
+)
+from llmconsole.engine.modes.policy import PolicySettings, PolicyState, replay, step, used_fraction, wanted_mode
 from llmconsole.engine.spec import EngineSpec
 from tests.support.paths import FIXTURES
 
@@ -38,6 +46,27 @@ def test_cpu_mode_is_a_fraction_of_the_budget(spec):
         assert new.api_key.get_secret_value() == "sekret"
         assert mode_of(new, "cpu") == mode.value
     assert mode_of(spec, "cpu") is None  # hand-set memory is no mode
+
+
+def test_a_cpu_engine_given_no_kv_size_gets_the_default_modes_share_of_the_budget(tiny_model):
+    budget = 64 * _MIB
+    bare = EngineSpec(model=str(tiny_model), max_model_len=256, api_key="sekret")
+    new = with_default_kv(bare, "cpu", budget)
+    assert new.kv_cache_memory_bytes == int(budget * 0.90) and mode_of(new, "cpu") == "performance"
+    assert new.config_id != bare.config_id and new.api_key.get_secret_value() == "sekret"
+    assert with_default_kv(new, "cpu", budget) is new  # explicit now: unchanged
+    # The fraction it names is the share it gets (on CPU vLLM would take that much of the host).
+    named = with_default_kv(bare.model_copy(update={"gpu_memory_utilization": 0.85}), "cpu", budget)
+    assert named.kv_cache_memory_bytes == int(budget * 0.85) and mode_of(named, "cpu") == "balanced"
+    # A pinned block count keeps its blocks, but vLLM would still reserve 0.92 of the host without a size.
+    pinned = with_default_kv(bare.model_copy(update={"num_gpu_blocks_override": 6}), "cpu", budget)
+    assert pinned.num_gpu_blocks_override == 6 and pinned.kv_cache_memory_bytes == int(budget * 0.90)
+    # Sizes given another way, and GPU engines, are left alone.
+    legacy = bare.model_copy(update={"env": {"VLLM_CPU_KVCACHE_SPACE": "1"}})
+    assert with_default_kv(legacy, "cpu", budget) is legacy
+    assert with_default_kv(bare, "cuda", budget) is bare
+    with pytest.raises(ModeError, match="budget"):
+        with_default_kv(bare, "cpu", 0)
 
 
 def test_gpu_mode_is_vllms_utilization(spec):

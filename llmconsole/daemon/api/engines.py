@@ -115,6 +115,8 @@ def _engine_handler(action: str) -> Callable[[web.Request], Awaitable[web.Respon
             if name not in fleet.engines and spec is None:
                 return error_response(400, f"engine {name} is new: give it a spec (at least a model)")
         after = spec if spec is not None else (before if action != "stop" else None)
+        if after is not None and action != "stop":
+            after = fleet.launch_spec(after)  # what the fleet will run (a CPU engine's default KV size)
         action_id = actions.begin(action, name, peer_user(request), session_id=session_of(request),
                                   from_spec=before, to_spec=after)
         try:

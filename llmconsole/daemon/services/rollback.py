@@ -58,8 +58,9 @@ async def rollback(ctx: DaemonContext, name: str, *, actor: str, to_config_id: s
     actions = ActionLog(store)
     try:
         target = choose_target(store, name, current.config_id, to_config_id)
-        spec = spec_from_version(target, current, ctx.fleet.secret_env(name))
-    except RollbackError as e:
+        # A version stored before CPU engines were always given a KV size launches with one.
+        spec = ctx.fleet.launch_spec(spec_from_version(target, current, ctx.fleet.secret_env(name)))
+    except (RollbackError, ValueError) as e:
         action_id = actions.begin("rollback", name, actor, session_id=session_id, automatic=automatic,
                                   from_spec=current, detail={"reason": reason})
         actions.end(action_id, "refused", {"error": str(e)})
