@@ -120,6 +120,17 @@ def test_policy_on_recorded_trace():
         assert b.at_s - a.at_s >= settings.min_switch_interval_s
 
 
+def test_policy_thresholds_from_the_environment():
+    assert PolicySettings.from_env({}) == PolicySettings()
+    s = PolicySettings.from_env({"LLMCONSOLE_MODE_POLICY": '{"balanced_above": 0.7, "min_switch_interval_s": 0}'})
+    assert (s.balanced_above, s.aggressive_above, s.min_switch_interval_s) == (0.7, 0.80, 0.0)
+    for raw, why in (("{", "not JSON"), ("[1]", "JSON object"), ('{"turbo": 1}', "unknown field 'turbo'"),
+                     ('{"hysteresis": "x"}', "must be a number"),
+                     ('{"balanced_above": 0.9}', "0 < balanced_above < aggressive_above < 1")):
+        with pytest.raises(ValueError, match=why):
+            PolicySettings.from_env({"LLMCONSOLE_MODE_POLICY": raw})
+
+
 def test_hysteresis_and_interval_stop_flapping_on_the_trace():
     samples = _trace()
     naive = replay(samples, Mode.PERFORMANCE, PolicySettings(hysteresis=0.0, min_switch_interval_s=0.0))

@@ -3,7 +3,9 @@
 A switch is a guarded apply (engine/modes/guarded_apply.py): the engine's gateway group holds
 it, it restarts on the mode's spec, and goes back to its old config if anything after the
 restart fails. The auto policy (engine/modes/policy.py) runs every few seconds for the engines
-that ask for it; its choice is kept in modes.json, so a daemon restart keeps it.
+that ask for it; its choice is kept in modes.json, so a daemon restart keeps it. Its thresholds
+are the defaults unless LLMCONSOLE_MODE_POLICY (a JSON object) in the daemon's environment changes
+them. A switch it makes is a mode action like an operator's, recorded as automatic.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ class ModeService:
     def __init__(self, ctx: DaemonContext, policy: PolicySettings | None = None):
         self.ctx = ctx
         self.fleet, self.store, self.gateway = ctx.fleet, ctx.store, ctx.gateway
-        self.policy = policy or PolicySettings()
+        self.policy = policy or PolicySettings.from_env()  # checked at daemon start (main.py)
         self._file = ctx.data_dir / "modes.json"
         self.auto: dict[str, PolicyState] = {}
         self._busy: set[str] = set()
