@@ -409,3 +409,36 @@ def test_a_cpu_engine_given_no_kv_size_launches_with_the_default_modes_and_a_cro
             await fleet.close(stop_engines=True)
 
     asyncio.run(main())
+
+
+def test_an_unreadable_entry_of_the_state_file_is_kept_as_it_is_and_logged(tmp_path, fake, caplog):
+    paths = _paths(tmp_path)
+
+    async def main():
+        fleet = Fleet(paths, FAST)
+        await fleet.open()
+        sup = await fleet.start("e", fake.spec(), force=True)
+        await until(lambda: sup.state == EngineState.READY, what="ready")
+        await fleet.close(stop_engines=True)
+        data = json.loads(paths.state_file.read_text())
+        odd = {"spec": "written by something else", "port": [1, 2]}
+        data["engines"]["odd"] = odd
+        data["engines"]["list"] = ["not", "an", "entry"]
+        paths.state_file.write_text(json.dumps(data))
+
+        fleet = Fleet(paths, FAST)
+        with caplog.at_level("ERROR"):
+            done = await fleet.open()
+        try:
+            assert "odd: entry unreadable; kept in the state file as it is" in done
+            assert set(fleet.engines) == {"e"}  # the readable one is loaded
+            assert "engine odd: its entry in" in caplog.text and "kept there as it is" in caplog.text
+            await fleet.start("e", None, force=True)  # writes the file again
+            await until(lambda: sup.state == EngineState.READY or fleet.engines["e"].state == EngineState.READY,
+                        what="e ready")
+        finally:
+            await fleet.close(stop_engines=True)
+        saved = json.loads(paths.state_file.read_text())["engines"]
+        assert saved["odd"] == odd and saved["list"] == ["not", "an", "entry"]  # untouched, every write
+
+    asyncio.run(main())
