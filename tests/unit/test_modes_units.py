@@ -116,7 +116,7 @@ def test_policy_on_recorded_trace():
         (Mode.PERFORMANCE, Mode.BALANCED), (Mode.BALANCED, Mode.AGGRESSIVE), (Mode.AGGRESSIVE, Mode.BALANCED)]
     assert decisions[0].used_fraction > 0.60 and decisions[1].used_fraction > 0.80
     assert decisions[2].used_fraction < 0.75
-    for a, b in zip(decisions, decisions[1:]):
+    for a, b in zip(decisions, decisions[1:], strict=False):
         assert b.at_s - a.at_s >= settings.min_switch_interval_s
 
 
