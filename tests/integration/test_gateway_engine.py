@@ -10,12 +10,10 @@ from __future__ import annotations
 import concurrent.futures
 import getpass
 import json
-import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 
@@ -134,7 +132,7 @@ def test_window_command_sets_freezes_and_refuses_bad_input(gcli):
     gcli("window", "g1", "--set", "8")
 
 
-def test_window_changes_are_in_the_history_and_the_export_with_who_when_from_and_to(gcli):
+def test_window_changes_are_in_the_history_and_the_export_with_who_when_from_and_to(gcli, tmp_path):
     # The previous test's commands, as the store recorded them, oldest first.
     with Store.open(gcli.home / "llmconsole.db") as store:
         acts = [a for a in store.actions(engine="g1") if a.kind == "window"]
@@ -148,7 +146,7 @@ def test_window_changes_are_in_the_history_and_the_export_with_who_when_from_and
                    ("done", 12, False, 8, True)]        # --set 8
     assert {a.actor for a in acts} == {getpass.getuser()} and not any(a.automatic for a in acts)
     assert "outside [4, 32]" in acts[2].detail["error"] and acts[4].detail["to"]["target_ms"] == 400.0
-    out = Path(tempfile.mkdtemp(prefix="llmc-gw-export-")) / "bundle"
+    out = tmp_path / "bundle"
     gcli("export", "--out", str(out))
     report = (out / "report.md").read_text()
     changed = report.split("## What changed", 1)[1].split("##", 1)[0]
