@@ -315,6 +315,9 @@ def _print_ready(e: dict[str, Any]) -> None:
     if e.get("kv_cache_tokens") is not None:
         facts = (f", KV cache {e['kv_cache_tokens']:,} tokens, max concurrency "
                  f"{e['max_concurrency']:.2f}x at {e['max_concurrency_len']} tokens")
+    kv_bytes = (e.get("spec") or {}).get("kv_cache_memory_bytes")
+    if e.get("mode") and kv_bytes:  # a CPU engine's mode: its share of the budget, as an explicit size
+        facts += f", memory mode {e['mode']}: KV {kv_bytes:,} bytes"
     print(f"{e['name']} ready at {e['url']} (pid {e['pid']}, config {e['config_id']}{facts})")
 
 

@@ -27,6 +27,7 @@ from llmconsole.db import Store, StoreError
 from llmconsole.db.recorder import Recorder
 from llmconsole.engine.fleet import Fleet
 from llmconsole.engine.gateway.door import raise_descriptor_limit
+from llmconsole.engine.modes.policy import PolicySettings
 from llmconsole.engine.supervisor import SupervisionPolicy
 from llmconsole.paths import Paths, UnsafeDirectory, resolve
 
@@ -141,6 +142,7 @@ def main() -> int:
     try:
         paths = resolve().ensure()
         policy = SupervisionPolicy.from_env()
+        PolicySettings.from_env()  # the auto mode policy's: a bad one stops the daemon here, saying why
     except (UnsafeDirectory, ValueError) as e:
         print(f"llmconsole daemon: {e}", file=sys.stderr)
         return EXIT_CONFIG

@@ -52,25 +52,48 @@ def config_diff(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[tup
     return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
 
+def _shown(diff: list[tuple[str, Any, Any]]) -> str:
+    shown = "; ".join(f"`{k}`: {json.dumps(x)} → {json.dumps(y)}" for k, x, y in diff[:8])
+    return shown + (f"; and {len(diff) - 8} more" if len(diff) > 8 else "")
+
+
 def _change(action: Action, specs: Mapping[str, dict[str, Any]]) -> str:
+    """What an action changed: the config fields between its two configs, or, for a change that
+    is no config (a window, a group, a setting), the values it recorded `from` and `to`."""
     src, dst = action.from_config_id, action.to_config_id
     if src and dst and src != dst and src in specs and dst in specs:
-        diff = config_diff(specs[src], specs[dst])
-        shown = "; ".join(f"`{k}`: {json.dumps(x)} → {json.dumps(y)}" for k, x, y in diff[:8])
-        more = f"; and {len(diff) - 8} more" if len(diff) > 8 else ""
-        return f"{src} → {dst}: {shown or 'no field differs'}{more}"
+        return f"{src} → {dst}: {_shown(config_diff(specs[src], specs[dst])) or 'no field differs'}"
+    before, after = action.detail.get("from"), action.detail.get("to")
+    if isinstance(before, Mapping) and isinstance(after, Mapping):
+        return _shown(config_diff(before, after)) or "no value differs"
+    if isinstance(before, Mapping):  # refused or failed: nothing changed
+        return "from " + ", ".join(f"`{k}`: {json.dumps(v)}" for k, v in _flatten(before).items())
     if dst:
         return f"→ {dst}"
     return src or ""
 
 
+def first_record_s(snap: ExportSnapshot) -> float | None:
+    """When the first record of the snapshot was made (None: it holds none)."""
+    times = [*(s.attached_at for s in snap.sessions), *(c.first_seen_at for c in snap.configs),
+             *(r.started_at for r in snap.runs), *(a.at for a in snap.actions), *(a.at for a in snap.alerts),
+             *(m.at_s for m in snap.samples), *(w.at_s for w in snap.window), *(s.created_at for s in snap.sweeps)]
+    known = [t for t in times if t is not None]
+    return min(known) if known else None
+
+
 def render(snap: ExportSnapshot, *, plots: list[str], logs: Mapping[str, str], files: list[str]) -> str:
     span = snap.span
-    duration_s = span.until_s - (span.since_s if span.since_s is not None else span.until_s)
+    # With no start asked for, the span starts at the first record: say when that was.
+    since = span.since_s if span.since_s is not None else first_record_s(snap)
     title = f"session {snap.session_id}" if snap.session_id is not None else "span"
     lines = [f"# llmconsole export: {title}", ""]
-    lines.append(f"- Span (UTC): {_utc(span.since_s) if span.since_s is not None else 'the beginning'}"
-                 f" → {_utc(span.until_s)}" + (f" ({duration_s / 3600:.1f} h)" if span.since_s else ""))
+    if since is None:
+        lines.append(f"- Span (UTC): up to {_utc(span.until_s)}; nothing was recorded")
+    else:
+        first = " (the first record)" if span.since_s is None else ""
+        lines.append(f"- Span (UTC): {_utc(since)}{first} → {_utc(span.until_s)} "
+                     f"({(span.until_s - since) / 3600:.1f} h)")
     hosts = sorted({s.host for s in snap.sessions})
     users = sorted({s.user for s in snap.sessions})
     if hosts:

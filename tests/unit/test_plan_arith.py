@@ -14,9 +14,9 @@ import pytest
 from llmconsole.engine.plan.kv_math import blocks_for, kv_bytes_for, kv_capacity, layout_for
 from llmconsole.engine.plan.model_shape import ModelShapeError, read_shape, shape_from_config
 from llmconsole.engine.plan.roofline import LLAMA2_7B_CONFIG
+from llmconsole.engine.plan.validate import ConfigDoesNotFit, HostMemory, Neighbour, enforce, validate
 from llmconsole.engine.spec import EngineSpec
 from llmconsole.engine.startup_log import parse_facts
-from llmconsole.engine.plan.validate import ConfigDoesNotFit, HostMemory, enforce, validate
 from tests.support.paths import FIXTURES
 
 CPU_24G = HostMemory("cpu", 24 * 2**30, 0)
@@ -136,6 +136,32 @@ def test_kv_larger_than_the_host_is_refused(tiny_model):
     spec = EngineSpec(model=str(tiny_model), max_model_len=512, kv_cache_memory_bytes=30 * 2**30)
     v = validate(spec, CPU_24G)
     assert not v.ok and "exceed this host's memory" in v.reason
+
+
+def test_a_kv_size_that_fits_alone_but_not_beside_the_running_engines_is_refused_with_their_numbers(tiny_model):
+    gib = 2**30
+    spec = EngineSpec(model=str(tiny_model), max_model_len=512, kv_cache_memory_bytes=20 * gib)
+    assert validate(spec, CPU_24G).ok  # alone on the host it fits
+    ready = Neighbour("a", kv_bytes=3 * gib, rss_bytes=3 * gib + 500 * 2**20, kv_allocated=True)
+    starting = Neighbour("b", kv_bytes=gib, rss_bytes=400 * 2**20, kv_allocated=False)
+    # A ready engine's RSS holds its KV cache; one still starting has its KV cache to come.
+    assert ready.footprint_bytes == 3 * gib + 500 * 2**20 and starting.footprint_bytes == gib + 400 * 2**20
+    v = validate(spec, CPU_24G, beside=[ready, starting])
+    assert not v.ok and v.exact
+    left = 24 * gib - ready.footprint_bytes - starting.footprint_bytes
+    assert v.available_bytes == left and v.needed_bytes > left
+    assert f"leave {left:,}" in v.reason and "a (KV 3,221,225,472, RSS 3,745,513,472" in v.reason
+    assert "b (KV 1,073,741,824, RSS 419,430,400, KV not allocated yet" in v.reason
+    fix = v.nearest["kv_cache_memory_bytes"]
+    assert validate(spec.model_copy(update=v.nearest), CPU_24G, beside=[ready, starting]).ok
+    assert not validate(spec.model_copy(update={"kv_cache_memory_bytes": fix + 65_536}), CPU_24G,
+                        beside=[ready, starting]).ok
+    with pytest.raises(ConfigDoesNotFit):
+        enforce(spec, mem=CPU_24G, beside=[ready, starting])
+    assert enforce(spec, force=True, mem=CPU_24G, beside=[ready, starting]) is None
+    # Small neighbours leave room: the same config fits beside them.
+    small = Neighbour("c", kv_bytes=100_000_000, rss_bytes=gib, kv_allocated=True)
+    assert validate(spec, CPU_24G, beside=[small]).ok
 
 
 def _llama_dir(tmp_path: Path, **over) -> Path:

@@ -373,3 +373,72 @@ def test_the_stored_config_id_is_the_specs_own(fake):
     spec = fake.spec(max_num_seqs=8, extra_args=("--x",), api_key="k")
     assert stored_config_id(json.loads(json.dumps(fleet_mod._spec_to_record(spec)))) == spec.config_id
 
+
+
+def test_a_cpu_engine_given_no_kv_size_launches_with_the_default_modes_and_a_crowded_start_is_refused(
+        tmp_path, fake, tiny_model, monkeypatch):
+    from llmconsole.engine.host import tree_rss_bytes
+    from llmconsole.engine.plan.validate import ConfigDoesNotFit, host_memory, validate
+
+    budget = 8 << 20
+    monkeypatch.setenv("LLMCONSOLE_CPU_KV_BUDGET_BYTES", str(budget))
+
+    async def main():
+        fleet = Fleet(_paths(tmp_path), FAST)
+        await fleet.open()
+        try:
+            a = await fleet.start("a", fake.spec(model=str(tiny_model), max_model_len=256))
+            await until(lambda: a.state == EngineState.READY, what="a ready")
+            assert a.spec.kv_cache_memory_bytes == int(budget * 0.90) and a.spec.gpu_memory_utilization == 0.90
+            assert "--kv-cache-memory-bytes" in psutil.Process(a.proc.pid).cmdline()  # what runs is what the id says
+            assert a.status().config_id == a.spec.config_id
+            saved = json.loads(fleet.paths.state_file.read_text())["engines"]["a"]["spec"]
+            assert saved["kv_cache_memory_bytes"] == int(budget * 0.90)
+            # Starting it again on the same flags is the same config: nothing to restart.
+            assert (await fleet.start("a", fake.spec(model=str(tiny_model), max_model_len=256))) is a
+            # A KV size the host holds alone, but not beside a: refused before anything starts.
+            total = host_memory(fake.spec(model=str(tiny_model))).total_bytes
+            rss = tree_rss_bytes(a.proc.pid)
+            kv = (total - rss // 2) // 65_536 * 65_536
+            big = fake.spec(model=str(tiny_model), max_model_len=256, kv_cache_memory_bytes=kv)
+            if validate(big).ok:  # (a host with swap could hold it alone)
+                with pytest.raises(ConfigDoesNotFit, match="beside the engines running here .*a \\(KV 7,549,747"):
+                    await fleet.start("b", big)
+                assert "b" not in fleet.engines and a.state == EngineState.READY
+        finally:
+            await fleet.close(stop_engines=True)
+
+    asyncio.run(main())
+
+
+def test_an_unreadable_entry_of_the_state_file_is_kept_as_it_is_and_logged(tmp_path, fake, caplog):
+    paths = _paths(tmp_path)
+
+    async def main():
+        fleet = Fleet(paths, FAST)
+        await fleet.open()
+        sup = await fleet.start("e", fake.spec(), force=True)
+        await until(lambda: sup.state == EngineState.READY, what="ready")
+        await fleet.close(stop_engines=True)
+        data = json.loads(paths.state_file.read_text())
+        odd = {"spec": "written by something else", "port": [1, 2]}
+        data["engines"]["odd"] = odd
+        data["engines"]["list"] = ["not", "an", "entry"]
+        paths.state_file.write_text(json.dumps(data))
+
+        fleet = Fleet(paths, FAST)
+        with caplog.at_level("ERROR"):
+            done = await fleet.open()
+        try:
+            assert "odd: entry unreadable; kept in the state file as it is" in done
+            assert set(fleet.engines) == {"e"}  # the readable one is loaded
+            assert "engine odd: its entry in" in caplog.text and "kept there as it is" in caplog.text
+            await fleet.start("e", None, force=True)  # writes the file again
+            await until(lambda: sup.state == EngineState.READY or fleet.engines["e"].state == EngineState.READY,
+                        what="e ready")
+        finally:
+            await fleet.close(stop_engines=True)
+        saved = json.loads(paths.state_file.read_text())["engines"]
+        assert saved["odd"] == odd and saved["list"] == ["not", "an", "entry"]  # untouched, every write
+
+    asyncio.run(main())

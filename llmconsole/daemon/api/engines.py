@@ -132,6 +132,8 @@ def _engine_handler(action: str) -> Callable[[web.Request], Awaitable[web.Respon
             if name not in fleet.engines and spec is None:
                 return error_response(400, f"engine {name} is new: give it a spec (at least a model)")
         after = spec if spec is not None else (before if action != "stop" else None)
+        if after is not None and action != "stop":
+            after = fleet.launch_spec(after)  # what the fleet will run (a CPU engine's default KV size)
         action_id = actions.begin(action, name, peer_user(request), session_id=session_of(request),
                                   from_spec=before, to_spec=after)
         try:
@@ -156,8 +158,17 @@ def _engine_handler(action: str) -> Callable[[web.Request], Awaitable[web.Respon
 
 
 async def delete_engine(request: web.Request) -> web.Response:
+    ctx = context_of(request)
     name = request.match_info["name"]
-    await context_of(request).fleet.remove(name)
+    actions = ActionLog(ctx.store)
+    spec = ctx.fleet.get(name).spec  # 404 for an engine the daemon does not have: nothing recorded
+    action_id = actions.begin("remove", name, peer_user(request), session_id=session_of(request), from_spec=spec)
+    try:
+        await ctx.fleet.remove(name)
+    except EngineBusy as e:
+        actions.end(action_id, "refused", {"error": str(e)})
+        raise
+    actions.end(action_id, "done")
     return web.json_response({"removed": name})
 
 

@@ -15,12 +15,15 @@ Routes (under /v1):
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 
 from aiohttp import web
 
+from llmconsole.daemon.context import context_of
 from llmconsole.daemon.hosted import services_of
-from llmconsole.daemon.http import error_response, json_body, peer_user
+from llmconsole.daemon.http import error_response, json_body, peer_user, session_of
+from llmconsole.daemon.services.rollback import ActionLog
 
 
 async def get_mode(request: web.Request) -> web.Response:
@@ -35,7 +38,8 @@ async def post_mode(request: web.Request) -> web.Response:
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0):
         return error_response(400, "budget_bytes must be a positive integer")
     result = await services_of(request).modes.set_mode(request.match_info["name"], mode, actor=peer_user(request),
-                                                       force=bool(body.get("force")), budget_bytes=budget)
+                                                       force=bool(body.get("force")), budget_bytes=budget,
+                                                       session_id=session_of(request))
     return web.json_response(result)
 
 
@@ -59,7 +63,13 @@ async def get_response_config(request: web.Request) -> web.Response:
 
 
 async def post_response_config(request: web.Request) -> web.Response:
-    return web.json_response(services_of(request).responses.configure(await json_body(request)))
+    body = await json_body(request)
+    responses = services_of(request).responses
+    with ActionLog(context_of(request).store).change("responses", None, peer_user(request),
+                                                     session_id=session_of(request),
+                                                     before=copy.deepcopy(responses.settings)) as done:
+        done["to"] = responses.configure(body)
+    return web.json_response(responses.settings)
 
 
 async def post_undo(request: web.Request) -> web.Response:

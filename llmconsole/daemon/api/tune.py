@@ -13,10 +13,14 @@ Errors follow the rest of the API: 400 (bad input: nothing was changed), 404 (un
 
 from __future__ import annotations
 
+import copy
+
 from aiohttp import web
 
+from llmconsole.daemon.context import context_of
 from llmconsole.daemon.hosted import services_of
-from llmconsole.daemon.http import json_body, peer_user
+from llmconsole.daemon.http import json_body, peer_user, session_of
+from llmconsole.daemon.services.rollback import ActionLog
 from llmconsole.engine.metrics.latency import Slo
 from llmconsole.engine.tune.guard import GuardSettings
 
@@ -36,7 +40,15 @@ async def get_tune(request: web.Request) -> web.Response:
 
 
 async def post_schedule(request: web.Request) -> web.Response:
-    return web.json_response(services_of(request).tune.set_schedule(await json_body(request)))
+    body = await json_body(request)
+    tune = services_of(request).tune
+    engine = str(body.get("engine") or "")
+    with ActionLog(context_of(request).store).change(
+            "tune_schedule", engine or None, peer_user(request), session_id=session_of(request),
+            before={"schedule": copy.deepcopy(tune.schedule.get(engine))}) as done:
+        state = tune.set_schedule(body)
+        done["to"] = {"schedule": state["schedule"].get(engine)}
+    return web.json_response(state)
 
 
 def add_routes(app: web.Application) -> None:

@@ -15,16 +15,30 @@ window and its PID controller). `name` in a window route is a group, or an engin
 
 Errors follow the rest of the API (daemon/http.py): 400 bad input (nothing was changed), 404
 unknown engine or group, 503 the daemon runs no gateway.
+
+Every change is an action in the store (who, when, the window and settings, or the group's
+engines, from and to), as a config change is: `history`'s audit log and the export's "What
+changed" show freezes and windows set by hand like restarts.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiohttp import web
 
 from llmconsole.daemon.context import context_of
-from llmconsole.daemon.http import error_response, json_body
+from llmconsole.daemon.http import error_response, json_body, peer_user, session_of
+from llmconsole.daemon.services.gateway_service import GatewayService
+from llmconsole.daemon.services.rollback import ActionLog
+from llmconsole.engine.gateway.membership import UnknownGroup
 
 _SETTINGS = ("target_ms", "signal", "min_window", "max_window", "kp", "ki", "kd")
+
+
+def window_facts(state: dict[str, Any]) -> dict[str, Any]:
+    """What a window action changes, from a window state: the window, frozen or not, the settings."""
+    return {k: state[k] for k in ("window", "frozen", *_SETTINGS) if k in state}
 
 
 async def get_window(request: web.Request) -> web.Response:
@@ -49,8 +63,14 @@ async def post_window(request: web.Request) -> web.Response:
         value = body.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             return error_response(400, f"{key} must be an integer")
-    state = gateway.change_window(request.match_info["name"], settings={k: body[k] for k in _SETTINGS if k in body},
-                                  freeze=freeze, window=window)
+    name = request.match_info["name"]
+    before = gateway.window_state(name, trace_points=0)  # an unknown name: 404, nothing recorded
+    with ActionLog(context_of(request).store).change(
+            "window", name, peer_user(request), session_id=session_of(request), before=window_facts(before),
+            detail={"group": before["group"], "asked": body}) as done:
+        state = gateway.change_window(name, settings={k: body[k] for k in _SETTINGS if k in body},
+                                      freeze=freeze, window=window)
+        done["to"] = window_facts(state)
     return web.json_response(state)
 
 
@@ -58,17 +78,36 @@ async def get_groups(request: web.Request) -> web.Response:
     return web.json_response({"groups": context_of(request).need_gateway().groups_state()})
 
 
+def _members(gateway: GatewayService, name: str) -> list[str] | None:
+    """The engines a named group has now (None: no such named group)."""
+    groups = gateway.membership.groups
+    return list(groups[name]) if name in groups else None
+
+
 async def put_group(request: web.Request) -> web.Response:
-    gateway = context_of(request).need_gateway()
+    ctx = context_of(request)
+    gateway = ctx.need_gateway()
     engines = (await json_body(request)).get("engines")
     if not isinstance(engines, list) or not all(isinstance(e, str) for e in engines):
         return error_response(400, 'request body must be {"engines": ["name", ...]}')
-    return web.json_response(gateway.set_group(request.match_info["name"], engines))
+    name = request.match_info["name"]
+    with ActionLog(ctx.store).change("group", name, peer_user(request), session_id=session_of(request),
+                                     before={"engines": _members(gateway, name)}) as done:
+        state = gateway.set_group(name, engines)
+        done["to"] = {"engines": _members(gateway, name)}
+    return web.json_response(state)
 
 
 async def delete_group(request: web.Request) -> web.Response:
+    ctx = context_of(request)
+    gateway = ctx.need_gateway()
     name = request.match_info["name"]
-    engines = context_of(request).need_gateway().remove_group(name)
+    if _members(gateway, name) is None:
+        raise UnknownGroup(name)  # 404, nothing recorded
+    with ActionLog(ctx.store).change("group", name, peer_user(request), session_id=session_of(request),
+                                     before={"engines": _members(gateway, name)}) as done:
+        engines = gateway.remove_group(name)
+        done["to"] = {"engines": None}
     return web.json_response({"removed": name, "engines": engines})
 
 

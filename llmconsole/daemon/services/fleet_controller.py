@@ -66,7 +66,7 @@ class FleetController:
         sup = self.fleet.get(self.name)
         try:
             spec = sup.spec.model_copy(update=overrides)
-            spec = type(spec).model_validate(spec.model_dump())
+            spec = self.fleet.launch_spec(type(spec).model_validate(spec.model_dump()))
             await self.fleet.restart(self.name, spec)
         except Exception as e:  # the fit check's refusal, a bad value: this config cannot run
             raise EngineStartFailed(str(e)) from None

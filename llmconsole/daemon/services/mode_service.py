@@ -3,7 +3,9 @@
 A switch is a guarded apply (engine/modes/guarded_apply.py): the engine's gateway group holds
 it, it restarts on the mode's spec, and goes back to its old config if anything after the
 restart fails. The auto policy (engine/modes/policy.py) runs every few seconds for the engines
-that ask for it; its choice is kept in modes.json, so a daemon restart keeps it.
+that ask for it; its choice is kept in modes.json, so a daemon restart keeps it. Its thresholds
+are the defaults unless LLMCONSOLE_MODE_POLICY (a JSON object) in the daemon's environment changes
+them. A switch it makes is a mode action like an operator's, recorded as automatic.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ class ModeService:
     def __init__(self, ctx: DaemonContext, policy: PolicySettings | None = None):
         self.ctx = ctx
         self.fleet, self.store, self.gateway = ctx.fleet, ctx.store, ctx.gateway
-        self.policy = policy or PolicySettings()
+        self.policy = policy or PolicySettings.from_env()  # checked at daemon start (main.py)
         self._file = ctx.data_dir / "modes.json"
         self.auto: dict[str, PolicyState] = {}
         self._busy: set[str] = set()
@@ -74,18 +76,22 @@ class ModeService:
                 "kv_cache_tokens": sup.status().kv_cache_tokens}
 
     async def set_mode(self, name: str, mode_text: str, *, actor: str, force: bool = False,
-                       budget_bytes: int | None = None, automatic: bool = False) -> dict[str, Any]:
+                       budget_bytes: int | None = None, automatic: bool = False,
+                       session_id: int | None = None) -> dict[str, Any]:
         sup = self.fleet.get(name)
         if mode_text.strip().lower() == AUTO:
             # Enabling the policy counts as a switch: its first restart waits a full interval.
+            was = name in self.auto
             self.auto[name] = PolicyState(Mode(mode_of(sup.spec, self.device_of(name)) or Mode.PERFORMANCE),
                                           time.monotonic())
             self._save()
+            self._record_auto(name, actor, session_id, was, True)
             return {**self.state(name), "applied": None}
         mode = parse_mode(mode_text)
         if not automatic and name in self.auto:
             del self.auto[name]  # an operator's choice ends the policy's
             self._save()
+            self._record_auto(name, actor, session_id, True, False)
         device = self.device_of(name)
         budget = budget_bytes if budget_bytes is not None else cpu_kv_budget_bytes() if device == "cpu" else None
         new = mode_spec(sup.spec, mode, device, budget)
@@ -100,6 +106,16 @@ class ModeService:
         finally:
             self._busy.discard(name)
         return {**self.state(name, budget), "applied": result.to_json()}
+
+    def _record_auto(self, name: str, actor: str, session_id: int | None, was: bool, now: bool) -> None:
+        """The auto policy turned on or off for an engine: an action of its own in the history."""
+        if self.store is None:
+            return
+        config_id = self.fleet.get(name).spec.config_id
+        action_id = self.store.record_action("mode", engine=name, actor=actor, session_id=session_id,
+                                             from_config_id=config_id, to_config_id=config_id,
+                                             detail={"mode": AUTO if now else "set by hand", "from": {"auto": was}})
+        self.store.update_action_outcome(action_id, "done", {"to": {"auto": now}})
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._auto_loop(), name="mode-auto")

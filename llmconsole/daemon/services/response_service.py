@@ -238,7 +238,8 @@ class ResponseService:
         if lowered >= before["window"]:
             raise ResponseRefused(f"the window of {engine} is already at its minimum ({before['window']})")
         self.gateway.change_window(engine, window=lowered)
-        return "applied", {"window_before": before["window"], "window_after": lowered, "undo": {"window": before}}
+        return "applied", {"window_before": before["window"], "window_after": lowered, "undo": {"window": before},
+                           "from": before, "to": {"window": lowered, "frozen": True}}
 
     async def _do_standby(self, engine: str, trigger: str) -> tuple[str, dict[str, Any]]:
         if self.gateway is None:
@@ -308,10 +309,13 @@ class ResponseService:
             if self.gateway is None:
                 raise ResponseRefused("this daemon runs no gateway: the window cannot be put back")
             before = undo["window"]
+            ctl = self.gateway.group(engine).controller
+            now = {"window": ctl.window, "frozen": ctl.frozen}
             self.gateway.change_window(engine, window=int(before["window"]))
             if not before["frozen"]:
                 self.gateway.change_window(engine, freeze=False)
-            return {"window": before["window"]}
+            return {"window": before["window"], "from": now, "to": {"window": before["window"],
+                                                                     "frozen": bool(before["frozen"])}}
         if "stop_standby" in undo:
             name = undo["stop_standby"]
             if name in self.fleet.engines:

@@ -9,8 +9,9 @@ the engine's last known-good config.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from llmconsole.daemon.context import DaemonContext
@@ -46,6 +47,26 @@ class ActionLog:
         if self.store is not None and action_id is not None:
             self.store.update_action_outcome(action_id, outcome, detail)
 
+    @contextlib.contextmanager
+    def change(self, kind: str, engine: str | None, actor: str, *, before: dict[str, Any],
+               session_id: int | None = None, automatic: bool = False,
+               detail: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+        """An action that is no config change (a window, a group, a setting): recorded with what
+        it changes `from` before the block runs; the block puts what it changed `to` in the dict
+        it is given. Bad input (ValueError, LookupError) ends it refused, anything else failed."""
+        action_id = self.begin(kind, engine, actor, session_id=session_id, automatic=automatic,
+                               detail={**(detail or {}), "from": before})
+        outcome: dict[str, Any] = {}
+        try:
+            yield outcome
+        except (ValueError, LookupError) as e:
+            self.end(action_id, "refused", {"error": str(e)})
+            raise
+        except Exception as e:
+            self.end(action_id, "failed", {"error": f"{type(e).__name__}: {e}"})
+            raise
+        self.end(action_id, "done", outcome)
+
 
 async def rollback(ctx: DaemonContext, name: str, *, actor: str, to_config_id: str | None = None,
                    automatic: bool = False, session_id: int | None = None,
@@ -58,8 +79,9 @@ async def rollback(ctx: DaemonContext, name: str, *, actor: str, to_config_id: s
     actions = ActionLog(store)
     try:
         target = choose_target(store, name, current.config_id, to_config_id)
-        spec = spec_from_version(target, current, ctx.fleet.secret_env(name))
-    except RollbackError as e:
+        # A version stored before CPU engines were always given a KV size launches with one.
+        spec = ctx.fleet.launch_spec(spec_from_version(target, current, ctx.fleet.secret_env(name)))
+    except (RollbackError, ValueError) as e:
         action_id = actions.begin("rollback", name, actor, session_id=session_id, automatic=automatic,
                                   from_spec=current, detail={"reason": reason})
         actions.end(action_id, "refused", {"error": str(e)})

@@ -24,7 +24,7 @@ from typing import Any
 
 from llmconsole.daemon.context import DaemonContext
 from llmconsole.daemon.services.fleet_controller import FleetController
-from llmconsole.daemon.services.rollback import rollback
+from llmconsole.daemon.services.rollback import ActionLog, rollback
 from llmconsole.engine.alerts.response_settings import GroupGate
 from llmconsole.engine.gateway.group import RequestRecord
 from llmconsole.engine.load.workload import LengthDist
@@ -95,7 +95,12 @@ class TuneService:
         gate = GroupGate(self.gateway) if self.gateway is not None else None
         result = await guarded_apply(self.fleet, name, new, store=self.store, gate=gate, actor=actor, kind="tune",
                                      automatic=automatic, detail={"overrides": overrides, **(detail or {})})
-        if window:
+        if window and result.action_id is None:  # no restart, so no action yet: the window is the change
+            with ActionLog(self.store).change("tune", name, actor, automatic=automatic, before=window_before or {},
+                                              detail={"overrides": overrides, **(detail or {})}) as done:
+                await ctl.set_window(window)
+                done["to"] = await ctl.window()
+        elif window:
             await ctl.set_window(window)
         g = guard or GuardSettings()
         if result.from_config_id != result.to_config_id or window:
@@ -127,7 +132,11 @@ class TuneService:
                 w.update(state="rolled back", reason=reason)
                 try:
                     if window_before:
-                        await FleetController(self.fleet, name, gateway=self.gateway).set_window(window_before)
+                        ctl = FleetController(self.fleet, name, gateway=self.gateway)
+                        with ActionLog(self.store).change("window", name, "llmconsole", automatic=True,
+                                                          before=await ctl.window(), detail={"reason": reason}) as done:
+                            await ctl.set_window(window_before)
+                            done["to"] = window_before
                     if before_id != applied_id:
                         await rollback(self.ctx, name, actor="llmconsole", to_config_id=before_id,
                                        automatic=True, reason=reason)

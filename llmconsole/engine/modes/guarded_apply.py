@@ -1,6 +1,6 @@
 """A guarded apply: move a serving engine to a new config, or leave it on the old one.
 
-Steps: validate the new spec (the planner's fit check), drain the engine (its gateway group
+Steps: validate the new spec (the planner's fit check, beside the host's other engines), drain the engine (its gateway group
 sends it nothing new, serving through the group's other ready engines or, with none, holding
 arrivals in its queue, and the engine's requests in flight finish, so the restart cuts none),
 restart on the new spec, wait for ready, send a smoke request, then give the engine back to its
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import aiohttp
 
 from llmconsole.engine.audit import AuditStore
-from llmconsole.engine.plan.validate import ConfigDoesNotFit, enforce
+from llmconsole.engine.plan.validate import ConfigDoesNotFit
 from llmconsole.engine.spec import EngineSpec
 from llmconsole.engine.status import EngineState
 
@@ -115,12 +115,13 @@ async def guarded_apply(fleet: Fleet, name: str, new_spec: EngineSpec, *, store:
     began = time.monotonic()
     sup = fleet.get(name)
     before = sup.spec
+    new_spec = fleet.launch_spec(new_spec)  # what the restart will run, so its config id is known
     if sup.state not in (EngineState.READY, EngineState.UNHEALTHY):
         raise ApplyRefused(f"engine {name} is {sup.state}: a guarded apply needs a serving engine to fall back to")
     if new_spec.config_id == before.config_id:
         return ApplyResult(name, before.config_id, before.config_id, sup.status().kv_cache_tokens, 0.0, None)
     try:
-        enforce(new_spec, force)
+        fleet.enforce_fit(name, new_spec, force)
     except ConfigDoesNotFit as e:
         action_id = _record_begin(store, kind, name, actor, before, new_spec, automatic, detail)
         _record_end(store, action_id, "refused", {"error": str(e)})

