@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -339,6 +340,17 @@ def _command_modules() -> list[ModuleType]:
     return [importlib.import_module(f"llmconsole.console.commands.{n}") for n in names]
 
 
+def _reader_went_away() -> int:
+    """`status --json | head`: the reader took what it wanted and closed the pipe. Say nothing,
+    and point stdout at /dev/null so the interpreter's last flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return 128 + 13  # as a process that SIGPIPE ended, which is what a shell expects of a pipe
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     ns = parser.parse_args(argv)
@@ -348,7 +360,11 @@ def main(argv: list[str] | None = None) -> int:
             return run_console()
         ns = parser.parse_args(["status"])  # a script or a pipe: the status table, as before
     try:
-        return ns.func(ns) or 0
+        code: int = ns.func(ns) or 0
+        sys.stdout.flush()  # inside the try: a reader that went away is seen here, not at exit
+        return code
+    except BrokenPipeError:
+        return _reader_went_away()
     except CliError as e:
         print(f"llmconsole: {e}", file=sys.stderr)
         return e.code

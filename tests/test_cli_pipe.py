@@ -1,0 +1,60 @@
+"""The CLI in a pipe whose reader goes away (`status --json | head`): no traceback, the exit
+status a shell expects of a process the pipe ended."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+
+from llmconsole.console import cli
+from llmconsole.console.commands import window as window_cmd
+from tests.conftest import Cli
+
+
+def _closed_pipe_stdout() -> tuple[io.TextIOWrapper, int]:
+    r, w = os.pipe()
+    os.close(r)  # the reader is gone before anything is written
+    return io.TextIOWrapper(io.FileIO(w, "w"), write_through=False), w
+
+
+def test_status_json_into_a_closed_pipe_ends_quietly(home):
+    c = Cli(home)
+    c("daemon", "start")
+    r, w = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-m", "llmconsole.console.cli", "status", "--json"], env=c.env,
+                            stdout=w, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    os.close(w)
+    os.close(r)  # as `head` does once it has its lines
+    _, err = proc.communicate(timeout=120)
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+    assert proc.returncode == 141
+
+
+class _Client:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def window(self, name):
+        trace = [{"measured_ms": 400.0 + i, "window": 8, "action": "hold-band"} for i in range(10)]
+        return {"engine": name, "group": name, "engines": {name: {}}, "window": 8, "frozen": False,
+                "in_flight": 0, "queued": 0, "open": True, "gateway_url": "http://127.0.0.1:1/g/demo",
+                "signal": "ttft", "target_ms": 800.0, "min_window": 4, "max_window": 32, "kp": 1, "ki": 1,
+                "kd": 0, "admitted_total": 5, "rejected_full_total": 0, "timed_out_total": 0, "trace": trace}
+
+
+def test_window_into_a_closed_pipe_ends_quietly(monkeypatch, capsys):
+    monkeypatch.setattr(window_cmd, "daemon_client", _Client)
+    out, fd = _closed_pipe_stdout()
+    saved = os.dup(1)
+    monkeypatch.setattr(sys, "stdout", out)
+    try:
+        assert cli.main(["window", "demo"]) == 141
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+    assert "Traceback" not in capsys.readouterr().err
