@@ -136,7 +136,7 @@ def test_the_table_is_the_clis_table():
     assert headers[:3] == ("params", "throughput (req/s)", "P99 latency (ms)")
     assert rows[0][:3] == ["max_num_seqs=4, concurrency=1", "2.00", "500"]
     assert rows[1][:3] == ["max_num_seqs=4, concurrency=2", "3.00 (+50%)", "650 (+30%)"]
-    assert rows[1][3] == "0.90" and rows[1][4] == "N/A [1]" and "NVML" in notes[0]
+    assert headers[3] == "memory (GiB)" and rows[1][3] == "0.84"  # 900 MB is 0.84 GiB and rows[1][4] == "N/A [1]" and "NVML" in notes[0]
     whole = SweepResult(plan, (P1, P2), EngineTarget("", "", "", "", {}), "done", 0, 1, True)
     printed = render_table(whole).splitlines()[2:4]
     assert [[c.strip() for c in line.split(" | ")] for line in printed] == rows
