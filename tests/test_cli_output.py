@@ -1,5 +1,6 @@
-"""The CLI in a pipe whose reader goes away (`status --json | head`): no traceback, the exit
-status a shell expects of a process the pipe ended."""
+"""The CLI's output: in a pipe whose reader goes away (`status --json | head`) no traceback and
+the exit status a shell expects of a process the pipe ended; a window signal with no samples
+said as such."""
 
 from __future__ import annotations
 
@@ -58,3 +59,14 @@ def test_window_into_a_closed_pipe_ends_quietly(monkeypatch, capsys):
         os.dup2(saved, 1)
         os.close(saved)
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_signal_without_samples_says_why_instead_of_showing_a_value():
+    state = _Client().window("demo")
+    state["trace"] = [dict(t, measured_ms=None, action="hold-idle") for t in state["trace"]]
+    text = window_cmd.format_window(dict(state, recent_ok=12, recent_streamed=0))
+    assert "measured no TTFT samples: requests not streamed" in text and "N/A" not in text
+    assert "no samples ->   8 (hold-idle)" in text
+    assert "no requests finished lately" in window_cmd.format_window(dict(state, recent_ok=0, recent_streamed=0))
+    e2e = window_cmd.format_window(dict(_Client().window("demo"), signal="e2e", recent_ok=3, recent_streamed=0))
+    assert "measured p99 e2e 409 ms (target 800 ms)" in e2e
