@@ -13,10 +13,10 @@ import urllib.request
 
 import pytest
 
-from llmconsole.engine.metrics.latency import Slo
 from llmconsole.engine.load.generator import run_load
-from llmconsole.engine.metrics.page import parse_metrics
 from llmconsole.engine.load.workload import LengthDist, Workload, load_tokenizer, plan_requests
+from llmconsole.engine.metrics.latency import Slo
+from llmconsole.engine.metrics.page import parse_metrics
 from tests.conftest import Cli, _short_home, _stop_daemon
 
 pytestmark = pytest.mark.engine
