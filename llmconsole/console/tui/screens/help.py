@@ -35,6 +35,11 @@ _MORE = {
     "mode_cancel": "Leave the mode as it is",
     "alerts": "The daemon's alerts and the automated responses they caused",
     "undo_response": "Undo the selected response (asks first)",
+    "chart_range": "The dashboard's charts: the last 5, 15 or 60 minutes",
+    "chart_pick": "The other chart, where the terminal is too short for both (under 30 rows)",
+    "full_log": "The log pane: the engine's own lines (quiet), or every line with requests and the daemon's polls",
+    "search_log": "Search the log: lines with the text, highlighted; Esc clears",
+    "next_knob": "The tune's knob chart: the next knob of the search against goodput",
     "alerts_close": "Back to the previous screen",
 }
 
