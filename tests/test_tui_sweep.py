@@ -6,6 +6,7 @@ test_tui_tmux.py."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import time
 from pathlib import Path
@@ -13,19 +14,28 @@ from pathlib import Path
 import pytest
 from textual.widgets import DataTable, Input, Static
 
-import argparse
-
-from llmconsole.console.commands.sweep import build_plan, sweep_request as cli_sweep_request
+from llmconsole.console.commands.sweep import build_plan
+from llmconsole.console.commands.sweep import sweep_request as cli_sweep_request
 from llmconsole.console.tui.run_view import fmt_duration, split_items, ticked, whole_number
 from llmconsole.console.tui.screens.confirm import ConfirmScreen
 from llmconsole.console.tui.screens.dashboard import DashboardScreen
 from llmconsole.console.tui.screens.run_base import NO_DAEMON, RunFinished, RunProgressed
 from llmconsole.console.tui.screens.sweep import SweepScreen
-from llmconsole.console.tui.sweep_view import (SWEEP_DEFAULTS, SweepView, confirm_question, current_text, fold_sweep,
-                                               headline, restarts_engine, sweep_plan, sweep_request, table)
-from llmconsole.engine.sweep.runner import EngineTarget, SweepResult
+from llmconsole.console.tui.sweep_view import (
+    SWEEP_DEFAULTS,
+    SweepView,
+    confirm_question,
+    current_text,
+    fold_sweep,
+    headline,
+    restarts_engine,
+    sweep_plan,
+    sweep_request,
+    table,
+)
 from llmconsole.engine.sweep.plan import LoadLevel, PointResult, SweepProgress
-from tests.test_tui_support import recorded_app, replay
+from llmconsole.engine.sweep.runner import EngineTarget, SweepResult
+from tests.test_tui_support import recorded_app, replay, run_record, stage_recorded
 
 SPEC = {"max_num_seqs": 4, "max_model_len": 512}
 FORM = dict(SWEEP_DEFAULTS, grid="max_num_seqs=4,8", load="concurrency=1,2", slo="p99_e2e_ms=5000")
@@ -279,17 +289,46 @@ def test_progress_and_the_end_show_in_the_screen(tmp_path):
     asyncio.run(go())
 
 
-SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((120, 40), id="120x40")]
+SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((200, 60), id="200x60")]
 
 
 @pytest.mark.parametrize("size", SIZES)
 def test_snapshot_sweep_under_way(snap_compare, size):
+    """A sweep a real engine ran (tests/fixtures/tui/sweep_run.json), half-way: the points so far on
+    the chart and in the table, and the progress bar."""
+    app, _ = recorded_app()
+    half = len(run_record("sweep")["events"]) // 2
+
+    async def run_before(pilot) -> None:
+        await stage_recorded(pilot, "sweep", upto=half)
+
+    assert snap_compare(app, terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_snapshot_sweep_done(snap_compare, size):
     app, _ = recorded_app()
 
     async def run_before(pilot) -> None:
-        await stage(pilot, EVENTS)
+        await stage_recorded(pilot, "sweep")
 
     assert snap_compare(app, terminal_size=size, run_before=run_before)
+
+
+def test_the_recorded_sweep_charts_every_measured_point_with_front_knee_and_slo():
+    async def go():
+        app, _ = recorded_app()
+        async with app.run_test(size=(200, 60)) as pilot:
+            screen = await stage_recorded(pilot, "sweep")
+            result = screen.result
+            spec = screen.query_one("#sweep-chart").plot.spec
+            by = {s.label: s for s in spec.series}
+            measured = [p for p in result.points if p.measured]
+            assert len(by["points (req/s at p99 ms)"].x) == len(measured) >= 3
+            assert "SLO p99 e2e 8000 ms" in by and any(label.startswith("knee: ") for label in by)
+            status = str(screen.query_one("#run-status", Static).render())
+            assert status.startswith("████████████████ sweep done")
+    asyncio.run(go())
 
 
 def test_snapshot_sweep_form(snap_compare):
