@@ -221,3 +221,16 @@ def test_a_mode_switch_shows_progress_until_the_daemon_answers():
             title = text(app.screen.query_one("#engine-title"))
             assert "mode → balanced" in title and "draining its requests · 10 s elapsed · ~35 s left" in title
     run(go())
+
+
+@pytest.mark.parametrize("size", [(80, 24), (200, 60)])
+def test_every_line_of_the_figures_and_the_latency_table_shows(size):
+    async def go():
+        app, _ = recorded_app()
+        async with app.run_test(size=size) as pilot:
+            await replay(pilot)
+            for sel in ("#engine-latency", "#engine-counts", "#engine-title"):
+                w = app.screen.query_one(sel)
+                assert w.content_size.height >= len(text(w).splitlines()), (sel, text(w))
+            assert re.search(r"TTFT\s+[\d.]+ ms\s+[\d.]+ ms", text(app.screen.query_one("#engine-latency")))
+    run(go())

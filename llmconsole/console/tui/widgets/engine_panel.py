@@ -86,7 +86,8 @@ class EnginePanel(Vertical):
     EnginePanel > #engine-title { height: 1; background: $boost; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
     EnginePanel #engine-numbers { height: 6; }
     EnginePanel #engine-left { width: 1fr; padding: 0 1; }
-    EnginePanel #engine-latency { width: 36; padding: 0 1; }  /* 15 + 9 + 10 */
+    EnginePanel #engine-latency { width: 36; height: 1fr; padding: 0 1; }  /* 15 + 9 + 10 */
+    EnginePanel #engine-counts { height: 1fr; }  /* fixed boxes: their text changes without a new layout */
     """
 
     def __init__(self, **kw: object) -> None:
