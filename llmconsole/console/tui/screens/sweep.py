@@ -130,6 +130,7 @@ class SweepScreen(RunScreen[Prepared, SweepProgress, Outcome]):
         self.query_one("#run-status", Static).update(Text.assemble(
             progress.bar(1.0, 16), " ", (outcome_lines(self.result, self.files)[0], "bold"),
             f"  ·  {len(self.result.points)} point(s) in {self.result.finished_at_s - self.result.started_at_s:.0f} s"))
-        lines = [f"[{i}] {n}" for i, n in enumerate(notes, 1)]
-        lines += picks_text(self.result, analyse(self.result)) + outcome_lines(self.result, self.files)[1:]
+        # Whether the engine is back on its config first: on a short screen the notes scroll.
+        lines = outcome_lines(self.result, self.files)[1:] + picks_text(self.result, analyse(self.result))
+        lines += [f"[{i}] {n}" for i, n in enumerate(notes, 1)]
         self._notes(lines, "" if self.result.restored else "bold red")
