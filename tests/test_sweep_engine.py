@@ -177,3 +177,18 @@ def test_two_by_two_sweep_table_knee_best_and_restore(eng, tmp_path):
         rows = store.sweep_points(sweeps[0].id)
         assert len(rows) == 8 and all(x.throughput_req_s > 0 for x in rows)
         assert store.config(original["config_id"]) is not None
+
+
+def test_a_sweep_measures_the_engine_directly_unless_asked_to_pass_the_window(eng, tmp_path):
+    def admitted() -> int:
+        return json.loads(eng("window", "lg", "--json").stdout)["admitted_total"]
+
+    args = ["sweep", "--engine", "lg", "--load", "concurrency=1", "--repeats", "1", "--num-requests", "4",
+            "--input-len", "16", "--output-len", "4", "--warmup", "1", "--json"]
+    before = admitted()
+    r = eng(*args, "--out", str(tmp_path / "direct"), timeout=600)
+    assert json.loads(r.stdout)["points"][0]["status"] == "ok" and admitted() == before  # the engine's own port
+    r = eng(*args, "--through-gateway", "--out", str(tmp_path / "gw"), timeout=600)
+    res = json.loads(r.stdout)
+    assert res["points"][0]["status"] == "ok" and res["plan"]["through_gateway"] is True
+    assert admitted() - before == 5  # 4 requests and the warm-up, admitted by the window
