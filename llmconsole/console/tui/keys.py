@@ -40,6 +40,7 @@ class KeySpec:
     palette: bool = True   # listed in the command palette
     key_display: str | None = None
     title: str = ""        # the longer name the palette and the help use
+    where: str = ""        # where it acts, when narrower than its context (the help and the README say)
 
     @property
     def long_name(self) -> str:
@@ -69,12 +70,16 @@ KEYS: tuple[KeySpec, ...] = (
             title="Mini sweep of the selected engine: configs x loads, live table, picks"),
     KeySpec("tune", "T", "tune_engine", "Tune", key_display="T",
             title="Auto-tune the selected engine: trials, best so far, recommendation"),
-    KeySpec("chart_range", "t", "cycle_range", "Range", title="Charts: the last 5, 15 or 60 minutes"),
+    KeySpec("chart_range", "t", "cycle_range", "Range", title="Charts: the last 5, 15 or 60 minutes",
+            where="the dashboard"),
     KeySpec("chart_pick", "g", "switch_chart", "Chart",
-            title="Charts: the PID trace, or KV cache, queue and tok/s (where one fits at a time)"),
+            title="Charts: the PID trace, or KV cache, queue and tok/s (where one fits at a time)",
+            where="the dashboard"),
     KeySpec("full_log", "v", "toggle_full_log", "Full log",
-            title="Log: the engine's own lines, or every line (requests, health and metrics polls)"),
-    KeySpec("search_log", "slash", "search_log", "Search", key_display="/", title="Search the log"),
+            title="Log: the engine's own lines, or every line (requests, health and metrics polls)",
+            where="the dashboard and the log screen"),
+    KeySpec("search_log", "slash", "search_log", "Search", key_display="/", title="Search the log",
+            where="the dashboard and the log screen"),
     KeySpec("help", "question_mark", "show_help", "Help", key_display="?", title="Help: every key"),
     KeySpec("palette", "ctrl+p", "command_palette", "palette", priority=True, palette=False, show=False,
             title="Command palette"),

@@ -75,7 +75,8 @@ class HelpScreen(ModalScreen[None]):
             t.add_column("id", style="dim", no_wrap=True, width=14)
             t.add_column("does", ratio=1)
             for spec in specs:
-                t.add_row(self._key_text(spec), spec.id, _MORE.get(spec.id, spec.long_name))
+                more = _MORE.get(spec.id, spec.long_name)
+                t.add_row(self._key_text(spec), spec.id, f"{more} (on {spec.where})" if spec.where else more)
             tables.append(t)
         return Group(*tables)
 
@@ -89,7 +90,7 @@ def markdown_key_table() -> str:
     rows = ["| key | id | where | does |", "| --- | --- | --- | --- |"]
     for spec in KEYS:
         keys = ", ".join(f"`{spec.key_display or names.get(k, k)}`" for k in spec.key.split(","))
-        rows.append(f"| {keys} | {spec.id} | {CONTEXT_TITLES[spec.contexts[0]]} | "
+        rows.append(f"| {keys} | {spec.id} | {spec.where or CONTEXT_TITLES[spec.contexts[0]]} | "
                     f"{_MORE.get(spec.id, spec.long_name)} |")
     return "\n".join(rows)
 
