@@ -77,16 +77,17 @@ def test_an_engine_without_a_gateway_or_figures_says_so():
                                            300.0, 80).empty
 
 
-def test_stored_history_fills_in_before_the_first_live_point_only():
+def test_stored_history_fills_in_where_the_console_has_no_live_point():
     h, _ = _history(steps=10)
     first_live = h.series("t1", "generation_tok_s")[0][0]
-    answer = {"metrics": {"at_s": [first_live - 2, first_live - 1, first_live + 5],
-                          "generation_tok_s": [1.0, 2.0, 999.0]},
-              "window": {"at_s": [first_live - 1], "window": [4.0], "target_ms": [800.0], "measured_ms": [None]}}
+    answer = {"metrics": {"at_s": [first_live - 3, first_live - 2, first_live + 5.2, first_live + 30.0],
+                          "generation_tok_s": [1.0, 2.0, 999.0, 7.0]},
+              "window": {"at_s": [first_live - 3], "window": [4.0], "target_ms": [800.0], "measured_ms": [None]}}
     assert h.wants_fill("t1", 300.0)
     h.fill("t1", answer, 300.0)
     t, v = h.series("t1", "generation_tok_s")
-    assert v[:2] == [1.0, 2.0] and 999.0 not in v and t == sorted(t)
+    assert v[:2] == [1.0, 2.0] and 999.0 not in v and t == sorted(t)  # a live point at that second wins
+    assert v[-1] == 7.0  # after the last poll (a gap the console was not there for)
     assert h.series("t1", "window")[1][0] == 4.0
     assert not h.wants_fill("t1", 300.0) and h.wants_fill("t1", 900.0)
 

@@ -4,14 +4,13 @@ Two sources fill it. Each poll adds one point per engine whose daemon scrape is 
 last one kept (so polling faster than the daemon scrapes adds nothing), timed by the daemon's
 own clock (`Snapshot.time_s`), and the controller steps the status carries (the newest 60, each
 with its wall-clock time). When an engine is first shown, the daemon's stored history
-(GET /v1/engines/{name}/samples) fills in what came before the first live point. Everything is
+(GET /v1/engines/{name}/samples) fills in what came before the first live point and in gaps. Everything is
 bounded to SPAN_S and updated on the UI thread only.
 """
 
 from __future__ import annotations
 
 import bisect
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -40,12 +39,18 @@ class Timeline:
         self.rows.append(row)
         return True
 
-    def fill_before(self, t: Sequence[float], rows: Sequence[Row]) -> None:
-        """Stored history: only what came before the first row kept here (live rows win)."""
-        first = self.t[0] if self.t else math.inf
-        cut = bisect.bisect_left(t, first)
-        self.t[:0] = list(t[:cut])
-        self.rows[:0] = list(rows[:cut])
+    def fill(self, t: Sequence[float], rows: Sequence[Row]) -> None:
+        """Stored history where this console has none: before its first poll, and in the gaps
+        between polls (the daemon did not answer, or the console was elsewhere); live rows win."""
+        live = list(zip(self.t, self.rows, strict=True))
+        stored = [(a, r) for a, r in zip(t, rows, strict=True) if not self._near(a)]
+        merged = sorted(live + stored, key=lambda x: x[0])
+        self.t = [a for a, _ in merged]
+        self.rows = [r for _, r in merged]
+
+    def _near(self, at: float, within_s: float = 1.5) -> bool:
+        i = bisect.bisect_left(self.t, at)
+        return any(0 <= j < len(self.t) and abs(self.t[j] - at) < within_s for j in (i - 1, i))
 
     def trim(self, now_s: float) -> None:
         cut = bisect.bisect_left(self.t, now_s - SPAN_S)
@@ -109,11 +114,11 @@ class SeriesHistory:
         m = answer.get("metrics") or {}
         t = [float(x) for x in m.get("at_s") or ()]
         cols = [list(m.get(k) or [None] * len(t)) for k in METRICS]
-        h.metrics.fill_before(t, [tuple(c[i] for c in cols) for i in range(len(t))])
+        h.metrics.fill(t, [tuple(c[i] for c in cols) for i in range(len(t))])
         w = answer.get("window") or {}
         wt = [float(x) for x in w.get("at_s") or ()]
         wcols = [list(w.get(k) or [None] * len(wt)) for k in STEP_FIELDS]
-        h.steps.fill_before(wt, [tuple(c[i] for c in wcols) for i in range(len(wt))])
+        h.steps.fill(wt, [tuple(c[i] for c in wcols) for i in range(len(wt))])
 
     def series(self, name: str, key: str, since_s: float = 0.0) -> tuple[list[float], list[float | None]]:
         h = self.engines.get(name)
