@@ -1,6 +1,7 @@
-"""Render the README's console screenshots (SVG, by Textual) from the recorded status stream.
+"""Render the README's console screenshots (SVG, by Textual) from the snapshot tests' scenarios: the
+recorded status stream of a real daemon and engine, and a sweep and a tune a real engine ran.
 
-    .venv/bin/python docs/make_screenshots.py [NAME ...]   # docs/console.svg, history, sweep, tune
+    .venv/bin/python docs/make_screenshots.py [NAME ...]   # docs/console.svg, console-80x24, history, sweep, tune
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.support.recorded import history_frame, make_recorded_app, replay, stream_frames  # noqa: E402
+from tests.support.recorded import history_frame, make_recorded_app, replay, stage_recorded, stream_frames  # noqa: E402
 
 
-async def shoot(name: str, keys: list[str], extra=None) -> None:
+async def shoot(name: str, keys: list[str], size: tuple[int, int], extra=None) -> None:
     app, _ = make_recorded_app(extra)
-    async with app.run_test(size=(120, 40)) as pilot:
+    async with app.run_test(size=size) as pilot:
         await replay(pilot)
         for k in keys:
             await pilot.press(k)
@@ -26,24 +27,23 @@ async def shoot(name: str, keys: list[str], extra=None) -> None:
         app.save_screenshot(filename=f"{name}.svg", path=str(ROOT / "docs"))
 
 
-async def shoot_staged(name: str, stage, events) -> None:
-    """A sweep or tune screen showing a fixed sequence of its runner's events (the tests' own)."""
+async def shoot_run(name: str, kind: str, size: tuple[int, int]) -> None:
+    """A sweep or tune screen at the end of the run a real engine did (the tests' recording)."""
     app, _ = make_recorded_app()
-    async with app.run_test(size=(120, 40)) as pilot:
-        await stage(pilot, events)
+    async with app.run_test(size=size) as pilot:
+        await stage_recorded(pilot, kind)
         await pilot.pause(0.3)
         app.save_screenshot(filename=f"{name}.svg", path=str(ROOT / "docs"))
 
 
 async def main(names: list[str]) -> None:
-    from tests.tui import test_tui_sweep, test_tui_tune
-
     current = stream_frames()[-1]["status"]["engines"][0]["config_id"]
     shots = {
-        "console": lambda: shoot("console", []),
-        "history": lambda: shoot("history", ["h", "down"], [history_frame(current)]),
-        "sweep": lambda: shoot_staged("sweep", test_tui_sweep.stage, test_tui_sweep.EVENTS),
-        "tune": lambda: shoot_staged("tune", test_tui_tune.stage, test_tui_tune.EVENTS),
+        "console": lambda: shoot("console", [], (200, 60)),
+        "console-80x24": lambda: shoot("console-80x24", [], (80, 24)),
+        "history": lambda: shoot("history", ["h", "down"], (120, 40), [history_frame(current)]),
+        "sweep": lambda: shoot_run("sweep", "sweep", (200, 60)),
+        "tune": lambda: shoot_run("tune", "tune", (200, 60)),
     }
     for name in names or list(shots):
         await shots[name]()

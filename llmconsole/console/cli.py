@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -600,6 +601,17 @@ def _run_there(host: Host, argv: list[str], renamed: dict[str, str]) -> int:
     return code
 
 
+def _reader_went_away() -> int:
+    """`status --json | head`: the reader took what it wanted and closed the pipe. Say nothing,
+    and point stdout at /dev/null so the interpreter's last flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return 128 + 13  # as a process that SIGPIPE ended, which is what a shell expects of a pipe
+
+
 def _dispatch(ns: argparse.Namespace, argv: list[str]) -> int:
     targets, renamed = _select_hosts(ns)
     if ns.cmd is None:
@@ -638,7 +650,11 @@ def main(argv: list[str] | None = None) -> int:
     args = _join_extra_args(list(sys.argv[1:] if argv is None else argv))
     ns = parser.parse_args(args)
     try:
-        return _dispatch(ns, args)
+        code = _dispatch(ns, args)
+        sys.stdout.flush()  # inside the try: a reader that went away is seen here, not at exit
+        return code
+    except BrokenPipeError:
+        return _reader_went_away()
     except CliError as e:
         print(f"llmconsole: {e}", file=sys.stderr)
         return e.code

@@ -173,6 +173,10 @@ class DaemonClient:
             params["offset"] = offset
         return self._call("GET", f"/engines/{name}/logs", params=params)
 
+    def samples(self, name: str, since_s: float = 900.0, points: int = 600) -> dict[str, Any]:
+        """The engine's stored 1 s samples and its group's window trace, as columns (charts)."""
+        return self._call("GET", f"/engines/{name}/samples", params={"since_s": since_s, "points": points})
+
     def window(self, name: str, trace_points: int = 600) -> dict[str, Any]:
         return self._call("GET", f"/engines/{name}/window", params={"trace_points": trace_points})
 

@@ -80,6 +80,44 @@ def failure_reason(text: str) -> str | None:
     return found[0]
 
 
+# vLLM's start, in the order its log reveals it: each phase with the lines that say it began
+# (CPU and CUDA builds, engine core in or out of process). A phase whose lines never appear (no
+# compile with --enforce-eager) is passed over; the latest phase seen is where the start is.
+START_PHASES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("launching (Python imports)", ()),
+    ("reading the model's config", ("non-default args", "Resolved architecture")),
+    ("starting the engine core", ("Initializing a V1 LLM engine", "Initializing an LLM engine")),
+    ("loading weights", ("Starting to load model", "Loading safetensors checkpoint", "Loading weights")),
+    ("profiling memory", ("Loading weights took", "Model loading took", "Memory profiling takes")),
+    ("allocating the KV cache", ("Available KV cache memory", "GiB for KV cache", "# GPU blocks", "# CPU blocks")),
+    ("compiling and warming up", ("KV cache size:", "Compiling a graph", "torch.compile takes",
+                                  "Capturing CUDA graph", "Graph capturing finished", "Dynamo bytecode transform")),
+    ("starting the API server", ("init engine (profile, create kv cache, warmup model) took", "Starting vLLM")),
+    ("waiting for the health check", ("Application startup complete",)),
+)
+
+
+@dataclass(frozen=True)
+class StartPhase:
+    step: int        # 0-based, in START_PHASES
+    steps: int
+    name: str
+
+
+def start_phase(text: str, pid: int | None = None) -> StartPhase:
+    """Where a start is, from its log. The log is appended across runs: with the engine's `pid`
+    only the lines from its own first line on count (vLLM prefixes them `(APIServer pid=N)`), so
+    an earlier run's lines never read as progress; before that line it is still launching."""
+    if pid is not None:
+        at = text.find(f"pid={pid})")
+        text = text[text.rfind("\n", 0, at) + 1:] if at >= 0 else ""
+    step = 0
+    for i, (_, markers) in enumerate(START_PHASES):
+        if any(m in text for m in markers):
+            step = i
+    return StartPhase(step, len(START_PHASES), START_PHASES[step][0])
+
+
 def read_tail(path: Path, max_bytes: int = 256 * 1024) -> str:
     """The end of a log file (start-up reasons are near the end; logs can grow large)."""
     try:

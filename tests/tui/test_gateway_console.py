@@ -1,4 +1,4 @@
-"""The console's batch-window panel and keys, driven by a recorded status stream with a gateway
+"""The console's batch-window strip and keys, driven by a recorded status stream with a gateway
 window in it, checking exactly what the console asks the daemon to do."""
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ import copy
 
 from llmconsole.console.tui import Command
 from llmconsole.console.tui.view import ControllerView, EngineView
-from llmconsole.console.tui.widgets.panels import ControllerPanel, sparkline
+from llmconsole.console.tui.widgets.panels import WindowStrip
 from tests.support.recorded import make_recorded_app, replay, status_frame, stream_frames
 from tests.support.waiting import pilot_wait
 
 
 def _controller(window=12, frozen=False, max_window=32):
-    trace = [{"window": w, "measured_ms": m, "target_ms": 400.0, "action": "step"}
-             for w, m in ((8, 150.0), (10, 220.0), (12, 300.0), (window, 380.0))]
+    trace = [{"at_s": 1000.0 + i, "window": w, "measured_ms": m, "target_ms": 400.0, "action": "step"}
+             for i, (w, m) in enumerate(((8, 150.0), (10, 220.0), (12, 300.0), (window, 380.0)))]
     return {"window": window, "frozen": frozen, "signal": "ttft", "target_ms": 400.0, "min_window": 4,
             "max_window": max_window, "in_flight": 3, "queued": 1, "trace": trace}
 
@@ -30,7 +30,7 @@ def _app_with(controller):
 
 
 def _panel_text(app) -> str:
-    return str(app.screen.query_one(ControllerPanel).render())
+    return str(app.screen.query_one(WindowStrip).render())
 
 
 def test_panel_shows_window_history_measured_and_target():
@@ -39,10 +39,9 @@ def test_panel_shows_window_history_measured_and_target():
         async with app.run_test(size=(120, 40)) as pilot:
             await replay(pilot)
             text = _panel_text(app)
-            assert "batch window 12" in text
-            assert sparkline((8, 10, 12, 12), 4, 32) in text
-            assert "p99 ttft 380/400 ms" in text and "in flight 3, queued 1" in text
-            assert "controlled" in text
+            assert "batch window  12 in 4-32" in text
+            assert "p99 TTFT 380 ms / target 400 ms" in text and "in flight 3, queued 1" in text
+            assert "controlled (step)" in text  # its history is the PID trace chart's (test_tui_charts.py)
     asyncio.run(go())
 
 
@@ -62,27 +61,31 @@ def test_freeze_key_and_window_keys_send_window_commands():
     asyncio.run(go())
 
 
-def test_window_keys_stop_at_the_bounds_and_wait_for_a_gateway(recorded_app):
+def test_window_keys_stop_at_the_bounds_and_wait_for_a_gateway():
     async def go():
         app, source = _app_with(_controller(window=32, frozen=True))
         async with app.run_test(size=(120, 40)) as pilot:
             await replay(pilot)
-            assert "frozen" in _panel_text(app)
+            assert "frozen (f resumes it)" in _panel_text(app)
             assert app.check_action("nudge_window", (1,)) is None  # already at the max
             assert app.check_action("nudge_window", (-1,)) is True
             await pilot.press("f")
             await pilot_wait(pilot, lambda: source.commands, "the unfreeze command")
             assert source.commands == [Command("window", app.screen.selected_name, {"freeze": False})]
-        app, source = recorded_app()  # a status stream with no gateway in it
+        status = copy.deepcopy(stream_frames()[-1]["status"])
+        for e in status["engines"]:
+            e["gateway_url"], e["window"], e["controller"] = None, None, None
+        app, source = make_recorded_app([status_frame(status)])  # a daemon with no gateway
         async with app.run_test(size=(120, 40)) as pilot:
             await replay(pilot)
-            assert "not running" in _panel_text(app)
+            assert "none: the engine is not behind the gateway" in _panel_text(app)
             assert app.check_action("toggle_window_freeze", ()) is None
     asyncio.run(go())
 
 
 def test_odd_controller_values_become_none_not_errors():
     assert ControllerView.parse("nonsense") is None
-    c = ControllerView.parse({"window": "x", "trace": [None, {"window": 5, "measured_ms": "?"}]})
-    assert c.window is None and c.windows == (5,) and c.measured_ms == (None,) and c.last_measured_ms is None
+    c = ControllerView.parse({"window": "x", "trace": [None, {"at_s": 1.0, "window": 5, "measured_ms": "?"},
+                                                       {"window": 6}]})
+    assert c.window is None and c.windows == (5,) and c.measured_now_ms is None  # a step without a time: left out
     assert EngineView.parse({"name": "e", "controller": 3}).controller is None

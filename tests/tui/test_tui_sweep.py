@@ -6,6 +6,7 @@ test_tui_tmux.py."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import time
 from pathlib import Path
@@ -13,23 +14,32 @@ from pathlib import Path
 import pytest
 from textual.widgets import DataTable, Input, Static
 
-import argparse
-
-from llmconsole.console.commands.sweep import build_plan, sweep_request as cli_sweep_request
+from llmconsole.console.commands.sweep import build_plan
+from llmconsole.console.commands.sweep import sweep_request as cli_sweep_request
 from llmconsole.console.tui.run_view import fmt_duration, split_items, ticked, whole_number
 from llmconsole.console.tui.screens.confirm import ConfirmScreen
 from llmconsole.console.tui.screens.dashboard import DashboardScreen
 from llmconsole.console.tui.screens.run_base import NO_DAEMON, RunFinished, RunProgressed
 from llmconsole.console.tui.screens.sweep import SweepScreen
-from llmconsole.console.tui.sweep_view import (SWEEP_DEFAULTS, SweepView, confirm_question, current_text, fold_sweep,
-                                               headline, restarts_engine, sweep_plan, sweep_request, table)
+from llmconsole.console.tui.sweep_view import (
+    SWEEP_DEFAULTS,
+    SweepView,
+    confirm_question,
+    current_text,
+    fold_sweep,
+    headline,
+    restarts_engine,
+    sweep_plan,
+    sweep_request,
+    table,
+)
+from llmconsole.engine.sweep.plan import SweepProgress
 from llmconsole.engine.sweep.runner import EngineTarget, SweepResult
-from llmconsole.engine.sweep.plan import LoadLevel, PointResult, SweepProgress
-from tests.support.recorded import replay
+from tests.support.recorded import make_recorded_app, replay, run_record, stage_recorded
+from tests.support.sweep_points import FORM, P1, P2, P3, P4
 from tests.support.waiting import pilot_wait
 
 SPEC = {"max_num_seqs": 4, "max_model_len": 512}
-FORM = dict(SWEEP_DEFAULTS, grid="max_num_seqs=4,8", load="concurrency=1,2", slo="p99_e2e_ms=5000")
 
 
 # --- plain functions ---------------------------------------------------------------------------
@@ -78,16 +88,6 @@ def test_bad_form_values_say_what_is_wrong(field, value, message):
         sweep_plan("t1", dict(SWEEP_DEFAULTS, **{field: value}))
 
 
-def _point(index: int, seqs: int, conc: int, thr: float, p99_ms: float) -> PointResult:
-    return PointResult(index, {"max_num_seqs": seqs}, LoadLevel("concurrency", conc), "ok", config_id=f"cfg{seqs}",
-                       repeats=2, throughput_req_s=thr, throughput_tok_s=thr * 32, goodput_req_s=thr,
-                       slo_attainment=1.0, error_rate=0.0, latency_ms={"p99_e2e": p99_ms, "p50_ttft": 20.0},
-                       memory_bytes=900_000_000, memory_source="host RSS",
-                       util_na_reason="CPU engine: NVML reports utilization only for GPUs")
-
-
-P1, P2 = _point(1, 4, 1, 2.0, 500.0), _point(2, 4, 2, 3.0, 650.0)
-P3, P4 = _point(3, 8, 1, 2.1, 480.0), _point(4, 8, 2, 3.5, 700.0)
 EVENTS = [
     SweepProgress("point_started", 1, 4, {"max_num_seqs": 4, "concurrency": 1.0}, 0.4, None, "measuring concurrency=1 x2"),
     SweepProgress("point_finished", 1, 4, P1.params, 9.8, 29.4, "ok", P1),
@@ -129,7 +129,7 @@ def test_the_table_is_the_clis_table():
     assert headers[:3] == ("params", "throughput (req/s)", "P99 latency (ms)")
     assert rows[0][:3] == ["max_num_seqs=4, concurrency=1", "2.00", "500"]
     assert rows[1][:3] == ["max_num_seqs=4, concurrency=2", "3.00 (+50%)", "650 (+30%)"]
-    assert rows[1][3] == "0.90" and rows[1][4] == "N/A [1]" and "NVML" in notes[0]
+    assert headers[3] == "memory (GiB)" and rows[1][3] == "0.84"  # 900 MB is 0.84 GiB and rows[1][4] == "N/A [1]" and "NVML" in notes[0]
     whole = SweepResult(plan, (P1, P2), EngineTarget("", "", "", "", {}), "done", 0, 1, True)
     printed = render_table(whole).splitlines()[2:4]
     assert [[c.strip() for c in line.split(" | ")] for line in printed] == rows
@@ -150,9 +150,9 @@ def _set(screen: SweepScreen, **values: str) -> None:
         screen.query_one(f"#run-{name}", Input).value = value
 
 
-def test_bad_input_shows_a_message_and_starts_nothing(recorded_app):
+def test_bad_input_shows_a_message_and_starts_nothing():
     async def go():
-        app, source = recorded_app()
+        app, source = make_recorded_app()
         async with app.run_test(size=(100, 30)) as pilot:
             screen = await _open(pilot)
             assert screen.engine_name == "t1" and screen.read_form() == SWEEP_DEFAULTS
@@ -174,11 +174,11 @@ def test_bad_input_shows_a_message_and_starts_nothing(recorded_app):
     asyncio.run(go())
 
 
-def test_a_sweep_asks_first_and_one_the_daemon_cannot_start_says_why(tmp_path, recorded_app):
+def test_a_sweep_asks_first_and_one_the_daemon_cannot_start_says_why(tmp_path):
     from llmconsole.paths import Paths
 
     async def go():
-        app, source = recorded_app()
+        app, source = make_recorded_app()
         async with app.run_test(size=(100, 30)) as pilot:
             screen = await _open(pilot)
             screen.paths = Paths(tmp_path, tmp_path)  # no daemon answers there: the start must fail cleanly
@@ -200,9 +200,9 @@ def test_a_sweep_asks_first_and_one_the_daemon_cannot_start_says_why(tmp_path, r
     asyncio.run(go())
 
 
-def test_a_sweep_under_way_is_the_daemons_leaving_or_quitting_stops_nothing(recorded_app):
+def test_a_sweep_under_way_is_the_daemons_leaving_or_quitting_stops_nothing():
     async def go():
-        app, source = recorded_app()
+        app, source = make_recorded_app()
         async with app.run_test(size=(100, 30)) as pilot:
             screen = await stage(pilot, EVENTS)
             assert screen.running and app.screen.check_action("cancel_run", ()) is True
@@ -252,9 +252,9 @@ def test_what_the_daemon_sends_reads_as_the_runners_own_values(tmp_path):
         assert SweepProgress.from_json(ev.to_json()) == ev
 
 
-def test_progress_and_the_end_show_in_the_screen(tmp_path, recorded_app):
+def test_progress_and_the_end_show_in_the_screen(tmp_path):
     async def go():
-        app, _ = recorded_app()
+        app, _ = make_recorded_app()
         async with app.run_test(size=(120, 40)) as pilot:
             screen = await stage(pilot, EVENTS)
             status = str(screen.query_one("#run-status", Static).render())
@@ -272,21 +272,50 @@ def test_progress_and_the_end_show_in_the_screen(tmp_path, recorded_app):
     asyncio.run(go())
 
 
-SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((120, 40), id="120x40")]
+SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((200, 60), id="200x60")]
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_snapshot_sweep_under_way(snap_compare, size, recorded_app):
-    app, _ = recorded_app()
+def test_snapshot_sweep_under_way(snap_compare, size):
+    """A sweep a real engine ran (tests/fixtures/tui/sweep_run.json), half-way: the points so far on
+    the chart and in the table, and the progress bar."""
+    app, _ = make_recorded_app()
+    half = len(run_record("sweep")["events"]) // 2
 
     async def run_before(pilot) -> None:
-        await stage(pilot, EVENTS)
+        await stage_recorded(pilot, "sweep", upto=half)
 
     assert snap_compare(app, terminal_size=size, run_before=run_before)
 
 
-def test_snapshot_sweep_form(snap_compare, recorded_app):
-    app, _ = recorded_app()
+@pytest.mark.parametrize("size", SIZES)
+def test_snapshot_sweep_done(snap_compare, size):
+    app, _ = make_recorded_app()
+
+    async def run_before(pilot) -> None:
+        await stage_recorded(pilot, "sweep")
+
+    assert snap_compare(app, terminal_size=size, run_before=run_before)
+
+
+def test_the_recorded_sweep_charts_every_measured_point_with_front_knee_and_slo():
+    async def go():
+        app, _ = make_recorded_app()
+        async with app.run_test(size=(200, 60)) as pilot:
+            screen = await stage_recorded(pilot, "sweep")
+            result = screen.result
+            spec = screen.query_one("#sweep-chart").plot.spec
+            by = {s.label: s for s in spec.series}
+            measured = [p for p in result.points if p.measured]
+            assert len(by["points (req/s at p99 ms)"].x) == len(measured) >= 3
+            assert "SLO p99 e2e 8000 ms" in by and any(label.startswith("knee: ") for label in by)
+            status = str(screen.query_one("#run-status", Static).render())
+            assert status.startswith("████████████████ sweep done")
+    asyncio.run(go())
+
+
+def test_snapshot_sweep_form(snap_compare):
+    app, _ = make_recorded_app()
 
     async def run_before(pilot) -> None:
         screen = await _open(pilot)
@@ -297,9 +326,9 @@ def test_snapshot_sweep_form(snap_compare, recorded_app):
     assert snap_compare(app, terminal_size=(100, 30), run_before=run_before)
 
 
-def test_sweep_and_tune_are_for_a_ready_engine(recorded_app):
+def test_sweep_and_tune_are_for_a_ready_engine():
     async def go():
-        app, _ = recorded_app()
+        app, _ = make_recorded_app()
         async with app.run_test(size=(100, 30)) as pilot:
             await replay(pilot)
             assert app.check_action("sweep_engine", ()) is True and app.check_action("tune_engine", ()) is True

@@ -93,10 +93,10 @@ def test_console_in_a_real_terminal(engine_home):
     url = e["url"]
     stop = threading.Event()
 
-    def load():
+    def load():  # through the gateway, as clients are meant to: the batch window sees it
         while not stop.is_set():
             try:
-                _complete(url)
+                _complete(e["gateway_url"])
             except OSError:
                 pass
             stop.wait(0.2)
@@ -112,10 +112,22 @@ def test_console_in_a_real_terminal(engine_home):
         assert "KV cache" in screen and "195,200 tok" in screen
         assert "no GPU: host memory and CPU shown" in screen
         assert "batch window" in screen  # the gateway's window strip for the engine
+        # The charts, live: the PID trace and the engine's figures, each with its time axis and units.
+        screen = term.wait_for(r"PID trace · last 5 min", timeout_s=30)
+        assert re.search(r"-\d+m\s.*\snow\b", screen) and "window (req)" in screen
+        assert re.search(r"^\s*req\s+ms\b", screen, re.MULTILINE)  # the axes' units
+        term.keys("g")  # where only one chart fits (under 30 rows), the other one; else both show
+        screen = term.wait_for(r"KV cache, queue, tok/s · last 5 min")
+        assert re.search(r"% · req\s+tok/s\s*$", screen, re.MULTILINE) and "KV used (%)" in screen
+        term.keys("g")
+        # Non-streamed requests give the TTFT controller no samples: said, not shown as a figure.
+        term.wait_for(r"no TTFT samples: requests not streamed", timeout_s=60)
+        # The log is quiet: the daemon's polls and the requests are not in it.
+        assert '"GET /metrics' not in screen and '"POST /v1/completions' not in screen
         # A key works: the detail screen opens with the startup facts, and escape comes back.
         term.keys("d")
         screen = term.wait_for(r"KV cache\s+195,200 tokens")
-        assert "max concurrency 381.25x at 512 tokens" in screen and "spec" in screen
+        assert re.search(r"max concurrency\s+381.25x at 512 tokens", screen) and "spec" in screen
         term.keys("Escape")
         term.wait_for(r"tok/s")
         # The daemon goes away: a banner, the console stays; a new daemon: the banner goes.

@@ -6,24 +6,35 @@ test_tui_runs_engine.py."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 
 import pytest
 from textual.widgets import DataTable, Input, Static
 
-import argparse
-
-from llmconsole.console.commands.tune import build, register, tune_request as cli_tune_request
+from llmconsole.console.commands.tune import build, register
+from llmconsole.console.commands.tune import tune_request as cli_tune_request
 from llmconsole.console.tui.screens.confirm import ConfirmScreen
 from llmconsole.console.tui.screens.run_base import RunFinished, RunProgressed
 from llmconsole.console.tui.screens.tune import PriorTrials, TunePrepared, TuneScreen
-from llmconsole.console.tui.tune_view import (TUNE_DEFAULTS, TuneView, best_text, can_apply, current_text, fold_tune,
-                                              headline, outcome_lines, snapshot_facts, trial_rows, tune_request,
-                                              tune_settings)
+from llmconsole.console.tui.tune_view import (
+    TUNE_DEFAULTS,
+    TuneView,
+    best_text,
+    can_apply,
+    current_text,
+    fold_tune,
+    headline,
+    outcome_lines,
+    snapshot_facts,
+    trial_rows,
+    tune_request,
+    tune_settings,
+)
 from llmconsole.engine.sweep.runner import EngineTarget
-from llmconsole.engine.tune.tuner import TuneProgress, TuneResult
 from llmconsole.engine.tune.space import Budget, Remeasured, TrialOutcome
-from tests.support.recorded import replay, stream_frames
+from llmconsole.engine.tune.tuner import TuneProgress, TuneResult
+from tests.support.recorded import make_recorded_app, replay, run_record, stage_recorded, stream_frames
 from tests.support.waiting import pilot_wait
 
 SPEC = stream_frames()[-1]["status"]["engines"][0]["spec"]   # t1 as the daemon reports it
@@ -89,8 +100,8 @@ def _view(events=EVENTS) -> TuneView:
 def test_events_fold_into_trial_i_of_the_budget_the_best_and_the_table():
     v = _view()
     # Trials 0, 2, 3 count; 1 was interrupted (retried); 4 is under way.
-    assert headline(v) == "trial 4 of 4 · 1 min 01 s elapsed"
-    assert headline(v, since_s=10) == "trial 4 of 4 · 1 min 11 s elapsed"
+    assert headline(v) == "trial 4 of 4 · 1 min 01 s elapsed · ~20 s left of the search"  # 3 done in 61 s
+    assert headline(v, since_s=10) == "trial 4 of 4 · 1 min 11 s elapsed · ~24 s left of the search"
     assert best_text(v) == "best so far: trial 2 · max_num_seqs=8 · 3.10 req/s goodput"
     assert current_text(v) == "trial 4 (max_num_seqs=16): restarting the engine on this config"
     rows = trial_rows(v)
@@ -156,9 +167,9 @@ async def stage(pilot, events, finished=None) -> TuneScreen:
     return screen
 
 
-def test_bad_input_shows_a_message_and_starts_nothing(recorded_app):
+def test_bad_input_shows_a_message_and_starts_nothing():
     async def go():
-        app, source = recorded_app()
+        app, source = make_recorded_app()
         async with app.run_test(size=(100, 30)) as pilot:
             screen = await _open(pilot)
             screen.query_one("#run-slo", Input).value = ""
@@ -169,9 +180,9 @@ def test_bad_input_shows_a_message_and_starts_nothing(recorded_app):
     asyncio.run(go())
 
 
-def test_the_screen_shows_progress_and_applies_only_after_asking(recorded_app):
+def test_the_screen_shows_progress_and_applies_only_after_asking():
     async def go():
-        app, source = recorded_app()
+        app, source = make_recorded_app()
         async with app.run_test(size=(120, 40)) as pilot:
             screen = await stage(pilot, EVENTS)
             status = str(screen.query_one("#run-status", Static).render())
@@ -200,26 +211,44 @@ def test_the_screen_shows_progress_and_applies_only_after_asking(recorded_app):
     asyncio.run(go())
 
 
-SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((120, 40), id="120x40")]
+SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((200, 60), id="200x60")]
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_snapshot_tune_under_way(snap_compare, size, recorded_app):
-    app, _ = recorded_app()
+def test_snapshot_tune_under_way(snap_compare, size):
+    """A tune a real engine ran (tests/fixtures/tui/tune_run.json), half-way: the trials so far,
+    charted against their number and against a knob, with the best so far."""
+    app, _ = make_recorded_app()
+    half = len(run_record("tune")["events"]) // 2
 
     async def run_before(pilot) -> None:
-        await stage(pilot, EVENTS)
+        await stage_recorded(pilot, "tune", upto=half)
 
     assert snap_compare(app, terminal_size=size, run_before=run_before)
 
 
-def test_snapshot_tune_done(snap_compare, recorded_app):
-    app, _ = recorded_app()
+@pytest.mark.parametrize("size", SIZES)
+def test_snapshot_tune_done(snap_compare, size):
+    app, _ = make_recorded_app()
 
     async def run_before(pilot) -> None:
-        screen = await stage(pilot, EVENTS)
-        screen.running = False
-        screen.post_message(RunFinished(_result(), None))
-        await pilot.pause(0.1)
+        await stage_recorded(pilot, "tune")
 
-    assert snap_compare(app, terminal_size=(120, 40), run_before=run_before)
+    assert snap_compare(app, terminal_size=size, run_before=run_before)
+
+
+def test_the_recorded_tune_reads_back_and_charts_every_trial():
+    async def go():
+        app, _ = make_recorded_app()
+        async with app.run_test(size=(200, 60)) as pilot:
+            screen = await stage_recorded(pilot, "tune")
+            trials = screen.result.trials
+            assert trials and screen.result.status == "done"
+            spec = screen.query_one("#trials-chart").plot.spec
+            marked = sum(len(s.x) for s in spec.series if s.label != "best so far")
+            assert marked == sum(1 for t in trials if t.state not in ("running", "interrupted"))
+            knob = screen.query_one("#knob-chart").plot.spec.title
+            await pilot.press("o")
+            await pilot.pause(0.1)
+            assert screen.query_one("#knob-chart").plot.spec.title != knob  # the next knob
+    asyncio.run(go())

@@ -8,14 +8,15 @@ import pytest
 
 from llmconsole.console.client import DaemonNotRunning
 from llmconsole.console.tui import Command, RecordedSource
-from llmconsole.console.tui.history import MetricHistory, SpecMemory, spec_diff
+from llmconsole.console.tui.history import SpecMemory, spec_diff
 from llmconsole.console.tui.keys import KEYS, KeymapError, check_keymap, config_path, load_keymap
 from llmconsole.console.tui.run import run_console
 from llmconsole.console.tui.screens.form import validate_form
+from llmconsole.console.tui.series import SeriesHistory
 from llmconsole.console.tui.view import EngineView, Snapshot, fmt_bytes, fmt_ms, fmt_uptime, goodbye
 from tests.support.daemon import Cli
 from tests.support.paths import ROOT
-from tests.support.recorded import lost_frame
+from tests.support.recorded import lost_frame, stream_frames
 
 TUI_DIR = ROOT / "llmconsole" / "console" / "tui"
 
@@ -144,17 +145,31 @@ def test_goodbye_names_what_keeps_serving(frames):
     assert goodbye(Snapshot()) == "no engines were running; nothing was stopped"
 
 
-def test_history_adds_a_point_per_new_scrape_and_is_bounded(frames):
-    h = MetricHistory(points=5)
-    fs = frames
+def test_history_adds_a_point_per_new_scrape_on_the_daemons_clock():
+    fs = stream_frames()
+    h = SeriesHistory()
     for f in fs + fs[-1:] * 3:  # the last frame repeated: no new scrape, no new point
         h.add(Snapshot.parse(f["status"]))
-    assert len(h.series("t1", "kv_cache_usage")) == 5
-    h2 = MetricHistory()
-    for f in fs + fs[-1:] * 3:
-        h2.add(Snapshot.parse(f["status"]))
-    assert len(h2.series("t1", "kv_cache_usage")) == len(fs)
-    assert h2.series("bad", "kv_cache_usage") == []
+    scrapes = {f["status"]["engines"][0]["metrics"]["taken_at_s"] for f in fs}
+    t, kv = h.series("t1", "kv_cache_usage")
+    assert len(t) == len(scrapes) and t == sorted(t)
+    assert t[-1] == fs[-1]["status"]["daemon"]["time_s"] == h.now_s  # the daemon's clock, not the console's
+    assert h.series("bad", "kv_cache_usage") == ([], [])  # a failed engine has no figures
+    steps, windows = h.series("t1", "window")
+    assert len(steps) >= 60 and all(w is not None for w in windows)  # the controller's steps, each once
+
+
+def test_history_is_bounded_to_an_hour():
+    from llmconsole.console.tui.series import SPAN_S
+
+    h = SeriesHistory()
+    status = stream_frames()[-1]["status"]
+    for i in range(5):
+        s = dict(status, daemon=dict(status["daemon"], time_s=1000.0 + i * SPAN_S / 2))
+        s["engines"] = [dict(e, metrics=dict(e["metrics"] or {}, taken_at_s=float(i))) for e in s["engines"]]
+        h.add(Snapshot.parse(s))
+    t, _ = h.series("t1", "kv_cache_usage")
+    assert t == [1000.0 + i * SPAN_S / 2 for i in (2, 3, 4)]  # the last hour, its first second included
 
 
 def test_spec_memory_keeps_the_version_before_a_restart(frames):

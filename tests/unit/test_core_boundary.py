@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 
-
 def _core_modules():
     for pkg in ("engine", "db", "kernels"):
         mod = __import__(f"llmconsole.{pkg}", fromlist=["_"])

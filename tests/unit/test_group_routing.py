@@ -13,12 +13,12 @@ import asyncio
 
 import aiohttp
 
-from llmconsole.engine.fleet import Fleet
 from llmconsole.daemon.services.gateway_service import GatewayService
-from llmconsole.engine.gateway.group import EngineGroup, Upstream
-from llmconsole.engine.modes.guarded_apply import _drain
-from llmconsole.engine.gateway.pid import PidSettings
 from llmconsole.engine.alerts.response_settings import GroupGate
+from llmconsole.engine.fleet import Fleet
+from llmconsole.engine.gateway.group import EngineGroup, Upstream
+from llmconsole.engine.gateway.pid import PidSettings
+from llmconsole.engine.modes.guarded_apply import _drain
 from llmconsole.paths import Paths
 from tests.support.stub_upstream import Stub
 
@@ -146,3 +146,26 @@ def test_holding_the_only_engine_queues_arrivals_until_it_is_back(tmp_path):
             await a.runner.cleanup()
 
     asyncio.run(main())
+
+
+def test_non_streamed_requests_feed_the_end_to_end_signal_and_are_counted_as_such():
+    import time
+
+    from llmconsole.engine.gateway.group import RequestRecord
+
+    def rec(streamed: bool, e2e_s: float) -> RequestRecord:
+        return RequestRecord("g", "a", "/v1/completions", 200, "ok", streamed, time.time(), 0.0,
+                             0.01 if streamed else None, e2e_s, 0.01 if streamed else None, e2e_s)
+
+    g = EngineGroup("g", [Upstream("a", "http://127.0.0.1:9000")], settings=PidSettings(signal="e2e"))
+    for _ in range(6):
+        g.record(rec(False, 0.5))
+    measured, n = g.controller.measured_ms()
+    assert n == 6 and measured == 500.0  # not streamed, and the end-to-end signal has them all
+    st = g.state_json()
+    assert (st["recent_ok"], st["recent_streamed"]) == (6, 0)
+    ttft = EngineGroup("t", [Upstream("a", "http://127.0.0.1:9000")], settings=PidSettings(signal="ttft"))
+    for _ in range(6):
+        ttft.record(rec(False, 0.5))
+    assert ttft.controller.measured_ms() == (None, 0)  # a TTFT needs a stream: no sample, not a value
+    assert (ttft.state_json()["recent_ok"], ttft.state_json()["recent_streamed"]) == (6, 0)

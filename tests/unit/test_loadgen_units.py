@@ -14,13 +14,13 @@ import sys
 
 import pytest
 
-from llmconsole.engine.metrics.latency import Slo
 from llmconsole.engine.load.generator import run_load
-from llmconsole.engine.sweep.runner import EngineStartFailed, EngineTarget, SweepRunner
+from llmconsole.engine.load.workload import LengthDist, Workload, exact_prompt, load_tokenizer, plan_requests
+from llmconsole.engine.metrics.latency import Slo
 from llmconsole.engine.sweep.plan import SweepPlan, parse_grid, parse_loads
 from llmconsole.engine.sweep.probe import ResourceSample
 from llmconsole.engine.sweep.report import table_rows, write_results
-from llmconsole.engine.load.workload import LengthDist, Workload, exact_prompt, load_tokenizer, plan_requests
+from llmconsole.engine.sweep.runner import EngineStartFailed, EngineTarget, SweepRunner
 from tests.support.paths import ROOT
 
 STUB = ROOT / "bench" / "bench_loadgen_stub.py"
@@ -191,8 +191,8 @@ def test_a_broken_slo_skips_the_heavier_loads(stub, tiny_model):
 
 
 def test_saturation_rule_needs_flat_throughput_and_rising_latency():
-    from llmconsole.engine.sweep.runner import saturation
     from llmconsole.engine.sweep.plan import LoadLevel, PointResult
+    from llmconsole.engine.sweep.runner import saturation
 
     def pt(thr, p99, c):
         return PointResult(1, {}, LoadLevel("concurrency", c), "ok", throughput_req_s=thr, latency_ms={"p99_e2e": p99})

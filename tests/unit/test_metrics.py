@@ -133,6 +133,8 @@ def test_percentiles_forget_requests_older_than_the_window():
     w.add(a)
     snap = w.add(b)  # 100 s later: no sample inside either window to diff against
     assert snap.p99_ttft_s is None and snap.generation_tok_s is None
+    # and the figures say what they are taken over, so a client can say "no requests in 60 s"
+    assert (snap.rate_window_s, snap.percentile_window_s, snap.requests_in_window) == (10, 60, None)
     c = w.add(parse_metrics(page("load_seq_4.txt"), 101.0))
     assert c.generation_tok_s == 0.0
 

@@ -8,13 +8,25 @@ import pytest
 
 from llmconsole.engine.plan.cost import CostInputs, estimate_cost, tco_per_gpu_usd
 from llmconsole.engine.plan.devices import (
-    CPU_MEASURED_TOK_S, cpu_profile, device_names, gpu_profile, profile, profile_for_gpu_name, with_price,
+    CPU_MEASURED_TOK_S,
+    cpu_profile,
+    device_names,
+    gpu_profile,
+    profile,
+    profile_for_gpu_name,
+    with_price,
 )
-from llmconsole.engine.plan.model_shape import read_shape
-from llmconsole.engine.plan.model_shape import shape_from_config
+from llmconsole.engine.plan.model_shape import read_shape, shape_from_config
 from llmconsole.engine.plan.roofline import (
-    FITTED, LLAMA2_7B_CONFIG, REFERENCE_DEVICE, REFERENCE_POINTS, StepModel, curve, fit_efficiencies,
-    non_attention_step_s, operating_point,
+    FITTED,
+    LLAMA2_7B_CONFIG,
+    REFERENCE_DEVICE,
+    REFERENCE_POINTS,
+    StepModel,
+    curve,
+    fit_efficiencies,
+    non_attention_step_s,
+    operating_point,
 )
 
 LLAMA = shape_from_config(LLAMA2_7B_CONFIG)

@@ -10,11 +10,15 @@ from llmconsole.engine.plan import topology as topo_mod
 from llmconsole.engine.plan.kv_math import kv_capacity, layout_for
 from llmconsole.engine.plan.model_shape import read_shape
 from llmconsole.engine.plan.recommend import (
-    Workload, check_batch_without_target, check_pcie_tensor_parallel, check_static_kv_on_short_prompts,
-    parse_workload, recommend,
+    Workload,
+    check_batch_without_target,
+    check_pcie_tensor_parallel,
+    check_static_kv_on_short_prompts,
+    parse_workload,
+    recommend,
 )
-from llmconsole.engine.spec import EngineSpec
 from llmconsole.engine.plan.topology import load_topology
+from llmconsole.engine.spec import EngineSpec
 from tests.support.paths import FIXTURES
 
 TOPOLOGY = FIXTURES / "topology"

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from llmconsole.engine.metrics.latency import LatencyStats, Slo, percentile
 from llmconsole.engine.load.generator import RequestRecord, summarize
+from llmconsole.engine.metrics.latency import LatencyStats, Slo, percentile
 from llmconsole.engine.sweep.tradeoff import TradeoffPoint, best_under_slo, knee, pareto_front, step_ratio
 
 

@@ -9,10 +9,10 @@ import math
 import optuna
 import pytest
 
-from llmconsole.engine.tune.tuner import ask_next, history, make_sampler, outcomes
 from llmconsole.engine.tune.ranges import EngineFacts, derive_space
 from llmconsole.engine.tune.search import Probe, encode, lattice, line_next, next_config, snap, start_config
 from llmconsole.engine.tune.space import Budget, Knob, parse_knob, split_params
+from llmconsole.engine.tune.tuner import ask_next, history, make_sampler, outcomes
 
 
 def test_lattice_and_snap():

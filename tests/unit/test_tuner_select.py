@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from llmconsole.engine.tune.select import (MIN_REL_SD, Remeasured, contenders, next_remeasure, pick_winner,
-                                            start_race)
+from llmconsole.engine.tune.select import MIN_REL_SD, Remeasured, contenders, next_remeasure, pick_winner, start_race
 from llmconsole.engine.tune.space import TrialOutcome
 
 

@@ -7,12 +7,25 @@ import pytest
 
 from llmconsole.engine.gateway.group import RequestRecord
 from llmconsole.engine.metrics.latency import Slo
-from llmconsole.engine.tune.tuner import open_study, outcomes, suggest_params
 from llmconsole.engine.tune.guard import GuardSettings, WindowFigures, breach, sustained, window_figures
-from llmconsole.engine.tune.space import (Budget, Knob, Remeasured, TrialOutcome, clamp_to_workload,
-                                           constraint_value, default_space, halving_rungs, keep_going,
-                                           parse_budget, parse_knob, pick_winner, remeasure_candidates, startup_trials,
-                                           study_name)
+from llmconsole.engine.tune.space import (
+    Budget,
+    Knob,
+    Remeasured,
+    TrialOutcome,
+    clamp_to_workload,
+    constraint_value,
+    default_space,
+    halving_rungs,
+    keep_going,
+    parse_budget,
+    parse_knob,
+    pick_winner,
+    remeasure_candidates,
+    startup_trials,
+    study_name,
+)
+from llmconsole.engine.tune.tuner import open_study, outcomes, suggest_params
 
 
 def test_knobs_parse_ranges_and_choices_and_refuse_the_rest():

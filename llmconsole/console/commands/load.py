@@ -1,4 +1,10 @@
-"""`llmconsole load ENGINE ...`: run the load generator against an engine the daemon supervises."""
+"""`llmconsole load ENGINE ...`: run the load generator against an engine the daemon supervises.
+
+The load goes through the engine's door at the gateway (`gateway_url` in `status --json`), as
+clients' requests do, so the batch window admits it and its PID controller sees it: that is
+the load the console's PID trace shows. `--direct` sends to the engine's own port instead,
+past the window (what sweeps and tunes measure configs with).
+"""
 
 from __future__ import annotations
 
@@ -32,6 +38,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--max-duration", type=float, default=None, metavar="S", help="stop after S seconds")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--api-key-env", default=None, metavar="VAR", help="read the engine's API key from VAR")
+    p.add_argument("--direct", action="store_true",
+                   help="send to the engine's own port, past the gateway's batch window (default: through it)")
     p.add_argument("--json", action="store_true", help="the summary as JSON")
     p.set_defaults(func=cmd_load)
 
@@ -57,6 +65,15 @@ def engine_target(client: DaemonClient, name: str) -> dict[str, Any]:
     return e
 
 
+def load_url(e: dict[str, Any], direct: bool) -> tuple[str, str]:
+    """Where the load goes and how to say so: the gateway's door unless `direct` (or none)."""
+    if not direct and e.get("gateway_url"):
+        return e["gateway_url"], f"through the gateway's batch window at {e['gateway_url']} (--direct bypasses it)"
+    if not direct:
+        return e["url"], f"directly to {e['url']}: the daemon runs no gateway for engine {e['name']}"
+    return e["url"], f"directly to {e['url']}, past the gateway's batch window"
+
+
 def cmd_load(ns: argparse.Namespace) -> int:
     try:
         slo = Slo.parse(ns.slo)
@@ -73,7 +90,10 @@ def cmd_load(ns: argparse.Namespace) -> int:
     api_key = os.environ.get(ns.api_key_env) if ns.api_key_env else None
     with daemon_client() as client:
         target = engine_target(client, ns.engine)
-    result = asyncio.run(_run(target, wl, slo, api_key, show=sys.stderr.isatty() and not ns.json))
+    url, where = load_url(target, ns.direct)
+    if not ns.json:
+        print(f"load on {ns.engine} {where}", file=sys.stderr)
+    result = asyncio.run(_run(dict(target, url=url), wl, slo, api_key, show=sys.stderr.isatty() and not ns.json))
     print(json.dumps(result_json(result), indent=2) if ns.json else render_summary(result))
     return 130 if result.stopped_early == "interrupted" else 0
 

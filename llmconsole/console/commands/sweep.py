@@ -40,6 +40,13 @@ class DaemonController:
     async def current(self) -> EngineTarget:
         return self._target(await asyncio.to_thread(engine_target, self.client, self.name))
 
+    async def gateway_url(self) -> str:
+        e = await asyncio.to_thread(self.client.engine, self.name)
+        if not e or not e.get("gateway_url"):
+            raise RuntimeError(f"engine {self.name} has no gateway door")
+        url: str = e["gateway_url"]
+        return url
+
     async def apply(self, overrides: dict[str, Any]) -> EngineTarget:
         return await asyncio.to_thread(self._restart, overrides)
 
@@ -91,6 +98,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="accept a step while its ratio exceeds this")
     p.add_argument("--knee-units", choices=["relative", "absolute"], default=default("knee_units"),
                    help="relative: (dT/T)/(dL/L); absolute: (req/s) per ms")
+    p.add_argument("--through-gateway", action="store_true",
+                   help="send the load through the engine's gateway door, where the batch window caps it "
+                        "(default: to the engine's own port, each config's own figures)")
     p.add_argument("--out", required=True, metavar="DIR", help="results.json, results.csv, report.md, tradeoff.svg")
     p.add_argument("--no-history", action="store_true", help="do not record the sweep in the database")
     p.add_argument("--json", action="store_true", help="print results.json's content instead of the table")
@@ -102,7 +112,8 @@ def sweep_request(ns: argparse.Namespace) -> SweepRequest:
         engine=ns.engine, grid=ns.grid, loads=ns.load, slo=ns.slo, repeats=ns.repeats, num_requests=ns.num_requests,
         input_len=ns.input_len, output_len=ns.output_len, warmup=ns.warmup, ignore_eos=ns.ignore_eos,
         burstiness=ns.burstiness, max_run_s=ns.max_run, max_error_rate=ns.max_error_rate,
-        spread_limit=ns.spread_limit, knee_threshold=ns.knee_threshold, knee_units=ns.knee_units)
+        spread_limit=ns.spread_limit, knee_threshold=ns.knee_threshold, knee_units=ns.knee_units,
+        through_gateway=ns.through_gateway)
 
 
 def build_plan(ns: argparse.Namespace) -> SweepPlan:

@@ -165,13 +165,6 @@ def _window_bounds(client: DaemonClient, name: str) -> dict[str, int]:
 class TuneController(DaemonController):
     """The sweep's controller, and the gateway's window bounds: set there, no restart."""
 
-    async def gateway_url(self) -> str:
-        e = await asyncio.to_thread(self.client.engine, self.name)
-        if not e or not e.get("gateway_url"):
-            raise RuntimeError(f"engine {self.name} has no gateway door; the window cannot act")
-        url: str = e["gateway_url"]
-        return url
-
     async def window(self) -> dict[str, int]:
         return await asyncio.to_thread(_window_bounds, self.client, self.name)
 

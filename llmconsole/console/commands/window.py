@@ -20,6 +20,29 @@ def _ms(v: float | None) -> str:
     return na(v, "{:.0f} ms")
 
 
+_SIGNAL_NAMES = {"ttft": "TTFT", "e2e": "end-to-end", "tpot": "TPOT"}
+
+
+def no_samples_text(signal: str | None, recent_ok: int | None, recent_streamed: int | None) -> str:
+    """What to say where the controller's signal has no samples, instead of a value: a TTFT or a
+    TPOT exists only for streamed requests, and a client that never streams gives it none."""
+    name = _SIGNAL_NAMES.get(signal or "", signal or "signal")
+    if signal in ("ttft", "tpot") and recent_ok and not recent_streamed:
+        return f"no {name} samples: requests not streamed"
+    if not recent_ok:
+        return f"no {name} samples: no requests finished lately"
+    return f"no {name} samples yet"
+
+
+def measured_text(state: dict[str, Any]) -> str:
+    """`p99 ttft 412 ms (target 800 ms)`, or why there is no figure."""
+    trace = state.get("trace") or []
+    measured = trace[-1].get("measured_ms") if trace else None
+    if measured is None:
+        return no_samples_text(state.get("signal"), state.get("recent_ok"), state.get("recent_streamed"))
+    return f"p99 {state.get('signal')} {_ms(measured)} (target {_ms(state.get('target_ms'))})"
+
+
 def format_window(state: dict[str, Any], steps: int = 10) -> str:
     mode = "frozen" if state["frozen"] else "controlled"
     name = state.get("group", state["engine"])
@@ -30,6 +53,7 @@ def format_window(state: dict[str, Any], steps: int = 10) -> str:
         f"{name}: window {state['window']} ({mode}), in flight {state['in_flight']}, "
         f"queued {state['queued']}{'' if state['open'] else ', waiting for a ready engine'}",
         f"  gateway  {state['gateway_url']}/v1/...",
+        f"  measured {measured_text(state)}",
         f"  target   p99 {state['signal']} {_ms(state['target_ms'])}, window in "
         f"[{state['min_window']}, {state['max_window']}], gains kp {state['kp']} ki {state['ki']} kd {state['kd']}",
         f"  totals   admitted {state['admitted_total']}, rejected (queue full) {state['rejected_full_total']}, "
@@ -38,7 +62,8 @@ def format_window(state: dict[str, Any], steps: int = 10) -> str:
     trace = state.get("trace", [])[-steps:]
     if trace:
         lines.append("  recent steps: measured -> window (action)")
-        lines += [f"    {_ms(t['measured_ms']):>9} -> {t['window']:>3} ({t['action']})" for t in trace]
+        lines += [f"    {_ms(t['measured_ms']) if t['measured_ms'] is not None else 'no samples':>10} -> "
+                  f"{t['window']:>3} ({t['action']})" for t in trace]
     return "\n".join(lines)
 
 

@@ -7,6 +7,7 @@ anything. Whatever stops an engine asks first, in a modal.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +15,9 @@ from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
+from llmconsole.console.tui.charts_live import RANGES_S, range_text
 from llmconsole.console.tui.keys import KEYS, KeySpec, effective_key
+from llmconsole.console.tui.logfilter import LogView
 from llmconsole.console.tui.screens.alerts import AlertsScreen
 from llmconsole.console.tui.screens.confirm import ConfirmScreen
 from llmconsole.console.tui.screens.dashboard import DashboardScreen
@@ -38,6 +41,7 @@ _VERB_OF = {"start_engine": "start", "stop_engine": "stop", "restart_engine": "r
 _ENGINE_ACTIONS = set(_VERB_OF) | {"show_logs", "show_detail", "show_history"}
 _FLEET_ACTIONS = {"stop_all", "new_engine"}
 _WINDOW_ACTIONS = {"toggle_window_freeze", "nudge_window"}
+_LOG_ACTIONS = {"toggle_full_log", "search_log"}  # the dashboard's log pane and the log screen
 _MODE_STATES = ("ready", "unhealthy")  # a switch needs a serving engine to fall back to
 # measured on a ready engine
 _RUN_ACTIONS: dict[str, type[RunScreen[Any, Any, Any]]] = {"sweep_engine": SweepScreen, "tune_engine": TuneScreen}
@@ -51,9 +55,13 @@ class ConsoleActions(_AppBase):
         keymap: dict[str, str]
         snapshot: Snapshot | None
         lost_reason: str | None
+        chart_range_s: float
+        chart_pick: str
+        log_view: LogView
 
         def send(self, command: Command) -> None: ...
         def poll_soon(self) -> None: ...
+        def want_history(self, name: str) -> None: ...
 
     # --- what the keys may do now -----------------------------------------------------------
 
@@ -105,6 +113,14 @@ class ConsoleActions(_AppBase):
                 if (c.min_window is not None and w < c.min_window) or (c.max_window is not None and w > c.max_window):
                     return None
             return True
+        if action == "cycle_range":
+            return isinstance(self.screen, DashboardScreen)
+        if action == "switch_chart":
+            if not isinstance(self.screen, DashboardScreen):
+                return False
+            return True if self.screen.one_chart else None  # both show: nothing to switch
+        if action in _LOG_ACTIONS:
+            return isinstance(self.screen, (DashboardScreen, LogsScreen))
         if action == "show_alerts":
             if not on_engines:
                 return False
@@ -278,6 +294,35 @@ class ConsoleActions(_AppBase):
 
     def action_tune_engine(self) -> None:
         self._open_run("tune_engine")
+
+    def action_cycle_range(self) -> None:
+        """The charts' span: 5, 15, 60 minutes, and round again."""
+        at = RANGES_S.index(self.chart_range_s) if self.chart_range_s in RANGES_S else -1
+        self.chart_range_s = RANGES_S[(at + 1) % len(RANGES_S)]
+        self.notify(f"charts: the {range_text(self.chart_range_s)}", timeout=2)
+        if isinstance(self.screen, DashboardScreen):
+            self.screen.show_state(self)  # type: ignore[arg-type]  # self is the ConsoleApp
+
+    def action_switch_chart(self) -> None:
+        self.chart_pick = "usage" if self.chart_pick == "pid" else "pid"
+        if isinstance(self.screen, DashboardScreen):
+            self.screen.show_state(self)  # type: ignore[arg-type]  # self is the ConsoleApp
+
+    def action_toggle_full_log(self) -> None:
+        self.log_view = dataclasses.replace(self.log_view, full=not self.log_view.full)
+        self._log_view_changed()
+
+    def action_search_log(self) -> None:
+        if isinstance(self.screen, (DashboardScreen, LogsScreen)):
+            self.screen.open_search()
+
+    def set_log_search(self, text: str) -> None:
+        self.log_view = dataclasses.replace(self.log_view, search=text.strip())
+        self._log_view_changed()
+
+    def _log_view_changed(self) -> None:
+        if isinstance(self.screen, (DashboardScreen, LogsScreen)):
+            self.screen.show_log_view()
 
     def action_show_help(self) -> None:
         self.push_screen(HelpScreen())

@@ -10,7 +10,9 @@ nothing a daemon or an engine does can stop the console.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +23,34 @@ from textual.timer import Timer
 from textual.worker import Worker, WorkerState
 
 from llmconsole.console.client import DaemonError, DaemonNotRunning
+from llmconsole.console.tui import toasts
 from llmconsole.console.tui.actions import ConsoleActions
-from llmconsole.console.tui.history import MetricHistory, SpecMemory
+from llmconsole.console.tui.history import SpecMemory
 from llmconsole.console.tui.keys import bindings_for, check_keymap
-from llmconsole.console.tui.messages import CommandFailed, CommandSent, DaemonLost, PollFailed, StatusPolled
+from llmconsole.console.tui.logfilter import LogView
+from llmconsole.console.tui.messages import (
+    CommandFailed,
+    CommandSent,
+    DaemonLost,
+    HistoryFetched,
+    PollFailed,
+    StatusPolled,
+)
 from llmconsole.console.tui.screens.dashboard import DashboardScreen
+from llmconsole.console.tui.series import SeriesHistory
 from llmconsole.console.tui.source import Command, StateSource
 from llmconsole.console.tui.view import LogChunk, Snapshot
+from llmconsole.console.tui.widgets.engine_panel import Switch
+
+SWITCH_EXTRA_S = 10.0  # a mode switch is a restart, plus draining its requests and a smoke request
+
+
+@dataclass
+class _Switching:
+    mode: str
+    began_s: float
+    expected_s: float | None
+    restarted: bool = False
 
 
 class ConsoleApp(ConsoleActions, App[str]):
@@ -45,11 +68,18 @@ class ConsoleApp(ConsoleActions, App[str]):
         self.cursor_blink = cursor_blink
         self.snapshot: Snapshot | None = None
         self.lost_reason: str | None = None
-        self.history = MetricHistory()
+        self.history = SeriesHistory()   # the charts' figures, live and from the daemon's store
+        self.chart_range_s = 300.0
+        self.chart_pick = "pid"          # the chart a short terminal shows (g switches)
+        self.log_view = LogView()
+        self.clock = time.monotonic      # tests fix it, so a pictured progress bar holds still
+        self._switching: dict[str, _Switching] = {}
+        self._fetching: set[str] = set()
         self.specs = SpecMemory()
         self.logs: dict[str, LogChunk] = {}
         self.polls_applied = 0  # polls that brought a status
         self.polls_done = 0     # polls that finished, whatever they brought
+        self.fetches_done = 0   # answers (or failures) of the daemon's stored history
         self._timer: Timer | None = None
         self._polling = False
         self._poll_again = False
@@ -127,6 +157,7 @@ class ConsoleApp(ConsoleActions, App[str]):
             self.snapshot = message.snapshot
             self.history.add(message.snapshot)
             self.specs.add(message.snapshot)
+            self._follow_switches(message.snapshot)
             chunk = message.logs
             if chunk is not None and chunk.from_offset is None:
                 self.logs[chunk.name] = chunk
@@ -192,7 +223,12 @@ class ConsoleApp(ConsoleActions, App[str]):
     # --- commands -------------------------------------------------------------------------
 
     def send(self, command: Command) -> None:
-        self.notify(f"{command}: sent", timeout=3)
+        self.notify(f"{toasts.asked(command)}: sent", timeout=3)
+        if command.verb == "mode" and command.engine is not None and (command.spec or {}).get("mode") != "auto":
+            e = self.snapshot.engine(command.engine) if self.snapshot else None
+            last = e.last_start_s if e is not None else None
+            self._switching[command.engine] = _Switching(str((command.spec or {}).get("mode")), self.clock(),
+                                                         None if last is None else last + SWITCH_EXTRA_S)
         self._send(command)
 
     @work(thread=True, group="commands", exit_on_error=False)
@@ -209,12 +245,58 @@ class ConsoleApp(ConsoleActions, App[str]):
             self.post_message(CommandSent(command, reply if isinstance(reply, dict) else {}))
 
     def on_command_sent(self, message: CommandSent) -> None:
-        self.notify(f"{message.command}: done", timeout=3)
+        if message.command.verb == "mode":
+            self._switching.pop(message.command.engine or "", None)
+        self.notify(toasts.done(message.command, message.reply), timeout=5)
         self.poll_soon()
 
     def on_command_failed(self, message: CommandFailed) -> None:
-        self.notify(f"{message.command} failed: {message.error}", severity="error", timeout=10)
+        if message.command.verb == "mode":
+            self._switching.pop(message.command.engine or "", None)
+        self.notify(f"{toasts.asked(message.command)} failed: {message.error}", severity="error", timeout=10)
         self.poll_soon()
+
+    # --- what the dashboard draws beyond the status -----------------------------------------
+
+    def _follow_switches(self, snapshot: Snapshot) -> None:
+        for name, sw in self._switching.items():
+            e = snapshot.engine(name)
+            if e is not None and e.state != "ready":
+                sw.restarted = True
+
+    def switch_of(self, name: str | None) -> Switch | None:
+        """The mode switch of `name` this console is waiting on, as the dashboard shows it."""
+        sw = self._switching.get(name or "")
+        if sw is None:
+            return None
+        return Switch(sw.mode, self.clock() - sw.began_s, sw.expected_s, sw.restarted)
+
+    def want_history(self, name: str) -> None:
+        """Ask the daemon once for what its store kept of `name` over the charts' range."""
+        if name in self._fetching or not self.history.wants_fill(name, self.chart_range_s):
+            return
+        fetch = getattr(self.source, "samples", None)
+        if fetch is None:
+            return
+        self._fetching.add(name)
+        self._fetch_history(name, self.chart_range_s)
+
+    @work(thread=True, group="history", exit_on_error=False)
+    def _fetch_history(self, name: str, range_s: float) -> None:
+        try:
+            answer = self.source.samples(name, since_s=range_s, points=600)
+        except Exception:  # an older daemon, or none: the charts fill from the polls alone
+            answer = None
+        self.post_message(HistoryFetched(name, range_s, answer))
+
+    def on_history_fetched(self, message: HistoryFetched) -> None:
+        self._fetching.discard(message.name)
+        if message.answer is not None:
+            self.history.fill(message.name, message.answer, message.range_s)
+        else:
+            self.history.of(message.name).filled_s = message.range_s  # do not ask again and again
+        self.fetches_done += 1
+        self._render_active(None)
 
 
 def make_app(source: StateSource, **kw: Any) -> ConsoleApp:

@@ -40,6 +40,7 @@ class KeySpec:
     palette: bool = True   # listed in the command palette
     key_display: str | None = None
     title: str = ""        # the longer name the palette and the help use
+    where: str = ""        # where it acts, when narrower than its context (the help and the README say)
 
     @property
     def long_name(self) -> str:
@@ -55,20 +56,30 @@ KEYS: tuple[KeySpec, ...] = (
     KeySpec("history", "h", "show_history", "History", title="Config history and rollback"),
     KeySpec("new_engine", "n", "new_engine", "New", title="New engine"),
     KeySpec("stop_all", "K", "stop_all", "Stop all", key_display="K", title="Stop all engines"),
-    KeySpec("window_freeze", "f", "toggle_window_freeze", "Freeze", show=False,
+    KeySpec("window_freeze", "f", "toggle_window_freeze", "Freeze",
             title="Freeze or resume the batch-window controller"),
-    KeySpec("window_up", "plus", "nudge_window(1)", "Window +1", show=False, key_display="+",
+    KeySpec("window_up", "plus", "nudge_window(1)", "Window", key_display="+",
             title="Batch window one larger, by hand (freezes the controller)"),
-    KeySpec("window_down", "minus", "nudge_window(-1)", "Window -1", show=False, key_display="-",
+    KeySpec("window_down", "minus", "nudge_window(-1)", "Window", key_display="-",
             title="Batch window one smaller, by hand (freezes the controller)"),
-    KeySpec("mode", "m", "choose_mode", "Mode", show=False,
+    KeySpec("mode", "m", "choose_mode", "Mode",
             title="Memory mode: performance, balanced, aggressive or auto"),
-    KeySpec("alerts", "A", "show_alerts", "Alerts", show=False, key_display="A",
+    KeySpec("alerts", "A", "show_alerts", "Alerts", key_display="A",
             title="Alerts and automated responses (undo one)"),
-    KeySpec("sweep", "S", "sweep_engine", "Sweep", show=False, key_display="S",
+    KeySpec("sweep", "S", "sweep_engine", "Sweep", key_display="S",
             title="Mini sweep of the selected engine: configs x loads, live table, picks"),
-    KeySpec("tune", "T", "tune_engine", "Tune", show=False, key_display="T",
+    KeySpec("tune", "T", "tune_engine", "Tune", key_display="T",
             title="Auto-tune the selected engine: trials, best so far, recommendation"),
+    KeySpec("chart_range", "t", "cycle_range", "Range", title="Charts: the last 5, 15 or 60 minutes",
+            where="the dashboard"),
+    KeySpec("chart_pick", "g", "switch_chart", "Chart",
+            title="Charts: the PID trace, or KV cache, queue and tok/s (where one fits at a time)",
+            where="the dashboard"),
+    KeySpec("full_log", "v", "toggle_full_log", "Full log",
+            title="Log: the engine's own lines, or every line (requests, health and metrics polls)",
+            where="the dashboard and the log screen"),
+    KeySpec("search_log", "slash", "search_log", "Search", key_display="/", title="Search the log",
+            where="the dashboard and the log screen"),
     KeySpec("help", "question_mark", "show_help", "Help", key_display="?", title="Help: every key"),
     KeySpec("palette", "ctrl+p", "command_palette", "palette", priority=True, palette=False, show=False,
             title="Command palette"),
@@ -93,6 +104,8 @@ KEYS: tuple[KeySpec, ...] = (
             title="Cancel: the run under way stops and the engine's config is put back"),
     KeySpec("apply_winner", "a", "apply_winner", "Apply winner", contexts=("run",), palette=False,
             title="Apply the tune's recommended config through the guarded apply (asks first)"),
+    KeySpec("next_knob", "o", "next_knob", "Next knob", contexts=("run",), palette=False,
+            title="The tune's knob chart: the next knob against goodput"),
 )
 
 BY_ID: Mapping[str, KeySpec] = {k.id: k for k in KEYS}

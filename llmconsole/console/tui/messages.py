@@ -17,6 +17,16 @@ class StatusPolled(Message):
         self.logs = logs
 
 
+class HistoryFetched(Message):
+    """The daemon's stored history of one engine (GET /v1/engines/{name}/samples), or None."""
+
+    def __init__(self, name: str, range_s: float, answer: dict[str, Any] | None) -> None:
+        super().__init__()
+        self.name = name
+        self.range_s = range_s
+        self.answer = answer
+
+
 class DaemonLost(Message):
     def __init__(self, reason: str) -> None:
         super().__init__()

@@ -30,6 +30,14 @@ def load_frames(path: Path) -> list[dict[str, Any]]:
     return list(data["frames"])
 
 
+def load_recording(path: Path) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """The frames, and the daemon's stored history per engine where the recording kept it."""
+    data = json.loads(Path(path).read_text())
+    if data.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a status recording ({FORMAT})")
+    return list(data["frames"]), dict(data.get("samples") or {})
+
+
 def save_frames(path: Path, frames: list[dict[str, Any]], note: str = "") -> None:
     Path(path).write_text(json.dumps({"format": FORMAT, "note": note, "frames": frames}, indent=1) + "\n")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from llmconsole.console.client import DaemonClient, DaemonNotRunning
-from llmconsole.console.tui.recording import load_frames
+from llmconsole.console.tui.recording import load_recording
 from llmconsole.paths import Paths
 
 VERBS = ("start", "stop", "restart", "stop_all", "window", "rollback", "mode", "undo")
@@ -51,6 +51,9 @@ class StateSource(Protocol):
     def history(self, name: str) -> dict[str, Any]:
         """{"engine", "versions": [...]} as GET /v1/engines/{name}/history returns it."""
 
+    def samples(self, name: str, since_s: float = 900.0, points: int = 600) -> dict[str, Any]:
+        """The stored figures and window trace, as GET /v1/engines/{name}/samples returns them."""
+
     def alerts(self) -> dict[str, Any]:
         """{"active", "alerts", "responses", "settings"} as GET /v1/alerts returns it."""
 
@@ -75,6 +78,9 @@ class DaemonSource:
 
     def history(self, name: str) -> dict[str, Any]:
         return self._poll.history(name)
+
+    def samples(self, name: str, since_s: float = 900.0, points: int = 600) -> dict[str, Any]:
+        return self._poll.samples(name, since_s=since_s, points=points)
 
     def alerts(self) -> dict[str, Any]:
         return self._poll.alerts()
@@ -136,17 +142,18 @@ class RecordedSource:
     are kept in `commands`, in order, and answered {"accepted": true}.
     """
 
-    def __init__(self, frames: list[dict[str, Any]]):
+    def __init__(self, frames: list[dict[str, Any]], samples: dict[str, dict[str, Any]] | None = None):
         if not frames:
             raise ValueError("a recording needs at least one frame")
         self.frames = list(frames)
+        self.stored = dict(samples or {})  # the daemon's stored history per engine, as recorded
         self.position = 0
         self.commands: list[Command] = []
         self._lock = threading.Lock()
 
     @classmethod
     def from_file(cls, path: Path | str) -> RecordedSource:
-        return cls(load_frames(Path(path)))
+        return cls(*load_recording(Path(path)))
 
     @property
     def exhausted(self) -> bool:
@@ -177,6 +184,21 @@ class RecordedSource:
         with self._lock:
             frame = self._frame()
         return {"engine": name, "versions": frame.get("history", {}).get(name, [])}
+
+    def samples(self, name: str, since_s: float = 900.0, points: int = 600) -> dict[str, Any]:
+        """The recorded answer, cut to `since_s` before its own "now" (404-like when none)."""
+        answer = self.stored.get(name)
+        if answer is None:
+            raise KeyError(f"no stored history of {name} in this recording")
+        start = float(answer["now_s"]) - since_s
+
+        def cut(cols: dict[str, Any] | None) -> dict[str, Any] | None:
+            if not cols:
+                return cols
+            keep = [i for i, t in enumerate(cols["at_s"]) if t >= start]
+            return {k: ([v[i] for i in keep] if isinstance(v, list) else v) for k, v in cols.items()}
+
+        return dict(answer, since_s=since_s, metrics=cut(answer.get("metrics")), window=cut(answer.get("window")))
 
     def alerts(self) -> dict[str, Any]:
         with self._lock:

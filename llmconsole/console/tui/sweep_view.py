@@ -14,7 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmconsole.console.tui.estimate import sweep_text
 from llmconsole.console.tui.run_view import fmt_duration, length, params_text, split_items, ticked, whole_number
+from llmconsole.console.tui.view import EngineView
 from llmconsole.engine.sweep.plan import PointResult, SweepPlan, SweepProgress
 from llmconsole.engine.sweep.report import HEADERS, table_rows
 from llmconsole.engine.sweep.request import SweepRequest
@@ -61,14 +63,16 @@ def restarts_engine(plan: SweepPlan, spec: Mapping[str, Any]) -> bool:
     return any(any(spec.get(k) != v for k, v in point.items()) for point in plan.server_points())
 
 
-def confirm_question(engine: str, plan: SweepPlan, spec: Mapping[str, Any]) -> str:
+def confirm_question(engine: str, plan: SweepPlan, spec: Mapping[str, Any], view: EngineView | None = None) -> str:
+    """The question before a sweep: what it does to the engine, and how long it will take."""
     n = plan.total_points
     load = f"{n} point(s), {plan.repeats} run(s) of {plan.num_requests} requests each"
+    took = sweep_text(plan, spec, view)
     if restarts_engine(plan, spec):
-        return (f"Sweep engine {engine}: {load}. It RESTARTS the engine on each server config "
+        return (f"Sweep engine {engine}: {load}. {took} It RESTARTS the engine on each server config "
                 f"({len(plan.server_points())}); clients get errors or waits meanwhile. The original config "
                 "is restored at the end, also after a failure or a cancel.")
-    return (f"Sweep engine {engine} at its running config: {load}. No restart; the sweep's load "
+    return (f"Sweep engine {engine} at its running config: {load}. {took} No restart; the sweep's load "
             "competes with the engine's other clients while it runs.")
 
 

@@ -13,7 +13,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmconsole.console.tui.estimate import tune_text
 from llmconsole.console.tui.run_view import fmt_duration, length, params_text, split_items, ticked, whole_number
+from llmconsole.console.tui.view import EngineView
 from llmconsole.engine.tune.ranges import EngineFacts, TuneSpace
 from llmconsole.engine.tune.request import TuneRequest
 from llmconsole.engine.tune.space import Budget, TrialOutcome
@@ -64,10 +66,10 @@ def tune_settings(engine: str, facts: EngineFacts, form: Mapping[str, str]) -> t
     return tune_request(engine, form).settings(facts)
 
 
-def confirm_question(engine: str, settings: TuneSettings) -> str:
+def confirm_question(engine: str, settings: TuneSettings, view: EngineView | None = None) -> str:
     knobs = "; ".join(k.describe() for k in settings.knobs)
     return (f"Tune engine {engine} for {settings.budget.describe()} over {knobs}, at {settings.load.label} "
-            f"({settings.search} search). "
+            f"({settings.search} search). {tune_text(settings, view)} "
             "Each trial may RESTART the engine on another config; clients get errors or waits meanwhile. "
             "The engine's knobs are put back at the end; a cancel keeps the study to resume.")
 
@@ -134,7 +136,31 @@ def headline(view: TuneView, since_s: float = 0.0) -> str:
         where = f"trial {i}"
     if view.budget.minutes is not None:
         return f"{where} · {fmt_duration(elapsed)} of {fmt_duration(view.budget.minutes * 60)}"
-    return f"{where} · {fmt_duration(elapsed)} elapsed"
+    left = left_s(view, since_s)
+    return f"{where} · {fmt_duration(elapsed)} elapsed" + (f" · ~{fmt_duration(left)} left of the search"
+                                                           if left is not None else "")
+
+
+def budget_fraction(view: TuneView, since_s: float = 0.0) -> float | None:
+    """How much of the budget is spent: trials done of a budget in trials, or time of one in
+    minutes; the re-measurements after it are the last step (None: no figure to show)."""
+    if view.phase in ("re-measuring", "restored"):
+        return 1.0
+    if view.budget.trials:
+        return min(1.0, view.counted / view.budget.trials)
+    if view.budget.minutes:
+        return min(1.0, ticked(view.elapsed_s, None, since_s)[0] / (view.budget.minutes * 60))
+    return None
+
+
+def left_s(view: TuneView, since_s: float = 0.0) -> float | None:
+    """Time left of the search: the trials still to run at the mean time of those done so far."""
+    elapsed, _ = ticked(view.elapsed_s, None, since_s)
+    if view.budget.minutes:
+        return max(0.0, view.budget.minutes * 60 - elapsed)
+    if not view.budget.trials or not view.counted or view.phase != "searching":
+        return None
+    return max(0.0, elapsed / view.counted * (view.budget.trials - view.counted))
 
 
 def best_text(view: TuneView) -> str:

@@ -13,6 +13,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from llmconsole.console.tui.view_host import GpuView as GpuView  # the host's views, re-exported
+from llmconsole.console.tui.view_host import HostView as HostView
+
 NA = "N/A"
 
 RUNNING_STATES = frozenset({"starting", "ready", "unhealthy", "stopping"})
@@ -92,61 +95,6 @@ def fmt_uptime(seconds: float | None) -> str:
 
 # --- views ----------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class GpuView:
-    index: int | None
-    name: str | None
-    memory_used_bytes: float | None
-    memory_total_bytes: float | None
-    utilization_gpu_pct: float | None
-
-    @classmethod
-    def parse(cls, d: Any) -> GpuView:
-        d = _dict(d)
-        return cls(_int(d.get("index")), _str(d.get("name")), _num(d.get("memory_used_bytes")),
-                   _num(d.get("memory_total_bytes")), _num(d.get("utilization_gpu_pct")))
-
-
-@dataclass(frozen=True)
-class HostView:
-    cpu_pct: float | None = None
-    memory_used_bytes: float | None = None
-    memory_total_bytes: float | None = None
-    gpus: tuple[GpuView, ...] = ()
-    nvml_error: str | None = None
-
-    @classmethod
-    def parse(cls, d: Any) -> HostView:
-        d = _dict(d)
-        gpus = d.get("gpus")
-        return cls(
-            cpu_pct=_num(d.get("cpu_pct")),
-            memory_used_bytes=_num(d.get("memory_used_bytes")),
-            memory_total_bytes=_num(d.get("memory_total_bytes")),
-            gpus=tuple(GpuView.parse(g) for g in gpus) if isinstance(gpus, list) else (),
-            nvml_error=_str(d.get("nvml_error")),
-        )
-
-    @property
-    def memory_fraction(self) -> float | None:
-        if self.memory_used_bytes is None or not self.memory_total_bytes:
-            return None
-        return self.memory_used_bytes / self.memory_total_bytes
-
-    @property
-    def gpu_memory(self) -> tuple[float | None, float | None]:
-        """(used, total) bytes over every GPU that reports both."""
-        pairs = [(g.memory_used_bytes, g.memory_total_bytes) for g in self.gpus
-                 if g.memory_used_bytes is not None and g.memory_total_bytes]
-        if not pairs:
-            return None, None
-        return sum(p[0] for p in pairs), sum(p[1] for p in pairs)
-
-    @property
-    def gpu_utilization_pct(self) -> float | None:
-        vals = [g.utilization_gpu_pct for g in self.gpus if g.utilization_gpu_pct is not None]
-        return sum(vals) / len(vals) if vals else None
-
 
 @dataclass(frozen=True)
 class ControllerView:
@@ -160,26 +108,54 @@ class ControllerView:
     max_window: int | None = None
     in_flight: int | None = None
     queued: int | None = None
-    windows: tuple[int, ...] = ()                 # one per controller step, oldest first
-    measured_ms: tuple[float | None, ...] = ()
+    # The controller's newest steps, oldest first: (at_s wall clock, window, target ms, measured ms).
+    steps: tuple[tuple[float, int, float | None, float | None], ...] = ()
+    recent_ok: int | None = None        # of the group's newest requests, those that succeeded,
+    recent_streamed: int | None = None  # and of them those streamed (a TTFT comes only from streams)
+    action: str | None = None           # what the newest step did (step, hold-idle, frozen, ...)
 
     @classmethod
     def parse(cls, d: Any) -> ControllerView | None:
         if not isinstance(d, dict):
             return None
         trace = [t for t in d.get("trace") or () if isinstance(t, dict)]
+        steps = tuple((at, w, _num(t.get("target_ms")), _num(t.get("measured_ms"))) for t in trace
+                      if (at := _num(t.get("at_s"))) is not None and (w := _int(t.get("window"))) is not None)
         return cls(
             window=_int(d.get("window")), frozen=d.get("frozen") is True, signal=_str(d.get("signal")),
             target_ms=_num(d.get("target_ms")), min_window=_int(d.get("min_window")),
             max_window=_int(d.get("max_window")), in_flight=_int(d.get("in_flight")),
-            queued=_int(d.get("queued")),
-            windows=tuple(w for w in (_int(t.get("window")) for t in trace) if w is not None),
-            measured_ms=tuple(_num(t.get("measured_ms")) for t in trace),
+            queued=_int(d.get("queued")), steps=steps, recent_ok=_int(d.get("recent_ok")),
+            recent_streamed=_int(d.get("recent_streamed")),
+            action=_str(trace[-1].get("action")) if trace else None,
         )
 
     @property
-    def last_measured_ms(self) -> float | None:
-        return next((m for m in reversed(self.measured_ms) if m is not None), None)
+    def windows(self) -> tuple[int, ...]:
+        return tuple(s[1] for s in self.steps)
+
+    @property
+    def measured_now_ms(self) -> float | None:
+        """The newest step's measurement: None when the signal has no samples now (never an old value)."""
+        return self.steps[-1][3] if self.steps else None
+
+
+@dataclass(frozen=True)
+class StartupView:
+    """How far a starting engine is, as the daemon read it from its log."""
+
+    phase: str
+    step: int
+    steps: int
+    elapsed_s: float | None
+    expected_s: float | None     # how long its last start took; None for a first start
+
+    @classmethod
+    def parse(cls, d: Any) -> StartupView | None:
+        if not isinstance(d, dict) or not _str(d.get("phase")):
+            return None
+        return cls(str(d["phase"]), _int(d.get("step")) or 0, _int(d.get("steps")) or 1,
+                   _num(d.get("elapsed_s")), _num(d.get("expected_s")))
 
 
 @dataclass(frozen=True)
@@ -209,6 +185,9 @@ class EngineView:
     controller: ControllerView | None = None
     mode: str | None = None             # memory mode (performance|balanced|aggressive), None if set by hand
     mode_auto: bool = False
+    started_at_s: float | None = None   # wall clock of the current run's launch, and of its ready
+    ready_at_s: float | None = None
+    startup: StartupView | None = None
 
     @classmethod
     def parse(cls, d: Any) -> EngineView:
@@ -242,6 +221,9 @@ class EngineView:
             controller=ControllerView.parse(d.get("controller")),
             mode=_str(d.get("mode")),
             mode_auto=d.get("mode_auto") is True,
+            started_at_s=_num(d.get("started_at_s")),
+            ready_at_s=_num(d.get("ready_at_s")),
+            startup=StartupView.parse(d.get("startup")),
         )
 
     def metric(self, key: str) -> float | None:
@@ -254,6 +236,13 @@ class EngineView:
     @property
     def metrics_stale(self) -> bool:
         return self.metrics.get("stale") is True
+
+    @property
+    def last_start_s(self) -> float | None:
+        """How long the current run took to become ready (a sweep's or a switch's restart costs that)."""
+        if self.started_at_s is None or self.ready_at_s is None:
+            return None
+        return max(0.0, self.ready_at_s - self.started_at_s)
 
     @property
     def state_text(self) -> str:
@@ -274,6 +263,7 @@ class Snapshot:
 
     daemon_pid: int | None = None
     daemon_version: str | None = None
+    time_s: float | None = None          # the daemon's wall clock when it answered: charts' "now"
     host: HostView = field(default_factory=HostView)
     engines: tuple[EngineView, ...] = ()
 
@@ -285,6 +275,7 @@ class Snapshot:
         return cls(
             daemon_pid=_int(daemon.get("pid")),
             daemon_version=_str(daemon.get("version")),
+            time_s=_num(daemon.get("time_s")),
             host=HostView.parse(d.get("host")),
             engines=tuple(EngineView.parse(e) for e in engines) if isinstance(engines, list) else (),
         )

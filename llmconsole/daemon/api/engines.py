@@ -3,7 +3,8 @@
 Routes (all under /v1):
   GET  /daemon                      the daemon itself (pid, version, home, uptime)
   POST /daemon/stop                 {"stop_engines": false} - engines keep serving by default
-  GET  /status                      host gauges and every engine's status
+  GET  /status                      host gauges and every engine's status (a starting one with
+                                    "startup": its phase, elapsed_s and expected_s, its last start)
   POST /engines/{name}/start        {"spec": {...}} for a new engine, or {"overrides": {...}}
                                     to start a known one on its last spec with some fields changed;
                                     an optional "api_key" travels beside, never in the spec dump;
@@ -36,9 +37,10 @@ from typing import Any
 from aiohttp import web
 
 from llmconsole import __version__
-from llmconsole.daemon.context import DaemonContext, context_of
+from llmconsole.daemon.context import CONTEXT, DaemonContext, context_of
 from llmconsole.daemon.http import error_response, json_body, peer_user, session_of
 from llmconsole.daemon.services.rollback import ActionLog
+from llmconsole.daemon.services.startup import StartupProgress
 from llmconsole.engine.fleet import Fleet, check_name
 from llmconsole.engine.spec import EngineSpec, fill_secrets
 from llmconsole.engine.supervisor import EngineBusy
@@ -48,6 +50,7 @@ log = logging.getLogger(__name__)
 STOP = web.AppKey("stop", asyncio.Event)
 STOP_ENGINES = web.AppKey("stop_engines", list[bool])
 STARTED_AT = web.AppKey("started_at", float)
+STARTUP = web.AppKey("startup", StartupProgress)
 
 
 def _spec_from_body(fleet: Fleet, name: str, body: dict[str, Any]) -> EngineSpec | None:
@@ -96,12 +99,18 @@ async def post_daemon_stop(request: web.Request) -> web.Response:
 
 
 async def get_status(request: web.Request) -> web.Response:
-    fleet = context_of(request).fleet
+    ctx = context_of(request)
+    fleet = ctx.fleet
     host = fleet.probe.sample_host()
+    now = time.time()
+    engines = [s.to_json() for s in fleet.statuses()]
+    progress = request.app[STARTUP]
+    for e in engines:  # a starting engine: its phase, time since launch and its last start's length
+        e["startup"] = progress.of(e, now)
     return web.json_response({
-        "daemon": {"pid": os.getpid(), "version": __version__},
+        "daemon": {"pid": os.getpid(), "version": __version__, "time_s": now},
         "host": dataclasses.asdict(host),
-        "engines": [s.to_json() for s in fleet.statuses()],
+        "engines": engines,
     })
 
 
@@ -195,6 +204,7 @@ def add_routes(app: web.Application) -> None:
     app[STOP] = asyncio.Event()
     app[STOP_ENGINES] = []
     app[STARTED_AT] = time.time()
+    app[STARTUP] = StartupProgress(app[CONTEXT].store)
     app.router.add_get("/v1/daemon", get_daemon)
     app.router.add_post("/v1/daemon/stop", post_daemon_stop)
     app.router.add_get("/v1/status", get_status)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import hmac
+import itertools
 import statistics
 import time
 from dataclasses import dataclass
@@ -215,7 +216,11 @@ class EngineGroup:
 
     def state_json(self, trace_points: int = 60) -> dict[str, Any]:
         st = self.admission.stats()
+        # Of the newest requests that succeeded, how many streamed: a TTFT or TPOT signal comes
+        # only from streams, so a client can say why such a signal has no samples.
+        ok = [r for r in itertools.islice(reversed(self.records), 64) if r.outcome == "ok"]
         return {
+            "recent_ok": len(ok), "recent_streamed": sum(1 for r in ok if r.streamed),
             **self.controller.state_json(trace_points), "group": self.name,
             "window": st.window, "controlled": self.controlled,
             "in_flight": st.in_flight, "queued": st.queued, "open": st.open,

@@ -45,6 +45,10 @@ class WindowedMetrics:
     p99_queue_s: float | None = None
     num_gpu_blocks: int | None = None
     block_size: int | None = None
+    # What the figures are taken over: rates over the last `rate_window_s`, percentiles (and
+    # requests_in_window) over the last `percentile_window_s`; no request in it, no percentile.
+    rate_window_s: float | None = None
+    percentile_window_s: float | None = None
     stale: bool = False
     scrape_errors: int = 0
     last_error: str | None = None
@@ -132,6 +136,7 @@ class MetricsWindow:
             p50_queue_s=q("queue", 0.50), p90_queue_s=q("queue", 0.90), p99_queue_s=q("queue", 0.99),
             num_gpu_blocks=cache.num_gpu_blocks if cache else None,
             block_size=cache.block_size if cache else None,
+            rate_window_s=self.rate_window_s, percentile_window_s=self.percentile_window_s,
             scrape_errors=self._errors,
         )
         self._last = snap

@@ -111,6 +111,9 @@ class SweepPlan:
     spread_limit: float = 0.15           # flag a point whose repeats spread more than this
     knee_threshold: float = 2.5
     knee_units: KneeUnits = "relative"
+    # The load goes to the engine's own port (a config's own figures) unless asked to pass the
+    # engine's gateway door, where the batch window admits it and caps its concurrency.
+    through_gateway: bool = False
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -137,7 +140,8 @@ class SweepPlan:
                 "ignore_eos": self.ignore_eos,
                 "max_error_rate": self.max_error_rate, "saturation_gain": self.saturation_gain,
                 "saturation_latency_rise": self.saturation_latency_rise, "spread_limit": self.spread_limit,
-                "knee_threshold": self.knee_threshold, "knee_units": self.knee_units}
+                "knee_threshold": self.knee_threshold, "knee_units": self.knee_units,
+                "through_gateway": self.through_gateway}
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 best point under the SLO, the knee, and results.json / results.csv / report.md with a plot.
 
 The table is the form operators know,
-`params | throughput (req/s) | P99 latency (ms) | memory (GB) | compute util | bandwidth util`,
+`params | throughput (req/s) | P99 latency (ms) | memory (GiB) | compute util | bandwidth util`
+(memory in GiB, as everywhere else in llmconsole),
 each figure with its relative change from the previous measured row. A cell nobody could fill
 says N/A and points to a note with the reason.
 """
@@ -29,7 +30,7 @@ from llmconsole.engine.sweep.tradeoff import (
     relative_change,
 )
 
-HEADERS = ("params", "throughput (req/s)", "P99 latency (ms)", "memory (GB)", "compute util", "bandwidth util")
+HEADERS = ("params", "throughput (req/s)", "P99 latency (ms)", "memory (GiB)", "compute util", "bandwidth util")
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ def table_rows(result: SweepResult) -> tuple[list[list[str]], list[str]]:
         d_lat = relative_change(prev.p99_e2e_ms, lat) if prev else None
         thr_s = f"{thr:.2f}" + (f" ({_pct(d_thr)})" if d_thr is not None else "")
         lat_s = f"{lat:.0f}" + (f" ({_pct(d_lat)})" if d_lat is not None else "")
-        mem = (f"{p.memory_bytes / 1e9:.2f}" if p.memory_bytes is not None
+        mem = (f"{p.memory_bytes / 2**30:.2f}" if p.memory_bytes is not None
                else na(f"memory: {p.memory_na_reason or 'not reported'}"))
         util_reason = f"utilization: {p.util_na_reason or 'not reported'}"
         comp = f"{p.compute_util:.0%}" if p.compute_util is not None else na(util_reason)

@@ -36,6 +36,7 @@ class SweepRequest(BaseModel):
     spread_limit: float = 0.15
     knee_threshold: float = 2.5
     knee_units: Literal["relative", "absolute"] = "relative"
+    through_gateway: bool = False                     # load through the gateway's window, not directly
 
     def plan(self) -> SweepPlan:
         """The runner's plan; ValueError says what is wrong (nothing has run)."""
@@ -50,7 +51,7 @@ class SweepRequest(BaseModel):
             output_len=LengthDist.parse(self.output_len), burstiness=self.burstiness,
             warmup_requests=self.warmup, ignore_eos=self.ignore_eos, max_run_s=self.max_run_s,
             max_error_rate=self.max_error_rate, spread_limit=self.spread_limit,
-            knee_threshold=self.knee_threshold, knee_units=self.knee_units)
+            knee_threshold=self.knee_threshold, knee_units=self.knee_units, through_gateway=self.through_gateway)
 
 
 def default(field: str) -> object:

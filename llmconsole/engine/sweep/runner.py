@@ -15,7 +15,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from llmconsole.engine.audit import AuditStore
 from llmconsole.engine.load.generator import LoadSummary, run_load
@@ -52,6 +52,11 @@ class EngineController(Protocol):
         """Restart the engine on the original spec, return once ready."""
 
     async def resources(self) -> ResourceSample: ...
+
+
+class GatewayDoor(Protocol):
+    async def gateway_url(self) -> str:
+        """The engine's door at the gateway (a sweep `through_gateway` sends its load there)."""
 
 
 @dataclass(frozen=True)
@@ -260,8 +265,17 @@ class SweepRunner:
             self._finish_point(PointResult(first + k, server, lv, status, reason))
             self._record_point(self.points[-1], [])
 
+    async def _load_url(self, target: EngineTarget) -> str:
+        """The engine's own port, or its gateway door for a sweep asked to go through the window."""
+        if not self.plan.through_gateway:
+            return target.url
+        if not hasattr(self.ctl, "gateway_url"):
+            raise RuntimeError("this sweep's controller knows no gateway; run it without through_gateway")
+        return await cast(GatewayDoor, self.ctl).gateway_url()  # checked just above
+
     async def _server_point(self, first: int, server: dict[str, Any], target: EngineTarget) -> None:
         tok = await asyncio.to_thread(load_tokenizer, target.model)
+        url = await self._load_url(target)
         stop_reason: str | None = None
         prev: PointResult | None = None
         for k, lv in enumerate(self.plan.loads):
@@ -279,7 +293,7 @@ class SweepRunner:
                 wl = lv.workload(self.plan, seed=r)
                 planned = await asyncio.to_thread(plan_requests, wl, tok)
                 async with RunProbe(target.url, self.ctl.resources) as probe:
-                    res = await run_load(target.url, target.served_model_name, wl, plan=planned, slo=self.plan.slo,
+                    res = await run_load(url, target.served_model_name, wl, plan=planned, slo=self.plan.slo,
                                          stop=self.stop, api_key=self.api_key)
                 if res.stopped_early == "interrupted":
                     note = f"interrupted after {r} of {self.plan.repeats} repeats"

@@ -1,4 +1,5 @@
-"""The dashboard: every engine in a table, and the selected one in detail below it."""
+"""The dashboard: every engine in a table, and the selected one in detail below it: its figures,
+its batch window, the PID trace and its history as charts, and its log, quiet by default."""
 
 from __future__ import annotations
 
@@ -10,15 +11,18 @@ from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import DataTable
 
+from llmconsole.console.tui.widgets.dash_charts import DashCharts
 from llmconsole.console.tui.widgets.engine_panel import EnginePanel
 from llmconsole.console.tui.widgets.engines_table import EnginesTable
 from llmconsole.console.tui.widgets.footer import ConsoleFooter
-from llmconsole.console.tui.widgets.panels import AlertStrip, ControllerPanel, DaemonBanner, LogTail, StatusLine
+from llmconsole.console.tui.widgets.log_view import LogTail, SearchBar
+from llmconsole.console.tui.widgets.panels import AlertStrip, DaemonBanner, StatusLine, WindowStrip
 
 if TYPE_CHECKING:
     from llmconsole.console.tui.app import ConsoleApp
 
-TAIL_BYTES = 6 * 1024
+SHORT_HEIGHT = 30       # below this the panel keeps three rows and one chart shows at a time (g switches)
+TAIL_BYTES = 32 * 1024  # enough of the log that the quiet view still has lines between the polls
 
 
 class DashboardScreen(Screen[None]):
@@ -32,8 +36,10 @@ class DashboardScreen(Screen[None]):
         yield EnginePanel(id="engine-panel")
         with Horizontal(id="strip"):
             yield AlertStrip(id="alerts")
-            yield ControllerPanel(id="controller")
+            yield WindowStrip(id="controller")
+        yield DashCharts(id="charts")
         yield LogTail(id="log-tail")
+        yield SearchBar(id="search")
         yield ConsoleFooter()
 
     @property
@@ -47,6 +53,7 @@ class DashboardScreen(Screen[None]):
     def on_resize(self) -> None:
         self.set_class(self.size.height >= 34, "-tall")
         self.set_class(self.size.width >= 110, "-wide")
+        self.query_one(EnginePanel).set_short(self.size.height < SHORT_HEIGHT)
         self.query_one(EnginesTable).set_wide(self.size.width >= 110)
         if self.app.snapshot is not None:
             self.show_state(self.app)
@@ -60,8 +67,7 @@ class DashboardScreen(Screen[None]):
         self.query_one(StatusLine).show(snap)
         if snap is None:
             return
-        table = self.query_one(EnginesTable)
-        table.show(snap)
+        self.query_one(EnginesTable).show(snap)
         self._show_selected(app)
         self.query_one(AlertStrip).show(())
 
@@ -70,9 +76,31 @@ class DashboardScreen(Screen[None]):
         if snap is None:
             return
         name = self.selected_name
-        self.query_one(EnginePanel).show(snap.engine(name), snap.host, app.history)
-        self.query_one(LogTail).show(name, app.logs.get(name) if name else None)
-        self.query_one(ControllerPanel).show(snap.engine(name))
+        engine = snap.engine(name)
+        self.query_one(EnginePanel).show(engine, snap.host, app.switch_of(name))
+        self.query_one(WindowStrip).show(engine)
+        only = app.chart_pick if self.size.height < SHORT_HEIGHT else None
+        self.query_one(DashCharts).show(app.history, engine, app.chart_range_s, only)
+        self.query_one(LogTail).show(name, app.logs.get(name) if name else None, app.log_view)
+        if name is not None:
+            app.want_history(name)
+
+    @property
+    def one_chart(self) -> bool:
+        return self.size.height < SHORT_HEIGHT
+
+    def show_log_view(self) -> None:
+        """The log view changed (quiet/full, a search): repaint the pane at once."""
+        name = self.selected_name
+        self.query_one(LogTail).show(name, self.app.logs.get(name) if name else None, self.app.log_view)
+
+    def open_search(self) -> None:
+        self.query_one(SearchBar).open(self.app.log_view.search)
+
+    def on_search_bar_searched(self, event: SearchBar.Searched) -> None:
+        self.app.set_log_search(event.text)
+        if event.done:
+            self.query_one(EnginesTable).focus()
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         self._show_selected(self.app)

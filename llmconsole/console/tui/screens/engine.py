@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,7 @@ from llmconsole.console.tui.history import SpecVersion, spec_diff
 from llmconsole.console.tui.keys import bindings_for
 from llmconsole.console.tui.view import EngineView, LogChunk, fmt_uptime, na
 from llmconsole.console.tui.widgets.footer import ConsoleFooter
+from llmconsole.console.tui.widgets.log_view import SearchBar
 from llmconsole.console.tui.widgets.panels import DaemonBanner
 
 if TYPE_CHECKING:
@@ -98,22 +100,22 @@ class DetailScreen(EngineScreen):
         if e.max_concurrency is not None:
             conc = f"{e.max_concurrency:.2f}x at {na(e.max_concurrency_len, '{:,}')} tokens per request"
         return Text.assemble(
-            ("KV cache        ", "bold"), na(e.kv_cache_tokens, "{:,} tokens"), "\n",
-            ("max concurrency ", "bold"), conc, "\n",
-            ("pid             ", "bold"), na(e.pid), "\n",
-            ("uptime          ", "bold"), fmt_uptime(e.uptime_s) if e.running else "-", "\n",
-            ("kernel          ", "bold"),
+            ("KV cache          ", "bold"), na(e.kv_cache_tokens, "{:,} tokens"), "\n",
+            ("max concurrency   ", "bold"), conc, "\n",
+            ("pid               ", "bold"), na(e.pid), "\n",
+            ("uptime            ", "bold"), fmt_uptime(e.uptime_s) if e.running else "-", "\n",
+            ("kernel            ", "bold"),
             {"custom": "custom (llmconsole decode)", "stock": "stock (vLLM)"}.get(e.kernel, e.kernel),
-            f"\n                ({e.kernel_note})" if e.kernel_note else "",
+            f"\n                  ({e.kernel_note})" if e.kernel_note else "",
         )
 
     @staticmethod
     def _restarts(e: EngineView) -> Text:
         out = Text.assemble(
-            ("restarts        ", "bold"), na(e.restarts),
+            ("restarts          ", "bold"), na(e.restarts),
             "  (crash loop: the daemon stopped restarting it)" if e.crash_looping else "", "\n",
-            ("last exit code  ", "bold"), na(e.last_exit_code), "\n",
-            ("last error      ", "bold"), e.last_error or "N/A",
+            ("last exit code    ", "bold"), na(e.last_exit_code), "\n",
+            ("last error        ", "bold"), e.last_error or "N/A",
         )
         if e.next_restart_in_s is not None:
             out.append(f"\nnext restart in {e.next_restart_in_s:.0f} s")
@@ -147,7 +149,8 @@ class DetailScreen(EngineScreen):
 
 
 class LogsScreen(EngineScreen):
-    """The engine's whole log (its last 256 KiB to start with), followed as it grows."""
+    """The engine's whole log (its last 256 KiB to start with), followed as it grows; quiet by
+    default (v shows every line), and narrowed by a search (/)."""
 
     FIRST_BYTES = 256 * 1024
     MAX_LINES = 5000
@@ -155,12 +158,23 @@ class LogsScreen(EngineScreen):
     def __init__(self, engine_name: str) -> None:
         super().__init__(engine_name)
         self.log_offset: int | None = None
+        self._raw: collections.deque[str] = collections.deque(maxlen=self.MAX_LINES)
+        self._partial = ""
+        self._hidden = 0
 
     def compose(self) -> ComposeResult:
         yield DaemonBanner()
-        yield Static(Text.assemble(("log of ", "bold"), (self.engine_name, "bold")), id="logs-title")
+        yield Static(id="logs-title")
         yield Log(max_lines=self.MAX_LINES, highlight=False, auto_scroll=True, id="logs")
+        yield SearchBar()
         yield ConsoleFooter()
+
+    def on_mount(self) -> None:
+        self._title()
+
+    def _title(self) -> None:
+        self.query_one("#logs-title", Static).update(Text.assemble(
+            ("log of ", "bold"), (self.engine_name, "bold"), f"  ·  {self.app.log_view.describe(self._hidden)}"))
 
     def log_request(self) -> tuple[str, int | None, int]:
         return (self.engine_name, self.log_offset, self.FIRST_BYTES if self.log_offset is None else 1024 * 1024)
@@ -174,8 +188,35 @@ class LogsScreen(EngineScreen):
         log = self.query_one(Log)
         if self.log_offset is not None and chunk.size < self.log_offset:  # truncated or replaced
             log.clear()
+            self._raw.clear()
+            self._partial, self._hidden = "", 0
             self.log_offset = None
             return
         if chunk.text:
-            log.write(chunk.text)
+            lines = (self._partial + chunk.text).split("\n")
+            self._partial = lines.pop()
+            view = self.app.log_view
+            self._raw.extend(lines)
+            shown, hidden = view.lines(lines)
+            self._hidden += hidden
+            if shown:
+                log.write_lines(shown)
+            if hidden:
+                self._title()
         self.log_offset = chunk.offset
+
+    def show_log_view(self) -> None:
+        """Quiet or full, a search: the lines kept so far, shown again through the new view."""
+        shown, self._hidden = self.app.log_view.lines(self._raw)
+        log = self.query_one(Log)
+        log.clear()
+        log.write_lines(shown)
+        self._title()
+
+    def open_search(self) -> None:
+        self.query_one(SearchBar).open(self.app.log_view.search)
+
+    def on_search_bar_searched(self, event: SearchBar.Searched) -> None:
+        self.app.set_log_search(event.text)
+        if event.done:
+            self.query_one(Log).focus()

@@ -35,6 +35,11 @@ _MORE = {
     "mode_cancel": "Leave the mode as it is",
     "alerts": "The daemon's alerts and the automated responses they caused",
     "undo_response": "Undo the selected response (asks first)",
+    "chart_range": "The dashboard's charts: the last 5, 15 or 60 minutes",
+    "chart_pick": "The other chart, where the terminal is too short for both (under 30 rows)",
+    "full_log": "The log pane: the engine's own lines (quiet), or every line with requests and the daemon's polls",
+    "search_log": "Search the log: lines with the text, highlighted; Esc clears",
+    "next_knob": "The tune's knob chart: the next knob of the search against goodput",
     "alerts_close": "Back to the previous screen",
 }
 
@@ -70,7 +75,8 @@ class HelpScreen(ModalScreen[None]):
             t.add_column("id", style="dim", no_wrap=True, width=14)
             t.add_column("does", ratio=1)
             for spec in specs:
-                t.add_row(self._key_text(spec), spec.id, _MORE.get(spec.id, spec.long_name))
+                more = _MORE.get(spec.id, spec.long_name)
+                t.add_row(self._key_text(spec), spec.id, f"{more} (on {spec.where})" if spec.where else more)
             tables.append(t)
         return Group(*tables)
 
@@ -84,7 +90,7 @@ def markdown_key_table() -> str:
     rows = ["| key | id | where | does |", "| --- | --- | --- | --- |"]
     for spec in KEYS:
         keys = ", ".join(f"`{spec.key_display or names.get(k, k)}`" for k in spec.key.split(","))
-        rows.append(f"| {keys} | {spec.id} | {CONTEXT_TITLES[spec.contexts[0]]} | "
+        rows.append(f"| {keys} | {spec.id} | {spec.where or CONTEXT_TITLES[spec.contexts[0]]} | "
                     f"{_MORE.get(spec.id, spec.long_name)} |")
     return "\n".join(rows)
 

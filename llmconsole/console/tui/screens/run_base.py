@@ -20,14 +20,17 @@ from pydantic import BaseModel
 from rich.text import Text
 from textual import getters
 from textual.app import ComposeResult
-from textual.containers import Horizontal, Vertical
+from textual.containers import Container, Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Input, Label, Static
 
+from llmconsole.console.tui.chart_spec import ChartSpec
 from llmconsole.console.tui.keys import bindings_for
 from llmconsole.console.tui.messages import RunFinished, RunPolled, RunProgressed, RunStarted
 from llmconsole.console.tui.screens.confirm import ConfirmScreen
 from llmconsole.console.tui.screens.run_link import NO_DAEMON, RunLink
+from llmconsole.console.tui.view import EngineView
+from llmconsole.console.tui.widgets.chart import ChartBox
 from llmconsole.console.tui.widgets.footer import ConsoleFooter
 from llmconsole.console.tui.widgets.panels import DaemonBanner
 from llmconsole.paths import Paths
@@ -36,6 +39,7 @@ if TYPE_CHECKING:
     from llmconsole.console.tui.app import ConsoleApp
 
 POLL_S = 1.0
+SIDE_BY_SIDE = 150  # columns from which the charts sit beside the table
 
 PreparedT = TypeVar("PreparedT")  # what the form becomes: the typed request and what is derived from it
 EventT = TypeVar("EventT")        # a progress event, as the runner's own value
@@ -50,6 +54,7 @@ class RunScreen(Screen[None], Generic[PreparedT, EventT, OutcomeT]):
 
     BINDINGS = bindings_for("run")
     FIELDS: tuple[tuple[str, str, str, str], ...] = ()
+    CHARTS: tuple[str, ...] = ()   # the ids of the charts the run draws as it goes
     TITLE = "run"
     WHAT = "run"       # the daemon's run kind: sweep | tune
     KEY = "?"          # the dashboard key that opens this screen
@@ -103,9 +108,21 @@ class RunScreen(Screen[None], Generic[PreparedT, EventT, OutcomeT]):
             yield Static(id="run-error")
             yield Static(f"ctrl+s: {self.WHAT} (asks first)  ·  esc: back", id="run-hint")
         yield Static(id="run-status")
-        yield DataTable(id="run-table", cursor_type="row", zebra_stripes=True)
-        yield Static(id="run-notes")
+        with Container(id="run-body"):
+            with Horizontal(id="run-charts"):
+                for chart_id in self.CHARTS:
+                    yield ChartBox(id=chart_id)
+            yield DataTable(id="run-table", cursor_type="row", zebra_stripes=True)
+        with VerticalScroll(id="run-notes-box"):
+            yield Static(id="run-notes")
         yield ConsoleFooter()
+
+    def on_resize(self) -> None:
+        """Charts beside the table where the screen is wide, above it where not."""
+        self.query_one("#run-body").set_class(self.size.width >= SIDE_BY_SIDE, "-side")
+
+    def chart(self, chart_id: str, spec: ChartSpec) -> None:
+        self.query_one(f"#{chart_id}", ChartBox).show(spec)
 
     def on_mount(self) -> None:
         self._title(self.app)
@@ -133,6 +150,10 @@ class RunScreen(Screen[None], Generic[PreparedT, EventT, OutcomeT]):
             Text.assemble((f"{self.TITLE} of {self.engine_name}", "bold"), f"  ·  engine {state}"))
 
     # --- the form --------------------------------------------------------------------------
+
+    def engine_view(self) -> EngineView | None:
+        snap = getattr(self.app, "snapshot", None)
+        return snap.engine(self.engine_name) if snap else None
 
     def read_form(self) -> dict[str, str]:
         return {name: self.query_one(f"#run-{name}", Input).value for name, *_ in self.FIELDS}
@@ -304,8 +325,8 @@ class RunScreen(Screen[None], Generic[PreparedT, EventT, OutcomeT]):
             if not self.running:
                 return False
             return None if self.cancel_requested else True
-        if action == "apply_winner":
-            return False  # only a tune has a winner (its screen says when)
+        if action in ("apply_winner", "next_knob"):
+            return False  # only a tune has a winner and knobs (its screen says when)
         return True
 
     def action_back(self) -> None:

@@ -18,6 +18,8 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import Static
 
+from llmconsole.console.tui import progress
+from llmconsole.console.tui.charts_runs import sweep_chart
 from llmconsole.console.tui.screens.run_base import RunScreen
 from llmconsole.console.tui.sweep_view import (
     SWEEP_FIELDS,
@@ -41,6 +43,7 @@ Outcome = tuple[SweepResult, dict[str, Path]]  # the result, and the files the d
 
 class SweepScreen(RunScreen[Prepared, SweepProgress, Outcome]):
     FIELDS = SWEEP_FIELDS
+    CHARTS = ("sweep-chart",)
     TITLE = "mini sweep"
     WHAT = "sweep"
     KEY = "S"
@@ -72,7 +75,7 @@ class SweepScreen(RunScreen[Prepared, SweepProgress, Outcome]):
         return result_from_json(dict(raw), self.plan), {k: Path(v) for k, v in (raw.get("files") or {}).items()}
 
     def question(self, prepared: Prepared) -> str:
-        return confirm_question(self.engine_name, prepared[1], self.spec)
+        return confirm_question(self.engine_name, prepared[1], self.spec, self.engine_view())
 
     def start_view(self, prepared: Prepared | SweepPlan) -> None:
         plan = prepared[1] if isinstance(prepared, tuple) else prepared
@@ -80,6 +83,7 @@ class SweepScreen(RunScreen[Prepared, SweepProgress, Outcome]):
         self.view = SweepView(total=plan.total_points)
         self.render_status()
         self.set_table(*table(plan, ())[:2])
+        self.chart("sweep-chart", sweep_chart(plan, ()))
         self._notes([])
 
     # --- what it shows ---------------------------------------------------------------------
@@ -91,6 +95,7 @@ class SweepScreen(RunScreen[Prepared, SweepProgress, Outcome]):
         if ev.result is not None:
             headers, rows, notes = table(self.plan, self.view.points)
             self.set_table(headers, rows)
+            self.chart("sweep-chart", sweep_chart(self.plan, self.view.points))
             self._notes([f"[{i}] {n}" for i, n in enumerate(notes, 1)])
 
     def cancelled(self) -> None:
@@ -101,8 +106,10 @@ class SweepScreen(RunScreen[Prepared, SweepProgress, Outcome]):
     def render_status(self) -> None:
         if self.view is None:
             return
+        v = self.view
         self.query_one("#run-status", Static).update(Text.assemble(
-            (headline(self.view, self.since_event_s()), "bold"), "\n", current_text(self.view), self.poll_note()))
+            progress.bar(1.0 if v.restoring else v.done / max(1, v.total), 16), " ",
+            (headline(v, self.since_event_s()), "bold"), "\n", current_text(v), self.poll_note()))
 
     def _notes(self, lines: list[str], style: str = "") -> None:
         self.query_one("#run-notes", Static).update(Text("\n".join(lines), style=style))
@@ -119,9 +126,11 @@ class SweepScreen(RunScreen[Prepared, SweepProgress, Outcome]):
         self.view = dataclasses.replace(self.view, eta_s=0.0)
         headers, rows, notes = table(self.plan, self.result.points)
         self.set_table(headers, rows)
+        self.chart("sweep-chart", sweep_chart(self.plan, self.result.points))
         self.query_one("#run-status", Static).update(Text.assemble(
-            (outcome_lines(self.result, self.files)[0], "bold"),
+            progress.bar(1.0, 16), " ", (outcome_lines(self.result, self.files)[0], "bold"),
             f"  ·  {len(self.result.points)} point(s) in {self.result.finished_at_s - self.result.started_at_s:.0f} s"))
-        lines = [f"[{i}] {n}" for i, n in enumerate(notes, 1)]
-        lines += picks_text(self.result, analyse(self.result)) + outcome_lines(self.result, self.files)[1:]
+        # Whether the engine is back on its config first: on a short screen the notes scroll.
+        lines = outcome_lines(self.result, self.files)[1:] + picks_text(self.result, analyse(self.result))
+        lines += [f"[{i}] {n}" for i, n in enumerate(notes, 1)]
         self._notes(lines, "" if self.result.restored else "bold red")

@@ -20,6 +20,8 @@ from rich.text import Text
 from textual.message import Message
 from textual.widgets import Static
 
+from llmconsole.console.tui import progress
+from llmconsole.console.tui.charts_runs import knob_chart, knobs_of, tune_chart
 from llmconsole.console.tui.run_view import params_text
 from llmconsole.console.tui.screens.confirm import ConfirmScreen
 from llmconsole.console.tui.screens.run_base import RunScreen
@@ -29,6 +31,7 @@ from llmconsole.console.tui.tune_view import (
     TUNE_FIELDS,
     TuneView,
     best_text,
+    budget_fraction,
     can_apply,
     confirm_question,
     current_text,
@@ -80,6 +83,7 @@ class WinnerApplied(Message):
 
 class TuneScreen(RunScreen[TunePrepared, TuneEvent, TuneResult]):
     FIELDS = TUNE_FIELDS
+    CHARTS = ("trials-chart", "knob-chart")
     TITLE = "auto-tune"
     WHAT = "tune"
     KEY = "T"
@@ -93,6 +97,7 @@ class TuneScreen(RunScreen[TunePrepared, TuneEvent, TuneResult]):
         self.applying = False
         self.applied: dict[str, Any] | None = None
         self._lines: list[str] = []
+        self.knob = 0  # which knob the knob chart shows (o steps through them)
 
     def facts(self, request: TuneRequest) -> EngineFacts:
         """The engine as the daemon reports it (one short local call), so the ranges shown here are
@@ -135,7 +140,7 @@ class TuneScreen(RunScreen[TunePrepared, TuneEvent, TuneResult]):
 
     def question(self, prepared: TunePrepared) -> str:
         assert prepared.settings is not None
-        return confirm_question(self.engine_name, prepared.settings)
+        return confirm_question(self.engine_name, prepared.settings, self.engine_view())
 
     def start_view(self, prepared: TunePrepared) -> None:
         self.request = prepared.request
@@ -157,6 +162,17 @@ class TuneScreen(RunScreen[TunePrepared, TuneEvent, TuneResult]):
                 self.view = fold_tune(self.view, one)
         self.render_status()
         self.set_table(TRIAL_HEADERS, trial_rows(self.view))
+        self.draw_charts()
+
+    def draw_charts(self) -> None:
+        trials = self.view.trials if self.view is not None else ()
+        knobs = knobs_of(trials)
+        self.chart("trials-chart", tune_chart(trials))
+        self.chart("knob-chart", knob_chart(trials, knobs[self.knob % len(knobs)] if knobs else None))
+
+    def action_next_knob(self) -> None:
+        self.knob += 1
+        self.draw_charts()
 
     def cancelled(self) -> None:
         if self.view is not None:
@@ -167,6 +183,7 @@ class TuneScreen(RunScreen[TunePrepared, TuneEvent, TuneResult]):
         if self.view is None:
             return
         self.query_one("#run-status", Static).update(Text.assemble(
+            progress.bar(budget_fraction(self.view, self.since_event_s()), 16), " ",
             (headline(self.view, self.since_event_s()), "bold"), "\n", current_text(self.view), "\n",
             (best_text(self.view), "green" if self.view.best else ""), self.poll_note()))
 
@@ -185,8 +202,9 @@ class TuneScreen(RunScreen[TunePrepared, TuneEvent, TuneResult]):
         # The study's own record is the final word (a trial the stop interrupted shows so).
         self.view = dataclasses.replace(self.view, trials=tuple(outcome.trials), trial=None, params={})
         self.set_table(TRIAL_HEADERS, trial_rows(self.view))
+        self.draw_charts()
         self.query_one("#run-status", Static).update(Text.assemble(
-            (outcome_lines(outcome)[0], "bold"), "\n", (best_text(self.view), "green" if self.view.best else "")))
+            progress.bar(1.0, 16), " ", (outcome_lines(outcome)[0], "bold"), "\n", (best_text(self.view), "green" if self.view.best else "")))
         lines = outcome_lines(outcome)[1:]
         if can_apply(outcome):
             lines.append("a: apply the recommended config through the guarded apply (asks first)")
@@ -197,6 +215,8 @@ class TuneScreen(RunScreen[TunePrepared, TuneEvent, TuneResult]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "apply_winner":  # shown only while there is a winner to apply
             return can_apply(self.result) and not self.applying and self.applied is None
+        if action == "next_knob":
+            return True if self.view is not None and len(knobs_of(self.view.trials)) > 1 else None
         return super().check_action(action, parameters)
 
     def action_apply_winner(self) -> None:

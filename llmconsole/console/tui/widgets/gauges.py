@@ -8,7 +8,8 @@ from rich.text import Text
 from textual.widget import Widget
 from textual.widgets import Static
 
-LABEL_WIDTH = 12
+LABEL_WIDTH = 13  # the longest label (`host memory`) and two spaces: labels never touch their values
+CAPTION_WIDTH = 15  # the latency table's first column: `60 s · 999 req`
 
 
 def level_style(fraction: float) -> str:
@@ -52,7 +53,9 @@ class Gauge(Widget):
 
 
 class Figures(Static):
-    """Rows of `label value  label value`, refreshed only when a figure changes."""
+    """Rows of `label value` pairs in aligned columns, refreshed only when a figure changes. A label
+    and its value always have two spaces between them, and pairs three; a line too long for the
+    width is cut at its end, never squeezed together."""
 
     def __init__(self, **kw: Any) -> None:
         super().__init__("", **kw)
@@ -63,31 +66,38 @@ class Figures(Static):
         if key == self._rows:
             return
         self._rows = key
+        columns = max((len(r) for r in rows), default=0)
+        label_w = [max((len(r[j][0]) for r in rows if j < len(r)), default=0) for j in range(columns)]
+        value_w = [max((len(r[j][1]) for r in rows if j < len(r)), default=0) for j in range(columns)]
         text = Text(no_wrap=True, overflow="ellipsis")
         for i, row in enumerate(rows):
             if i:
                 text.append("\n")
             for j, (label, value) in enumerate(row):
-                text.append(("  " if j else "") + label.ljust(LABEL_WIDTH if j == 0 else 10), style="bold")
-                text.append(" " + value.rjust(9))
-        self.update(text)
+                # The gap is part of the label's run: a renderer that drops a run's leading spaces
+                # (some SVG viewers do) still cannot join a label to its value.
+                text.append(("   " if j else "") + label.ljust(label_w[j]) + "  ", style="bold")
+                text.append(value.rjust(value_w[j]))
+        self.update(text, layout=False)  # a fixed block: a new figure needs no new layout
 
 
 class LatencyTable(Static):
-    """TTFT, inter-token and end-to-end latency at p50 and p99."""
+    """Latency percentiles (p50, p99) over a stated window: its caption says which, and how many
+    requests finished in it."""
 
     def __init__(self, **kw: Any) -> None:
         super().__init__("", **kw)
-        self._rows: tuple[tuple[str, str, str], ...] = ()
+        self._rows: tuple[object, ...] = ()
 
-    def set_rows(self, rows: list[tuple[str, str, str]]) -> None:
-        key = tuple(rows)
+    def set_rows(self, caption: str, rows: list[tuple[str, str, str]]) -> None:
+        key = (caption, tuple(rows))
         if key == self._rows:
             return
         self._rows = key
         text = Text(no_wrap=True, overflow="ellipsis")
-        text.append("latency".ljust(LABEL_WIDTH) + "p50".rjust(10) + "p99".rjust(10), style="bold underline")
+        text.append(caption.ljust(CAPTION_WIDTH), style="bold")
+        text.append("p50".rjust(9) + "p99".rjust(10), style="bold")
         for label, p50, p99 in rows:
-            text.append("\n" + label.ljust(LABEL_WIDTH), style="bold")
-            text.append(p50.rjust(10) + p99.rjust(10))
-        self.update(text)
+            text.append("\n" + label.ljust(CAPTION_WIDTH), style="bold")
+            text.append(p50.rjust(9) + p99.rjust(10))
+        self.update(text, layout=False)

@@ -1,5 +1,5 @@
-"""The dashboard's smaller parts: the status line, the daemon-lost banner, the alerts strip, the
-batch-window controller panel and the engine's log tail."""
+"""The dashboard's smaller parts: the status line, the daemon-lost banner, the alerts strip and
+the batch-window strip."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import Static
 
-from llmconsole.console.tui.view import EngineView, LogChunk, Snapshot, fmt_bytes, na
+from llmconsole.console.commands.window import no_samples_text
+from llmconsole.console.tui.charts_live import SIGNALS
+from llmconsole.console.tui.view import EngineView, Snapshot, fmt_bytes, na
 
 
 class StatusLine(Static):
@@ -22,7 +24,7 @@ class StatusLine(Static):
             return
         h = snapshot.host
         gpus = f"{len(h.gpus)} GPU(s)" if h.gpus else "no GPU"
-        self.update(Text(
+        self.update(layout=False, content=Text(
             f"llmconsole · daemon pid {na(snapshot.daemon_pid)} v{na(snapshot.daemon_version)} · "
             f"host CPU {na(h.cpu_pct, '{:.0f}%')}, mem {fmt_bytes(h.memory_used_bytes)} / "
             f"{fmt_bytes(h.memory_total_bytes)} · {gpus} · {len(snapshot.engines)} engine(s)",
@@ -49,89 +51,83 @@ class DaemonBanner(Static):
 
 class AlertStrip(Static):
     DEFAULT_CSS = """
-    AlertStrip { height: 1; width: 1fr; padding: 0 1; }
+    AlertStrip { height: 1; width: auto; padding: 0 1; }
     """
 
     def show(self, alerts: tuple[str, ...] = ()) -> None:
         text = "; ".join(alerts) if alerts else "no alerts"
-        self.update(Text.assemble(("alerts ", "bold"), (text, "red" if alerts else "green")))
+        self.update(Text.assemble(("alerts  ", "bold"), (text, "red" if alerts else "green")))
 
 
-_SPARK = "▁▂▃▄▅▆▇█"
+def pack(parts: list[Text], width: int, sep: str = " · ") -> Text:
+    """Parts on as few lines as `width` allows, breaking only between parts."""
+    out, line = Text(no_wrap=True, overflow="ellipsis"), 0
+    for part in parts:
+        n = part.cell_len
+        if line and line + len(sep) + n > width:
+            out.append("\n")
+            line = 0
+        elif line:
+            out.append(sep, style="dim")
+            line += len(sep)
+        out.append_text(part)
+        line += n
+    return out
 
 
-def sparkline(values: tuple[int, ...], lo: int | None, hi: int | None, width: int = 24) -> str:
-    """The newest `width` windows, scaled over the controller's [min, max]."""
-    values = values[-width:]
-    if not values:
-        return ""
-    lo = min(values) if lo is None else lo
-    hi = max(values) if hi is None else hi
-    span = max(1, hi - lo)
-    return "".join(_SPARK[min(7, max(0, round((v - lo) / span * 7)))] for v in values)
+def window_parts(engine: EngineView | None) -> list[Text]:
+    """The selected engine's batch window at the gateway: the window and its bounds, whether the
+    controller steers it or it is frozen, the measured signal against the target (or why there
+    is no measurement), and the group's requests in flight and queued."""
+    c = engine.controller if engine is not None else None
+    if c is None:
+        return [Text.assemble(("batch window  ", "bold"), ("none: the engine is not behind the gateway", "dim"))]
+    state = (Text("frozen (f resumes it)", style="bold yellow") if c.frozen
+             else Text(f"controlled ({c.action})" if c.action else "controlled", style="green"))
+    signal = SIGNALS.get(c.signal or "", c.signal or "signal")
+    measured, target = c.measured_now_ms, c.target_ms
+    if measured is None:
+        signal_text = Text.assemble((no_samples_text(c.signal, c.recent_ok, c.recent_streamed), "yellow"),
+                                    f" (target {na(target, '{:.0f}')} ms)")
+    else:
+        over = target is not None and measured > 1.1 * target
+        signal_text = Text.assemble(f"{signal} ", (f"{measured:.0f} ms", "red" if over else "green"),
+                                    f" / target {na(target, '{:.0f}')} ms")
+    return [Text.assemble(("batch window  ", "bold"), f"{na(c.window)} in {na(c.min_window)}-{na(c.max_window)}"),
+            state, signal_text, Text(f"in flight {na(c.in_flight)}, queued {na(c.queued)}")]
 
 
-class ControllerPanel(Static):
-    """The selected engine's batch window at the gateway: the window and its recent history,
-    the measured signal against the target, and whether the controller is frozen."""
+class WindowStrip(Static):
+    """The batch window's state in one line where the width allows, two where it does not: it
+    never cuts off whether the controller is frozen."""
 
     DEFAULT_CSS = """
-    ControllerPanel { height: 1; width: 1fr; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
+    WindowStrip { height: auto; width: 1fr; padding: 0 1; }
     """
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__("", **kw)
+        self._engine: EngineView | None = None
+        self._shown: tuple[object, ...] = ()
+        self._lines = 0
 
     def on_mount(self) -> None:
         self.show(None)
 
     def show(self, engine: EngineView | None) -> None:
-        c = engine.controller if engine is not None else None
-        if c is None:
-            self.update(Text.assemble(("batch window ", "bold"), ("not running", "dim"),
-                                      (" (no gateway)", "dim")))
-            return
-        measured, target = c.last_measured_ms, c.target_ms
-        over = measured is not None and target is not None and measured > 1.1 * target
-        self.update(Text.assemble(
-            ("batch window ", "bold"), (na(c.window), "bold"), " ",
-            (sparkline(c.windows, c.min_window, c.max_window), "cyan"),
-            f" · p99 {c.signal or 'N/A'} ", (na(measured, "{:.0f}"), "red" if over else "green"),
-            f"/{na(target, '{:.0f}')} ms · in flight {na(c.in_flight)}, queued {na(c.queued)} · ",
-            ("frozen", "bold yellow") if c.frozen else ("controlled", "green"),
-            no_wrap=True, overflow="ellipsis",
-        ))
-
-
-class LogTail(Static):
-    """The last lines of the selected engine's log, as many as fit."""
-
-    DEFAULT_CSS = """
-    LogTail { height: 1fr; min-height: 3; padding: 0 1; border-top: solid $panel; text-wrap: nowrap; text-overflow: ellipsis; }
-    """
-
-    def __init__(self, **kw: Any) -> None:
-        super().__init__("", **kw)
-        self._name: str | None = None
-        self._lines: list[str] = []
-        self._shown: tuple[tuple[str, ...], int, int] | tuple[()] = ()
-
-    def show(self, name: str | None, chunk: LogChunk | None) -> None:
-        if name != self._name:
-            self._name, self._lines = name, []
-        if chunk is not None and chunk.name == name:
-            self._lines = chunk.text.splitlines()[-200:]
-        self.border_title = f"log: {name}" if name else "log"
+        self._engine = engine
         self._paint()
 
     def on_resize(self) -> None:
         self._paint()
 
     def _paint(self) -> None:
-        rows = max(1, self.content_size.height)
-        lines = tuple(self._lines[-rows:])
-        key = (lines, rows, self.content_size.width)
-        if key == self._shown:
-            return
-        self._shown = key
-        if not lines:
-            self.update(Text("(no log yet)" if self._name else "", style="dim"))
-            return
-        self.update(Text("\n".join(lines), no_wrap=True, overflow="ellipsis"))
+        parts = window_parts(self._engine)
+        width = max(20, self.size.width - 2)
+        key = (tuple(p.plain for p in parts), width)
+        if key != self._shown:
+            text = pack(parts, width)
+            lines = len(text.plain.splitlines())
+            # A new layout only when the strip needs another number of lines.
+            self.update(text, layout=not self._shown or lines != self._lines)
+            self._shown, self._lines = key, lines

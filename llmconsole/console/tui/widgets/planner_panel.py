@@ -45,7 +45,7 @@ def planner_lines(spec: EngineSpec | None, mem: HostMemory | None) -> list[tuple
 
 class PlannerPanel(Static):
     DEFAULT_CSS = """
-    PlannerPanel { height: auto; max-height: 6; padding: 0 1; border-top: solid $accent-darken-2; }
+    PlannerPanel { height: auto; padding: 0 1; border-top: solid $accent-darken-2; }
     """
 
     def __init__(self, **kwargs: Any) -> None:

@@ -1,0 +1,105 @@
+"""The daemon's history route for the console's charts, GET /v1/engines/{name}/samples, over a
+real store (the fleet and the gateway are stand-ins: what is under test is the route's reading
+and binning), and the starting engine's progress that GET /v1/status carries."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from llmconsole.daemon.api import make_app
+from llmconsole.daemon.api.samples import binned
+from llmconsole.daemon.context import DaemonContext
+from llmconsole.daemon.services.startup import StartupProgress
+from llmconsole.db import MetricSample, Store, WindowSample
+from llmconsole.engine.fleet import UnknownEngine
+from tests.support.paths import FIXTURES
+
+FIX = FIXTURES / "startup"
+
+
+class _Fleet:
+    def get(self, name):
+        if name != "demo":
+            raise UnknownEngine(name)
+        return object()
+
+
+class _Gateway:
+    def group_of(self, name):
+        controller = SimpleNamespace(settings=SimpleNamespace(signal="ttft"))
+        return SimpleNamespace(name="demo", controller=controller) if name == "demo" else None
+
+
+def _get(store: Store | None, path: str):
+    async def go():
+        app = make_app(DaemonContext(fleet=_Fleet(), store=store, gateway=_Gateway()))
+        async with TestClient(TestServer(app)) as client:
+            resp = await client.get(path)
+            return resp.status, await resp.json()
+    return asyncio.run(go())
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store.open(tmp_path / "db.sqlite")
+    yield s
+    s.close()
+
+
+def test_samples_come_back_as_columns_oldest_first(store):
+    now = time.time()
+    store.add_metric_samples([MetricSample("demo", now - 30 + i, running=i, kv_cache_usage=i / 100,
+                                           p99_ttft_s=None if i % 2 else 0.2) for i in range(30)])
+    store.add_metric_samples([MetricSample("other", now - 5, running=99)])
+    store.add_window_trace([WindowSample("demo", now - 20 + i, target=800.0, measured=700.0 + i, window=8 + i % 3)
+                            for i in range(20)])
+    status, body = _get(store, "/v1/engines/demo/samples?since_s=60")
+    assert status == 200 and body["engine"] == "demo" and body["bin_s"] == 0.0
+    m = body["metrics"]
+    assert m["running"] == list(range(30)) and m["at_s"] == sorted(m["at_s"])
+    assert m["p99_ttft_s"][:3] == [0.2, None, 0.2]  # a missing figure stays missing, not zero
+    w = body["window"]
+    assert (w["group"], w["signal"], len(w["at_s"])) == ("demo", "ttft", 20)
+    assert w["window"][:3] == [8, 9, 10] and w["target_ms"][0] == 800.0 and w["measured_ms"][-1] == 719.0
+
+
+def test_a_long_span_is_averaged_into_at_most_points_bins(store):
+    now = time.time()
+    store.add_metric_samples([MetricSample("demo", now - 3000 + i, running=float(i % 10)) for i in range(3000)])
+    status, body = _get(store, "/v1/engines/demo/samples?since_s=3600&points=120")
+    assert status == 200 and body["bin_s"] == 30.0
+    assert 100 <= len(body["metrics"]["at_s"]) <= 121
+    assert body["metrics"]["running"][5] == pytest.approx(4.5)  # 30 one-second samples of 0..9, averaged
+
+
+def test_bad_queries_unknown_engines_and_no_store_say_so(store):
+    assert _get(store, "/v1/engines/demo/samples?since_s=x")[0] == 400
+    assert _get(store, "/v1/engines/demo/samples?since_s=7200")[0] == 400
+    assert _get(store, "/v1/engines/nope/samples")[0] == 404
+    assert _get(None, "/v1/engines/demo/samples")[0] == 503
+
+
+def test_binning_keeps_gaps():
+    at, cols = binned([0.0, 1.0, 2.0, 10.0], {"v": [1.0, None, 3.0, None]}, 0.0, 5.0)
+    assert at == [1.0, 10.0] and cols == {"v": [2.0, None]}
+
+
+def test_a_starting_engine_reports_its_phase_elapsed_time_and_last_start(store, tmp_path):
+    log = tmp_path / "engine.log"
+    text = (FIX / "ready_cpu.log").read_text()
+    log.write_text(text[:text.index("Loading weights took")])  # the previous run's lines are pid 2580
+    run = store.run_started("demo", "cfg1", pid=2580, port=1, spec_public={}, at=1000.0)
+    store.run_ready(run, kv_cache_tokens=1, max_concurrency=1.0, at=1042.0)
+    progress = StartupProgress(store)
+    e = {"name": "demo", "state": "starting", "config_id": "cfg1", "pid": 2580, "started_at_s": 2000.0,
+         "log_path": str(log)}
+    got = progress.of(e, now_s=2012.5)
+    assert got == {"phase": "loading weights", "step": 3, "steps": 9, "elapsed_s": 12.5, "expected_s": 42.0}
+    assert progress.of(dict(e, pid=777), now_s=2013.0)["phase"] == "launching (Python imports)"
+    assert progress.of(dict(e, state="ready"), now_s=2013.0) is None
+    assert StartupProgress(None).of(e, now_s=2001.0)["expected_s"] is None
