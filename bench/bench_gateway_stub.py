@@ -22,9 +22,16 @@ import time
 from pathlib import Path
 
 from aiohttp import web
-
-from bench_gateway_parts import (client_session, free_port, one_request, request_body, start_gateway, stop,
-                                 stream_loop, wait_http)
+from bench_gateway_parts import (
+    client_session,
+    free_port,
+    one_request,
+    request_body,
+    start_gateway,
+    stop,
+    stream_loop,
+    wait_http,
+)
 
 
 def serve_stub(port: int, chunks: int) -> None:

@@ -179,7 +179,7 @@ def format_table(rows: list[Row], read_gb_s: float, threads: int, flush: bool) -
 def combine_rounds(rounds: list[list[Row]]) -> list[Row]:
     """Per case, the median of every figure over the rounds (ratios as measured per round)."""
     combined = []
-    for case_rows in zip(*rounds):
+    for case_rows in zip(*rounds, strict=True):
         first = case_rows[0]
         med = {f: statistics.median(getattr(r, f) for r in case_rows)
                for f in ("kv_mb", "vllm_ms", "ours_ms", "speedup", "vllm_gb_s", "ours_gb_s",
@@ -191,7 +191,7 @@ def combine_rounds(rounds: list[list[Row]]) -> list[Row]:
 
 def spread_lines(rounds: list[list[Row]]) -> list[str]:
     lines = [f"spread over {len(rounds)} rounds (min / median / max):"]
-    for case_rows in zip(*rounds):
+    for case_rows in zip(*rounds, strict=True):
         sp = sorted(r.speedup for r in case_rows)
         fr = sorted(r.ours_of_read for r in case_rows)
         lines.append(f"  batch {case_rows[0].batch:>2} ctx {case_rows[0].context:>4}: "

@@ -31,10 +31,15 @@ from llmconsole.engine.plan.devices import cpu_profile, gpu_profile
 from llmconsole.engine.plan.model_shape import read_shape, shape_from_config
 from llmconsole.engine.plan.planner import make_plan
 from llmconsole.engine.plan.recommend import Workload as PlanWorkload
-from llmconsole.engine.plan.roofline import LLAMA2_7B_CONFIG, REFERENCE_DEVICE, StepModel, non_attention_step_s, \
-    operating_point
-from llmconsole.engine.spec import EngineSpec
+from llmconsole.engine.plan.roofline import (
+    LLAMA2_7B_CONFIG,
+    REFERENCE_DEVICE,
+    StepModel,
+    non_attention_step_s,
+    operating_point,
+)
 from llmconsole.engine.plan.validate import host_memory, validate
+from llmconsole.engine.spec import EngineSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT, OUTPUT = 100, 128

@@ -230,7 +230,7 @@ def run_search(method: str, table: dict, knobs: list[Knob], start: dict, budget:
 
     seen: list[tuple[float, dict]] = []
     if method == "random":
-        grid = [dict(zip(names, vals)) for vals in itertools.product(*(k.choices for k in knobs))]
+        grid = [dict(zip(names, vals, strict=True)) for vals in itertools.product(*(k.choices for k in knobs))]
         for params in random.Random(seed).sample(grid, budget):
             v = observe(params)
             seen.append((v if v is not None else -1.0, params))

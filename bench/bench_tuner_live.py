@@ -32,8 +32,20 @@ import statistics
 import time
 from pathlib import Path
 
-from bench_tuner import (ENGINE, GRID, ROOT, RUNNING, WORKLOAD, Engine, grid_values, key_of, show_table,
-                         show_tune, sweep_points, tune_seed)
+from bench_tuner import (
+    ENGINE,
+    GRID,
+    ROOT,
+    RUNNING,
+    WORKLOAD,
+    Engine,
+    grid_values,
+    key_of,
+    show_table,
+    show_tune,
+    sweep_points,
+    tune_seed,
+)
 
 
 def side_by_side(home: Path, configs: list[dict], wl: dict, rounds: int) -> dict[str, list[float]]:

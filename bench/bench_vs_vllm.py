@@ -149,7 +149,7 @@ def main() -> None:
     # On shared cores the engine's speed drifts between runs; each pair ran back to back, so the
     # median of the per-pair ratios is the steadier comparison.
     for key, label in (("request_throughput", "requests/s"), ("median_ttft_ms", "median TTFT")):
-        ratios = [o[key] / v[key] for v, o in zip(v_runs, o_runs)]
+        ratios = [o[key] / v[key] for v, o in zip(v_runs, o_runs, strict=True)]
         print(f"per-pair ratio ours/vLLM, {label}: median {statistics.median(ratios):.3f} "
               f"(pairs: {', '.join(f'{r:.3f}' for r in ratios)})")
 

@@ -10,7 +10,6 @@
 from typing import Any
 
 import torch
-
 import vllm.envs as envs
 from vllm.logger import init_logger
 from vllm.platforms import current_platform

@@ -18,7 +18,6 @@ from typing import Protocol
 import torch
 
 
-
 class DecodeKernel(Protocol):
     """The kernel's call (CudaKernelLibrary.paged_attention_decode): decode attention of `query`
     [rows, heads, head_size] over vLLM's key and value cache views, written into `out`. Tests

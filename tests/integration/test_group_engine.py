@@ -119,7 +119,7 @@ class Outage:
                 self.up_at = now
             self.stop.wait(0.2)
 
-    def __enter__(self) -> "Outage":
+    def __enter__(self) -> Outage:
         self.thread.start()
         return self
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = pytest.mark.daemon
-
 from tests.support.daemon import daemon_home
+
+pytestmark = pytest.mark.daemon
 
 
 @pytest.fixture(scope="module")

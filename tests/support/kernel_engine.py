@@ -67,13 +67,13 @@ def compare(ours: list[dict], theirs: list[dict], max_tokens: int) -> tuple[int,
     is not a near-tie, or a logprob that moves, is a kernel error."""
     same = compared = 0
     worst_logprob_diff = 0.0
-    for i, (a, b) in enumerate(zip(ours, theirs)):
+    for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
         toks_a, toks_b = a["logprobs"]["tokens"], b["logprobs"]["tokens"]
         assert len(toks_a) == len(toks_b) == max_tokens
         same += toks_a == toks_b
         # Up to the first differing token both engines saw the same context, so their
         # logprobs must agree closely; after it they decode different texts.
-        for pos, (ta, tb) in enumerate(zip(toks_a, toks_b)):
+        for pos, (ta, tb) in enumerate(zip(toks_a, toks_b, strict=True)):
             if ta != tb:
                 top_a, top_b = a["logprobs"]["top_logprobs"][pos], b["logprobs"]["top_logprobs"][pos]
                 assert tb in top_a and ta in top_b, (

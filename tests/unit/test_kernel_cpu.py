@@ -242,7 +242,7 @@ def test_matches_vllm_attention(vllm_ops, dtype, head_size, block_size, group):
     table = torch.zeros(num_seqs, max(blocks_per_seq), dtype=torch.int32)
     isa = get_isa(dtype, block_size, head_size)
     used = 0
-    for s, (n, nb) in enumerate(zip(lens, blocks_per_seq)):
+    for s, (n, nb) in enumerate(zip(lens, blocks_per_seq, strict=True)):
         table[s, :nb] = order[used:used + nb]
         used += nb
         positions = torch.arange(n)

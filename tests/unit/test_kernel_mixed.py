@@ -49,7 +49,7 @@ def _batch(dtype, head_size, block_size, group, kv_heads, rows, gen):
     order = torch.randperm(num_blocks, generator=gen).to(torch.int32)
     table = torch.zeros(len(rows), max(blocks_per_seq) + 1, dtype=torch.int32)
     used = 0
-    for s, ((ctx, _), nb) in enumerate(zip(rows, blocks_per_seq)):
+    for s, ((ctx, _), nb) in enumerate(zip(rows, blocks_per_seq, strict=True)):
         table[s, :nb] = order[used:used + nb]
         used += nb
         pos = torch.arange(ctx)

@@ -66,7 +66,7 @@ def test_gamma_arrivals_have_the_asked_rate_and_burstiness():
     bursty = Workload.open(10, 10, 8, 8, burstiness=0.25).arrival_offsets_s(5000, rng)
     for offs in (smooth, bursty):
         assert offs[-1] / (len(offs) - 1) == pytest.approx(0.1, rel=0.1)
-    gaps = lambda o: [b - a for a, b in zip(o, o[1:])]  # noqa: E731
+    gaps = lambda o: [b - a for a, b in zip(o, o[1:], strict=False)]  # noqa: E731
     import statistics
     assert statistics.pstdev(gaps(bursty)) > 3 * statistics.pstdev(gaps(smooth))
 

@@ -46,8 +46,8 @@ def simulate(ctl: PidController, load: list[tuple[float, int]], until_s: float, 
 def _reversals(windows: list[int]) -> int:
     """Changes of direction bigger than the one-seat dither of an integer window whose ideal
     lies between two integers: those would be oscillation."""
-    moves = [b - a for a, b in zip(windows, windows[1:]) if b != a]
-    return sum(1 for a, b in zip(moves, moves[1:]) if (a > 0) != (b > 0) and max(abs(a), abs(b)) > 1)
+    moves = [b - a for a, b in zip(windows, windows[1:], strict=False) if b != a]
+    return sum(1 for a, b in zip(moves, moves[1:], strict=False) if (a > 0) != (b > 0) and max(abs(a), abs(b)) > 1)
 
 
 def _ctl(**kw) -> PidController:

@@ -27,7 +27,7 @@ def test_cpu_argv_uses_the_module_entry_and_vllm_flag_names(model_dir):
     argv = spec.argv(CPU, 18001)
     assert argv[:3] == ["/env/bin/python", "-m", CPU_SERVER_MODULE]
     assert argv[3:5] == ["--model", str(model_dir)]
-    pairs = dict(zip(argv, argv[1:]))
+    pairs = dict(zip(argv, argv[1:], strict=False))
     assert pairs["--host"] == "127.0.0.1"
     assert pairs["--port"] == "18001"
     assert pairs["--max-num-seqs"] == "8"
@@ -44,7 +44,7 @@ def test_gpu_argv_is_vllm_serve_with_positional_model(model_dir):
                       gpu_memory_utilization=0.85, enable_chunked_prefill=True, kv_cache_dtype="fp8")
     argv = spec.argv(GPU, 8000)
     assert argv[:3] == ["/env/bin/vllm", "serve", str(model_dir)]
-    pairs = dict(zip(argv, argv[1:]))
+    pairs = dict(zip(argv, argv[1:], strict=False))
     assert pairs["--tensor-parallel-size"] == "2"
     assert pairs["--distributed-executor-backend"] == "ray"
     assert pairs["--gpu-memory-utilization"] == "0.85"
