@@ -83,8 +83,8 @@ test-fast: setup $(MODELS)/tiny/llmconsole-model.json
 # The rails: lint and format (ruff), types (mypy, strict) and the package
 # boundaries (import-linter); the contracts and settings live in pyproject.toml.
 lint: $(VENV)/.install-stamp
-	$(VENV)/bin/ruff check llmconsole tests bench docs
-	$(VENV)/bin/ruff format --check llmconsole tests bench docs
+	$(VENV)/bin/ruff check llmconsole tests bench docs deploy
+	$(VENV)/bin/ruff format --check llmconsole tests bench docs deploy
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 

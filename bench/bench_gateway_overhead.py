@@ -69,9 +69,13 @@ def main() -> None:
     ap.add_argument("--streams", type=int, default=32)
     ap.add_argument("--block-s", type=float, default=20.0)
     ap.add_argument("--blocks", type=int, default=3, help="blocks of each (direct and gateway)")
-    ap.add_argument("--engine-cpus", default=None, metavar="LIST",
-                    help="pin the engine to these cores (e.g. 1), one compute thread each: the gateway and the "
-                         "client then do not preempt its OpenMP team, as they would not on a host with cores to spare")
+    ap.add_argument(
+        "--engine-cpus",
+        default=None,
+        metavar="LIST",
+        help="pin the engine to these cores (e.g. 1), one compute thread each: the gateway and the "
+        "client then do not preempt its OpenMP team, as they would not on a host with cores to spare",
+    )
     ns = ap.parse_args()
     load_before = os.getloadavg()
     cpus = {int(c) for c in ns.engine_cpus.split(",")} if ns.engine_cpus else None
@@ -80,8 +84,9 @@ def main() -> None:
     engine, direct = start_engine(ns.model, max_num_seqs=32, cpus=cpus)
     try:
         with tempfile.TemporaryDirectory(prefix="bench-gw-") as tmp:
-            gw, gateway = start_gateway(direct, Path(tmp), window=256, controlled=False, target_ms=1000.0,
-                                        max_window=256)
+            gw, gateway = start_gateway(
+                direct, Path(tmp), window=256, controlled=False, target_ms=1000.0, max_window=256
+            )
             try:
                 gateway += "/g/g"
                 short = request_body(16, 8)
@@ -91,10 +96,13 @@ def main() -> None:
                 rates: dict[str, list[float]] = {"direct": [], "gateway": []}
                 gw_cpu_s = gw_span_s = 0.0
                 for k in range(ns.blocks):
-                    for name in (("direct", "gateway") if k % 2 == 0 else ("gateway", "direct")):
+                    for name in ("direct", "gateway") if k % 2 == 0 else ("gateway", "direct"):
                         began, cpu0 = time.monotonic(), cpu_s(gw.pid)
-                        rates[name].append(asyncio.run(saturation(direct if name == "direct" else gateway, long,
-                                                                  ns.streams, ns.block_s)))
+                        rates[name].append(
+                            asyncio.run(
+                                saturation(direct if name == "direct" else gateway, long, ns.streams, ns.block_s)
+                            )
+                        )
                         if name == "gateway":
                             gw_cpu_s += cpu_s(gw.pid) - cpu0
                             gw_span_s += time.monotonic() - began
@@ -106,18 +114,26 @@ def main() -> None:
     md, mg = statistics.median(d), statistics.median(g)
     paired = [b - a for a, b in zip(d, g, strict=False)]
     print(f"TTFT, one stream, {len(d)} + {len(g)} requests alternating (16-word prompt, 8 tokens):")
-    print(f"  median direct {md:.2f} ms, via gateway {mg:.2f} ms, added {mg - md:+.2f} ms "
-          f"(median of paired differences {statistics.median(paired):+.2f} ms; target <= 1 ms)")
+    print(
+        f"  median direct {md:.2f} ms, via gateway {mg:.2f} ms, added {mg - md:+.2f} ms "
+        f"(median of paired differences {statistics.median(paired):+.2f} ms; target <= 1 ms)"
+    )
     rd, rg = statistics.median(rates["direct"]), statistics.median(rates["gateway"])
-    print(f"throughput at saturation, {ns.streams} streams, {ns.blocks} blocks of {ns.block_s:.0f} s each, "
-          f"alternating (48-word prompt, 64 tokens):")
+    print(
+        f"throughput at saturation, {ns.streams} streams, {ns.blocks} blocks of {ns.block_s:.0f} s each, "
+        f"alternating (48-word prompt, 64 tokens):"
+    )
     print(f"  direct {', '.join(f'{r:.0f}' for r in rates['direct'])} tok/s (median {rd:.0f})")
     print(f"  gateway {', '.join(f'{r:.0f}' for r in rates['gateway'])} tok/s (median {rg:.0f})")
-    print(f"  ratio gateway / direct: {rg / rd:.3f} (target >= 0.95); the gateway process used "
-          f"{gw_cpu_s / gw_span_s:.2f} cores while it passed {rg:.0f} tok/s")
+    print(
+        f"  ratio gateway / direct: {rg / rd:.3f} (target >= 0.95); the gateway process used "
+        f"{gw_cpu_s / gw_span_s:.2f} cores while it passed {rg:.0f} tok/s"
+    )
     load_after = os.getloadavg()
-    print(f"engine cores: {ns.engine_cpus or 'all, shared with the gateway and the client'}; load average "
-          f"{load_before[0]:.1f} before, {load_after[0]:.1f} after (1-minute; 2 cores shared)")
+    print(
+        f"engine cores: {ns.engine_cpus or 'all, shared with the gateway and the client'}; load average "
+        f"{load_before[0]:.1f} before, {load_after[0]:.1f} after (1-minute; 2 cores shared)"
+    )
 
 
 if __name__ == "__main__":

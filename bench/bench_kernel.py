@@ -107,19 +107,20 @@ def build_case(ops, isa: str, batch: int, context: int, gen: torch.Generator):
     return ours, key_cache, value_cache, table, lens, query
 
 
-def run_case(ops, isa: str, batch: int, context: int, flush: bool, budget_s: float,
-             gen: torch.Generator) -> Row:
+def run_case(ops, isa: str, batch: int, context: int, flush: bool, budget_s: float, gen: torch.Generator) -> Row:
     cache, key_cache, value_cache, table, lens, query = build_case(ops, isa, batch, context, gen)
-    scale = HEAD_SIZE ** -0.5
+    scale = HEAD_SIZE**-0.5
     out_vllm = torch.empty_like(query)
     out_ours = torch.empty_like(query)
     query_start = torch.arange(batch + 1, dtype=torch.int32)
-    meta = ops.cpu_attn_get_scheduler_metadata(batch, NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, lens,
-                                               DTYPE, query_start, True, -1, isa, True)
+    meta = ops.cpu_attn_get_scheduler_metadata(
+        batch, NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, lens, DTYPE, query_start, True, -1, isa, True
+    )
 
     def vllm_call():
-        ops.cpu_attention_with_kv_cache(query, key_cache, value_cache, out_vllm, query_start,
-                                        lens, scale, True, None, -1, table, 0.0, meta, None)
+        ops.cpu_attention_with_kv_cache(
+            query, key_cache, value_cache, out_vllm, query_start, lens, scale, True, None, -1, table, 0.0, meta, None
+        )
 
     def ours_call():
         paged_attention_decode(query, cache, table, lens, scale, out=out_ours)
@@ -148,13 +149,21 @@ def run_case(ops, isa: str, batch: int, context: int, flush: bool, budget_s: flo
     vllm_s, ours_s = statistics.median(samples["vllm"]), statistics.median(samples["ours"])
     read_gb_s = kv_bytes / statistics.median(samples["read"]) / 1e9
     split_at = partition_tokens(lens, NUM_KV_HEADS, BLOCK_SIZE)
-    return Row(batch=batch, context=context, kv_mb=kv_bytes / 1e6, vllm_ms=vllm_s * 1e3,
-               ours_ms=ours_s * 1e3, speedup=vllm_s / ours_s, vllm_gb_s=kv_bytes / vllm_s / 1e9,
-               ours_gb_s=kv_bytes / ours_s / 1e9, read_gb_s=read_gb_s,
-               ours_of_read=kv_bytes / ours_s / 1e9 / read_gb_s,
-               split=split_at < context,
-               max_abs_diff=float((out_vllm.float() - out_ours.float()).abs().max()),
-               load_1m=os.getloadavg()[0])
+    return Row(
+        batch=batch,
+        context=context,
+        kv_mb=kv_bytes / 1e6,
+        vllm_ms=vllm_s * 1e3,
+        ours_ms=ours_s * 1e3,
+        speedup=vllm_s / ours_s,
+        vllm_gb_s=kv_bytes / vllm_s / 1e9,
+        ours_gb_s=kv_bytes / ours_s / 1e9,
+        read_gb_s=read_gb_s,
+        ours_of_read=kv_bytes / ours_s / 1e9 / read_gb_s,
+        split=split_at < context,
+        max_abs_diff=float((out_vllm.float() - out_ours.float()).abs().max()),
+        load_1m=os.getloadavg()[0],
+    )
 
 
 def format_table(rows: list[Row], read_gb_s: float, threads: int, flush: bool) -> str:
@@ -172,7 +181,8 @@ def format_table(rows: list[Row], read_gb_s: float, threads: int, flush: bool) -
             f"{r.batch:>5} {r.context:>5} {r.kv_mb:>7.1f} {r.vllm_ms:>8.3f} {r.ours_ms:>8.3f} "
             f"{r.speedup:>6.2f}x {r.vllm_gb_s:>9.1f} {r.ours_gb_s:>9.1f} {r.read_gb_s:>9.1f} "
             f"{r.ours_of_read:>6.0%} {r.ours_gb_s / read_gb_s:>6.0%} "
-            f"{'yes' if r.split else 'no':>5} {r.max_abs_diff:>9.2g} {r.load_1m:>5.2f}")
+            f"{'yes' if r.split else 'no':>5} {r.max_abs_diff:>9.2g} {r.load_1m:>5.2f}"
+        )
     return "\n".join(lines)
 
 
@@ -181,11 +191,29 @@ def combine_rounds(rounds: list[list[Row]]) -> list[Row]:
     combined = []
     for case_rows in zip(*rounds, strict=True):
         first = case_rows[0]
-        med = {f: statistics.median(getattr(r, f) for r in case_rows)
-               for f in ("kv_mb", "vllm_ms", "ours_ms", "speedup", "vllm_gb_s", "ours_gb_s",
-                         "read_gb_s", "ours_of_read", "load_1m")}
-        combined.append(Row(batch=first.batch, context=first.context, split=first.split,
-                            max_abs_diff=max(r.max_abs_diff for r in case_rows), **med))
+        med = {
+            f: statistics.median(getattr(r, f) for r in case_rows)
+            for f in (
+                "kv_mb",
+                "vllm_ms",
+                "ours_ms",
+                "speedup",
+                "vllm_gb_s",
+                "ours_gb_s",
+                "read_gb_s",
+                "ours_of_read",
+                "load_1m",
+            )
+        }
+        combined.append(
+            Row(
+                batch=first.batch,
+                context=first.context,
+                split=first.split,
+                max_abs_diff=max(r.max_abs_diff for r in case_rows),
+                **med,
+            )
+        )
     return combined
 
 
@@ -194,9 +222,11 @@ def spread_lines(rounds: list[list[Row]]) -> list[str]:
     for case_rows in zip(*rounds, strict=True):
         sp = sorted(r.speedup for r in case_rows)
         fr = sorted(r.ours_of_read for r in case_rows)
-        lines.append(f"  batch {case_rows[0].batch:>2} ctx {case_rows[0].context:>4}: "
-                     f"speedup {sp[0]:.2f}x / {statistics.median(sp):.2f}x / {sp[-1]:.2f}x, "
-                     f"of read {fr[0]:.0%} / {statistics.median(fr):.0%} / {fr[-1]:.0%}")
+        lines.append(
+            f"  batch {case_rows[0].batch:>2} ctx {case_rows[0].context:>4}: "
+            f"speedup {sp[0]:.2f}x / {statistics.median(sp):.2f}x / {sp[-1]:.2f}x, "
+            f"of read {fr[0]:.0%} / {statistics.median(fr):.0%} / {fr[-1]:.0%}"
+        )
     return lines
 
 
@@ -204,11 +234,12 @@ def verdict(rows: list[Row]) -> tuple[bool, str]:
     judged = [r for r in rows if r.batch >= 8 and r.context >= 1024]
     if not judged:
         return True, "no case with batch >= 8 and context >= 1K in this grid"
-    misses = [r for r in judged
-              if r.speedup < TARGET_SPEEDUP or r.ours_of_read < TARGET_BANDWIDTH_FRACTION]
-    text = (f"targets (batch >= 8, context >= 1K): >= {TARGET_SPEEDUP}x vLLM and >= "
-            f"{TARGET_BANDWIDTH_FRACTION:.0%} of read bandwidth: "
-            f"{len(judged) - len(misses)}/{len(judged)} cases met")
+    misses = [r for r in judged if r.speedup < TARGET_SPEEDUP or r.ours_of_read < TARGET_BANDWIDTH_FRACTION]
+    text = (
+        f"targets (batch >= 8, context >= 1K): >= {TARGET_SPEEDUP}x vLLM and >= "
+        f"{TARGET_BANDWIDTH_FRACTION:.0%} of read bandwidth: "
+        f"{len(judged) - len(misses)}/{len(judged)} cases met"
+    )
     for r in misses:
         text += f"\n  missed: batch {r.batch} ctx {r.context}: {r.speedup:.2f}x, {r.ours_of_read:.0%}"
     return not misses, text
@@ -217,12 +248,13 @@ def verdict(rows: list[Row]) -> tuple[bool, str]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="a reduced grid (4 cases)")
-    p.add_argument("--warm", action="store_true",
-                   help="do not evict caches between calls (small cases then fit in L2/L3)")
-    p.add_argument("--budget-s", type=float, default=3.0,
-                   help="time per case after the 7th sample pair (default 3)")
-    p.add_argument("--rounds", type=int, default=1,
-                   help="run the grid this many times and report per-case medians (default 1)")
+    p.add_argument(
+        "--warm", action="store_true", help="do not evict caches between calls (small cases then fit in L2/L3)"
+    )
+    p.add_argument("--budget-s", type=float, default=3.0, help="time per case after the 7th sample pair (default 3)")
+    p.add_argument(
+        "--rounds", type=int, default=1, help="run the grid this many times and report per-case medians (default 1)"
+    )
     p.add_argument("--vllm-isa", help="the ISA vLLM's kernel runs (default: the one vLLM picks here)")
     p.add_argument("--json", type=Path, help="also write the rows here")
     p.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
@@ -245,23 +277,32 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for batch, context in QUICK_GRID if args.quick else FULL_GRID:
             rows.append(run_case(ops, isa, batch, context, not args.warm, args.budget_s, gen))
-            print(f"  round {i + 1}/{args.rounds}: done batch {batch} ctx {context}",
-                  file=sys.stderr, flush=True)
+            print(f"  round {i + 1}/{args.rounds}: done batch {batch} ctx {context}", file=sys.stderr, flush=True)
         rounds.append(rows)
     rows = combine_rounds(rounds)
     read_after = measure_read_gb_s()
     read_gb_s = max(read_before, read_after)
     print(format_table(rows, read_gb_s, torch.get_num_threads(), not args.warm))
-    print(f"plain read: {read_before:.1f} GB/s before, {read_after:.1f} GB/s after; "
-          f"vLLM ISA '{isa}', the kernel's KV layout '{kernel_isa(isa)}'")
+    print(
+        f"plain read: {read_before:.1f} GB/s before, {read_after:.1f} GB/s after; "
+        f"vLLM ISA '{isa}', the kernel's KV layout '{kernel_isa(isa)}'"
+    )
     if len(rounds) > 1:
         print("\n".join(spread_lines(rounds)))
     ok, text = verdict(rows)
     print(text)
     if args.json:
-        args.json.write_text(json.dumps({"read_gb_s": read_gb_s, "isa": isa,
-                                         "rows": [asdict(r) for r in rows],
-                                         "rounds": [[asdict(r) for r in rr] for rr in rounds]}, indent=1))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "read_gb_s": read_gb_s,
+                    "isa": isa,
+                    "rows": [asdict(r) for r in rows],
+                    "rounds": [[asdict(r) for r in rr] for rr in rounds],
+                },
+                indent=1,
+            )
+        )
     return 1 if (args.check and not ok) else 0
 
 

@@ -41,8 +41,13 @@ KERNELS = ("stock", "custom")
 
 def cli(home: Path, *args: str, timeout: float = 900) -> str:
     env = dict(os.environ, LLMCONSOLE_HOME=str(home), VLLM_TARGET_DEVICE="cpu")
-    r = subprocess.run([sys.executable, "-m", "llmconsole.console.cli", *args], env=env,
-                       capture_output=True, text=True, timeout=timeout)
+    r = subprocess.run(
+        [sys.executable, "-m", "llmconsole.console.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if r.returncode != 0:
         raise RuntimeError(f"llmconsole {' '.join(args)} exited {r.returncode}:\n{r.stdout}\n{r.stderr}")
     return r.stdout
@@ -72,18 +77,19 @@ def format_usage(u: KernelUsage) -> str:
     calls = max(u.calls, 1)
     tokens = max(u.decode_tokens + u.vllm_tokens, 1)
     reasons = ", ".join(f"{r} {n}" for r, n in sorted(u.fallback_calls.items())) or "none"
-    return "\n".join([
-        f"custom engine attention calls in the measured runs, warm-ups included (one per layer "
-        f"per step): {u.calls}",
-        f"  all rows in the kernel (decode-only steps): {whole:>7} ({whole / calls:.0%})",
-        f"  split (decode rows kernel, prefill vLLM):   {u.split_calls:>7} "
-        f"({u.split_calls / calls:.0%})",
-        f"  wholly vLLM's op (fallback):                {u.total_fallback_calls:>7} "
-        f"({u.total_fallback_calls / calls:.0%}): {reasons}",
-        f"  query tokens: kernel {u.decode_tokens} ({u.decode_tokens / tokens:.0%}), vLLM's op "
-        f"{u.vllm_tokens} ({u.vllm_tokens / tokens:.0%}; split prefill rows "
-        f"{u.split_prefill_tokens}, fallbacks {u.total_fallback_tokens})",
-    ])
+    return "\n".join(
+        [
+            f"custom engine attention calls in the measured runs, warm-ups included (one per layer "
+            f"per step): {u.calls}",
+            f"  all rows in the kernel (decode-only steps): {whole:>7} ({whole / calls:.0%})",
+            f"  split (decode rows kernel, prefill vLLM):   {u.split_calls:>7} ({u.split_calls / calls:.0%})",
+            f"  wholly vLLM's op (fallback):                {u.total_fallback_calls:>7} "
+            f"({u.total_fallback_calls / calls:.0%}): {reasons}",
+            f"  query tokens: kernel {u.decode_tokens} ({u.decode_tokens / tokens:.0%}), vLLM's op "
+            f"{u.vllm_tokens} ({u.vllm_tokens / tokens:.0%}; split prefill rows "
+            f"{u.split_prefill_tokens}, fallbacks {u.total_fallback_tokens})",
+        ]
+    )
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -104,18 +110,37 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     home = Path(tempfile.mkdtemp(prefix="llmc-e2e-", dir="/tmp"))
     max_len = args.input_len + args.output_len + 16
-    flags = ["--model", args.model, "--served-model-name", "m", "--max-num-seqs",
-             str(args.concurrency), "--max-model-len", str(max_len), "--kv-cache-memory-bytes",
-             str(args.kv_bytes), "--enforce-eager", "--cpu-threads-bind", "nobind", "--seed", "0"]
+    flags = [
+        "--model",
+        args.model,
+        "--served-model-name",
+        "m",
+        "--max-num-seqs",
+        str(args.concurrency),
+        "--max-model-len",
+        str(max_len),
+        "--kv-cache-memory-bytes",
+        str(args.kv_bytes),
+        "--enforce-eager",
+        "--cpu-threads-bind",
+        "nobind",
+        "--seed",
+        "0",
+    ]
     results: dict[str, list] = {k: [] for k in KERNELS}
     try:
         for kernel in KERNELS:
             print(f"starting the {kernel} engine ...", file=sys.stderr, flush=True)
             cli(home, "engine", "start", kernel, "--kernel", kernel, *flags)
         urls = {k: engine_status(home, k)["url"] for k in KERNELS}
-        workload = Workload(num_requests=args.requests, input_len=LengthDist.fixed(args.input_len),
-                            output_len=LengthDist.fixed(args.output_len), arrival="closed",
-                            concurrency=args.concurrency, warmup_requests=args.concurrency)
+        workload = Workload(
+            num_requests=args.requests,
+            input_len=LengthDist.fixed(args.input_len),
+            output_len=LengthDist.fixed(args.output_len),
+            arrival="closed",
+            concurrency=args.concurrency,
+            warmup_requests=args.concurrency,
+        )
         plan = plan_requests(workload, load_tokenizer(args.model))
         custom_log = Path(engine_status(home, "custom")["log_path"])
         usage_before = settled_usage(custom_log)
@@ -124,9 +149,13 @@ def main(argv=None) -> int:
                 result = asyncio.run(run_load(urls[kernel], "m", workload, plan=plan))
                 s = result.summary
                 results[kernel].append(s)
-                print(f"  round {r + 1} {kernel:>6}: {s.output_throughput_tok_s:7.1f} tok/s, "
-                      f"median TPOT {s.tpot.median_ms or float('nan'):.1f} ms, "
-                      f"failed {s.failed}", file=sys.stderr, flush=True)
+                print(
+                    f"  round {r + 1} {kernel:>6}: {s.output_throughput_tok_s:7.1f} tok/s, "
+                    f"median TPOT {s.tpot.median_ms or float('nan'):.1f} ms, "
+                    f"failed {s.failed}",
+                    file=sys.stderr,
+                    flush=True,
+                )
         usage = settled_usage(custom_log).minus(usage_before)
     finally:
         try:
@@ -139,14 +168,18 @@ def main(argv=None) -> int:
 
     tok = {k: med(k, lambda s: s.output_throughput_tok_s) for k in KERNELS}
     tpot_ms = {k: med(k, lambda s: s.tpot.median_ms or float("nan")) for k in KERNELS}
-    print(f"end to end, {Path(args.model).name}, closed loop x{args.concurrency}, "
-          f"{args.input_len} in / {args.output_len} out, {args.rounds} alternating runs per "
-          f"kernel; medians (shared, noisy machine)")
+    print(
+        f"end to end, {Path(args.model).name}, closed loop x{args.concurrency}, "
+        f"{args.input_len} in / {args.output_len} out, {args.rounds} alternating runs per "
+        f"kernel; medians (shared, noisy machine)"
+    )
     print(f"{'kernel':>7} {'out tok/s':>10} {'median TPOT ms':>15}")
     for k in KERNELS:
         print(f"{k:>7} {tok[k]:>10.1f} {tpot_ms[k]:>15.2f}")
-    print(f"custom / stock: {tok['custom'] / tok['stock']:.2f}x tokens/s, "
-          f"{tpot_ms['stock'] / tpot_ms['custom']:.2f}x faster per output token")
+    print(
+        f"custom / stock: {tok['custom'] / tok['stock']:.2f}x tokens/s, "
+        f"{tpot_ms['stock'] / tpot_ms['custom']:.2f}x faster per output token"
+    )
     print(format_usage(usage))
     if usage.decode_calls == 0:
         print("custom engine: the kernel did not run in the measured runs")

@@ -28,8 +28,9 @@ MODEL = Path(__file__).resolve().parent.parent / ".models" / "tiny"
 
 
 def stub(*args: str) -> tuple[subprocess.Popen, str]:
-    p = subprocess.Popen([sys.executable, str(HERE / "bench_loadgen_stub.py"), "--port", "0", *args],
-                         stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, str(HERE / "bench_loadgen_stub.py"), "--port", "0", *args], stdout=subprocess.PIPE, text=True
+    )
     port = int(p.stdout.readline().split()[-1])
     return p, f"http://127.0.0.1:{port}"
 
@@ -59,11 +60,15 @@ def main() -> None:
         p.kill()
     load1 = os.getloadavg()[0]
     print(f"host: {os.cpu_count()} cores, load average {load1:.1f} (others' work shares these cores)")
-    print(f"ceiling: {statistics.median(rates):,.0f} req/s median of {a.runs} "
-          f"(runs: {', '.join(f'{x:,.0f}' for x in rates)}; target >= 2,000), concurrency {a.concurrency}, "
-          f"{a.output_len} chunks per request")
-    print(f"generator CPU per request: {statistics.median(cpu_us):.0f} us (median), i.e. "
-          f"{1e6 / statistics.median(cpu_us):,.0f} req/s for each core it has to itself")
+    print(
+        f"ceiling: {statistics.median(rates):,.0f} req/s median of {a.runs} "
+        f"(runs: {', '.join(f'{x:,.0f}' for x in rates)}; target >= 2,000), concurrency {a.concurrency}, "
+        f"{a.output_len} chunks per request"
+    )
+    print(
+        f"generator CPU per request: {statistics.median(cpu_us):.0f} us (median), i.e. "
+        f"{1e6 / statistics.median(cpu_us):,.0f} req/s for each core it has to itself"
+    )
 
     first_ms, gap_ms = 20.0, 2.0
     p, url = stub("--first-delay-ms", str(first_ms), "--gap-ms", str(gap_ms))
@@ -77,9 +82,11 @@ def main() -> None:
             itl.append(s.itl.median_ms - gap_ms)
     finally:
         p.kill()
-    print(f"timing overhead (measured minus true, median): TTFT +{statistics.median(ttft):.2f} ms "
-          f"(true {first_ms:g} ms), inter-token gap +{statistics.median(itl):.2f} ms (true {gap_ms:g} ms); "
-          f"asyncio timers add their own ~1 ms granularity to the stub's delays")
+    print(
+        f"timing overhead (measured minus true, median): TTFT +{statistics.median(ttft):.2f} ms "
+        f"(true {first_ms:g} ms), inter-token gap +{statistics.median(itl):.2f} ms (true {gap_ms:g} ms); "
+        f"asyncio timers add their own ~1 ms granularity to the stub's delays"
+    )
 
 
 if __name__ == "__main__":

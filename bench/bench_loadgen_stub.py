@@ -15,8 +15,7 @@ import asyncio
 import json
 import socket
 
-_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-         b"content-length: %d\r\nconnection: keep-alive\r\n\r\n")
+_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\nconnection: keep-alive\r\n\r\n"
 _CHUNK = b'data: {"id":"c","object":"text_completion","choices":[{"index":0,"text":"x","finish_reason":null}]}\n\n'
 _USAGE = b'data: {"id":"c","object":"text_completion","choices":[],"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}}\n\n'
 _DONE = b"data: [DONE]\n\n"
@@ -54,7 +53,7 @@ class _Conn(asyncio.Protocol):
             end = head_end + 4 + length
             if len(self.buf) < end:
                 return
-            body, self.buf = self.buf[head_end + 4: end], self.buf[end:]
+            body, self.buf = self.buf[head_end + 4 : end], self.buf[end:]
             max_tokens = int(json.loads(body or b"{}").get("max_tokens", 16)) if length else 16
             pieces = _pieces(self.prompt_tokens, max_tokens)
             head_bytes = _HEAD % sum(map(len, pieces))
@@ -74,11 +73,13 @@ class _Conn(asyncio.Protocol):
             self.transport.write(p)
 
 
-async def serve(port: int, first_delay_ms: float = 0.0, gap_ms: float = 0.0, prompt_tokens: int = 16,
-                ready=None) -> None:
+async def serve(
+    port: int, first_delay_ms: float = 0.0, gap_ms: float = 0.0, prompt_tokens: int = 16, ready=None
+) -> None:
     loop = asyncio.get_running_loop()
     server = await loop.create_server(
-        lambda: _Conn(first_delay_ms / 1000.0, gap_ms / 1000.0, prompt_tokens), "127.0.0.1", port, backlog=4096)
+        lambda: _Conn(first_delay_ms / 1000.0, gap_ms / 1000.0, prompt_tokens), "127.0.0.1", port, backlog=4096
+    )
     bound = server.sockets[0].getsockname()[1]
     if ready is not None:
         ready(bound)
@@ -97,6 +98,7 @@ def main() -> None:
     a = ap.parse_args()
     try:
         import uvloop  # noqa: F401  (used when present: vLLM's own environment usually has it)
+
         uvloop.install()
     except ImportError:
         pass

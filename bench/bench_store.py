@@ -26,14 +26,24 @@ def _sample(engine: str, at_s: float, rng: random.Random, resolution_s: float = 
     """A row with every gauge filled, as a busy engine on a GPU host reports them."""
     ttft = rng.uniform(0.05, 0.4)
     return MetricSample(
-        engine, at_s, resolution_s,
-        running=float(rng.randint(0, 64)), waiting=float(rng.randint(0, 32)),
-        kv_cache_usage=rng.random(), prompt_tok_s=rng.uniform(0, 20_000),
+        engine,
+        at_s,
+        resolution_s,
+        running=float(rng.randint(0, 64)),
+        waiting=float(rng.randint(0, 32)),
+        kv_cache_usage=rng.random(),
+        prompt_tok_s=rng.uniform(0, 20_000),
         generation_tok_s=rng.uniform(0, 5_000),
-        p50_ttft_s=ttft, p99_ttft_s=ttft * 3, p50_itl_s=rng.uniform(0.01, 0.05),
-        p99_itl_s=rng.uniform(0.05, 0.2), p50_tpot_s=rng.uniform(0.01, 0.05),
-        p99_tpot_s=rng.uniform(0.05, 0.2), p50_e2e_s=rng.uniform(1, 5), p99_e2e_s=rng.uniform(5, 20),
-        gpu_memory_bytes=rng.randint(60, 80) * 2**30, host_memory_bytes=rng.randint(4, 8) * 2**30,
+        p50_ttft_s=ttft,
+        p99_ttft_s=ttft * 3,
+        p50_itl_s=rng.uniform(0.01, 0.05),
+        p99_itl_s=rng.uniform(0.05, 0.2),
+        p50_tpot_s=rng.uniform(0.01, 0.05),
+        p99_tpot_s=rng.uniform(0.05, 0.2),
+        p50_e2e_s=rng.uniform(1, 5),
+        p99_e2e_s=rng.uniform(5, 20),
+        gpu_memory_bytes=rng.randint(60, 80) * 2**30,
+        host_memory_bytes=rng.randint(4, 8) * 2**30,
     )
 
 
@@ -55,7 +65,7 @@ def insert_throughput(work: Path, runs: int, rows: int, batch: int) -> list[floa
         with Store.open(path) as store:
             t0 = time.perf_counter()
             for i in range(0, rows, batch):
-                store.add_metric_samples(samples[i:i + batch])
+                store.add_metric_samples(samples[i : i + batch])
             rates.append(rows / (time.perf_counter() - t0))
         path.unlink()
     return rates
@@ -113,15 +123,21 @@ def main() -> None:
         print(f"sample inserts, {args.rows} rows per run, median of {args.runs} runs (target >= 20000 rows/s):")
         for batch in (10, 100, 1_000, 10_000):
             rates = insert_throughput(work, args.runs, args.rows, batch)
-            print(f"  batch {batch:>6}: {statistics.median(rates):>10,.0f} rows/s "
-                  f"(min {min(rates):,.0f}, max {max(rates):,.0f})")
+            print(
+                f"  batch {batch:>6}: {statistics.median(rates):>10,.0f} rows/s "
+                f"(min {min(rates):,.0f}, max {max(rates):,.0f})"
+            )
         s = size_per_engine_hour(work)
         print("database size per engine (every gauge filled):")
         print(f"  1 s samples:         {s['full_hour'] / 1024:8.1f} KiB per engine-hour")
-        print(f"  1 min after compact: {s['minute_day'] / 24 / 1024:8.1f} KiB per engine-hour "
-              f"({s['minute_rows']} rows for a day)")
-        print(f"  default retention (1 h full + 7 d minutes): {s['steady'] / 2**20:.2f} MiB per engine, "
-              f"{s['steady'] / (7 * 24) / 1024:.1f} KiB per engine-hour kept")
+        print(
+            f"  1 min after compact: {s['minute_day'] / 24 / 1024:8.1f} KiB per engine-hour "
+            f"({s['minute_rows']} rows for a day)"
+        )
+        print(
+            f"  default retention (1 h full + 7 d minutes): {s['steady'] / 2**20:.2f} MiB per engine, "
+            f"{s['steady'] / (7 * 24) / 1024:.1f} KiB per engine-hour kept"
+        )
         engines = 4
         t, size = open_time(work, engines)
         print(f"Store.open on a full week for {engines} engines ({size / 2**20:.1f} MiB): {t * 1000:.0f} ms")

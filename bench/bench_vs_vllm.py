@@ -52,19 +52,61 @@ def cli(home: str, *args: str, check: bool = True, cpus: set[int] | None = None)
         env["OMP_NUM_THREADS"] = str(len(cpus))  # one compute thread per core it may use
     # The daemon this call starts, and the engines it launches, inherit the CPU affinity.
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
-    return subprocess.run([sys.executable, "-m", "llmconsole.console.cli", *args], env=env, text=True,
-                          capture_output=True, check=check, timeout=900, preexec_fn=pin)
+    return subprocess.run(
+        [sys.executable, "-m", "llmconsole.console.cli", *args],
+        env=env,
+        text=True,
+        capture_output=True,
+        check=check,
+        timeout=900,
+        preexec_fn=pin,
+    )
 
 
 def vllm_bench(url: str, model_dir: str, served: str, a: argparse.Namespace, out_dir: str, k: int) -> dict:
     name = f"vllm-{k}.json"
-    cmd = [sys.executable, "-c", SHIM, "bench", "serve", "--backend", "vllm", "--base-url", url,
-           "--endpoint", "/v1/completions", "--model", served, "--tokenizer", model_dir,
-           "--dataset-name", "random", "--random-input-len", str(a.input_len),
-           "--random-output-len", str(a.output_len), "--random-range-ratio", "0", "--num-prompts",
-           str(a.num_prompts), "--max-concurrency", str(a.concurrency), "--request-rate", "inf",
-           "--ignore-eos", "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl,e2el", "--seed", str(k), "--save-result", "--result-dir", out_dir,
-           "--result-filename", name]
+    cmd = [
+        sys.executable,
+        "-c",
+        SHIM,
+        "bench",
+        "serve",
+        "--backend",
+        "vllm",
+        "--base-url",
+        url,
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        served,
+        "--tokenizer",
+        model_dir,
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(a.input_len),
+        "--random-output-len",
+        str(a.output_len),
+        "--random-range-ratio",
+        "0",
+        "--num-prompts",
+        str(a.num_prompts),
+        "--max-concurrency",
+        str(a.concurrency),
+        "--request-rate",
+        "inf",
+        "--ignore-eos",
+        "--disable-tqdm",
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--seed",
+        str(k),
+        "--save-result",
+        "--result-dir",
+        out_dir,
+        "--result-filename",
+        name,
+    ]
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu")
     r = subprocess.run(cmd, env=env, text=True, capture_output=True, timeout=900)
     if r.returncode != 0:
@@ -76,10 +118,19 @@ def ours(url: str, model_dir: str, served: str, a: argparse.Namespace, k: int) -
     wl = Workload.closed(a.concurrency, a.num_prompts, a.input_len, a.output_len, warmup_requests=1, seed=k)
     plan = plan_requests(wl, load_tokenizer(model_dir))
     s = asyncio.run(run_load(url, served, wl, plan=plan)).summary
-    return {"request_throughput": s.request_throughput_req_s, "median_ttft_ms": s.ttft.median_ms,
-            "mean_ttft_ms": s.ttft.mean_ms, "p99_ttft_ms": s.ttft.p99_ms, "output_throughput": s.output_throughput_tok_s,
-            "median_tpot_ms": s.tpot.median_ms, "median_e2el_ms": s.e2e.median_ms, "completed": s.completed,
-            "total_input_tokens": s.input_tokens, "total_output_tokens": s.output_tokens, "duration": s.duration_s}
+    return {
+        "request_throughput": s.request_throughput_req_s,
+        "median_ttft_ms": s.ttft.median_ms,
+        "mean_ttft_ms": s.ttft.mean_ms,
+        "p99_ttft_ms": s.ttft.p99_ms,
+        "output_throughput": s.output_throughput_tok_s,
+        "median_tpot_ms": s.tpot.median_ms,
+        "median_e2el_ms": s.e2e.median_ms,
+        "completed": s.completed,
+        "total_input_tokens": s.input_tokens,
+        "total_output_tokens": s.output_tokens,
+        "duration": s.duration_s,
+    }
 
 
 def main() -> None:
@@ -92,8 +143,12 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--input-len", type=int, default=64)
     ap.add_argument("--output-len", type=int, default=64)
-    ap.add_argument("--pin", action=argparse.BooleanOptionalAction, default=(os.cpu_count() or 1) >= 2,
-                    help="engine on the last core, the clients on the others (default where >= 2 cores)")
+    ap.add_argument(
+        "--pin",
+        action=argparse.BooleanOptionalAction,
+        default=(os.cpu_count() or 1) >= 2,
+        help="engine on the last core, the clients on the others (default where >= 2 cores)",
+    )
     a = ap.parse_args()
     cores = sorted(os.sched_getaffinity(0))
     engine_cpus = {cores[-1]} if a.pin and len(cores) >= 2 else None
@@ -105,9 +160,27 @@ def main() -> None:
     url = a.url
     try:
         if url is None:
-            cli(home, "engine", "start", "bvv", "--model", a.model_dir, "--served-model-name", a.served_model_name,
-                "--max-num-seqs", "8", "--max-model-len", "512", "--kv-cache-memory-bytes", "100000000",
-                "--enforce-eager", "--cpu-threads-bind", "nobind", "--quiet", cpus=engine_cpus)
+            cli(
+                home,
+                "engine",
+                "start",
+                "bvv",
+                "--model",
+                a.model_dir,
+                "--served-model-name",
+                a.served_model_name,
+                "--max-num-seqs",
+                "8",
+                "--max-model-len",
+                "512",
+                "--kv-cache-memory-bytes",
+                "100000000",
+                "--enforce-eager",
+                "--cpu-threads-bind",
+                "nobind",
+                "--quiet",
+                cpus=engine_cpus,
+            )
             st = json.loads(cli(home, "status", "--json").stdout)
             url = next(e["url"] for e in st["engines"] if e["name"] == "bvv")
         # A fresh engine speeds up over its first runs (allocator, caches), which would favour
@@ -120,27 +193,44 @@ def main() -> None:
             v_runs.append(vllm_bench(url, a.model_dir, a.served_model_name, a, out_dir, k))
             if not k % 2:
                 o_runs.append(ours(url, a.model_dir, a.served_model_name, a, k))
-            print(f"run {k + 1}: vLLM {v_runs[-1]['request_throughput']:.2f} req/s, TTFT "
-                  f"{v_runs[-1]['median_ttft_ms']:.1f} ms | ours {o_runs[-1]['request_throughput']:.2f} req/s, "
-                  f"TTFT {o_runs[-1]['median_ttft_ms']:.1f} ms", flush=True)
+            print(
+                f"run {k + 1}: vLLM {v_runs[-1]['request_throughput']:.2f} req/s, TTFT "
+                f"{v_runs[-1]['median_ttft_ms']:.1f} ms | ours {o_runs[-1]['request_throughput']:.2f} req/s, "
+                f"TTFT {o_runs[-1]['median_ttft_ms']:.1f} ms",
+                flush=True,
+            )
     finally:
         if a.url is None:
             cli(home, "daemon", "stop", "--stop-engines", "--yes", check=False)
         shutil.rmtree(home, ignore_errors=True)
         shutil.rmtree(out_dir, ignore_errors=True)
 
-    print(f"\nworkload: {a.num_prompts} prompts, {a.input_len} in / {a.output_len} out, ignore_eos, "
-          f"{a.concurrency} concurrent, {a.runs} runs each, order alternating per pair, after one discarded warm-up run; medians")
-    print(f"host load average (1 min) at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; "
-          + (f"engine pinned to core {sorted(engine_cpus)}, clients to {sorted(os.sched_getaffinity(0))}"
-             if engine_cpus else "not pinned"))
+    print(
+        f"\nworkload: {a.num_prompts} prompts, {a.input_len} in / {a.output_len} out, ignore_eos, "
+        f"{a.concurrency} concurrent, {a.runs} runs each, order alternating per pair, after one discarded warm-up run; medians"
+    )
+    print(
+        f"host load average (1 min) at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; "
+        + (
+            f"engine pinned to core {sorted(engine_cpus)}, clients to {sorted(os.sched_getaffinity(0))}"
+            if engine_cpus
+            else "not pinned"
+        )
+    )
     print(f"{'':22}{'vllm bench serve':>18}{'llmconsole load':>18}{'ours / vLLM':>14}")
-    for key, label in (("request_throughput", "requests/s"), ("median_ttft_ms", "median TTFT (ms)"),
-                       ("mean_ttft_ms", "mean TTFT (ms)"), ("p99_ttft_ms", "p99 TTFT (ms)"),
-                       ("output_throughput", "output tok/s"), ("median_tpot_ms", "median TPOT (ms)"),
-                       ("median_e2el_ms", "median e2e (ms)"), ("duration", "duration (s)"),
-                       ("completed", "completed"), ("total_input_tokens", "input tokens"),
-                       ("total_output_tokens", "output tokens")):
+    for key, label in (
+        ("request_throughput", "requests/s"),
+        ("median_ttft_ms", "median TTFT (ms)"),
+        ("mean_ttft_ms", "mean TTFT (ms)"),
+        ("p99_ttft_ms", "p99 TTFT (ms)"),
+        ("output_throughput", "output tok/s"),
+        ("median_tpot_ms", "median TPOT (ms)"),
+        ("median_e2el_ms", "median e2e (ms)"),
+        ("duration", "duration (s)"),
+        ("completed", "completed"),
+        ("total_input_tokens", "input tokens"),
+        ("total_output_tokens", "output tokens"),
+    ):
         if any(key not in r for r in v_runs + o_runs):
             continue  # a figure this vLLM release does not save
         v = statistics.median(r[key] for r in v_runs)
@@ -150,8 +240,10 @@ def main() -> None:
     # median of the per-pair ratios is the steadier comparison.
     for key, label in (("request_throughput", "requests/s"), ("median_ttft_ms", "median TTFT")):
         ratios = [o[key] / v[key] for v, o in zip(v_runs, o_runs, strict=True)]
-        print(f"per-pair ratio ours/vLLM, {label}: median {statistics.median(ratios):.3f} "
-              f"(pairs: {', '.join(f'{r:.3f}' for r in ratios)})")
+        print(
+            f"per-pair ratio ours/vLLM, {label}: median {statistics.median(ratios):.3f} "
+            f"(pairs: {', '.join(f'{r:.3f}' for r in ratios)})"
+        )
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from __future__ import annotations
 import collections
 import statistics
 
-WITHIN = 0.10          # the issue's band: p99 within 10% of the target
+WITHIN = 0.10  # the issue's band: p99 within 10% of the target
 MIN_ROLL_SAMPLES = 50  # fewer requests in a rolling span: its p99 is their slowest, no evidence either way
 
 
@@ -32,8 +32,9 @@ def dispatched_ttfts(gw_records: list[dict]) -> list[tuple[float, float]]:
     return out
 
 
-def rolling_p99_ms(ttfts: list[tuple[float, float]], step_at: float, end: float, roll_s: float
-                   ) -> list[tuple[float, float | None]]:
+def rolling_p99_ms(
+    ttfts: list[tuple[float, float]], step_at: float, end: float, roll_s: float
+) -> list[tuple[float, float | None]]:
     """(seconds after the step, p99 TTFT of the requests dispatched in the `roll_s` before), one
     point a second. Only requests sent after the step count, so the low phase never flatters the
     first points; a span with too few requests gives None."""
@@ -60,8 +61,9 @@ def settling(points: list[tuple[float, float | None]], target_ms: float) -> floa
     return settled_at
 
 
-def figures(client, gw_records, trace, step_at: float, end: float, settle_s: float, roll_s: float,
-            target_ms: float) -> dict:
+def figures(
+    client, gw_records, trace, step_at: float, end: float, settle_s: float, roll_s: float, target_ms: float
+) -> dict:
     lo = step_at + settle_s
     span_s = max(1e-9, end - lo)
     ttfts = dispatched_ttfts(gw_records)
@@ -81,17 +83,30 @@ def figures(client, gw_records, trace, step_at: float, end: float, settle_s: flo
         "goodput_tok_s": sum(r["output_chunks"] for r in met) / span_s,
         "errors": sum(1 for r in client if r.status != 200),
         "settle_s": settling(points, target_ms),
-        "share_within": (sum(1 for v in after_settle if v is not None and abs(v - target_ms) <= WITHIN * target_ms)
-                         / len(after_settle)) if after_settle else None,
+        "share_within": (
+            sum(1 for v in after_settle if v is not None and abs(v - target_ms) <= WITHIN * target_ms)
+            / len(after_settle)
+        )
+        if after_settle
+        else None,
         "rolling": points,
     }
     if trace:
         after = [t for t in trace if step_at <= t["at_mono_s"] <= end]
         steady = [t["window"] for t in after if t["at_mono_s"] >= lo]
-        f.update(window_settled=statistics.median(steady) if steady else None,
-                 window_range=(min(steady), max(steady)) if steady else None,
-                 actions_after_step=dict(collections.Counter(t["action"] for t in after)),
-                 trace_after_step=[(round(t["at_mono_s"] - step_at), t["window"],
-                                    None if t["measured_ms"] is None else round(t["measured_ms"]),
-                                    t["samples"], t["action"]) for t in after])
+        f.update(
+            window_settled=statistics.median(steady) if steady else None,
+            window_range=(min(steady), max(steady)) if steady else None,
+            actions_after_step=dict(collections.Counter(t["action"] for t in after)),
+            trace_after_step=[
+                (
+                    round(t["at_mono_s"] - step_at),
+                    t["window"],
+                    None if t["measured_ms"] is None else round(t["measured_ms"]),
+                    t["samples"],
+                    t["action"],
+                )
+                for t in after
+            ],
+        )
     return f

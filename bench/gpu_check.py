@@ -83,7 +83,7 @@ LAUNCHES_PER_GRAPH = 20
 # Build-option variants, each built for head 128 only (the grid's head size).
 VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("smem-tree merge", {"warp_reduce": False}),
-    ("max carve-out", {"smem_carveout_kb": -1}),      # -1: the device's per-SM maximum
+    ("max carve-out", {"smem_carveout_kb": -1}),  # -1: the device's per-SM maximum
     ("regcap 96", {"max_registers": 96}),
     ("fast math", {"fast_math": True}),
     ("256 threads", {"threads": 256}),
@@ -111,12 +111,16 @@ def nvml_lines(label: str) -> list[str]:
         return [f"NVML {label}: not available ({host.nvml_error or 'no reason given'})"]
     lines = []
     for g in host.gpus:
-        mem = ("N/A" if g.memory_used_bytes is None or g.memory_total_bytes is None
-               else f"{g.memory_used_bytes / 2**30:.1f}/{g.memory_total_bytes / 2**30:.1f} GiB")
+        mem = (
+            "N/A"
+            if g.memory_used_bytes is None or g.memory_total_bytes is None
+            else f"{g.memory_used_bytes / 2**30:.1f}/{g.memory_total_bytes / 2**30:.1f} GiB"
+        )
         lines.append(
             f"NVML {label}: GPU {g.index} {fmt_na(g.name)}: memory {mem}, "
             f"util {fmt_na(g.utilization_gpu_pct, '{:.0f}%')}, "
-            f"power {fmt_na(g.power_w, '{:.0f} W')}, temp {fmt_na(g.temperature_c, '{:.0f} C')}")
+            f"power {fmt_na(g.power_w, '{:.0f} W')}, temp {fmt_na(g.temperature_c, '{:.0f} C')}"
+        )
     return lines or [f"NVML {label}: no GPUs listed"]
 
 
@@ -128,8 +132,10 @@ def preflight(device_index: int):
         say(f"cannot run: torch does not import ({exc}); install a CUDA build of torch")
         sys.exit(EXIT_CANNOT_RUN)
     if not torch.cuda.is_available():
-        say(f"cannot run: torch {torch.__version__} sees no CUDA device "
-            f"(torch.version.cuda={torch.version.cuda}); a CPU-only torch or no driver?")
+        say(
+            f"cannot run: torch {torch.__version__} sees no CUDA device "
+            f"(torch.version.cuda={torch.version.cuda}); a CPU-only torch or no driver?"
+        )
         sys.exit(EXIT_CANNOT_RUN)
     if device_index >= torch.cuda.device_count():
         say(f"cannot run: --device {device_index} but only {torch.cuda.device_count()} device(s) visible")
@@ -149,14 +155,16 @@ def preflight(device_index: int):
 
 # ---- build ---------------------------------------------------------------------------------------
 
+
 def build_all(torch, device, arch: str, with_variants: bool) -> tuple[Any, dict, dict[str, Any]]:
     """(the default library, its build report, {variant: library or error string})."""
     from llmconsole.kernels.cuda_build import CudaBuildError, CudaBuildOptions, compile_cuda
     from llmconsole.kernels.cuda_lib import CudaKernelLibrary
 
     props = torch.cuda.get_device_properties(device)
-    per_sm_kb = (getattr(props, "shared_memory_per_multiprocessor", 0) // 1024
-                 or (228 if int(arch[3:].rstrip("a")) >= 90 else 164))
+    per_sm_kb = getattr(props, "shared_memory_per_multiprocessor", 0) // 1024 or (
+        228 if int(arch[3:].rstrip("a")) >= 90 else 164
+    )
     jobs: dict[str, CudaBuildOptions] = {"default": CudaBuildOptions()}
     if with_variants:
         for name, kw in VARIANTS:
@@ -182,12 +190,16 @@ def build_all(torch, device, arch: str, with_variants: bool) -> tuple[Any, dict,
             say(f"variant {name!r} did not build: {str(result).splitlines()[0]}")
             variants[name] = f"build failed: {result}"
             continue
-        say(f"built {name} for {arch} in {took:.1f} s{' (cached)' if result.cached else ''}: "
-            f"{' '.join(f for f in result.flags if f.startswith(('-D', '-max', '--use')))}")
+        say(
+            f"built {name} for {arch} in {took:.1f} s{' (cached)' if result.cached else ''}: "
+            f"{' '.join(f for f in result.flags if f.startswith(('-D', '-max', '--use')))}"
+        )
         for kname, r in result.resources.get(arch, {}).items():
             if name == "default" or "decode_kernel<__nv_bfloat16, __nv_bfloat16, 128" in kname:
-                say(f"    {kname}: {r.registers} regs, spill {r.spill_store_bytes}/{r.spill_load_bytes} B, "
-                    f"static smem {r.shared_bytes} B")
+                say(
+                    f"    {kname}: {r.registers} regs, spill {r.spill_store_bytes}/{r.spill_load_bytes} B, "
+                    f"static smem {r.shared_bytes} B"
+                )
         lib = CudaKernelLibrary(result.path)
         if name == "default":
             default_lib, default_report = lib, result.as_dict()
@@ -197,6 +209,7 @@ def build_all(torch, device, arch: str, with_variants: bool) -> tuple[Any, dict,
 
 
 # ---- correctness ---------------------------------------------------------------------------------
+
 
 def dtype_of(torch, name: str):
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}[name]
@@ -211,14 +224,15 @@ def make_inputs(torch, device, case, gen):
     if lens == "ragged48":
         lens = [int(x) for x in torch.randint(0, 4097, (48,), generator=gen)]
     num_heads = kv_heads * group
-    kv_cache, table, seq_lens = random_cuda_paged_cache(lens, kv_heads, head_size, block_size,
-                                                        dtype_of(torch, kvd), layout, generator=gen)
+    kv_cache, table, seq_lens = random_cuda_paged_cache(
+        lens, kv_heads, head_size, block_size, dtype_of(torch, kvd), layout, generator=gen
+    )
     kv_cache = move_keeping_layout(kv_cache, device)
     key_cache, value_cache = split_cuda_kv_cache(kv_cache, head_size)
     # The query as vLLM hands it over: a slice of the qkv projection, rows past the batch included.
-    qkv = (torch.randn(len(lens) + 3, num_heads + 2 * kv_heads, head_size, generator=gen) * 2)
+    qkv = torch.randn(len(lens) + 3, num_heads + 2 * kv_heads, head_size, generator=gen) * 2
     qkv = qkv.to(dtype_of(torch, qd)).to(device)
-    query = qkv[:len(lens), :num_heads]
+    query = qkv[: len(lens), :num_heads]
     scales = (0.6, 1.7) if kvd == "fp8" else (1.0, 1.0)
     return query, key_cache, value_cache, table.to(device), seq_lens.to(device), lens, scales
 
@@ -232,21 +246,31 @@ def check_one(torch, device, lib, case, gen=None, inputs=None) -> dict:
     if inputs is None:
         inputs = make_inputs(torch, device, case, gen)
     query, key_cache, value_cache, table, seq_lens, lens, (ks, vs), *cached_ref = inputs
-    what = (f"{qd}/{kvd} H={head_size} G={group} bs={block_size} kv={kv_heads} {layout} "
-            f"{len(lens)} seqs max {max(lens)} splits={splits or 'plan'}")
+    what = (
+        f"{qd}/{kvd} H={head_size} G={group} bs={block_size} kv={kv_heads} {layout} "
+        f"{len(lens)} seqs max {max(lens)} splits={splits or 'plan'}"
+    )
     row = {"case": what, "ok": False, "error": None}
     try:
-        scale = head_size ** -0.5
-        ref = cached_ref[0] if cached_ref else cuda_layout_decode_reference(
-            query, key_cache, value_cache, table, seq_lens, scale, ks, vs)
+        scale = head_size**-0.5
+        ref = (
+            cached_ref[0]
+            if cached_ref
+            else cuda_layout_decode_reference(query, key_cache, value_cache, table, seq_lens, scale, ks, vs)
+        )
         out_buf = torch.full((len(lens) + 2, *query.shape[1:]), float("nan"), dtype=query.dtype, device=device)
-        out = out_buf[:len(lens)]
-        kw = dict(out=out, max_seq_len=max(lens), num_splits=splits,
-                  k_scale=ks if kvd == "fp8" else None, v_scale=vs if kvd == "fp8" else None)
+        out = out_buf[: len(lens)]
+        kw = dict(
+            out=out,
+            max_seq_len=max(lens),
+            num_splits=splits,
+            k_scale=ks if kvd == "fp8" else None,
+            v_scale=vs if kvd == "fp8" else None,
+        )
         lib.paged_attention_decode(query, key_cache, value_cache, table, seq_lens, scale, **kw)
         torch.cuda.synchronize(device)
         result = compare_to_reference(out, ref)
-        untouched = bool(torch.isnan(out_buf[len(lens):].float()).all())
+        untouched = bool(torch.isnan(out_buf[len(lens) :].float()).all())
         row.update(result, rows_past_batch_untouched=untouched)
         row["ok"] = bool(result["ok"]) and untouched
         if not result["finite"]:
@@ -266,8 +290,7 @@ def with_reference(torch, device, case, gen) -> tuple:
 
     inputs = make_inputs(torch, device, case, gen)
     query, key_cache, value_cache, table, seq_lens, _, (ks, vs) = inputs
-    ref = cuda_layout_decode_reference(query, key_cache, value_cache, table, seq_lens,
-                                       query.shape[2] ** -0.5, ks, vs)
+    ref = cuda_layout_decode_reference(query, key_cache, value_cache, table, seq_lens, query.shape[2] ** -0.5, ks, vs)
     return (*inputs, ref)
 
 
@@ -291,8 +314,17 @@ def check_graph_replay(torch, device, lib, gen) -> dict:
         out = torch.full_like(query, float("nan"))
 
         def launch():
-            lib.paged_attention_decode(query, key_cache, value_cache, table, seq_lens, 128 ** -0.5, out=out,
-                                       num_splits=plan.num_splits, workspace=workspace)
+            lib.paged_attention_decode(
+                query,
+                key_cache,
+                value_cache,
+                table,
+                seq_lens,
+                128**-0.5,
+                out=out,
+                num_splits=plan.num_splits,
+                workspace=workspace,
+            )
 
         launch()
         torch.cuda.synchronize(device)
@@ -306,7 +338,7 @@ def check_graph_replay(torch, device, lib, gen) -> dict:
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize(device)
-        ref = cuda_layout_decode_reference(query, key_cache, value_cache, table, seq_lens, 128 ** -0.5)
+        ref = cuda_layout_decode_reference(query, key_cache, value_cache, table, seq_lens, 128**-0.5)
         result = compare_to_reference(out, ref)
         row.update(result, num_splits=plan.num_splits)
         row["ok"] = bool(result["ok"])
@@ -337,6 +369,7 @@ def check_triton(torch, device, triton_fn, gen) -> dict:
 
 
 # ---- timing --------------------------------------------------------------------------------------
+
 
 def graph_ms(torch, fns: list, replays: int = 7) -> float:
     """Per-launch time of `fns` (called in turn, LAUNCHES_PER_GRAPH launches) captured in one CUDA
@@ -427,19 +460,29 @@ class GridPoint:
         self.seq_lens = torch.full((batch,), context, dtype=torch.int32, device=device)
         self.query = torch.randn(batch, NUM_HEADS, HEAD_SIZE, dtype=torch.bfloat16, device=device)
         self.out = torch.empty_like(self.query)
-        self.scale = HEAD_SIZE ** -0.5
+        self.scale = HEAD_SIZE**-0.5
 
     def dense(self, torch, i: int):
         """Copy i's K/V gathered into the [batch, kv_heads, context, head] tensors SDPA reads."""
         key_cache, value_cache = self.caches[i]
         idx = self.table.long()
-        keys = key_cache[idx].reshape(self.batch, -1, NUM_KV_HEADS, HEAD_SIZE)[:, :self.context]
-        values = value_cache[idx].reshape(self.batch, -1, NUM_KV_HEADS, HEAD_SIZE)[:, :self.context]
+        keys = key_cache[idx].reshape(self.batch, -1, NUM_KV_HEADS, HEAD_SIZE)[:, : self.context]
+        values = value_cache[idx].reshape(self.batch, -1, NUM_KV_HEADS, HEAD_SIZE)[:, : self.context]
         return keys.transpose(1, 2).contiguous(), values.transpose(1, 2).contiguous()
 
 
-def time_point(torch, device, lib, variants: dict, triton_fn, batch: int, context: int,
-               l2_bytes: int, read_gbs: float, budget_s: float) -> dict:
+def time_point(
+    torch,
+    device,
+    lib,
+    variants: dict,
+    triton_fn,
+    batch: int,
+    context: int,
+    l2_bytes: int,
+    read_gbs: float,
+    budget_s: float,
+) -> dict:
     import torch.nn.functional as F
     from triton_baseline import TritonDecode
 
@@ -456,14 +499,17 @@ def time_point(torch, device, lib, variants: dict, triton_fn, batch: int, contex
 
         def make(i):
             k, v = pt.caches[i]
-            return lambda: library.paged_attention_decode(pt.query, k, v, pt.table, pt.seq_lens, pt.scale,
-                                                          out=pt.out, num_splits=p.num_splits, workspace=ws)
+            return lambda: library.paged_attention_decode(
+                pt.query, k, v, pt.table, pt.seq_lens, pt.scale, out=pt.out, num_splits=p.num_splits, workspace=ws
+            )
+
         return [make(i) for i in range(pt.copies)]
 
     row["ours_ms"] = graph_ms(torch, ours_fns(lib))
     # The timed output against the reference on a few sequences (the full check ran above).
-    ref = cuda_layout_decode_reference(pt.query[:2], *pt.caches[(LAUNCHES_PER_GRAPH - 1) % pt.copies],
-                                       pt.table[:2], pt.seq_lens[:2], pt.scale)
+    ref = cuda_layout_decode_reference(
+        pt.query[:2], *pt.caches[(LAUNCHES_PER_GRAPH - 1) % pt.copies], pt.table[:2], pt.seq_lens[:2], pt.scale
+    )
     row["ours_check"] = compare_to_reference(pt.out[:2], ref)["ok"]
 
     if triton_fn is not None:
@@ -474,6 +520,7 @@ def time_point(torch, device, lib, variants: dict, triton_fn, batch: int, contex
             def tmake(i):
                 k, v = pt.caches[i]
                 return lambda: op(pt.query, k, v, pt.table, pt.seq_lens, context, pt.scale, tout)
+
             row["triton_ms"] = graph_ms(torch, [tmake(i) for i in range(pt.copies)])
             row["triton_path"] = "3D (segments)" if op.uses_3d else "2D"
             row["triton_max_abs_diff_vs_ours"] = float((tout.float() - pt.out.float()).abs().max())
@@ -486,6 +533,7 @@ def time_point(torch, device, lib, variants: dict, triton_fn, batch: int, contex
         def smake(i):
             keys, values = dense[i]
             return lambda: F.scaled_dot_product_attention(q4, keys, values, scale=pt.scale, enable_gqa=True)
+
         row["sdpa_ms"] = graph_ms(torch, [smake(i) for i in range(pt.copies)])
     except Exception as exc:
         row["sdpa_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
@@ -513,6 +561,7 @@ def time_point(torch, device, lib, variants: dict, triton_fn, batch: int, contex
 
 # ---- report --------------------------------------------------------------------------------------
 
+
 def fmt(v: Any, spec: str) -> str:
     return format(v, spec) if isinstance(v, (int, float)) else "-"
 
@@ -525,28 +574,46 @@ def targets(rows: list[dict], checks_ok: bool) -> list[str]:
     vs = [r for r in timed if r["batch"] >= 8 and "speed_vs_triton" in r]
     if vs:
         worst = min(vs, key=lambda r: r["speed_vs_triton"])
-        lines.append(f"  >= 1.2x vLLM's Triton decode from batch 8 x 1K on: "
-                     f"{'met' if worst['speed_vs_triton'] >= 1.2 else 'MISSED'} (lowest "
-                     f"{worst['speed_vs_triton']:.2f}x at {worst['batch']} x {worst['context']})")
+        lines.append(
+            f"  >= 1.2x vLLM's Triton decode from batch 8 x 1K on: "
+            f"{'met' if worst['speed_vs_triton'] >= 1.2 else 'MISSED'} (lowest "
+            f"{worst['speed_vs_triton']:.2f}x at {worst['batch']} x {worst['context']})"
+        )
     small = [r for r in timed if (r["batch"], r["context"]) == (1, 1024)]
     if small:
-        lines.append(f"  batch 1 x 1K under 0.02 ms: {'met' if small[0]['ours_ms'] < 0.02 else 'MISSED'} "
-                     f"({small[0]['ours_ms']:.4f} ms)")
+        lines.append(
+            f"  batch 1 x 1K under 0.02 ms: {'met' if small[0]['ours_ms'] < 0.02 else 'MISSED'} "
+            f"({small[0]['ours_ms']:.4f} ms)"
+        )
     big = [r for r in timed if r["batch"] * r["context"] >= 32 * 4096]
     if big:
         worst = min(big, key=lambda r: r["ours_of_read"])
-        lines.append(f"  >= 80% of the read bandwidth from 32 x 4K on: "
-                     f"{'met' if worst['ours_of_read'] >= 0.8 else 'MISSED'} (lowest {worst['ours_of_read']:.0%} "
-                     f"at {worst['batch']} x {worst['context']})")
+        lines.append(
+            f"  >= 80% of the read bandwidth from 32 x 4K on: "
+            f"{'met' if worst['ours_of_read'] >= 0.8 else 'MISSED'} (lowest {worst['ours_of_read']:.0%} "
+            f"at {worst['batch']} x {worst['context']})"
+        )
     one = [r for r in timed if (r["batch"], r["context"]) == (1, 16384)]
     if one:
-        lines.append(f"  batch 1 x 16K at >= 50% of the read bandwidth: "
-                     f"{'met' if one[0]['ours_of_read'] >= 0.5 else 'MISSED'} ({one[0]['ours_of_read']:.0%})")
+        lines.append(
+            f"  batch 1 x 16K at >= 50% of the read bandwidth: "
+            f"{'met' if one[0]['ours_of_read'] >= 0.5 else 'MISSED'} ({one[0]['ours_of_read']:.0%})"
+        )
     return lines
 
 
-def report(name: str, arch: str, sm_count: int, bandwidth: dict, checks: list[dict], graph_check: dict,
-           triton_src: str, triton_check: dict | None, variant_checks: dict, rows: list[dict]) -> str:
+def report(
+    name: str,
+    arch: str,
+    sm_count: int,
+    bandwidth: dict,
+    checks: list[dict],
+    graph_check: dict,
+    triton_src: str,
+    triton_check: dict | None,
+    variant_checks: dict,
+    rows: list[dict],
+) -> str:
     passed = sum(c["ok"] for c in checks) + int(graph_check["ok"])
     lines = [
         f"GPU {name} ({arch}, {sm_count} SMs); read bandwidth (bf16 sum over 4 GiB, best of eager and "
@@ -555,8 +622,10 @@ def report(name: str, arch: str, sm_count: int, bandwidth: dict, checks: list[di
     ]
     for name_v, vc in variant_checks.items():
         lines.append(f"  variant {name_v}: {vc}")
-    lines.append(f"vLLM Triton decode from {triton_src}"
-                 + (f"; its output vs the reference: {'ok' if triton_check['ok'] else 'WRONG'}" if triton_check else ""))
+    lines.append(
+        f"vLLM Triton decode from {triton_src}"
+        + (f"; its output vs the reference: {'ok' if triton_check['ok'] else 'WRONG'}" if triton_check else "")
+    )
     lines += [
         "",
         f"decode, bf16, {NUM_HEADS} q / {NUM_KV_HEADS} kv heads, head {HEAD_SIZE}, block {BLOCK_SIZE}, LBNHC; per-launch ms "
@@ -573,7 +642,8 @@ def report(name: str, arch: str, sm_count: int, bandwidth: dict, checks: list[di
             f"{fmt(r.get('triton_ms'), '9.4f'):>9} {fmt(r.get('sdpa_ms'), '8.4f'):>8} "
             f"{fmt(r.get('speed_vs_triton'), '8.2f'):>8}x {fmt(r.get('ours_gb_s'), '9,.0f'):>9} "
             f"{fmt(r.get('ours_of_read'), '6.0%'):>6} {fmt(r.get('triton_gb_s'), '11,.0f'):>11} "
-            f"{fmt(r.get('triton_of_read'), '6.0%'):>6} {fmt(r.get('sdpa_gb_s'), '9,.0f'):>9}")
+            f"{fmt(r.get('triton_of_read'), '6.0%'):>6} {fmt(r.get('sdpa_gb_s'), '9,.0f'):>9}"
+        )
         for key in ("triton_error", "sdpa_error"):
             if key in r:
                 lines.append(f"{'':>13}{key.split('_')[0]}: {r[key]}")
@@ -585,8 +655,12 @@ def report(name: str, arch: str, sm_count: int, bandwidth: dict, checks: list[di
         for r in rows:
             if "ours_ms" not in r:
                 continue
-            cells = [fmt(r["variants"].get(n), "14.4f") if isinstance(r["variants"].get(n), float)
-                     else f"{str(r['variants'].get(n, '-'))[:14]:>14}" for n in names]
+            cells = [
+                fmt(r["variants"].get(n), "14.4f")
+                if isinstance(r["variants"].get(n), float)
+                else f"{str(r['variants'].get(n, '-'))[:14]:>14}"
+                for n in names
+            ]
             lines.append(f"{r['batch']:>5} x {r['context']:>5} {r['ours_ms']:>9.4f} " + " ".join(cells))
     lines += ["", "targets:"] + targets(rows, passed == len(checks) + 1)
     return "\n".join(lines)
@@ -597,10 +671,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="7 correctness cases and 5 grid points")
     p.add_argument("--no-variants", action="store_true", help="skip the build-option variants")
-    p.add_argument("--triton-source", choices=("auto", "installed", "copy"), default="auto",
-                   help="where vLLM's Triton op comes from (auto: installed vLLM, else bench/vllm_triton)")
-    p.add_argument("--budget-s", type=float, default=270.0,
-                   help="stop timing variants past this many seconds (correctness always runs)")
+    p.add_argument(
+        "--triton-source",
+        choices=("auto", "installed", "copy"),
+        default="auto",
+        help="where vLLM's Triton op comes from (auto: installed vLLM, else bench/vllm_triton)",
+    )
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=270.0,
+        help="stop timing variants past this many seconds (correctness always runs)",
+    )
     p.add_argument("--json", type=Path, help="also write everything here")
     return p.parse_args(argv)
 
@@ -614,8 +696,10 @@ def main(argv=None) -> int:
     props = torch.cuda.get_device_properties(device)
     name, sm_count = torch.cuda.get_device_name(device), props.multi_processor_count
     l2_bytes = int(getattr(props, "L2_cache_size", 0) or 50 * 2**20)
-    say(f"{name} ({arch}), {sm_count} SMs, L2 {l2_bytes / 2**20:.0f} MiB; torch {torch.__version__}, "
-        f"CUDA {torch.version.cuda}")
+    say(
+        f"{name} ({arch}), {sm_count} SMs, L2 {l2_bytes / 2**20:.0f} MiB; torch {torch.__version__}, "
+        f"CUDA {torch.version.cuda}"
+    )
 
     lib, build_report, variants = build_all(torch, device, arch, not args.no_variants)
     gen = torch.Generator().manual_seed(int(time.time_ns() % 2**31))
@@ -626,11 +710,15 @@ def main(argv=None) -> int:
     for case in cases:
         row = check_one(torch, device, lib, case, gen)
         checks.append(row)
-        say(f"  {'ok  ' if row['ok'] else 'FAIL'} {row['case']}"
-            + (f" (worst {row.get('worst_err_of_row_max', 0):.1e} of row max)" if row["ok"] else f": {row['error']}"))
+        say(
+            f"  {'ok  ' if row['ok'] else 'FAIL'} {row['case']}"
+            + (f" (worst {row.get('worst_err_of_row_max', 0):.1e} of row max)" if row["ok"] else f": {row['error']}")
+        )
     graph_check = check_graph_replay(torch, device, lib, gen)
-    say(f"  {'ok  ' if graph_check['ok'] else 'FAIL'} {graph_check['case']}"
-        + ("" if graph_check["ok"] else f": {graph_check['error']}"))
+    say(
+        f"  {'ok  ' if graph_check['ok'] else 'FAIL'} {graph_check['case']}"
+        + ("" if graph_check["ok"] else f": {graph_check['error']}")
+    )
 
     variant_checks: dict[str, str] = {}
     variant_failed = []
@@ -643,14 +731,15 @@ def main(argv=None) -> int:
         for case in cases:
             if case[2] != HEAD_SIZE or case[1] == "fp8":
                 continue
-            inputs = with_reference(torch, device, case, gen)   # once per case, for every variant
+            inputs = with_reference(torch, device, case, gen)  # once per case, for every variant
             for vname, vlib in built.items():
                 variant_rows[vname].append(check_one(torch, device, vlib, case, inputs=inputs))
             del inputs
     for vname, vrows in variant_rows.items():
         bad = [r for r in vrows if not r["ok"]]
         variant_checks[vname] = f"{len(vrows) - len(bad)}/{len(vrows)} head-128 cases passed" + (
-            f"; FAIL {bad[0]['case']}: {bad[0]['error']}" if bad else "")
+            f"; FAIL {bad[0]['case']}: {bad[0]['error']}" if bad else ""
+        )
         if bad:
             variant_failed.append(vname)
         say(f"  variant {vname}: {variant_checks[vname]}")
@@ -675,16 +764,23 @@ def main(argv=None) -> int:
     for batch, context in QUICK_GRID if args.quick else FULL_GRID:
         say(f"timing {batch} x {context} ({elapsed():.0f} s in)")
         try:
-            rows.append(time_point(torch, device, lib, variants, triton_fn, batch, context, l2_bytes,
-                                   bandwidth["gb_s"], args.budget_s))
+            rows.append(
+                time_point(
+                    torch, device, lib, variants, triton_fn, batch, context, l2_bytes, bandwidth["gb_s"], args.budget_s
+                )
+            )
         except Exception as exc:
-            rows.append({"batch": batch, "context": context,
-                         "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"})
+            rows.append(
+                {
+                    "batch": batch,
+                    "context": context,
+                    "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                }
+            )
             say(traceback.format_exc())
         torch.cuda.empty_cache()
 
-    text = report(name, arch, sm_count, bandwidth, checks, graph_check, triton_src, triton_check,
-                  variant_checks, rows)
+    text = report(name, arch, sm_count, bandwidth, checks, graph_check, triton_src, triton_check, variant_checks, rows)
     print(text, flush=True)
     for line in nvml_lines("after"):
         print(line, flush=True)
@@ -693,11 +789,24 @@ def main(argv=None) -> int:
     failed += [f"variant {v}" for v in variant_failed]
     failed += [f"timed output at {r['batch']} x {r['context']}" for r in rows if r.get("ours_check") is False]
     failed += [f"grid point {r['batch']} x {r['context']}: {r['error']}" for r in rows if "error" in r]
-    result = {"gpu": name, "arch": arch, "sm_count": sm_count, "torch": torch.__version__,
-              "cuda": torch.version.cuda, "elapsed_s": elapsed(), "build": build_report,
-              "read_bandwidth": bandwidth, "checks": checks, "graph_check": graph_check,
-              "variant_checks": variant_checks, "triton_source": triton_src, "triton_check": triton_check,
-              "timings": rows, "failed": failed, "report": text}
+    result = {
+        "gpu": name,
+        "arch": arch,
+        "sm_count": sm_count,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "elapsed_s": elapsed(),
+        "build": build_report,
+        "read_bandwidth": bandwidth,
+        "checks": checks,
+        "graph_check": graph_check,
+        "variant_checks": variant_checks,
+        "triton_source": triton_src,
+        "triton_check": triton_check,
+        "timings": rows,
+        "failed": failed,
+        "report": text,
+    }
     outputs = [args.json] if args.json else []
     if os.environ.get("OUT"):
         outputs.append(Path(os.environ["OUT"]) / "gpu_check.json")
@@ -707,8 +816,11 @@ def main(argv=None) -> int:
         say(f"wrote {path}")
     if failed:
         bar = "!" * 78
-        say(f"\n{bar}\nCORRECTNESS FAILED: {len(failed)} check(s):\n" + "\n".join(f"  - {f}" for f in failed)
-            + f"\n{bar}")
+        say(
+            f"\n{bar}\nCORRECTNESS FAILED: {len(failed)} check(s):\n"
+            + "\n".join(f"  - {f}" for f in failed)
+            + f"\n{bar}"
+        )
         return EXIT_FAILED
     say(f"all checks passed in {elapsed():.0f} s")
     return EXIT_OK

@@ -48,8 +48,9 @@ def run(script: str, args: list[str], what: str, timeout_s: float) -> tuple[str,
     env = dict(os.environ)
     env.setdefault("LLMCONSOLE_TEST_MODEL", str(ROOT / ".models" / "tiny"))
     try:
-        rc = subprocess.run([sys.executable, str(BENCH / script), *args], cwd=ROOT, env=env,
-                            timeout=timeout_s).returncode
+        rc = subprocess.run(
+            [sys.executable, str(BENCH / script), *args], cwd=ROOT, env=env, timeout=timeout_s
+        ).returncode
     except subprocess.TimeoutExpired:
         print(f"--- {script} did not finish within {timeout_s:.0f} s", flush=True)
         rc = 124

@@ -110,6 +110,7 @@ def load_unified_attention(source: str = "auto") -> tuple[Callable[..., Any], st
         try:
             import vllm
             from vllm.v1.attention.ops.triton_unified_attention import unified_attention
+
             return unified_attention, f"installed vLLM {getattr(vllm, '__version__', '?')}"
         except Exception as exc:  # no vLLM, a CPU build, or one that does not import here
             if source == "installed":
@@ -125,14 +126,22 @@ class TritonDecode:
     token per sequence, the 3D (split) path below seq_threshold_3D sequences with 16 softmax
     segments, per-tensor descales of 1, no sliding window, soft-cap, ALiBi or sinks."""
 
-    def __init__(self, fn: Callable[..., Any], num_seqs: int, num_heads: int, num_kv_heads: int,
-                 head_size: int, device: Any, cudagraph: bool = True) -> None:
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        num_seqs: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_size: int,
+        device: Any,
+        cudagraph: bool = True,
+    ) -> None:
         import torch
 
         self.fn = fn
         accepted = set(inspect.signature(fn).parameters)
         threshold = MIN_LAUNCH_GRID_SIZE_2D // num_kv_heads
-        if cudagraph:   # the builder snaps the threshold to the nearest capture size
+        if cudagraph:  # the builder snaps the threshold to the nearest capture size
             threshold = min(CAPTURE_SIZES, key=lambda x: abs(x - threshold))
         padded = 1 << (head_size - 1).bit_length()
         f32 = dict(dtype=torch.float32, device=device)
@@ -159,8 +168,26 @@ class TritonDecode:
         self.fixed = {k: v for k, v in self.fixed.items() if k in accepted}
         self.uses_3d = num_seqs <= threshold
 
-    def __call__(self, query: Any, key_cache: Any, value_cache: Any, block_table: Any,
-                 seq_lens: Any, max_seq_len: int, scale: float, out: Any) -> Any:
-        self.fn(q=query, k=key_cache, v=value_cache, out=out, seqused_k=seq_lens,
-                max_seqlen_k=max_seq_len, softmax_scale=scale, block_table=block_table, **self.fixed)
+    def __call__(
+        self,
+        query: Any,
+        key_cache: Any,
+        value_cache: Any,
+        block_table: Any,
+        seq_lens: Any,
+        max_seq_len: int,
+        scale: float,
+        out: Any,
+    ) -> Any:
+        self.fn(
+            q=query,
+            k=key_cache,
+            v=value_cache,
+            out=out,
+            seqused_k=seq_lens,
+            max_seqlen_k=max_seq_len,
+            softmax_scale=scale,
+            block_table=block_table,
+            **self.fixed,
+        )
         return out

@@ -34,8 +34,10 @@ def check_private_dir(path: Path) -> None:
     except FileNotFoundError:
         return
     uid = os.getuid()
-    fix = ("remove it (as its owner) so llmconsole can create its own, or point LLMCONSOLE_HOME "
-           "(or XDG_RUNTIME_DIR) at a directory of yours")
+    fix = (
+        "remove it (as its owner) so llmconsole can create its own, or point LLMCONSOLE_HOME "
+        "(or XDG_RUNTIME_DIR) at a directory of yours"
+    )
     if stat.S_ISLNK(st.st_mode):
         raise UnsafeDirectory(f"{path} is a symbolic link, which llmconsole does not follow; {fix}")
     if not stat.S_ISDIR(st.st_mode):
@@ -43,8 +45,10 @@ def check_private_dir(path: Path) -> None:
     if st.st_uid != uid:
         raise UnsafeDirectory(f"{path} belongs to uid {st.st_uid}, not to you (uid {uid}); {fix}")
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise UnsafeDirectory(f"{path} is writable by others (mode {stat.S_IMODE(st.st_mode):04o}); "
-                              f"run `chmod go-w {path}` (llmconsole makes its directories 0700)")
+        raise UnsafeDirectory(
+            f"{path} is writable by others (mode {stat.S_IMODE(st.st_mode):04o}); "
+            f"run `chmod go-w {path}` (llmconsole makes its directories 0700)"
+        )
 
 
 @dataclass(frozen=True)

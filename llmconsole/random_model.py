@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
+
 # Head dims must be ones the CPU attention backend supports (32, 48, 64, 80, 96, 112, 128, ...).
 @dataclass(frozen=True)
 class ModelSize:

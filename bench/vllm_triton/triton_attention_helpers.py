@@ -67,9 +67,7 @@ def resolve_seq_and_query_len(
     helpers cannot return from the caller).
     """
     # find_seq_idx is defined below; forward use is fine inside @triton.jit.
-    seq_idx = find_seq_idx(
-        query_start_len_ptr, q_block_global_idx, num_seqs, BLOCK_Q, True
-    )
+    seq_idx = find_seq_idx(query_start_len_ptr, q_block_global_idx, num_seqs, BLOCK_Q, True)
     q_block_start_idx = tl.load(query_start_len_ptr + seq_idx) // BLOCK_Q + seq_idx
     q_block_local_idx = q_block_global_idx - q_block_start_idx
     cur_start = tl.load(query_start_len_ptr + seq_idx)
@@ -187,12 +185,7 @@ def compute_tile_loop_bounds(
     """
     # compute the length of the longest sequence prefix spanned by any
     # query token in the current q_block (q_block_local_idx)
-    max_seq_prefix_len = (
-        context_len
-        + q_block_local_idx * BLOCK_Q
-        + (BLOCK_M - 1) // num_queries_per_kv
-        + 1
-    )
+    max_seq_prefix_len = context_len + q_block_local_idx * BLOCK_Q + (BLOCK_M - 1) // num_queries_per_kv + 1
     if USE_MM_PREFIX or USE_R_SWA or USE_PER_SEQ_CAUSAL or (not USE_CAUSAL):
         # Read the full sequence but never past seq_len: the causal-style
         # formula above can overshoot for non-causal sequences, and slots
@@ -241,20 +234,12 @@ def compute_tile_loop_bounds(
             query_abs_lo = context_len + qpos_lo
             query_abs_hi = context_len + qpos_hi
             for i in range(MAX_MM_RANGES):
-                range_start = tl.load(
-                    mm_prefix_range_ptr + seq_idx * MAX_MM_RANGES * 2 + i * 2
-                )
-                range_end = tl.load(
-                    mm_prefix_range_ptr + seq_idx * MAX_MM_RANGES * 2 + i * 2 + 1
-                )
+                range_start = tl.load(mm_prefix_range_ptr + seq_idx * MAX_MM_RANGES * 2 + i * 2)
+                range_end = tl.load(mm_prefix_range_ptr + seq_idx * MAX_MM_RANGES * 2 + i * 2 + 1)
                 intersects_query_block = (
-                    (range_start < range_end)
-                    & (range_start <= query_abs_hi)
-                    & (range_end >= query_abs_lo)
+                    (range_start < range_end) & (range_start <= query_abs_hi) & (range_end >= query_abs_lo)
                 )
-                mm_first_allowed_key = tl.maximum(
-                    range_start, query_abs_lo - SLIDING_WINDOW + 1
-                )
+                mm_first_allowed_key = tl.maximum(range_start, query_abs_lo - SLIDING_WINDOW + 1)
                 first_allowed_key = tl.minimum(
                     first_allowed_key,
                     tl.where(
@@ -365,10 +350,7 @@ def compute_kv_seq_mask(
     # Order must match FlexAttention:
     #   (causal AND sliding_window) OR mm_prefix
     if CHUNK_LOOKBACK > -1:
-        seq_mask = seq_mask & (
-            (query_abs_pos // CHUNK_SIZE - seq_offset[None, :] // CHUNK_SIZE)
-            <= CHUNK_LOOKBACK
-        )
+        seq_mask = seq_mask & ((query_abs_pos // CHUNK_SIZE - seq_offset[None, :] // CHUNK_SIZE) <= CHUNK_LOOKBACK)
     elif SLIDING_WINDOW > 0 and not USE_R_SWA:
         sw_left = (query_abs_pos - seq_offset) < SLIDING_WINDOW
         if USE_PER_SEQ_CAUSAL:
@@ -397,21 +379,11 @@ def compute_kv_seq_mask(
     # (SLIDING_WINDOW <= 0).
     if USE_MM_PREFIX:
         for i in range(MAX_MM_RANGES):
-            range_start = tl.load(
-                mm_prefix_range_ptr + seq_idx * MAX_MM_RANGES * 2 + i * 2
-            )
-            range_end = tl.load(
-                mm_prefix_range_ptr + seq_idx * MAX_MM_RANGES * 2 + i * 2 + 1
-            )
+            range_start = tl.load(mm_prefix_range_ptr + seq_idx * MAX_MM_RANGES * 2 + i * 2)
+            range_end = tl.load(mm_prefix_range_ptr + seq_idx * MAX_MM_RANGES * 2 + i * 2 + 1)
             is_valid = range_start < range_end
-            q_in_range = (
-                (query_abs_pos >= range_start) & (query_abs_pos <= range_end) & is_valid
-            )
-            k_in_range = (
-                (seq_offset[None, :] >= range_start)
-                & (seq_offset[None, :] <= range_end)
-                & is_valid
-            )
+            q_in_range = (query_abs_pos >= range_start) & (query_abs_pos <= range_end) & is_valid
+            k_in_range = (seq_offset[None, :] >= range_start) & (seq_offset[None, :] <= range_end) & is_valid
             mm_mask = q_in_range & k_in_range
             if MM_PREFIX_CLAMP_SW and SLIDING_WINDOW > 0:
                 mm_mask = mm_mask & ((query_abs_pos - seq_offset) < SLIDING_WINDOW)

@@ -88,8 +88,10 @@ def format_status(status: dict[str, Any]) -> str:
         if e.get("last_error") and (e["state"] in ("failed", "crashed", "unhealthy", "invalid") or e.get("spec_error")):
             lines.append(f"{e['name']}: {e['last_error']}")
         if e.get("state") == "crashed" and e.get("next_restart_in_s") is not None:
-            lines.append(f"{e['name']}: {e.get('consecutive_failures', 0)} failed run(s) in a row; restarting after a "
-                         f"{e.get('backoff_s') or 0:.0f} s backoff, in {e['next_restart_in_s']:.0f} s")
+            lines.append(
+                f"{e['name']}: {e.get('consecutive_failures', 0)} failed run(s) in a row; restarting after a "
+                f"{e.get('backoff_s') or 0:.0f} s backoff, in {e['next_restart_in_s']:.0f} s"
+            )
     record_error = next((e["record_error"] for e in engines if e.get("record_error")), None)
     if record_error:
         lines.append(f"warning: {record_error}")
@@ -154,6 +156,7 @@ def cmd_status(ns: argparse.Namespace) -> int:
 
 # --- daemon ---------------------------------------------------------------------------------
 
+
 def _daemon_service(ns: argparse.Namespace) -> int:
     from llmconsole.console import service_unit
 
@@ -174,8 +177,10 @@ def _daemon_service(ns: argparse.Namespace) -> int:
         print(f"no unit at {service_unit.unit_path()}; nothing to remove")
         return 0
     print(f"removed {removed}")
-    print(f"if it was enabled: systemctl --user disable --now {service_unit.UNIT_NAME} && "
-          "systemctl --user daemon-reload (engines keep serving)")
+    print(
+        f"if it was enabled: systemctl --user disable --now {service_unit.UNIT_NAME} && "
+        "systemctl --user daemon-reload (engines keep serving)"
+    )
     return 0
 
 
@@ -193,13 +198,19 @@ def _daemon_remote(ns: argparse.Namespace, host: Host) -> int:
         info = client.ping()
         if ns.daemon_cmd == "status":
             if info is None:
-                print(json.dumps({"running": False, "host": host.name}) if ns.json
-                      else f"no daemon running on {host.name}")
+                print(
+                    json.dumps({"running": False, "host": host.name})
+                    if ns.json
+                    else f"no daemon running on {host.name}"
+                )
                 return EXIT_NO_DAEMON
             info.update(running=True, host=host.name)
-            print(json.dumps(info, indent=2) if ns.json else
-                  f"{host.name}: daemon pid {info['pid']} (v{info['version']}), up {info['uptime_s']:.0f} s, "
-                  f"{info['engines']} engine(s), socket {info['socket']}")
+            print(
+                json.dumps(info, indent=2)
+                if ns.json
+                else f"{host.name}: daemon pid {info['pid']} (v{info['version']}), up {info['uptime_s']:.0f} s, "
+                f"{info['engines']} engine(s), socket {info['socket']}"
+            )
             return 0
         if info is None:
             print(f"no daemon running on {host.name}")
@@ -230,6 +241,7 @@ def cmd_daemon(ns: argparse.Namespace) -> int:
     if ns.daemon_cmd == "start":
         if ns.foreground:
             from llmconsole.daemon.main import main as daemon_main
+
             return daemon_main()
         client, started = started_daemon_client()
         running = client.daemon_info()
@@ -248,8 +260,10 @@ def cmd_daemon(ns: argparse.Namespace) -> int:
         if ns.json:
             print(json.dumps(info, indent=2))
         else:
-            print(f"daemon pid {info['pid']} (v{info['version']}), up {info['uptime_s']:.0f} s, "
-                  f"{info['engines']} engine(s), socket {info['socket']}")
+            print(
+                f"daemon pid {info['pid']} (v{info['version']}), up {info['uptime_s']:.0f} s, "
+                f"{info['engines']} engine(s), socket {info['socket']}"
+            )
         return 0
     # stop
     client = DaemonClient(paths)
@@ -271,8 +285,10 @@ def cmd_daemon(ns: argparse.Namespace) -> int:
 
 # --- engines --------------------------------------------------------------------------------
 
-def _wait_ready(client: DaemonClient, name: str, timeout_s: float, quiet: bool,
-                config_id: str | None = None) -> dict[str, Any]:
+
+def _wait_ready(
+    client: DaemonClient, name: str, timeout_s: float, quiet: bool, config_id: str | None = None
+) -> dict[str, Any]:
     """Wait until `name` is ready on `config_id`. A config that fails may be rolled back by the
     daemon to the last known-good one: that is a failure of the config asked for, said as such."""
     began = time.monotonic()
@@ -286,9 +302,11 @@ def _wait_ready(client: DaemonClient, name: str, timeout_s: float, quiet: bool,
         if config_id is not None and e["config_id"] != config_id:
             if show:
                 sys.stderr.write("\r\033[K")
-            raise CliError(f"engine {name} did not come up on config {config_id}; the daemon rolled it "
-                           f"back to {e['config_id']} (`llmconsole history {name}` shows why)\n"
-                           f"log: {e.get('log_path')}")
+            raise CliError(
+                f"engine {name} did not come up on config {config_id}; the daemon rolled it "
+                f"back to {e['config_id']} (`llmconsole history {name}` shows why)\n"
+                f"log: {e.get('log_path')}"
+            )
         if state == "ready":
             if show:
                 sys.stderr.write("\r\033[K")
@@ -296,12 +314,13 @@ def _wait_ready(client: DaemonClient, name: str, timeout_s: float, quiet: bool,
         if state in ("failed", "stopped", "invalid"):
             if show:
                 sys.stderr.write("\r\033[K")
-            raise CliError(f"engine {name} failed to start: {e.get('last_error') or state}\n"
-                           f"log: {e.get('log_path')}")
+            raise CliError(f"engine {name} failed to start: {e.get('last_error') or state}\nlog: {e.get('log_path')}")
         elapsed = time.monotonic() - began
         if elapsed > timeout_s:
-            raise CliError(f"engine {name} is still {state} after {timeout_s:.0f} s "
-                           f"(it keeps starting; watch it with `llmconsole status`)")
+            raise CliError(
+                f"engine {name} is still {state} after {timeout_s:.0f} s "
+                f"(it keeps starting; watch it with `llmconsole status`)"
+            )
         if show:
             sys.stderr.write(f"\r{name}: {state} ... {elapsed:.0f} s")
             sys.stderr.flush()
@@ -314,8 +333,10 @@ def _wait_ready(client: DaemonClient, name: str, timeout_s: float, quiet: bool,
 def _print_ready(e: dict[str, Any]) -> None:
     facts = ""
     if e.get("kv_cache_tokens") is not None:
-        facts = (f", KV cache {e['kv_cache_tokens']:,} tokens, max concurrency "
-                 f"{e['max_concurrency']:.2f}x at {e['max_concurrency_len']} tokens")
+        facts = (
+            f", KV cache {e['kv_cache_tokens']:,} tokens, max concurrency "
+            f"{e['max_concurrency']:.2f}x at {e['max_concurrency_len']} tokens"
+        )
     kv_bytes = (e.get("spec") or {}).get("kv_cache_memory_bytes")
     if e.get("mode") and kv_bytes:  # a CPU engine's mode: its share of the budget, as an explicit size
         facts += f", memory mode {e['mode']}: KV {kv_bytes:,} bytes"
@@ -366,8 +387,10 @@ def cmd_engine(ns: argparse.Namespace) -> int:
                 launched = client.engine(ns.name)
                 if launched is None:
                     raise CliError(f"engine {ns.name} disappeared while starting")
-                print(f"{ns.name}: {launched['state']} (config {launched['config_id']}, port {launched['port']}, "
-                      f"log {launched['log_path']})")
+                print(
+                    f"{ns.name}: {launched['state']} (config {launched['config_id']}, port {launched['port']}, "
+                    f"log {launched['log_path']})"
+                )
                 return 0
             _print_ready(_wait_ready(client, ns.name, ns.timeout, ns.quiet, accepted.get("config_id")))
             return 0
@@ -411,6 +434,7 @@ def _follow_logs(client: DaemonClient, ns: argparse.Namespace) -> int:
 
 # --- models ---------------------------------------------------------------------------------
 
+
 def cmd_model(ns: argparse.Namespace) -> int:
     from llmconsole.random_model import build_model
 
@@ -424,29 +448,55 @@ def cmd_model(ns: argparse.Namespace) -> int:
 
 # --- parser ---------------------------------------------------------------------------------
 
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="llmconsole", description="Launch, supervise and tune local vLLM engines.")
     p.add_argument("--version", action="version", version=f"llmconsole {__version__}")
     hosts = p.add_argument_group("hosts (before the command: `llmconsole --host gpu1 status`)")
-    hosts.add_argument("--host", dest="hosts", action="append", default=[], metavar="DEST",
-                       help="act on this host: a hosts file name, `local`, or an ssh destination (gpu1, "
-                            "user@gpu1, ssh://user@gpu1:2222), reached with your own ssh; repeatable for "
-                            "status and export")
-    hosts.add_argument("--hosts-file", metavar="PATH", default=None,
-                       help="the hosts file (default: hosts.toml in LLMCONSOLE_HOME, else ~/.config/llmconsole)")
-    hosts.add_argument("--remote-command", metavar="CMD", default=None,
-                       help="how to run llmconsole on a --host DEST that is not in the hosts file "
-                            "(default: llmconsole)")
-    hosts.add_argument("--remote-data-dir", metavar="DIR", default=None,
-                       help="LLMCONSOLE_HOME on a --host DEST that is not in the hosts file")
+    hosts.add_argument(
+        "--host",
+        dest="hosts",
+        action="append",
+        default=[],
+        metavar="DEST",
+        help="act on this host: a hosts file name, `local`, or an ssh destination (gpu1, "
+        "user@gpu1, ssh://user@gpu1:2222), reached with your own ssh; repeatable for "
+        "status and export",
+    )
+    hosts.add_argument(
+        "--hosts-file",
+        metavar="PATH",
+        default=None,
+        help="the hosts file (default: hosts.toml in LLMCONSOLE_HOME, else ~/.config/llmconsole)",
+    )
+    hosts.add_argument(
+        "--remote-command",
+        metavar="CMD",
+        default=None,
+        help="how to run llmconsole on a --host DEST that is not in the hosts file (default: llmconsole)",
+    )
+    hosts.add_argument(
+        "--remote-data-dir",
+        metavar="DIR",
+        default=None,
+        help="LLMCONSOLE_HOME on a --host DEST that is not in the hosts file",
+    )
     sub = p.add_subparsers(dest="cmd")
 
     st = sub.add_parser("status", help="engines and their live figures")
-    st.add_argument("--all-hosts", action="store_true",
-                    help="every host of the hosts file and this one; unreachable hosts say why")
+    st.add_argument(
+        "--all-hosts", action="store_true", help="every host of the hosts file and this one; unreachable hosts say why"
+    )
     st.add_argument("--json", action="store_true")
-    st.add_argument("--watch", type=float, nargs="?", const=1.0, default=None, metavar="S",
-                    help="repeat every S seconds (default 1)")
+    st.add_argument(
+        "--watch",
+        type=float,
+        nargs="?",
+        const=1.0,
+        default=None,
+        metavar="S",
+        help="repeat every S seconds (default 1)",
+    )
     st.set_defaults(func=cmd_status)
 
     d = sub.add_parser("daemon", help="the per-host daemon that owns the engines")
@@ -458,10 +508,14 @@ def build_parser() -> argparse.ArgumentParser:
     dt.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     dq = dsub.add_parser("status")
     dq.add_argument("--json", action="store_true")
-    dd = dsub.add_parser("dial-stdio", help="bridge stdin/stdout to the daemon's control socket "
-                                            "(what a console on another host runs over ssh)")
+    dd = dsub.add_parser(
+        "dial-stdio",
+        help="bridge stdin/stdout to the daemon's control socket (what a console on another host runs over ssh)",
+    )
     dd.add_argument("--no-start", action="store_true", help="do not start a daemon if none runs (exit 3)")
-    di = dsub.add_parser("install", help="write a systemd user unit that runs the daemon (asks nothing, starts nothing)")
+    di = dsub.add_parser(
+        "install", help="write a systemd user unit that runs the daemon (asks nothing, starts nothing)"
+    )
     di.add_argument("--user", action="store_true", required=True, help="a user service (~/.config/systemd/user)")
     di.add_argument("--force", action="store_true", help="replace a unit that differs")
     dsub.add_parser("uninstall", help="remove the systemd user unit")
@@ -469,16 +523,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("engine", help="start, stop, restart engines; read their logs")
     esub = e.add_subparsers(dest="engine_cmd", required=True)
-    for verb, help_text in (("start", "start an engine and wait until it is ready"),
-                            ("restart", "restart an engine, optionally with changed flags")):
+    for verb, help_text in (
+        ("start", "start an engine and wait until it is ready"),
+        ("restart", "restart an engine, optionally with changed flags"),
+    ):
         es = esub.add_parser(verb, help=help_text)
         es.add_argument("name")
         add_spec_flags(es)
         es.add_argument("--no-wait", action="store_true", help="return once launched")
         es.add_argument("--timeout", type=float, default=900.0, metavar="S", help="how long to wait for ready")
         es.add_argument("--quiet", "-q", action="store_true")
-        es.add_argument("--force", action="store_true",
-                        help="start even if the planner says the config cannot fit (vLLM decides)")
+        es.add_argument(
+            "--force", action="store_true", help="start even if the planner says the config cannot fit (vLLM decides)"
+        )
     ep = esub.add_parser("stop", help="stop an engine (asks first)")
     ep.add_argument("name")
     ep.add_argument("--drain-timeout", type=float, default=30.0, metavar="S")
@@ -540,8 +597,16 @@ _MULTI_HOST = {"status", "export"}
 # run there, through ssh, with this terminal (the control API does not carry what they need).
 _RUN_ON_HOST = {"load", "sweep", "tune", "plan", "kernels", "model", "history", "console"}
 # Where an engine is named, and so may be named ENGINE@HOST.
-_ENGINE_ARG = {"engine": "name", "rollback": "name", "mode": "engine", "window": "engine", "load": "engine",
-               "history": "engine", "sweep": "engine", "tune": "engine"}
+_ENGINE_ARG = {
+    "engine": "name",
+    "rollback": "name",
+    "mode": "engine",
+    "window": "engine",
+    "load": "engine",
+    "history": "engine",
+    "sweep": "engine",
+    "tune": "engine",
+}
 _GLOBAL_WITH_VALUE = ("--host", "--hosts-file", "--remote-command", "--remote-data-dir")
 
 
@@ -561,8 +626,11 @@ def _command_tokens(argv: list[str]) -> list[str]:
 
 def _select_hosts(ns: argparse.Namespace) -> tuple[list[Host], dict[str, str]]:
     """The hosts given (--host), with ENGINE@HOST folded in: (hosts, {ENGINE@HOST: ENGINE})."""
-    catalog = HostCatalog(Path(ns.hosts_file).expanduser() if ns.hosts_file else None,
-                          command=ns.remote_command, data_dir=ns.remote_data_dir)
+    catalog = HostCatalog(
+        Path(ns.hosts_file).expanduser() if ns.hosts_file else None,
+        command=ns.remote_command,
+        data_dir=ns.remote_data_dir,
+    )
     ns.catalog = catalog
     targets = [catalog.lookup(h) for h in ns.hosts]
     renamed: dict[str, str] = {}
@@ -572,8 +640,10 @@ def _select_hosts(ns: argparse.Namespace) -> tuple[list[Host], dict[str, str]]:
         name, at_host = split_engine(value)
         host = catalog.lookup(at_host or "")
         if targets and [t.name for t in targets] != [host.name]:
-            raise CliError(f"{value} names host {host.name}, but --host names "
-                           f"{', '.join(t.name for t in targets)}; give one", EXIT_USAGE)
+            raise CliError(
+                f"{value} names host {host.name}, but --host names {', '.join(t.name for t in targets)}; give one",
+                EXIT_USAGE,
+            )
         targets = [host]
         setattr(ns, attr, name)
         renamed[value] = name
@@ -625,6 +695,7 @@ def _dispatch(ns: argparse.Namespace, argv: list[str]) -> int:
             ns.cmd = "console"
         elif sys.stdin.isatty() and sys.stdout.isatty():  # a person at a terminal: the console
             from llmconsole.console.tui.run import run_console
+
             return run_console()
         else:
             return cmd_status(_status_ns(ns))  # a script or a pipe: the status table, as before

@@ -49,8 +49,11 @@ def daemon_client() -> DaemonClient:
     client = client_for(host)
     try:
         if client.ping() is None:
-            raise CliError(f"no llmconsole daemon is running on {host.name} "
-                           f"(start one with `llmconsole --host {host.name} daemon start`)", EXIT_NO_DAEMON)
+            raise CliError(
+                f"no llmconsole daemon is running on {host.name} "
+                f"(start one with `llmconsole --host {host.name} daemon start`)",
+                EXIT_NO_DAEMON,
+            )
     except BaseException:
         client.close()
         raise

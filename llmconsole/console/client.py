@@ -54,8 +54,14 @@ class DaemonClient:
     """The control API of one daemon: this host's through `paths` (its Unix socket), or another
     host's through `transport` (console/hosts.py's Host.client builds one over SSH)."""
 
-    def __init__(self, paths: Paths | None = None, timeout_s: float = 120.0, *,
-                 transport: httpx.BaseTransport | None = None, where: str | None = None):
+    def __init__(
+        self,
+        paths: Paths | None = None,
+        timeout_s: float = 120.0,
+        *,
+        transport: httpx.BaseTransport | None = None,
+        where: str | None = None,
+    ):
         if transport is None:
             if paths is None:
                 raise ValueError("a DaemonClient needs the local paths or a transport")
@@ -99,8 +105,13 @@ class DaemonClient:
         """The daemon's answer: every route answers with a JSON object."""
         try:
             r = self._http.request(method, f"/v1{path}", **kw)
-        except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError,
-                FileNotFoundError) as e:
+        except (
+            httpx.ConnectError,
+            httpx.RemoteProtocolError,
+            httpx.ReadError,
+            httpx.WriteError,
+            FileNotFoundError,
+        ) as e:
             raise DaemonNotRunning(f"no daemon answers on {self.where} ({e})") from None
         body: dict[str, Any]
         try:
@@ -152,8 +163,9 @@ class DaemonClient:
             body["api_key"] = api_key
         return self._call("POST", f"/engines/{name}/start", json=body)
 
-    def restart_engine(self, name: str, overrides: dict[str, Any] | None = None, force: bool = False,
-                       api_key: str | None = None) -> dict[str, Any]:
+    def restart_engine(
+        self, name: str, overrides: dict[str, Any] | None = None, force: bool = False, api_key: str | None = None
+    ) -> dict[str, Any]:
         body: dict[str, Any] = {"overrides": overrides or {}}
         if force:
             body["force"] = True
@@ -199,8 +211,9 @@ class DaemonClient:
             return self._call("GET", "/responses/config")
         return self._call("POST", "/responses/config", json=settings)
 
-    def set_mode(self, name: str, mode: str, force: bool = False, budget_bytes: int | None = None,
-                 timeout_s: float = 1800.0) -> dict[str, Any]:
+    def set_mode(
+        self, name: str, mode: str, force: bool = False, budget_bytes: int | None = None, timeout_s: float = 1800.0
+    ) -> dict[str, Any]:
         """A guarded switch: returns once the engine serves on the new mode (or is back on the old)."""
         body: dict[str, Any] = {"mode": mode, "force": force}
         if budget_bytes is not None:
@@ -221,7 +234,6 @@ class DaemonClient:
     def remove_group(self, name: str) -> dict[str, Any]:
         return self._call("DELETE", f"/groups/{name}")
 
-
     # --- sweeps and tunes run in the daemon (daemon/api/runs.py) ---------------------------
 
     def start_run(self, kind: str, request: dict[str, Any]) -> dict[str, Any]:
@@ -239,12 +251,17 @@ class DaemonClient:
     def cancel_run(self, run_id: int) -> dict[str, Any]:
         return self._call("POST", f"/runs/{run_id}/cancel")
 
-    def apply_tuned(self, name: str, overrides: dict[str, Any], slo: dict[str, Any],
-                    study: str | None = None) -> dict[str, Any]:
+    def apply_tuned(
+        self, name: str, overrides: dict[str, Any], slo: dict[str, Any], study: str | None = None
+    ) -> dict[str, Any]:
         """A tuned config through the daemon's guarded apply, which then watches the SLO and rolls
         back on its own if production degrades."""
-        return self._call("POST", f"/engines/{name}/tune/apply", timeout=900.0,
-                          json={"overrides": overrides, "slo": slo, "study": study})
+        return self._call(
+            "POST",
+            f"/engines/{name}/tune/apply",
+            timeout=900.0,
+            json={"overrides": overrides, "slo": slo, "study": study},
+        )
 
 
 def engine_facts(client: DaemonClient, name: str, *, with_window: bool) -> EngineFacts:
@@ -263,8 +280,13 @@ def engine_facts(client: DaemonClient, name: str, *, with_window: bool) -> Engin
         except DaemonError as err:
             raise DaemonError(err.status, f"the gateway's window cannot be tuned: {err}") from None
         window = {"min_window": int(w["min_window"]), "max_window": int(w["max_window"])}
-    return EngineFacts(model=str(e["model"]), device=str(e.get("device") or "cpu"), spec=dict(e["spec"]),
-                       window=window, custom_kernel_refusal=e.get("custom_kernel_refusal"))
+    return EngineFacts(
+        model=str(e["model"]),
+        device=str(e.get("device") or "cpu"),
+        spec=dict(e["spec"]),
+        window=window,
+        custom_kernel_refusal=e.get("custom_kernel_refusal"),
+    )
 
 
 def spawn_daemon(paths: Paths) -> subprocess.Popen[bytes]:
@@ -301,8 +323,7 @@ def ensure_daemon(paths: Paths, timeout_s: float = 30.0) -> tuple[DaemonClient, 
                 return client, False
             tail = read_tail(paths.daemon_log, 4000).strip().splitlines()[-15:]
             raise DaemonNotRunning(
-                f"the daemon exited with code {code} while starting; {paths.daemon_log} ends with:\n"
-                + "\n".join(tail)
+                f"the daemon exited with code {code} while starting; {paths.daemon_log} ends with:\n" + "\n".join(tail)
             )
         time.sleep(0.1)
     raise DaemonNotRunning(f"the daemon did not answer within {timeout_s:.0f} s; see {paths.daemon_log}")

@@ -45,7 +45,7 @@ def bridge(sock: socket.socket, fd_in: int, fd_out: int) -> None:
                 return
             view = memoryview(data)
             while view:
-                view = view[os.write(fd_out, view):]
+                view = view[os.write(fd_out, view) :]
     except OSError:  # the client went away (broken pipe) or the daemon did
         return
 

@@ -18,9 +18,9 @@ from llmconsole.console.hosts import Host, client_for
 @dataclass(frozen=True)
 class HostReport:
     host: Host
-    status: dict[str, Any] | None = None   # the daemon's GET /v1/status, when it answered
-    reachable: bool = True                  # ssh reached the host (always, for this host)
-    error: str | None = None                # why there is no status: ssh's reason, no daemon, ...
+    status: dict[str, Any] | None = None  # the daemon's GET /v1/status, when it answered
+    reachable: bool = True  # ssh reached the host (always, for this host)
+    error: str | None = None  # why there is no status: ssh's reason, no daemon, ...
 
     @property
     def running(self) -> bool:
@@ -60,8 +60,9 @@ def host_report(host: Host, timeout_s: float = 30.0, client: DaemonClient | None
             c.close()
 
 
-def gather(hosts: list[Host], timeout_s: float = 30.0,
-           clients: dict[str, DaemonClient] | None = None) -> list[HostReport]:
+def gather(
+    hosts: list[Host], timeout_s: float = 30.0, clients: dict[str, DaemonClient] | None = None
+) -> list[HostReport]:
     """Every host's report, in the order given; the slowest host bounds the wait, not the sum."""
     if not hosts:
         return []

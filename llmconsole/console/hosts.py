@@ -70,8 +70,9 @@ class Destination:
             raise HostsError(f"ssh destination {text!r}: only ssh:// URIs are understood")
         user, at, host = raw.rpartition("@")
         if host.count(":") == 1:
-            raise HostsError(f"ssh destination {text!r}: ssh reads {host!r} as a host name; "
-                             "give a port as ssh://[user@]host:port")
+            raise HostsError(
+                f"ssh destination {text!r}: ssh reads {host!r} as a host name; give a port as ssh://[user@]host:port"
+            )
         return cls(text=raw, hostname=cls._check_host(host, text), user=cls._check_user(user, text) if at else None)
 
     @classmethod
@@ -89,8 +90,12 @@ class Destination:
         if port is not None:
             host = host.rsplit(":", 1)[0]
         host = host.strip("[]")
-        return cls(text=raw.rstrip("/"), hostname=cls._check_host(host, raw),
-                   user=cls._check_user(u.username, raw) if u.username is not None else None, port=port)
+        return cls(
+            text=raw.rstrip("/"),
+            hostname=cls._check_host(host, raw),
+            user=cls._check_user(u.username, raw) if u.username is not None else None,
+            port=port,
+        )
 
     @staticmethod
     def _check_host(host: str, text: str) -> str:
@@ -195,8 +200,9 @@ def parse_hosts(text: str, source: str = HOSTS_FILE) -> list[Host]:
         raise HostsError(f"{source}: not valid TOML ({e})") from None
     unknown = set(data) - {"hosts"}
     if unknown:
-        raise HostsError(f"{source}: unknown top-level key(s) {', '.join(sorted(unknown))}; "
-                         "hosts are tables named [hosts.NAME]")
+        raise HostsError(
+            f"{source}: unknown top-level key(s) {', '.join(sorted(unknown))}; hosts are tables named [hosts.NAME]"
+        )
     table = data.get("hosts", {})
     if not isinstance(table, dict):
         raise HostsError(f"{source}: `hosts` must be a table of [hosts.NAME] tables")
@@ -204,16 +210,19 @@ def parse_hosts(text: str, source: str = HOSTS_FILE) -> list[Host]:
     for name, entry in table.items():
         where = f"{source}: [hosts.{name}]"
         if not _NAME.match(name):
-            raise HostsError(f"{where}: the name is not valid: use letters, digits, '.', '_' or '-' "
-                             "(at most 63, starting with a letter or digit)")
+            raise HostsError(
+                f"{where}: the name is not valid: use letters, digits, '.', '_' or '-' "
+                "(at most 63, starting with a letter or digit)"
+            )
         if name == LOCAL:
             raise HostsError(f"{where}: {LOCAL!r} is this host's own name; pick another")
         if not isinstance(entry, dict):
             raise HostsError(f"{where}: must be a table with at least `destination`")
         extra = set(entry) - _ENTRY_KEYS
         if extra:
-            raise HostsError(f"{where}: unknown key(s) {', '.join(sorted(extra))} "
-                             f"(known: {', '.join(sorted(_ENTRY_KEYS))})")
+            raise HostsError(
+                f"{where}: unknown key(s) {', '.join(sorted(extra))} (known: {', '.join(sorted(_ENTRY_KEYS))})"
+            )
         if "destination" not in entry:
             raise HostsError(f"{where}: `destination` is required (what you would give ssh)")
         try:
@@ -225,8 +234,9 @@ def parse_hosts(text: str, source: str = HOSTS_FILE) -> list[Host]:
         if data_dir is not None and not (data_dir.startswith("/") or data_dir == "~" or data_dir.startswith("~/")):
             raise HostsError(f"{where}: data_dir {data_dir!r} must be absolute (or start with ~/)")
         metrics = _check_metrics(_check_text(entry["metrics"], "metrics", where), where) if "metrics" in entry else None
-        out.append(Host(name=name, destination=dest, command=command, data_dir=data_dir, metrics=metrics,
-                        from_file=True))
+        out.append(
+            Host(name=name, destination=dest, command=command, data_dir=data_dir, metrics=metrics, from_file=True)
+        )
     return out
 
 
@@ -275,16 +285,16 @@ class HostCatalog:
         dest = Destination.parse(text)
         if self.data_dir is not None and not (self.data_dir.startswith(("/", "~/")) or self.data_dir == "~"):
             raise HostsError(f"--remote-data-dir {self.data_dir!r} must be absolute (or start with ~/)")
-        return Host(name=dest.short, destination=dest, command=self.command or DEFAULT_COMMAND,
-                    data_dir=self.data_dir)
+        return Host(name=dest.short, destination=dest, command=self.command or DEFAULT_COMMAND, data_dir=self.data_dir)
 
     def all_hosts(self) -> list[Host]:
         """This host first, then every host of the hosts file."""
         return [LOCAL_HOST, *self.file_hosts]
 
 
-def client_for(host: Host, *, timeout_s: float = 120.0, start_daemon: bool = False,
-               backoff: Backoff | None = None) -> DaemonClient:
+def client_for(
+    host: Host, *, timeout_s: float = 120.0, start_daemon: bool = False, backoff: Backoff | None = None
+) -> DaemonClient:
     """A client of the host's daemon. Over SSH, `start_daemon` has dial-stdio start one there if
     none runs (as a local `engine start` does here); without it a host with no daemon answers
     DaemonNotRunning. Locally the daemon is started by ensure_daemon, not here."""

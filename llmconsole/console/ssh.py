@@ -29,13 +29,21 @@ import httpx
 from llmconsole.console.client import DaemonNotRunning, HostUnreachable
 
 SSH_COMMAND_ENV = "LLMCONSOLE_SSH_COMMAND"
-EXIT_SSH_FAILED = 255     # ssh's own exit status when the connection itself fails
-EXIT_NO_DAEMON = 3        # the CLI's "no daemon is running" (dial-stdio --no-start)
+EXIT_SSH_FAILED = 255  # ssh's own exit status when the connection itself fails
+EXIT_NO_DAEMON = 3  # the CLI's "no daemon is running" (dial-stdio --no-start)
 
 # Never prompt; give up on a host that does not answer; notice a connection that died under a
 # long-lived client. Command-line options win over the operator's ssh config for these only.
-SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
-               "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=3")
+SSH_OPTIONS = (
+    "-o",
+    "BatchMode=yes",
+    "-o",
+    "ConnectTimeout=10",
+    "-o",
+    "ServerAliveInterval=15",
+    "-o",
+    "ServerAliveCountMax=3",
+)
 
 
 def ssh_command(env: Mapping[str, str] | None = None) -> list[str]:
@@ -44,8 +52,9 @@ def ssh_command(env: Mapping[str, str] | None = None) -> list[str]:
     return shlex.split(text) if text else ["ssh"]
 
 
-def ssh_argv(destination: str, remote_command: str, *, tty: bool = False,
-             env: Mapping[str, str] | None = None) -> list[str]:
+def ssh_argv(
+    destination: str, remote_command: str, *, tty: bool = False, env: Mapping[str, str] | None = None
+) -> list[str]:
     """The ssh command line that runs `remote_command` (one shell string) on `destination`."""
     return [*ssh_command(env), *SSH_OPTIONS, "-t" if tty else "-T", "--", destination, remote_command]
 
@@ -61,8 +70,13 @@ class Backoff:
     again after any success. Long-lived clients (a console's poll) ask before every call, so a
     host that is down costs one ssh attempt per backoff step, not one per poll."""
 
-    def __init__(self, first_s: float = 1.0, factor: float = 2.0, max_s: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        first_s: float = 1.0,
+        factor: float = 2.0,
+        max_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.first_s, self.factor, self.max_s, self.clock = first_s, factor, max_s, clock
         self.failures = 0
         self.reason: str | None = None
@@ -153,11 +167,13 @@ class SshStream(httpcore.NetworkStream):
             return
         reason = ssh_reason(self._stderr.text())
         if code == EXIT_NO_DAEMON:
-            raise DaemonNotRunning(f"no llmconsole daemon is running on {self.host}"
-                                   + (f" ({reason})" if reason else ""))
+            raise DaemonNotRunning(
+                f"no llmconsole daemon is running on {self.host}" + (f" ({reason})" if reason else "")
+            )
         if code != 0:
-            raise HostUnreachable(self.host, f"llmconsole could not run there (exit status {code}): "
-                                             f"{reason or 'no message'}")
+            raise HostUnreachable(
+                self.host, f"llmconsole could not run there (exit status {code}): {reason or 'no message'}"
+            )
 
     def close(self) -> None:
         """Close our end: the remote dial-stdio sees the end of its input and exits, then ssh."""
@@ -177,8 +193,9 @@ class SshStream(httpcore.NetworkStream):
                 self.proc.kill()
                 self.proc.wait()
 
-    def start_tls(self, ssl_context: Any, server_hostname: str | None = None,
-                  timeout: float | None = None) -> httpcore.NetworkStream:
+    def start_tls(
+        self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None
+    ) -> httpcore.NetworkStream:
         raise httpcore.UnsupportedProtocol("the SSH channel is already private; no TLS inside it")
 
     def get_extra_info(self, info: str) -> Any:
@@ -196,21 +213,36 @@ class SshBackend(httpcore.NetworkBackend):
     def __init__(self, argv: list[str], host: str):
         self.argv, self.host = argv, host
 
-    def connect_tcp(self, host: str, port: int, timeout: float | None = None,
-                    local_address: str | None = None,
-                    socket_options: Iterable[Any] | None = None) -> httpcore.NetworkStream:
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:
         try:
             # A session of its own: ssh must never read the operator's terminal (no prompts, no
             # Ctrl-C meant for the console) and must not share its process group.
-            proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, bufsize=0, start_new_session=True, close_fds=True)
+            proc = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                bufsize=0,
+                start_new_session=True,
+                close_fds=True,
+            )
         except OSError as e:
-            raise HostUnreachable(self.host, f"cannot run {self.argv[0]!r}: {e.strerror} "
-                                             "(install OpenSSH's client, or set LLMCONSOLE_SSH_COMMAND)") from None
+            raise HostUnreachable(
+                self.host,
+                f"cannot run {self.argv[0]!r}: {e.strerror} (install OpenSSH's client, or set LLMCONSOLE_SSH_COMMAND)",
+            ) from None
         return SshStream(proc, self.host)
 
-    def connect_unix_socket(self, path: str, timeout: float | None = None,
-                            socket_options: Iterable[Any] | None = None) -> httpcore.NetworkStream:
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> httpcore.NetworkStream:
         raise httpcore.UnsupportedProtocol("an SSH backend connects to one host only")
 
     def sleep(self, seconds: float) -> None:
@@ -231,8 +263,12 @@ class SshTransport(httpx.BaseTransport):
     def __init__(self, argv: list[str], host: str, *, max_connections: int = 4, backoff: Backoff | None = None):
         self.host = host
         self.backoff = backoff or Backoff()
-        self._pool = httpcore.ConnectionPool(network_backend=SshBackend(argv, host), max_connections=max_connections,
-                                             max_keepalive_connections=2, retries=0)
+        self._pool = httpcore.ConnectionPool(
+            network_backend=SshBackend(argv, host),
+            max_connections=max_connections,
+            max_keepalive_connections=2,
+            retries=0,
+        )
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         wait = self.backoff.wait_s()
@@ -241,8 +277,12 @@ class SshTransport(httpx.BaseTransport):
         assert isinstance(request.stream, httpx.SyncByteStream)
         req = httpcore.Request(
             method=request.method,
-            url=httpcore.URL(scheme=request.url.raw_scheme, host=request.url.raw_host, port=request.url.port,
-                             target=request.url.raw_path),
+            url=httpcore.URL(
+                scheme=request.url.raw_scheme,
+                host=request.url.raw_host,
+                port=request.url.port,
+                target=request.url.raw_path,
+            ),
             headers=request.headers.raw,
             content=request.stream,
             extensions=request.extensions,
@@ -261,15 +301,17 @@ class SshTransport(httpx.BaseTransport):
         except (httpcore.NetworkError, httpcore.ProtocolError, httpcore.UnsupportedProtocol) as e:
             raise _mapped(e) from None
         self.backoff.succeeded()
-        return httpx.Response(status_code=resp.status, headers=resp.headers, stream=httpx.ByteStream(content),
-                              extensions=resp.extensions)
+        return httpx.Response(
+            status_code=resp.status, headers=resp.headers, stream=httpx.ByteStream(content), extensions=resp.extensions
+        )
 
     def close(self) -> None:
         self._pool.close()
 
 
-def run_remote(destination: str, remote_command: str, *, host: str, tty: bool = False,
-               env: Mapping[str, str] | None = None) -> int:
+def run_remote(
+    destination: str, remote_command: str, *, host: str, tty: bool = False, env: Mapping[str, str] | None = None
+) -> int:
     """Run a command on the host with this terminal's stdin, stdout and stderr; its exit status.
     A connection that fails is said as such (ssh exits 255 and has said why on stderr)."""
     argv = ssh_argv(destination, remote_command, tty=tty, env=env)
@@ -279,14 +321,22 @@ def run_remote(destination: str, remote_command: str, *, host: str, tty: bool = 
         raise HostUnreachable(host, f"cannot run {argv[0]!r}: {e.strerror}") from None
 
 
-def capture_remote(destination: str, remote_command: str, *, host: str, stdout: Any,
-                   env: Mapping[str, str] | None = None, timeout_s: float | None = None) -> None:
+def capture_remote(
+    destination: str,
+    remote_command: str,
+    *,
+    host: str,
+    stdout: Any,
+    env: Mapping[str, str] | None = None,
+    timeout_s: float | None = None,
+) -> None:
     """Run a command on the host with its stdout into `stdout` (a file); HostUnreachable, or
     RuntimeError with the command's own stderr, when it fails."""
     argv = ssh_argv(destination, remote_command, env=env)
     try:
-        r = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.PIPE,
-                           timeout=timeout_s, check=False)
+        r = subprocess.run(
+            argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.PIPE, timeout=timeout_s, check=False
+        )
     except OSError as e:
         raise HostUnreachable(host, f"cannot run {argv[0]!r}: {e.strerror}") from None
     except subprocess.TimeoutExpired:

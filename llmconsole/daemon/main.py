@@ -119,8 +119,9 @@ async def serve(paths: Paths, policy: SupervisionPolicy | None = None) -> None:
         pass
 
 
-async def _sample_forever(fleet: Fleet, recorder: Recorder, interval_s: float = 1.0,
-                         compact_every_s: float = 300.0) -> None:
+async def _sample_forever(
+    fleet: Fleet, recorder: Recorder, interval_s: float = 1.0, compact_every_s: float = 300.0
+) -> None:
     """1 Hz metric samples of every serving engine, written off the event loop; compaction
     (the retention policy) every few minutes."""
     last_compact = time.monotonic()

@@ -22,7 +22,19 @@ from llmconsole.db.records import (
 from llmconsole.db.store import Store
 
 __all__ = [
-    "Action", "Alert", "CompactionResult", "ConfigHistory", "ConfigVersion", "EngineRun",
-    "MetricSample", "OperatorSession", "Retention", "SCHEMA_VERSION", "Store", "StoreError",
-    "Sweep", "SweepPoint", "WindowSample",
+    "Action",
+    "Alert",
+    "CompactionResult",
+    "ConfigHistory",
+    "ConfigVersion",
+    "EngineRun",
+    "MetricSample",
+    "OperatorSession",
+    "Retention",
+    "SCHEMA_VERSION",
+    "Store",
+    "StoreError",
+    "Sweep",
+    "SweepPoint",
+    "WindowSample",
 ]

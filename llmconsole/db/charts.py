@@ -51,8 +51,10 @@ def line_chart(title: str, series: Sequence[Series], y_label: str) -> str:
         t = t0 + (t1 - t0) * k / 5
         out.append(f'<text x="{x(t):.1f}" y="{_TOP + ph + 16}" text-anchor="middle">{_clock(t, t1 - t0)}</text>')
     out.append(f'<text x="{_LEFT + pw / 2}" y="{_H - 6}" text-anchor="middle" fill="#555">time (UTC)</text>')
-    out.append(f'<text transform="translate(14 {_TOP + ph / 2}) rotate(-90)" text-anchor="middle" '
-               f'fill="#555">{escape(y_label)}</text>')
+    out.append(
+        f'<text transform="translate(14 {_TOP + ph / 2}) rotate(-90)" text-anchor="middle" '
+        f'fill="#555">{escape(y_label)}</text>'
+    )
     out.append(f'<rect x="{_LEFT}" y="{_TOP}" width="{pw}" height="{ph}" fill="none" stroke="#999"/>')
 
     for k, (label, pts) in enumerate(series):
@@ -75,8 +77,10 @@ def line_chart(title: str, series: Sequence[Series], y_label: str) -> str:
             else:
                 out.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{" ".join(run)}"/>')
         ly = _TOP + 14 + 16 * k
-        out.append(f'<line x1="{_W - _RIGHT + 10}" x2="{_W - _RIGHT + 28}" y1="{ly - 4}" y2="{ly - 4}" '
-                   f'stroke="{colour}" stroke-width="2"/>')
+        out.append(
+            f'<line x1="{_W - _RIGHT + 10}" x2="{_W - _RIGHT + 28}" y1="{ly - 4}" y2="{ly - 4}" '
+            f'stroke="{colour}" stroke-width="2"/>'
+        )
         out.append(f'<text x="{_W - _RIGHT + 32}" y="{ly}">{escape(label)}</text>')
     out.append("</svg>")
     return "\n".join(out)

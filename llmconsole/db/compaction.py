@@ -17,9 +17,7 @@ DAY_S = 86_400.0
 
 # Gauges whose spikes are the point (a p99, how full the KV cache got) keep the worst value of
 # a bucket; averaging them would hide exactly what an operator looks back for.
-_MAX_FIELDS = frozenset(
-    f for f in METRIC_FIELDS if f.startswith("p99_") or f == "kv_cache_usage"
-)
+_MAX_FIELDS = frozenset(f for f in METRIC_FIELDS if f.startswith("p99_") or f == "kv_cache_usage")
 _INT_FIELDS = frozenset(f for f in METRIC_FIELDS if f.endswith("_bytes"))
 
 
@@ -65,9 +63,7 @@ def compact(conn: sqlite3.Connection, retention: Retention, now_s: float) -> Com
         "WHERE resolution_s < :w AND at_s < :before GROUP BY engine, bucket_s",
         {"w": w, "before": fold_before_s},
     ).fetchall()
-    folded = conn.execute(
-        "DELETE FROM metric_samples WHERE resolution_s < ? AND at_s < ?", (w, fold_before_s)
-    ).rowcount
+    folded = conn.execute("DELETE FROM metric_samples WHERE resolution_s < ? AND at_s < ?", (w, fold_before_s)).rowcount
     names = ", ".join(METRIC_FIELDS)
     marks = ", ".join("?" * (len(METRIC_FIELDS) + 3))
     before = conn.total_changes
@@ -77,9 +73,7 @@ def compact(conn: sqlite3.Connection, retention: Retention, now_s: float) -> Com
     )
     written = conn.total_changes - before
 
-    trace_expired = conn.execute(
-        "DELETE FROM window_trace WHERE at_s < ?", (now_s - retention.keep_trace_s,)
-    ).rowcount
+    trace_expired = conn.execute("DELETE FROM window_trace WHERE at_s < ?", (now_s - retention.keep_trace_s,)).rowcount
     return CompactionResult(
         raw_rows_downsampled=folded,
         downsampled_rows_written=written,

@@ -38,8 +38,7 @@ def insert_config(conn: Connection, config_id: str, spec_public: Mapping[str, An
 class Configs(StorePart):
     # --- configs --------------------------------------------------------------------------
 
-    def record_config(self, config_id: str, spec_public: Mapping[str, Any], *,
-                      at: float | None = None) -> bool:
+    def record_config(self, config_id: str, spec_public: Mapping[str, Any], *, at: float | None = None) -> bool:
         """Remember a config (EngineSpec.public_dict()) under its config_id; True if it is new."""
         with self._write() as conn:
             return insert_config(conn, config_id, spec_public, now(at))
@@ -47,8 +46,9 @@ class Configs(StorePart):
     def set_config_label(self, config_id: str, label: str | None) -> None:
         """Name a config for people ("long context", "safe"); None clears the name."""
         with self._write() as conn:
-            r = conn.execute(update(ConfigVersionRow).where(col(ConfigVersionRow.config_id) == config_id)
-                             .values(label=label))
+            r = conn.execute(
+                update(ConfigVersionRow).where(col(ConfigVersionRow.config_id) == config_id).values(label=label)
+            )
             one_changed(r, "config", config_id)
 
     def config(self, config_id: str) -> ConfigVersion | None:
@@ -58,11 +58,17 @@ class Configs(StorePart):
 
     def config_versions(self, engine: str) -> list[ConfigHistory]:
         """Every config `engine` has run, the most recently used first, with its runs' outcomes."""
-        q = (select(EngineRunRow, col(ConfigVersionRow.spec_json), col(ConfigVersionRow.first_seen_at),
-                    col(ConfigVersionRow.label))
-             .join(ConfigVersionRow, col(ConfigVersionRow.config_id) == col(EngineRunRow.config_id))
-             .where(col(EngineRunRow.engine) == engine)
-             .order_by(col(EngineRunRow.started_at), col(EngineRunRow.id)))
+        q = (
+            select(
+                EngineRunRow,
+                col(ConfigVersionRow.spec_json),
+                col(ConfigVersionRow.first_seen_at),
+                col(ConfigVersionRow.label),
+            )
+            .join(ConfigVersionRow, col(ConfigVersionRow.config_id) == col(EngineRunRow.config_id))
+            .where(col(EngineRunRow.engine) == engine)
+            .order_by(col(EngineRunRow.started_at), col(EngineRunRow.id))
+        )
         with self._read() as conn:
             rows = [r._mapping for r in conn.execute(q)]
         by_config: dict[str, list[RowMapping]] = {}
@@ -71,17 +77,19 @@ class Configs(StorePart):
         history = []
         for config_id, runs in by_config.items():
             first = runs[0]
-            history.append(ConfigHistory(
-                config_id=config_id,
-                spec_json=first["spec_json"],
-                first_seen_at=first["first_seen_at"],
-                label=first["label"],
-                run_ids=tuple(r["id"] for r in runs),
-                outcomes=tuple(r["outcome"] for r in runs),
-                first_used_at=first["started_at"],
-                last_used_at=max(r["exited_at"] or r["ready_at"] or r["started_at"] for r in runs),
-                in_use=any(r["exited_at"] is None for r in runs),
-            ))
+            history.append(
+                ConfigHistory(
+                    config_id=config_id,
+                    spec_json=first["spec_json"],
+                    first_seen_at=first["first_seen_at"],
+                    label=first["label"],
+                    run_ids=tuple(r["id"] for r in runs),
+                    outcomes=tuple(r["outcome"] for r in runs),
+                    first_used_at=first["started_at"],
+                    last_used_at=max(r["exited_at"] or r["ready_at"] or r["started_at"] for r in runs),
+                    in_use=any(r["exited_at"] is None for r in runs),
+                )
+            )
         history.sort(key=lambda h: (h.last_used_at, h.run_ids[-1]), reverse=True)
         return history
 
@@ -94,40 +102,75 @@ class Configs(StorePart):
         for run in self.runs(engine):
             if run.outcome == "known_good":
                 good_at[run.config_id] = max(run.started_at, good_at.get(run.config_id, run.started_at))
-        candidates = [h for h in self.config_versions(engine)
-                      if h.config_id != exclude_config_id and h.verdict == "known_good"]
+        candidates = [
+            h for h in self.config_versions(engine) if h.config_id != exclude_config_id and h.verdict == "known_good"
+        ]
         return max(candidates, key=lambda h: good_at.get(h.config_id, h.first_used_at), default=None)
 
     # --- runs -----------------------------------------------------------------------------
 
-    def run_started(self, engine: str, config_id: str, *, pid: int | None = None,
-                    port: int | None = None, session_id: int | None = None,
-                    spec_public: Mapping[str, Any] | None = None, at: float | None = None) -> int:
+    def run_started(
+        self,
+        engine: str,
+        config_id: str,
+        *,
+        pid: int | None = None,
+        port: int | None = None,
+        session_id: int | None = None,
+        spec_public: Mapping[str, Any] | None = None,
+        at: float | None = None,
+    ) -> int:
         """An engine process was launched; pass `spec_public` to record its config in the same commit."""
         started_at = now(at)
         with self._write() as conn:
             if spec_public is not None:
                 insert_config(conn, config_id, spec_public, started_at)
-            elif conn.execute(select(col(ConfigVersionRow.config_id))
-                              .where(col(ConfigVersionRow.config_id) == config_id)).first() is None:
+            elif (
+                conn.execute(
+                    select(col(ConfigVersionRow.config_id)).where(col(ConfigVersionRow.config_id) == config_id)
+                ).first()
+                is None
+            ):
                 raise KeyError(f"config {config_id!r} is not in the store: record_config() it first")
-            return inserted_id(conn.execute(insert(EngineRunRow).values(
-                engine=engine, config_id=config_id, pid=pid, port=port, session_id=session_id,
-                started_at=started_at, outcome="pending",
-            )))
+            return inserted_id(
+                conn.execute(
+                    insert(EngineRunRow).values(
+                        engine=engine,
+                        config_id=config_id,
+                        pid=pid,
+                        port=port,
+                        session_id=session_id,
+                        started_at=started_at,
+                        outcome="pending",
+                    )
+                )
+            )
 
-    def run_ready(self, run_id: int, *, kv_cache_tokens: int | None = None,
-                  max_concurrency: float | None = None, at: float | None = None) -> None:
+    def run_ready(
+        self,
+        run_id: int,
+        *,
+        kv_cache_tokens: int | None = None,
+        max_concurrency: float | None = None,
+        at: float | None = None,
+    ) -> None:
         with self._write() as conn:
-            r = conn.execute(update(EngineRunRow).where(col(EngineRunRow.id) == run_id).values(
-                ready_at=now(at), kv_cache_tokens=kv_cache_tokens, max_concurrency=max_concurrency))
+            r = conn.execute(
+                update(EngineRunRow)
+                .where(col(EngineRunRow.id) == run_id)
+                .values(ready_at=now(at), kv_cache_tokens=kv_cache_tokens, max_concurrency=max_concurrency)
+            )
             one_changed(r, "engine run", run_id)
 
-    def run_exited(self, run_id: int, exit_code: int | None, reason: str | None = None, *,
-                   at: float | None = None) -> None:
+    def run_exited(
+        self, run_id: int, exit_code: int | None, reason: str | None = None, *, at: float | None = None
+    ) -> None:
         with self._write() as conn:
-            r = conn.execute(update(EngineRunRow).where(col(EngineRunRow.id) == run_id).values(
-                exited_at=now(at), exit_code=exit_code, exit_reason=reason))
+            r = conn.execute(
+                update(EngineRunRow)
+                .where(col(EngineRunRow.id) == run_id)
+                .values(exited_at=now(at), exit_code=exit_code, exit_reason=reason)
+            )
             one_changed(r, "engine run", run_id)
 
     def mark_run_outcome(self, run_id: int, outcome: str) -> None:
@@ -143,8 +186,9 @@ class Configs(StorePart):
             r = conn.execute(select(EngineRunRow).where(col(EngineRunRow.id) == run_id)).first()
         return EngineRun(**r._mapping) if r else None
 
-    def runs(self, engine: str | None = None, *, since: float | None = None,
-             limit: int | None = None) -> list[EngineRun]:
+    def runs(
+        self, engine: str | None = None, *, since: float | None = None, limit: int | None = None
+    ) -> list[EngineRun]:
         """Runs oldest first; `limit` keeps the latest ones. `since` keeps runs still alive at it."""
         q = select(EngineRunRow).order_by(col(EngineRunRow.started_at).desc(), col(EngineRunRow.id).desc())
         if engine is not None:

@@ -59,8 +59,10 @@ def prepare(path: str | Path | None, busy_timeout_s: float) -> tuple[Path, int |
     try:
         mode = raw.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         if mode != "wal":
-            raise StoreError(f"cannot use the llmconsole database {path}: SQLite would not "
-                             f"switch it to WAL mode (it stays in {mode!r} mode)")
+            raise StoreError(
+                f"cannot use the llmconsole database {path}: SQLite would not "
+                f"switch it to WAL mode (it stays in {mode!r} mode)"
+            )
         before, after = migrations.upgrade(raw)
     except migrations.NewerSchemaError as e:
         raise StoreError(
@@ -69,8 +71,7 @@ def prepare(path: str | Path | None, busy_timeout_s: float) -> tuple[Path, int |
             f"{guard.start_fresh_hint(path)}"
         ) from e
     except sqlite3.DatabaseError as e:
-        raise StoreError(f"cannot use the llmconsole database {path}: {e}. "
-                         f"{guard.start_fresh_hint(path)}") from e
+        raise StoreError(f"cannot use the llmconsole database {path}: {e}. {guard.start_fresh_hint(path)}") from e
     finally:
         raw.close()
     return path, (before if 0 < before < after else None)
@@ -86,7 +87,9 @@ class Database:
         self._engine = create_engine(
             "sqlite://",
             creator=lambda: sqlite3.connect(path, check_same_thread=False, timeout=busy_timeout_s),
-            poolclass=QueuePool, pool_size=4, max_overflow=8,
+            poolclass=QueuePool,
+            pool_size=4,
+            max_overflow=8,
         )
         busy_ms = int(busy_timeout_s * 1000)
 

@@ -77,8 +77,9 @@ class ExportResult:
     counts: tuple[tuple[str, int], ...]  # (table, records written)
 
 
-def collect(store: Store, *, session_id: int | None = None, since_s: float | None = None,
-            until_s: float | None = None) -> ExportSnapshot:
+def collect(
+    store: Store, *, session_id: int | None = None, since_s: float | None = None, until_s: float | None = None
+) -> ExportSnapshot:
     """The records in the span: the session's span when `session_id` is given."""
     if session_id is not None:
         s = store.session(session_id)
@@ -102,14 +103,19 @@ def collect(store: Store, *, session_id: int | None = None, since_s: float | Non
     points = tuple(p for s in sweeps for p in store.sweep_points(s.id))
 
     wanted: list[str] = []
-    for cid in ([r.config_id for r in runs] + [a.from_config_id for a in actions]
-                + [a.to_config_id for a in actions] + [s.config_id for s in sweeps]
-                + [p.config_id for p in points]):
+    for cid in (
+        [r.config_id for r in runs]
+        + [a.from_config_id for a in actions]
+        + [a.to_config_id for a in actions]
+        + [s.config_id for s in sweeps]
+        + [p.config_id for p in points]
+    ):
         if cid and cid not in wanted:
             wanted.append(cid)
     configs = tuple(c for c in (store.config(cid) for cid in wanted) if c is not None)
-    return ExportSnapshot(Span(since, until), session_id, sessions, configs, runs, actions, alerts,
-                    samples, window, sweeps, points)
+    return ExportSnapshot(
+        Span(since, until), session_id, sessions, configs, runs, actions, alerts, samples, window, sweeps, points
+    )
 
 
 def export_bundle(
@@ -139,9 +145,15 @@ def export_bundle(
         return scrub(value, known)
 
     tables = {
-        "sessions": snap.sessions, "config_versions": snap.configs, "engine_runs": snap.runs,
-        "actions": snap.actions, "alerts": snap.alerts, "metric_samples": snap.samples,
-        "window_trace": snap.window, "sweeps": snap.sweeps, "sweep_points": snap.points,
+        "sessions": snap.sessions,
+        "config_versions": snap.configs,
+        "engine_runs": snap.runs,
+        "actions": snap.actions,
+        "alerts": snap.alerts,
+        "metric_samples": snap.samples,
+        "window_trace": snap.window,
+        "sweeps": snap.sweeps,
+        "sweep_points": snap.points,
     }
     for name, records in tables.items():
         path = out / f"{name}.jsonl"
@@ -164,8 +176,9 @@ def export_bundle(
                 log_notes[name] = f"not found: {src}"
                 continue
             with open(out / rel, "w", encoding="utf-8") as dst:
-                n = clip_file(Path(src), dst, snap.span.since_s, snap.span.until_s,
-                              lambda line: scrub_text(line, known))
+                n = clip_file(
+                    Path(src), dst, snap.span.since_s, snap.span.until_s, lambda line: scrub_text(line, known)
+                )
             log_notes[name] = f"[{rel}]({rel}), {n} lines"
             written.append(rel)
 
@@ -196,8 +209,15 @@ def _write_samples_csv(path: Path, samples: Iterable[MetricSample], clean: Calla
         w = csv.writer(f)
         w.writerow(["engine", "at_s", "at_utc", "resolution_s", *METRIC_FIELDS])
         for s in samples:
-            w.writerow([clean(s.engine), s.at_s, _utc(s.at_s), s.resolution_s,
-                        *("" if getattr(s, f) is None else getattr(s, f) for f in METRIC_FIELDS)])
+            w.writerow(
+                [
+                    clean(s.engine),
+                    s.at_s,
+                    _utc(s.at_s),
+                    s.resolution_s,
+                    *("" if getattr(s, f) is None else getattr(s, f) for f in METRIC_FIELDS),
+                ]
+            )
     return path.name
 
 
@@ -210,14 +230,34 @@ def _write_points_csv(path: Path, points: Iterable[SweepPoint], clean: Callable[
                 param_keys.append(k)
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
-        w.writerow(["sweep_id", "point_id", "at_utc", "repeat", "config_id",
-                    *(f"param:{k}" for k in param_keys), *SWEEP_FIGURES, "status", "flags"])
+        w.writerow(
+            [
+                "sweep_id",
+                "point_id",
+                "at_utc",
+                "repeat",
+                "config_id",
+                *(f"param:{k}" for k in param_keys),
+                *SWEEP_FIGURES,
+                "status",
+                "flags",
+            ]
+        )
         for p in points:
             params = clean(p.params)
-            w.writerow([p.sweep_id, p.id, _utc(p.at), p.repeat, p.config_id or "",
-                        *(_cell(params.get(k)) for k in param_keys),
-                        *("" if getattr(p, f) is None else getattr(p, f) for f in SWEEP_FIGURES),
-                        p.status, ";".join(clean(list(p.flags)))])
+            w.writerow(
+                [
+                    p.sweep_id,
+                    p.id,
+                    _utc(p.at),
+                    p.repeat,
+                    p.config_id or "",
+                    *(_cell(params.get(k)) for k in param_keys),
+                    *("" if getattr(p, f) is None else getattr(p, f) for f in SWEEP_FIGURES),
+                    p.status,
+                    ";".join(clean(list(p.flags))),
+                ]
+            )
     return path.name
 
 
@@ -232,14 +272,12 @@ def _write_plots(out: Path, snap: ExportSnapshot) -> list[str]:
     engines = sorted({s.engine for s in snap.samples})
 
     def series(field: str, label: str = "") -> list[Series]:
-        return [(f"{e}{label}", [(s.at_s, getattr(s, field)) for s in snap.samples if s.engine == e])
-                for e in engines]
+        return [(f"{e}{label}", [(s.at_s, getattr(s, field)) for s in snap.samples if s.engine == e]) for e in engines]
 
     charts = {
         "throughput.svg": ("Generation throughput", series("generation_tok_s"), "tokens/s"),
         "prompt_throughput.svg": ("Prompt throughput", series("prompt_tok_s"), "tokens/s"),
-        "p99_latency.svg": ("p99 latency", series("p99_ttft_s", " TTFT") + series("p99_e2e_s", " E2E"),
-                            "seconds"),
+        "p99_latency.svg": ("p99 latency", series("p99_ttft_s", " TTFT") + series("p99_e2e_s", " E2E"), "seconds"),
         "kv_cache_usage.svg": ("KV cache usage", series("kv_cache_usage"), "fraction of KV cache"),
     }
     groups = sorted({w.group_name for w in snap.window})

@@ -83,8 +83,10 @@ def inspect(path: Path) -> FileState:
     if app_id != APPLICATION_ID:
         user_tables = sorted(t for t in tables if not t.startswith("sqlite_"))
         if app_id != 0:
-            raise _refuse(path, f"it belongs to another application (application_id {app_id:#010x}, "
-                                f"ours is {APPLICATION_ID:#010x})")
+            raise _refuse(
+                path,
+                f"it belongs to another application (application_id {app_id:#010x}, ours is {APPLICATION_ID:#010x})",
+            )
         if user_tables:
             shown = ", ".join(user_tables[:5]) + (", ..." if len(user_tables) > 5 else "")
             raise _refuse(path, f"it is a SQLite database of another application (tables: {shown})")

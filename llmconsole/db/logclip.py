@@ -14,8 +14,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import TextIO
 
-_VLLM_STAMP = re.compile(r"^(?:\(\w+ pid=\d+\) )?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) "
-                         r"(?P<mon>\d\d)-(?P<day>\d\d) (?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)")
+_VLLM_STAMP = re.compile(
+    r"^(?:\(\w+ pid=\d+\) )?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) "
+    r"(?P<mon>\d\d)-(?P<day>\d\d) (?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)"
+)
 _ISO_STAMP = re.compile(r"^\[?(?P<iso>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?)")
 
 
@@ -64,8 +66,9 @@ def clip_lines(lines: Iterable[str], since_s: float | None, until_s: float | Non
         yield from pending  # nothing in the file is stamped: keep it all rather than guess
 
 
-def clip_file(src: Path, dst: TextIO, since_s: float | None, until_s: float | None,
-              scrub_line: Callable[[str], str] = lambda s: s) -> int:
+def clip_file(
+    src: Path, dst: TextIO, since_s: float | None, until_s: float | None, scrub_line: Callable[[str], str] = lambda s: s
+) -> int:
     """Copy the part of `src` within the span to `dst`, each line through `scrub_line`; lines written."""
     n = 0
     with open(src, encoding="utf-8", errors="replace") as f:

@@ -165,8 +165,7 @@ _V1 = Migration(
 
 _V2 = Migration(
     2,
-    "config labels (an operator's name for a config, shown in the rollback list); "
-    "actions by session",
+    "config labels (an operator's name for a config, shown in the rollback list); actions by session",
     (
         "ALTER TABLE config_versions ADD COLUMN label TEXT",
         # The export of one operator session filters actions by session and time.

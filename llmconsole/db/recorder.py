@@ -41,8 +41,7 @@ class _OpenRun:
 
 
 class Recorder:
-    def __init__(self, store: Store, stable_after_s: float = 60.0,
-                 clock: Callable[[], float] = time.time):
+    def __init__(self, store: Store, stable_after_s: float = 60.0, clock: Callable[[], float] = time.time):
         self.store = store
         self.stable_after_s = stable_after_s
         self._clock = clock
@@ -65,8 +64,9 @@ class Recorder:
             return
         if st.state in _LIVE and run.ready_at is None:
             run.ready_at = st.ready_at_s or self._clock()
-            self.store.run_ready(run.run_id, kv_cache_tokens=st.kv_cache_tokens,
-                                 max_concurrency=st.max_concurrency, at=run.ready_at)
+            self.store.run_ready(
+                run.run_id, kv_cache_tokens=st.kv_cache_tokens, max_concurrency=st.max_concurrency, at=run.ready_at
+            )
             self.store.mark_run_outcome(run.run_id, "known_good")
         elif st.state in _ENDED:
             self._close(st.name, run, st.last_exit_code, st.last_error, self._verdict(st, run))
@@ -78,8 +78,9 @@ class Recorder:
                 run = _OpenRun(r.id, pid, st.config_id, r.ready_at)
                 break
         else:
-            run_id = self.store.run_started(st.name, st.config_id, pid=pid, port=st.port,
-                                            spec_public=st.spec, at=st.started_at_s)
+            run_id = self.store.run_started(
+                st.name, st.config_id, pid=pid, port=st.port, spec_public=st.spec, at=st.started_at_s
+            )
             run = _OpenRun(run_id, pid, st.config_id)
         self._open[st.name] = run
         return run
@@ -92,8 +93,7 @@ class Recorder:
         served_s = self._clock() - run.ready_at
         return "known_bad" if served_s < self.stable_after_s else "known_good"
 
-    def _close(self, engine: str, run: _OpenRun, code: int | None, reason: str | None,
-               outcome: str) -> None:
+    def _close(self, engine: str, run: _OpenRun, code: int | None, reason: str | None, outcome: str) -> None:
         self.store.run_exited(run.run_id, code, reason)
         self.store.mark_run_outcome(run.run_id, outcome)
         del self._open[engine]
@@ -127,13 +127,21 @@ def _sample(st: EngineStatus, at_s: float) -> MetricSample:
         return value
 
     return MetricSample(
-        engine=st.name, at_s=at_s, running=g("running"), waiting=g("waiting"),
-        kv_cache_usage=g("kv_cache_usage"), prompt_tok_s=g("prompt_tok_s"),
+        engine=st.name,
+        at_s=at_s,
+        running=g("running"),
+        waiting=g("waiting"),
+        kv_cache_usage=g("kv_cache_usage"),
+        prompt_tok_s=g("prompt_tok_s"),
         generation_tok_s=g("generation_tok_s"),
-        p50_ttft_s=g("p50_ttft_s"), p99_ttft_s=g("p99_ttft_s"),
-        p50_itl_s=g("p50_itl_s"), p99_itl_s=g("p99_itl_s"),
-        p50_tpot_s=g("p50_tpot_s"), p99_tpot_s=g("p99_tpot_s"),
-        p50_e2e_s=g("p50_e2e_s"), p99_e2e_s=g("p99_e2e_s"),
+        p50_ttft_s=g("p50_ttft_s"),
+        p99_ttft_s=g("p99_ttft_s"),
+        p50_itl_s=g("p50_itl_s"),
+        p99_itl_s=g("p99_itl_s"),
+        p50_tpot_s=g("p50_tpot_s"),
+        p99_tpot_s=g("p99_tpot_s"),
+        p50_e2e_s=g("p50_e2e_s"),
+        p99_e2e_s=g("p99_e2e_s"),
         gpu_memory_bytes=getattr(p, "gpu_memory_bytes", None),
         host_memory_bytes=getattr(p, "rss_bytes", None),
     )

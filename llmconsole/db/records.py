@@ -217,4 +217,3 @@ class CompactionResult:
     downsampled_rows_written: int
     samples_expired: int  # rows of any resolution past keep_samples_s
     trace_rows_expired: int
-

@@ -75,9 +75,16 @@ def _change(action: Action, specs: Mapping[str, dict[str, Any]]) -> str:
 
 def first_record_s(snap: ExportSnapshot) -> float | None:
     """When the first record of the snapshot was made (None: it holds none)."""
-    times = [*(s.attached_at for s in snap.sessions), *(c.first_seen_at for c in snap.configs),
-             *(r.started_at for r in snap.runs), *(a.at for a in snap.actions), *(a.at for a in snap.alerts),
-             *(m.at_s for m in snap.samples), *(w.at_s for w in snap.window), *(s.created_at for s in snap.sweeps)]
+    times = [
+        *(s.attached_at for s in snap.sessions),
+        *(c.first_seen_at for c in snap.configs),
+        *(r.started_at for r in snap.runs),
+        *(a.at for a in snap.actions),
+        *(a.at for a in snap.alerts),
+        *(m.at_s for m in snap.samples),
+        *(w.at_s for w in snap.window),
+        *(s.created_at for s in snap.sweeps),
+    ]
     known = [t for t in times if t is not None]
     return min(known) if known else None
 
@@ -92,32 +99,63 @@ def render(snap: ExportSnapshot, *, plots: list[str], logs: Mapping[str, str], f
         lines.append(f"- Span (UTC): up to {_utc(span.until_s)}; nothing was recorded")
     else:
         first = " (the first record)" if span.since_s is None else ""
-        lines.append(f"- Span (UTC): {_utc(since)}{first} → {_utc(span.until_s)} "
-                     f"({(span.until_s - since) / 3600:.1f} h)")
+        lines.append(
+            f"- Span (UTC): {_utc(since)}{first} → {_utc(span.until_s)} ({(span.until_s - since) / 3600:.1f} h)"
+        )
     hosts = sorted({s.host for s in snap.sessions})
     users = sorted({s.user for s in snap.sessions})
     if hosts:
         lines.append(f"- Host: {', '.join(hosts)}; operators: {', '.join(users)}")
     lines.append(f"- Generated: {_utc(time.time())} UTC")
-    lines.append(f"- Engines seen: {', '.join(sorted({r.engine for r in snap.runs} | {s.engine for s in snap.samples})) or 'none'}")
+    lines.append(
+        f"- Engines seen: {', '.join(sorted({r.engine for r in snap.runs} | {s.engine for s in snap.samples})) or 'none'}"
+    )
     lines.append("")
 
     lines += ["## Sessions", ""]
-    lines += _table(["id", "user", "host", "client", "attached", "detached"],
-                    [(s.id, s.user, s.host, s.client, _utc(s.attached_at), _utc(s.detached_at))
-                     for s in snap.sessions]) if snap.sessions else ["None in this span."]
+    lines += (
+        _table(
+            ["id", "user", "host", "client", "attached", "detached"],
+            [(s.id, s.user, s.host, s.client, _utc(s.attached_at), _utc(s.detached_at)) for s in snap.sessions],
+        )
+        if snap.sessions
+        else ["None in this span."]
+    )
     lines.append("")
 
     lines += ["## What ran", ""]
     if snap.runs:
         lines += _table(
-            ["run", "engine", "config", "started", "ready after", "exited", "exit", "KV tokens",
-             "max concurrency", "outcome"],
-            [(r.id, r.engine, r.config_id, _utc(r.started_at),
-              "—" if r.ready_at is None else f"{r.ready_at - r.started_at:.1f} s", _utc(r.exited_at),
-              "—" if r.exit_code is None and not r.exit_reason else f"{_num(r.exit_code)} {r.exit_reason or ''}".strip(),
-              _num(r.kv_cache_tokens), "—" if r.max_concurrency is None else f"{r.max_concurrency:.2f}x",
-              r.outcome) for r in snap.runs])
+            [
+                "run",
+                "engine",
+                "config",
+                "started",
+                "ready after",
+                "exited",
+                "exit",
+                "KV tokens",
+                "max concurrency",
+                "outcome",
+            ],
+            [
+                (
+                    r.id,
+                    r.engine,
+                    r.config_id,
+                    _utc(r.started_at),
+                    "—" if r.ready_at is None else f"{r.ready_at - r.started_at:.1f} s",
+                    _utc(r.exited_at),
+                    "—"
+                    if r.exit_code is None and not r.exit_reason
+                    else f"{_num(r.exit_code)} {r.exit_reason or ''}".strip(),
+                    _num(r.kv_cache_tokens),
+                    "—" if r.max_concurrency is None else f"{r.max_concurrency:.2f}x",
+                    r.outcome,
+                )
+                for r in snap.runs
+            ],
+        )
     else:
         lines.append("No engine ran in this span.")
     lines.append("")
@@ -127,8 +165,18 @@ def render(snap: ExportSnapshot, *, plots: list[str], logs: Mapping[str, str], f
     if snap.actions:
         lines += _table(
             ["time", "actor", "engine", "action", "outcome", "change"],
-            [(_utc(a.at), a.actor + (" (automatic)" if a.automatic and a.actor != "automatic" else ""),
-              a.engine or "—", a.kind, a.outcome, _change(a, specs)) for a in snap.actions])
+            [
+                (
+                    _utc(a.at),
+                    a.actor + (" (automatic)" if a.automatic and a.actor != "automatic" else ""),
+                    a.engine or "—",
+                    a.kind,
+                    a.outcome,
+                    _change(a, specs),
+                )
+                for a in snap.actions
+            ],
+        )
     else:
         lines.append("No actions in this span.")
     lines.append("")
@@ -136,39 +184,87 @@ def render(snap: ExportSnapshot, *, plots: list[str], logs: Mapping[str, str], f
         lines += ["### Configs", ""]
         for c in snap.configs:
             label = f" ({c.label})" if c.label else ""
-            lines += [f"**{c.config_id}**{label}, first seen {_utc(c.first_seen_at)}", "",
-                      "```json", json.dumps(c.spec, indent=2, sort_keys=True), "```", ""]
+            lines += [
+                f"**{c.config_id}**{label}, first seen {_utc(c.first_seen_at)}",
+                "",
+                "```json",
+                json.dumps(c.spec, indent=2, sort_keys=True),
+                "```",
+                "",
+            ]
 
     lines += ["## Alerts", ""]
-    lines += _table(["fired", "resolved", "engine", "rule", "severity", "state"],
-                    [(_utc(a.at), _utc(a.resolved_at), a.engine or "—", a.rule, a.severity, a.state)
-                     for a in snap.alerts]) if snap.alerts else ["No alerts in this span."]
+    lines += (
+        _table(
+            ["fired", "resolved", "engine", "rule", "severity", "state"],
+            [(_utc(a.at), _utc(a.resolved_at), a.engine or "—", a.rule, a.severity, a.state) for a in snap.alerts],
+        )
+        if snap.alerts
+        else ["No alerts in this span."]
+    )
     lines.append("")
 
     lines += ["## Sweeps", ""]
     if not snap.sweeps:
         lines += ["No sweeps in this span.", ""]
     for sw in snap.sweeps:
-        lines += [f"### Sweep {sw.id}: {sw.engine}, {sw.status}", "",
-                  f"Created {_utc(sw.created_at)}, finished {_utc(sw.finished_at)}. "
-                  f"Grid `{json.dumps(sw.grid, sort_keys=True)}`, load `{json.dumps(sw.load, sort_keys=True)}`, "
-                  f"SLO `{json.dumps(sw.slo, sort_keys=True)}`.", ""]
+        lines += [
+            f"### Sweep {sw.id}: {sw.engine}, {sw.status}",
+            "",
+            f"Created {_utc(sw.created_at)}, finished {_utc(sw.finished_at)}. "
+            f"Grid `{json.dumps(sw.grid, sort_keys=True)}`, load `{json.dumps(sw.load, sort_keys=True)}`, "
+            f"SLO `{json.dumps(sw.slo, sort_keys=True)}`.",
+            "",
+        ]
         pts = [p for p in snap.points if p.sweep_id == sw.id]
-        lines += _table(
-            ["params", "repeat", "req/s", "tok/s", "p50 TTFT s", "p99 TTFT s", "p99 ITL s",
-             "p99 E2E s", "peak KV", "preemptions", "status", "flags"],
-            [(json.dumps(p.params, sort_keys=True), p.repeat, _num(p.throughput_req_s), _num(p.throughput_tok_s),
-              _num(p.p50_ttft_s), _num(p.p99_ttft_s), _num(p.p99_itl_s), _num(p.p99_e2e_s),
-              _num(p.peak_kv_usage), _num(p.preemptions), p.status, ", ".join(p.flags) or "—")
-             for p in pts]) if pts else ["No points recorded."]
+        lines += (
+            _table(
+                [
+                    "params",
+                    "repeat",
+                    "req/s",
+                    "tok/s",
+                    "p50 TTFT s",
+                    "p99 TTFT s",
+                    "p99 ITL s",
+                    "p99 E2E s",
+                    "peak KV",
+                    "preemptions",
+                    "status",
+                    "flags",
+                ],
+                [
+                    (
+                        json.dumps(p.params, sort_keys=True),
+                        p.repeat,
+                        _num(p.throughput_req_s),
+                        _num(p.throughput_tok_s),
+                        _num(p.p50_ttft_s),
+                        _num(p.p99_ttft_s),
+                        _num(p.p99_itl_s),
+                        _num(p.p99_e2e_s),
+                        _num(p.peak_kv_usage),
+                        _num(p.preemptions),
+                        p.status,
+                        ", ".join(p.flags) or "—",
+                    )
+                    for p in pts
+                ],
+            )
+            if pts
+            else ["No points recorded."]
+        )
         lines.append("")
 
     lines += ["## Over time", ""]
     lines += [f"![{p.removeprefix('plots/').removesuffix('.svg')}]({p})" for p in plots] + [""]
     coarse = sum(1 for s in snap.samples if s.resolution_s > 1.0)
     if coarse:
-        lines += [f"{coarse} of {len(snap.samples)} samples are downsampled averages "
-                  "(p99 and KV usage: the bucket's maximum).", ""]
+        lines += [
+            f"{coarse} of {len(snap.samples)} samples are downsampled averages "
+            "(p99 and KV usage: the bucket's maximum).",
+            "",
+        ]
 
     if logs:
         lines += ["## Logs", ""] + [f"- {name}: {note}" for name, note in sorted(logs.items())] + [""]

@@ -164,8 +164,15 @@ class SweepPointRow(SQLModel, table=True):
 
 
 TABLES = (
-    SessionRow, ConfigVersionRow, EngineRunRow, ActionRow, AlertRow, MetricSampleRow,
-    WindowTraceRow, SweepRow, SweepPointRow,
+    SessionRow,
+    ConfigVersionRow,
+    EngineRunRow,
+    ActionRow,
+    AlertRow,
+    MetricSampleRow,
+    WindowTraceRow,
+    SweepRow,
+    SweepPointRow,
 )
 
 # The gauges of a metric sample, in column order; shared by inserts, compaction and exports.
@@ -174,6 +181,7 @@ METRIC_FIELDS: tuple[str, ...] = tuple(
 )
 WINDOW_FIELDS: tuple[str, ...] = ("target", "measured", "error", "p", "i", "d", "window")
 SWEEP_FIGURES: tuple[str, ...] = tuple(
-    name for name in SweepPointRow.model_fields
+    name
+    for name in SweepPointRow.model_fields
     if name not in ("id", "sweep_id", "at", "params_json", "repeat", "config_id", "status", "flags_json")
 )

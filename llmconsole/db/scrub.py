@@ -43,7 +43,8 @@ def _scrub_text(text: str, known: list[str]) -> str:
     for s in known:
         text = text.replace(s, REDACTED)
     text = _FLAG_VALUE_IN_TEXT.sub(
-        lambda m: f"{m['flag']}{m['sep']}{REDACTED}" if is_secret_key(m["flag"].lstrip("-")) else m[0], text)
+        lambda m: f"{m['flag']}{m['sep']}{REDACTED}" if is_secret_key(m["flag"].lstrip("-")) else m[0], text
+    )
 
     def _value(m: re.Match[str]) -> str:
         if not is_secret_key(m["key"]) or m["value"] in ("None", "null", "True", "False", REDACTED):

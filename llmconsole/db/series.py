@@ -38,8 +38,9 @@ class Series(StorePart):
             driver(conn).executemany(f"INSERT OR REPLACE INTO metric_samples ({names}) VALUES ({marks})", values)
         return len(values)
 
-    def metric_samples(self, engine: str | None = None, *, since_s: float | None = None,
-                       until_s: float | None = None) -> list[MetricSample]:
+    def metric_samples(
+        self, engine: str | None = None, *, since_s: float | None = None, until_s: float | None = None
+    ) -> list[MetricSample]:
         q = select(MetricSampleRow).order_by(col(MetricSampleRow.engine), col(MetricSampleRow.at_s))
         if engine is not None:
             q = q.where(col(MetricSampleRow.engine) == engine)
@@ -60,8 +61,9 @@ class Series(StorePart):
             driver(conn).executemany(f"INSERT OR REPLACE INTO window_trace ({names}) VALUES ({marks})", values)
         return len(values)
 
-    def window_trace(self, group_name: str | None = None, *, since_s: float | None = None,
-                     until_s: float | None = None) -> list[WindowSample]:
+    def window_trace(
+        self, group_name: str | None = None, *, since_s: float | None = None, until_s: float | None = None
+    ) -> list[WindowSample]:
         q = select(WindowTraceRow).order_by(col(WindowTraceRow.group_name), col(WindowTraceRow.at_s))
         if group_name is not None:
             q = q.where(col(WindowTraceRow.group_name) == group_name)
@@ -78,8 +80,9 @@ class Series(StorePart):
             return compaction.compact(driver(conn), self.retention, now(now_s))
 
 
-def _row_values(row: _R | Mapping[str, Any], record_cls: type[_R], getter: Callable[[_R], tuple[Any, ...]],
-                columns: tuple[str, ...]) -> tuple[Any, ...]:
+def _row_values(
+    row: _R | Mapping[str, Any], record_cls: type[_R], getter: Callable[[_R], tuple[Any, ...]], columns: tuple[str, ...]
+) -> tuple[Any, ...]:
     if isinstance(row, record_cls):
         return getter(row)
     # Not a record, so a mapping: mypy does not narrow a union by isinstance on a TypeVar class.

@@ -14,18 +14,22 @@ from llmconsole.db.schema import SessionRow
 
 
 class Sessions(StorePart):
-    def begin_session(self, client: str, *, user: str | None = None, host: str | None = None,
-                      at: float | None = None) -> int:
+    def begin_session(
+        self, client: str, *, user: str | None = None, host: str | None = None, at: float | None = None
+    ) -> int:
         """An operator attached (`client`: "tui", "cli", ...); the id tags their actions."""
-        row = {"attached_at": now(at), "user": user or getpass.getuser(),
-               "host": host or socket.gethostname(), "client": client}
+        row = {
+            "attached_at": now(at),
+            "user": user or getpass.getuser(),
+            "host": host or socket.gethostname(),
+            "client": client,
+        }
         with self._write() as conn:
             return inserted_id(conn.execute(insert(SessionRow).values(**row)))
 
     def end_session(self, session_id: int, *, at: float | None = None) -> None:
         with self._write() as conn:
-            r = conn.execute(update(SessionRow).where(col(SessionRow.id) == session_id)
-                             .values(detached_at=now(at)))
+            r = conn.execute(update(SessionRow).where(col(SessionRow.id) == session_id).values(detached_at=now(at)))
             one_changed(r, "session", session_id)
 
     def sessions(self, *, since: float | None = None) -> list[OperatorSession]:

@@ -74,5 +74,6 @@ class Store(Sessions, Configs, Actions, Alerts, Series, Sweeps):
 
 
 if TYPE_CHECKING:
+
     def _is_an_audit_store(store: Store) -> AuditStore:
         return store  # engine/ is handed a Store typed as its Protocol; mypy checks it fits here

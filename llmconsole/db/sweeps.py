@@ -17,14 +17,30 @@ SWEEP_STATUSES = ("pending", "running", "done", "failed", "cancelled")
 
 
 class Sweeps(StorePart):
-    def create_sweep(self, engine: str, grid: Mapping[str, Any], load: Mapping[str, Any],
-                     slo: Mapping[str, Any], *, config_id: str | None = None,
-                     at: float | None = None) -> int:
+    def create_sweep(
+        self,
+        engine: str,
+        grid: Mapping[str, Any],
+        load: Mapping[str, Any],
+        slo: Mapping[str, Any],
+        *,
+        config_id: str | None = None,
+        at: float | None = None,
+    ) -> int:
         with self._write() as conn:
-            return inserted_id(conn.execute(insert(SweepRow).values(
-                engine=engine, config_id=config_id, created_at=now(at), grid_json=to_json(grid),
-                load_json=to_json(load), slo_json=to_json(slo), status="pending",
-            )))
+            return inserted_id(
+                conn.execute(
+                    insert(SweepRow).values(
+                        engine=engine,
+                        config_id=config_id,
+                        created_at=now(at),
+                        grid_json=to_json(grid),
+                        load_json=to_json(load),
+                        slo_json=to_json(slo),
+                        status="pending",
+                    )
+                )
+            )
 
     def set_sweep_status(self, sweep_id: int, status: str, *, at: float | None = None) -> None:
         """Move a sweep along; a finishing status (done/failed/cancelled) stamps finished_at."""
@@ -37,18 +53,37 @@ class Sweeps(StorePart):
             r = conn.execute(update(SweepRow).where(col(SweepRow.id) == sweep_id).values(**values))
             one_changed(r, "sweep", sweep_id)
 
-    def add_sweep_point(self, sweep_id: int, params: Mapping[str, Any], *, repeat: int = 0,
-                        status: str = "ok", flags: Iterable[str] = (), config_id: str | None = None,
-                        at: float | None = None, **figures: float | int | None) -> int:
+    def add_sweep_point(
+        self,
+        sweep_id: int,
+        params: Mapping[str, Any],
+        *,
+        repeat: int = 0,
+        status: str = "ok",
+        flags: Iterable[str] = (),
+        config_id: str | None = None,
+        at: float | None = None,
+        **figures: float | int | None,
+    ) -> int:
         """One measured point of a sweep; `figures` are SweepPoint's numeric fields."""
         unknown = set(figures) - set(SWEEP_FIGURES)
         if unknown:
             raise TypeError(f"unknown sweep point figures: {', '.join(sorted(unknown))}")
         with self._write() as conn:
-            return inserted_id(conn.execute(insert(SweepPointRow).values(
-                sweep_id=sweep_id, at=now(at), params_json=to_json(params), repeat=repeat,
-                config_id=config_id, status=status, flags_json=json.dumps(list(flags)), **figures,
-            )))
+            return inserted_id(
+                conn.execute(
+                    insert(SweepPointRow).values(
+                        sweep_id=sweep_id,
+                        at=now(at),
+                        params_json=to_json(params),
+                        repeat=repeat,
+                        config_id=config_id,
+                        status=status,
+                        flags_json=json.dumps(list(flags)),
+                        **figures,
+                    )
+                )
+            )
 
     def sweep(self, sweep_id: int) -> Sweep | None:
         with self._read() as conn:

@@ -41,9 +41,14 @@ class VersionEntry:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "config_id": self.config_id, "verdict": self.verdict, "runs": self.runs,
-            "first_used_at": self.first_used_at, "last_used_at": self.last_used_at,
-            "in_use": self.in_use, "label": self.label, "spec": self.spec,
+            "config_id": self.config_id,
+            "verdict": self.verdict,
+            "runs": self.runs,
+            "first_used_at": self.first_used_at,
+            "last_used_at": self.last_used_at,
+            "in_use": self.in_use,
+            "label": self.label,
+            "spec": self.spec,
             "diff_from_previous": [{"field": f, "before": a, "after": b} for f, a, b in self.diff_from_previous],
         }
 
@@ -55,30 +60,35 @@ def versions(store: Store, engine: str) -> list[VersionEntry]:
     for i, h in enumerate(hist):
         older = hist[i + 1] if i + 1 < len(hist) else None
         diff = tuple(config_diff(older.spec, h.spec)) if older else ()
-        out.append(VersionEntry(h.config_id, h.verdict, len(h.run_ids), h.first_used_at,
-                                h.last_used_at, h.in_use, h.label, h.spec, diff))
+        out.append(
+            VersionEntry(
+                h.config_id, h.verdict, len(h.run_ids), h.first_used_at, h.last_used_at, h.in_use, h.label, h.spec, diff
+            )
+        )
     return out
 
 
-def choose_target(store: Store, engine: str, current_config_id: str,
-                  to_config_id: str | None = None) -> ConfigHistory:
+def choose_target(store: Store, engine: str, current_config_id: str, to_config_id: str | None = None) -> ConfigHistory:
     """The version to roll back to: `to_config_id` if given (it must be one this engine ran),
     else the last known-good one other than the current config."""
     if to_config_id is not None:
         for h in store.config_versions(engine):
             if h.config_id == to_config_id:
                 return h
-        raise RollbackError(f"engine {engine} never ran config {to_config_id}; "
-                            f"`llmconsole history {engine}` lists the ones it did")
+        raise RollbackError(
+            f"engine {engine} never ran config {to_config_id}; `llmconsole history {engine}` lists the ones it did"
+        )
     target = store.last_known_good(engine, exclude_config_id=current_config_id)
     if target is None:
-        raise RollbackError(f"engine {engine} has no known-good config other than the current one "
-                            f"({current_config_id}) to roll back to")
+        raise RollbackError(
+            f"engine {engine} has no known-good config other than the current one ({current_config_id}) to roll back to"
+        )
     return target
 
 
-def spec_from_version(version: ConfigHistory, current: EngineSpec,
-                      secret_env: Mapping[str, str] | None = None) -> EngineSpec:
+def spec_from_version(
+    version: ConfigHistory, current: EngineSpec, secret_env: Mapping[str, str] | None = None
+) -> EngineSpec:
     """A runnable spec for a stored version: the current spec's API key, and the values of its
     secret env vars from `secret_env` (name -> value, as the fleet keeps them) or, failing that,
     from the current spec's env."""
@@ -89,11 +99,14 @@ def spec_from_version(version: ConfigHistory, current: EngineSpec,
     # Versions stored before extra args were kept verbatim may hold a scrubbed value.
     damaged = [a for a in fields.get("extra_args") or () if SECRET_VALUE in str(a)]
     if damaged:
-        raise RollbackError(f"config {version.config_id} was stored with its extra args scrubbed "
-                            f"({', '.join(damaged)}): what it ran with is not known, so it is not relaunched")
+        raise RollbackError(
+            f"config {version.config_id} was stored with its extra args scrubbed "
+            f"({', '.join(damaged)}): what it ran with is not known, so it is not relaunched"
+        )
     try:
-        fields["env"] = fill_secrets(fields.get("env") or {}, {**current.env, **(secret_env or {})},
-                                     what=f"config {version.config_id}")
+        fields["env"] = fill_secrets(
+            fields.get("env") or {}, {**current.env, **(secret_env or {})}, what=f"config {version.config_id}"
+        )
         spec = EngineSpec(**fields)
     except ValueError as e:  # e.g. its model directory was removed since
         raise RollbackError(f"config {version.config_id} can no longer run: {e}") from e

@@ -102,8 +102,10 @@ def _check_launchable(spec: EngineSpec) -> None:
     """Refuse (ValueError: nothing changes) a spec that still holds a stand-in for a secret."""
     missing = spec.unresolved_secrets()
     if missing:
-        raise ValueError(f"env {', '.join(missing)} holds the stand-in of a stored secret, not its value: "
-                         f"give it with --env {missing[0]}=...")
+        raise ValueError(
+            f"env {', '.join(missing)} holds the stand-in of a stored secret, not its value: "
+            f"give it with --env {missing[0]}=..."
+        )
 
 
 def _spec_to_record(spec: EngineSpec) -> dict[str, Any]:
@@ -183,9 +185,12 @@ class Fleet:
                 break
             await asyncio.sleep(0.5)
         else:
-            log.error("engine state file %s could not be written before the daemon stopped; engines left "
-                      "running are missing from it: %s", self.paths.state_file,
-                      ", ".join(f"{n} pid {r.pid}" for n, s in self.engines.items() if (r := s.process_record())) or "none")
+            log.error(
+                "engine state file %s could not be written before the daemon stopped; engines left "
+                "running are missing from it: %s",
+                self.paths.state_file,
+                ", ".join(f"{n} pid {r.pid}" for n, s in self.engines.items() if (r := s.process_record())) or "none",
+            )
         if self._http is not None:
             await self._http.close()
 
@@ -223,12 +228,17 @@ class Fleet:
         if target is not None:
             _check_launchable(target)
             enforce_kernel(target)
-        if sup is not None and spec is not None and spec != sup.spec and (
-                sup.state.running or sup.state == EngineState.CRASHED):
+        if (
+            sup is not None
+            and spec is not None
+            and spec != sup.spec
+            and (sup.state.running or sup.state == EngineState.CRASHED)
+        ):
             flags = " ".join(sup.spec.restart_flags(spec)) or "(a change of secret values only)"
             raise NeedsRestart(
                 f"engine {name} is {sup.state} on config {sup.spec.config_id}; start does not change a running "
-                f"engine. To apply the change: llmconsole engine restart {name} {flags}".rstrip())
+                f"engine. To apply the change: llmconsole engine restart {name} {flags}".rstrip()
+            )
         if target is not None:
             self.enforce_fit(name, target, force)
             if sup is None or not (sup.state.running or sup.state == EngineState.CRASHED):
@@ -286,8 +296,11 @@ class Fleet:
             return spec
         launched = with_default_kv(spec, device)
         if launched is not spec:
-            log.info("%s: no KV size given; the default memory mode's: kv_cache_memory_bytes %d",
-                     spec.display_name, launched.kv_cache_memory_bytes or 0)
+            log.info(
+                "%s: no KV size given; the default memory mode's: kv_cache_memory_bytes %d",
+                spec.display_name,
+                launched.kv_cache_memory_bytes or 0,
+            )
         return launched
 
     def neighbours(self, name: str) -> list[Neighbour]:
@@ -317,13 +330,21 @@ class Fleet:
         if port is None:
             return
         for other_name, other in self.engines.items():
-            if other_name != name and other.port == port and (other.state.running or other.state == EngineState.CRASHED):
-                raise PortInUse(f"port {port} is engine {other_name}'s ({other.state}); give {name} another "
-                                "--port, or none for a free one")
+            if (
+                other_name != name
+                and other.port == port
+                and (other.state.running or other.state == EngineState.CRASHED)
+            ):
+                raise PortInUse(
+                    f"port {port} is engine {other_name}'s ({other.state}); give {name} another "
+                    "--port, or none for a free one"
+                )
         holder = port_holder(host, port) if probe else None
         if holder is not None:
-            raise PortInUse(f"port {port} is already in use on {host} by {holder}; give {name} another "
-                            "--port, or none for a free one")
+            raise PortInUse(
+                f"port {port} is already in use on {host} by {holder}; give {name} another "
+                "--port, or none for a free one"
+            )
 
     def statuses(self) -> list[EngineStatus]:
         out = [sup.status() for sup in self.engines.values()]
@@ -370,15 +391,21 @@ class Fleet:
             engines[name] = {
                 "spec": stored["spec"] if stored is not None else _spec_to_record(sup.spec),
                 "secret_env": self._secret_env[name],
-                "runtime": (stored.get("runtime") if stored is not None
-                            else sup.runtime.model_dump() if sup.runtime else None),
+                "runtime": (
+                    stored.get("runtime") if stored is not None else sup.runtime.model_dump() if sup.runtime else None
+                ),
                 "port": sup.port,
                 "desired": "running" if sup.desired_running else "stopped",
                 "state": str(sup.state),
                 "restarts": sup.restarts,
                 "last_error": sup.last_error,
-                "process": None if rec is None else {
-                    "pid": rec.pid, "create_time": rec.create_time, "port": rec.port, "argv": list(rec.argv),
+                "process": None
+                if rec is None
+                else {
+                    "pid": rec.pid,
+                    "create_time": rec.create_time,
+                    "port": rec.port,
+                    "argv": list(rec.argv),
                 },
             }
         return engines
@@ -413,8 +440,10 @@ class Fleet:
         return True
 
     def _save_failed(self, e: OSError, retry: bool) -> None:
-        msg = (f"engine state file {self.paths.state_file} not saved ({e.strerror or e}); the engines are "
-               "supervised meanwhile and the write is retried")
+        msg = (
+            f"engine state file {self.paths.state_file} not saved ({e.strerror or e}); the engines are "
+            "supervised meanwhile and the write is retried"
+        )
         if msg != self.record_error:
             log.error("%s", msg)
         self._set_record_error(msg)
@@ -487,15 +516,16 @@ class Fleet:
             sup.state = EngineState.FAILED
         self.engines[name] = sup
         proc = rec.get("process")
-        record = (ProcessRecord(proc["pid"], proc["create_time"], proc["port"], tuple(proc["argv"]))
-                  if proc else None)
+        record = ProcessRecord(proc["pid"], proc["create_time"], proc["port"], tuple(proc["argv"])) if proc else None
         if error is not None:
             log.error("engine %s: stored spec no longer valid: %s", name, error)
             sup.mark_invalid({"spec": rec["spec"], "runtime": rec.get("runtime")}, error)
             sup.desired_running = rec.get("desired") == "running"  # kept for when it is valid again
             if record is not None and sup.adopt(record, sup.restarts):
-                sup.last_error = (f"stored spec no longer valid: {error}; it keeps serving, but cannot be "
-                                  f"restarted until that is fixed and `llmconsole engine start {name}` is run")
+                sup.last_error = (
+                    f"stored spec no longer valid: {error}; it keeps serving, but cannot be "
+                    f"restarted until that is fixed and `llmconsole engine start {name}` is run"
+                )
                 return f"{name}: adopted pid {record.pid}; stored spec invalid ({error})"
             return f"{name}: stored spec invalid ({error}); kept, listed as invalid"
         if rec.get("desired") != "running":

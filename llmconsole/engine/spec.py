@@ -23,18 +23,32 @@ from llmconsole.engine.secrets import SECRET_VALUE, is_secret_name
 # check these lists against the installed vLLM's `vllm serve` parser). Every option string of a
 # spec field, aliases included: give these through the field, never through extra args.
 _OWNED_FLAGS: dict[str, str] = {
-    "--model": "model", "--host": "host", "--port": "port", "--served-model-name": "served_model_name",
-    "--max-num-seqs": "max_num_seqs", "--max-num-batched-tokens": "max_num_batched_tokens",
-    "--max-model-len": "max_model_len", "--gpu-memory-utilization": "gpu_memory_utilization",
+    "--model": "model",
+    "--host": "host",
+    "--port": "port",
+    "--served-model-name": "served_model_name",
+    "--max-num-seqs": "max_num_seqs",
+    "--max-num-batched-tokens": "max_num_batched_tokens",
+    "--max-model-len": "max_model_len",
+    "--gpu-memory-utilization": "gpu_memory_utilization",
     "--device-memory-utilization": "gpu_memory_utilization",
-    "--kv-cache-memory-bytes": "kv_cache_memory_bytes", "--num-gpu-blocks-override": "num_gpu_blocks_override",
-    "--kv-cache-dtype": "kv_cache_dtype", "--block-size": "block_size",
-    "--enable-chunked-prefill": "enable_chunked_prefill", "--no-enable-chunked-prefill": "enable_chunked_prefill",
-    "--enable-prefix-caching": "enable_prefix_caching", "--no-enable-prefix-caching": "enable_prefix_caching",
-    "--enforce-eager": "enforce_eager", "--no-enforce-eager": "enforce_eager", "--dtype": "dtype",
-    "--tensor-parallel-size": "tensor_parallel_size", "-tp": "tensor_parallel_size",
-    "--pipeline-parallel-size": "pipeline_parallel_size", "-pp": "pipeline_parallel_size",
-    "--distributed-executor-backend": "distributed_executor_backend", "--seed": "seed",
+    "--kv-cache-memory-bytes": "kv_cache_memory_bytes",
+    "--num-gpu-blocks-override": "num_gpu_blocks_override",
+    "--kv-cache-dtype": "kv_cache_dtype",
+    "--block-size": "block_size",
+    "--enable-chunked-prefill": "enable_chunked_prefill",
+    "--no-enable-chunked-prefill": "enable_chunked_prefill",
+    "--enable-prefix-caching": "enable_prefix_caching",
+    "--no-enable-prefix-caching": "enable_prefix_caching",
+    "--enforce-eager": "enforce_eager",
+    "--no-enforce-eager": "enforce_eager",
+    "--dtype": "dtype",
+    "--tensor-parallel-size": "tensor_parallel_size",
+    "-tp": "tensor_parallel_size",
+    "--pipeline-parallel-size": "pipeline_parallel_size",
+    "-pp": "pipeline_parallel_size",
+    "--distributed-executor-backend": "distributed_executor_backend",
+    "--seed": "seed",
 }
 # Options whose value is a credential: in argv it would be in /proc/PID/cmdline, the state file,
 # the engine's log and the config history. Each maps to the way to give it instead.
@@ -158,14 +172,18 @@ class EngineSpec(BaseModel):
                 continue
             read = "" if arg.split("=", 1)[0] == flag else f" (vLLM reads it as {flag})"
             if flag in _SECRET_FLAGS:
-                raise ValueError(f"{arg.split('=', 1)[0]}{read} would put a secret in the process list, "
-                                 f"the log and the history; use {_SECRET_FLAGS[flag]}")
+                raise ValueError(
+                    f"{arg.split('=', 1)[0]}{read} would put a secret in the process list, "
+                    f"the log and the history; use {_SECRET_FLAGS[flag]}"
+                )
             if flag in _HIDDEN_FLAGS:
                 raise ValueError(f"{arg.split('=', 1)[0]}{read} is not allowed in extra args: {_HIDDEN_FLAGS[flag]}")
             field = _OWNED_FLAGS[flag]
             cli = "--" + field.replace("_", "-")
-            raise ValueError(f"{arg.split('=', 1)[0]}{read} is a spec field ({field}); set it there "
-                             f"(`{cli}` on the command line), not through extra args")
+            raise ValueError(
+                f"{arg.split('=', 1)[0]}{read} is a spec field ({field}); set it there "
+                f"(`{cli}` on the command line), not through extra args"
+            )
         return v
 
     @model_validator(mode="after")
@@ -249,8 +267,10 @@ class EngineSpec(BaseModel):
                 continue
             flag = "--" + name.replace("_", "-")
             if name == "env":
-                flags += [f"--env {shlex.quote(k + '=' + (SECRET_VALUE if is_secret_name(k) else v))}"
-                          for k, v in target.env.items()]
+                flags += [
+                    f"--env {shlex.quote(k + '=' + (SECRET_VALUE if is_secret_name(k) else v))}"
+                    for k, v in target.env.items()
+                ]
             elif name == "extra_args":
                 flags += [f"--extra-arg={shlex.quote(a)}" for a in target.extra_args]
             elif name == "runtime":
@@ -270,9 +290,12 @@ class EngineSpec(BaseModel):
         head = runtime.command_prefix()
         model = [self.model] if runtime.kind == "vllm-serve" else ["--model", self.model]
         flags: list[str] = [
-            "--served-model-name", self.served_model_name or Path(self.model).name,
-            "--host", self.host,
-            "--port", str(port),
+            "--served-model-name",
+            self.served_model_name or Path(self.model).name,
+            "--host",
+            self.host,
+            "--port",
+            str(port),
         ]
 
         def opt(flag: str, value: object) -> None:

@@ -90,8 +90,17 @@ START_PHASES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("loading weights", ("Starting to load model", "Loading safetensors checkpoint", "Loading weights")),
     ("profiling memory", ("Loading weights took", "Model loading took", "Memory profiling takes")),
     ("allocating the KV cache", ("Available KV cache memory", "GiB for KV cache", "# GPU blocks", "# CPU blocks")),
-    ("compiling and warming up", ("KV cache size:", "Compiling a graph", "torch.compile takes",
-                                  "Capturing CUDA graph", "Graph capturing finished", "Dynamo bytecode transform")),
+    (
+        "compiling and warming up",
+        (
+            "KV cache size:",
+            "Compiling a graph",
+            "torch.compile takes",
+            "Capturing CUDA graph",
+            "Graph capturing finished",
+            "Dynamo bytecode transform",
+        ),
+    ),
     ("starting the API server", ("init engine (profile, create kv cache, warmup model) took", "Starting vLLM")),
     ("waiting for the health check", ("Application startup complete",)),
 )
@@ -99,7 +108,7 @@ START_PHASES: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 @dataclass(frozen=True)
 class StartPhase:
-    step: int        # 0-based, in START_PHASES
+    step: int  # 0-based, in START_PHASES
     steps: int
     name: str
 
@@ -110,7 +119,7 @@ def start_phase(text: str, pid: int | None = None) -> StartPhase:
     an earlier run's lines never read as progress; before that line it is still launching."""
     if pid is not None:
         at = text.find(f"pid={pid})")
-        text = text[text.rfind("\n", 0, at) + 1:] if at >= 0 else ""
+        text = text[text.rfind("\n", 0, at) + 1 :] if at >= 0 else ""
     step = 0
     for i, (_, markers) in enumerate(START_PHASES):
         if any(m in text for m in markers):

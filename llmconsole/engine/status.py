@@ -12,14 +12,14 @@ from llmconsole.engine.metrics.window import WindowedMetrics
 
 
 class EngineState(StrEnum):
-    STARTING = "starting"    # launched, /health not yet 200
-    READY = "ready"          # /health answers 200
+    STARTING = "starting"  # launched, /health not yet 200
+    READY = "ready"  # /health answers 200
     UNHEALTHY = "unhealthy"  # running, but /health failed at least once in a row
-    CRASHED = "crashed"      # died unexpectedly; a restart is pending (backoff)
-    STOPPING = "stopping"    # asked to stop: draining, then killed
-    STOPPED = "stopped"      # stopped on request
-    FAILED = "failed"        # given up: a fresh start failed, or the config is crash-looping
-    INVALID = "invalid"      # its stored spec no longer validates (last_error says why): cannot start
+    CRASHED = "crashed"  # died unexpectedly; a restart is pending (backoff)
+    STOPPING = "stopping"  # asked to stop: draining, then killed
+    STOPPED = "stopped"  # stopped on request
+    FAILED = "failed"  # given up: a fresh start failed, or the config is crash-looping
+    INVALID = "invalid"  # its stored spec no longer validates (last_error says why): cannot start
 
     @property
     def running(self) -> bool:
@@ -40,17 +40,17 @@ class EngineStatus:
     restarts: int = 0
     crash_looping: bool = False
     adopted: bool = False
-    started_at_s: float | None = None   # wall clock (time.time) of the current run's launch
+    started_at_s: float | None = None  # wall clock (time.time) of the current run's launch
     ready_at_s: float | None = None
-    uptime_s: float | None = None       # since ready
+    uptime_s: float | None = None  # since ready
     last_exit_code: int | None = None
     last_error: str | None = None
     next_restart_in_s: float | None = None
-    consecutive_failures: int = 0       # runs in a row that ended before they were stable
-    backoff_s: float | None = None      # the delay before the pending restart (state crashed)
-    gave_up_reason: str | None = None   # why supervision stopped restarting it (state failed)
-    spec_error: str | None = None       # the stored spec no longer validates: it cannot be (re)started
-    record_error: str | None = None     # the state file could not be written: this record is not saved
+    consecutive_failures: int = 0  # runs in a row that ended before they were stable
+    backoff_s: float | None = None  # the delay before the pending restart (state crashed)
+    gave_up_reason: str | None = None  # why supervision stopped restarting it (state failed)
+    spec_error: str | None = None  # the stored spec no longer validates: it cannot be (re)started
+    record_error: str | None = None  # the state file could not be written: this record is not saved
     kv_cache_tokens: int | None = None
     max_concurrency: float | None = None
     max_concurrency_len: int | None = None
@@ -58,11 +58,11 @@ class EngineStatus:
     process: ProcessSample | None = None
     spec: dict[str, Any] = field(default_factory=dict)
     log_path: str | None = None
-    gateway_url: str | None = None      # the engine group's door at the gateway: clients use it
-    window: int | None = None           # the group's admission window now
+    gateway_url: str | None = None  # the engine group's door at the gateway: clients use it
+    window: int | None = None  # the group's admission window now
     controller: dict[str, Any] | None = None  # the window controller's settings, state and trace
-    mode: str | None = None             # memory mode read from the spec (performance|balanced|aggressive)
-    mode_auto: bool = False             # the auto policy picks the mode
+    mode: str | None = None  # memory mode read from the spec (performance|balanced|aggressive)
+    mode_auto: bool = False  # the auto policy picks the mode
     # The decode attention the engine reports it runs (its own log: kernels/usage.py), never the
     # spec's wish: "custom", "stock", or None while it has not said. kernel_note says why it differs
     # from the spec's; kernel_usage holds the engine's latest counters of a custom kernel.

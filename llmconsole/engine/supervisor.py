@@ -54,17 +54,17 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class SupervisionPolicy:
-    poll_interval_s: float = 0.5          # how often the process is checked for exit
+    poll_interval_s: float = 0.5  # how often the process is checked for exit
     health_interval_s: float = 1.0
     health_timeout_s: float = 2.0
     health_failures_to_crash: int = 3
     scrape_interval_s: float = 1.0
-    start_timeout_s: float = 900.0        # model loads on big GPUs can take many minutes
+    start_timeout_s: float = 900.0  # model loads on big GPUs can take many minutes
     backoff_initial_s: float = 1.0
     backoff_max_s: float = 30.0
-    stable_after_s: float = 60.0          # ready this long: the run succeeded, the streak ends
-    crash_loop_count: int = 3             # this many failed runs in a row (whatever each lasted),
-    crash_loop_window_s: float = 300.0    # or this many crashes within this window: give up
+    stable_after_s: float = 60.0  # ready this long: the run succeeded, the streak ends
+    crash_loop_count: int = 3  # this many failed runs in a row (whatever each lasted),
+    crash_loop_window_s: float = 300.0  # or this many crashes within this window: give up
     drain_timeout_s: float = 30.0
 
     @classmethod
@@ -96,8 +96,8 @@ POLICY_ENV = "LLMCONSOLE_SUPERVISION"
 
 @dataclass(frozen=True)
 class RestartDecision:
-    give_up: str | None   # why supervision stops restarting the engine; None: restart it
-    delay_s: float        # the backoff before that restart
+    give_up: str | None  # why supervision stops restarting the engine; None: restart it
+    delay_s: float  # the backoff before that restart
 
 
 class FailureCounter:
@@ -184,8 +184,7 @@ def _not_config_fields() -> frozenset[str]:
 def stored_config_id(raw: Mapping[str, Any]) -> str:
     """The config id of a spec as stored (see EngineSpec.config_id), even if it no longer validates."""
     not_config = _not_config_fields()
-    canonical = json.dumps({k: v for k, v in raw.items() if k not in not_config}, sort_keys=True,
-                           separators=(",", ":"))
+    canonical = json.dumps({k: v for k, v in raw.items() if k not in not_config}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 
@@ -357,7 +356,11 @@ class EngineSupervisor:
 
     def status(self) -> EngineStatus:
         now = time.monotonic()
-        uptime = now - self._ready_mono if self._ready_mono and self.state in (EngineState.READY, EngineState.UNHEALTHY) else None
+        uptime = (
+            now - self._ready_mono
+            if self._ready_mono and self.state in (EngineState.READY, EngineState.UNHEALTHY)
+            else None
+        )
         next_restart = (
             max(0.0, self._next_restart_mono - now)
             if self._next_restart_mono is not None and self.state == EngineState.CRASHED
@@ -486,8 +489,12 @@ class EngineSupervisor:
             self.port = free_port(_connect_host(self.spec.host))
         elif self.spec.port is None and (holder := port_holder(self.spec.host, self.port)) is not None:
             # The port picked for it before is someone else's now; only a port asked for is kept.
-            log.warning("engine %s: port %d, picked for it before, is held by %s now; picking another",
-                        self.name, self.port, holder)
+            log.warning(
+                "engine %s: port %d, picked for it before, is held by %s now; picking another",
+                self.name,
+                self.port,
+                holder,
+            )
             self.port = free_port(_connect_host(self.spec.host))
         argv = self.spec.argv(self.runtime, self.port)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -546,8 +553,11 @@ class EngineSupervisor:
             return True
         self._owned_listeners = None
         who = ", ".join(socket_holders(foreign)) or "a process of another user"
-        problem = (f"port {self.port} is answered by {who}, not by this engine (pid {self.proc.pid})"
-                   if foreign else f"nothing listens on port {self.port}")
+        problem = (
+            f"port {self.port} is answered by {who}, not by this engine (pid {self.proc.pid})"
+            if foreign
+            else f"nothing listens on port {self.port}"
+        )
         if problem != self._foreign_note:
             log.warning("engine %s: /health answered, but %s: not counted as healthy", self.name, problem)
             self._foreign_note = problem

@@ -9,10 +9,16 @@ from llmconsole.kernels.build import load_cpu_kernel
 from llmconsole.kernels.checks import check_decode_args
 
 
-def paged_attention_decode(query: torch.Tensor, kv_cache: torch.Tensor,
-                           block_tables: torch.Tensor, context_lens: torch.Tensor,
-                           scale: float, *, out: torch.Tensor | None = None,
-                           partition_size: int = 0) -> torch.Tensor:
+def paged_attention_decode(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    *,
+    out: torch.Tensor | None = None,
+    partition_size: int = 0,
+) -> torch.Tensor:
     """Attention of one query token per sequence over its paged context.
 
     query [num_seqs, num_heads, head_size]; kv_cache in vLLM's CPU layout (see kv_layout);
@@ -25,16 +31,17 @@ def paged_attention_decode(query: torch.Tensor, kv_cache: torch.Tensor,
     if out is None:
         out = torch.empty_like(query, memory_format=torch.contiguous_format)
     torch.ops.llmconsole.paged_attention_decode(
-        out, query, kv_cache, block_tables.contiguous(), context_lens.contiguous(),
-        float(scale), int(partition_size))
+        out, query, kv_cache, block_tables.contiguous(), context_lens.contiguous(), float(scale), int(partition_size)
+    )
     return out
 
 
-def partition_tokens(context_lens: torch.Tensor, num_kv_heads: int, block_size: int,
-                     partition_size: int = 0) -> int:
+def partition_tokens(context_lens: torch.Tensor, num_kv_heads: int, block_size: int, partition_size: int = 0) -> int:
     """Tokens per partition the kernel would use; a context longer than this takes the
     split-KV path. Depends on the thread count (torch.get_num_threads())."""
     load_cpu_kernel()
-    return int(torch.ops.llmconsole.paged_attention_decode_partition_tokens(
-        context_lens.to(torch.int32).contiguous(), int(num_kv_heads), int(block_size),
-        int(partition_size)))
+    return int(
+        torch.ops.llmconsole.paged_attention_decode_partition_tokens(
+            context_lens.to(torch.int32).contiguous(), int(num_kv_heads), int(block_size), int(partition_size)
+        )
+    )

@@ -70,8 +70,15 @@ def host_attention_isas(head_size: int = 128, block_size: int = 128) -> dict[str
             pass
     import torch
 
-    out: dict[str, Any] = {"amx_tiles": amx_tiles_reported(), "dtype": "bfloat16", "head_size": head_size,
-                 "block_size": block_size, "vllm_isa": None, "kernel_isa": None, "error": None}
+    out: dict[str, Any] = {
+        "amx_tiles": amx_tiles_reported(),
+        "dtype": "bfloat16",
+        "head_size": head_size,
+        "block_size": block_size,
+        "vllm_isa": None,
+        "kernel_isa": None,
+        "error": None,
+    }
     # vLLM logs start-up notes at import (Triton without a CPU backend, ...), some before its own
     # logging is set up, so its level setting cannot quiet them: the logger's level can.
     logging.getLogger("vllm").setLevel(logging.ERROR)
@@ -102,8 +109,7 @@ def _isa_cache_path(head_size: int, block_size: int) -> Path | None:
     if not any(v.startswith("vllm") for v in versions):
         return None
     try:
-        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines()
-                      if line.startswith("flags")), "")
+        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
     except OSError:
         flags = ""
     key = hashlib.sha256("\n".join([*versions, flags, str(head_size), str(block_size)]).encode()).hexdigest()[:16]

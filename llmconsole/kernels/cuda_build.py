@@ -42,15 +42,15 @@ class CudaBuildError(RuntimeError):
 class CudaBuildOptions:
     """The kernel's tuning knobs. Each maps to a define or an nvcc flag (see the .cu header)."""
 
-    warp_reduce: bool = True          # merge kernel: __shfl_xor_sync reductions, not a smem tree
-    smem_carveout_kb: int = 0         # shared memory per SM to ask for; 0 = driver default
+    warp_reduce: bool = True  # merge kernel: __shfl_xor_sync reductions, not a smem tree
+    smem_carveout_kb: int = 0  # shared memory per SM to ask for; 0 = driver default
     max_registers: int | None = None  # -maxrregcount (drops __launch_bounds__, which overrides it)
-    fast_math: bool = False           # --use_fast_math
-    threads: int = 128                # threads per CTA: warps streaming one CTA's context
-    partition_tokens: int = 128       # smallest context split the split chooser makes
-    stage_bytes: int = 24576          # shared memory per warp for its ring of K/V stages
-    only_head_size: int = 0           # 0: head sizes 64, 128, 256; N: only N (a faster build)
-    fp8_kv: bool = True               # also build the fp8 e4m3 KV kernels
+    fast_math: bool = False  # --use_fast_math
+    threads: int = 128  # threads per CTA: warps streaming one CTA's context
+    partition_tokens: int = 128  # smallest context split the split chooser makes
+    stage_bytes: int = 24576  # shared memory per warp for its ring of K/V stages
+    only_head_size: int = 0  # 0: head sizes 64, 128, 256; N: only N (a faster build)
+    fp8_kv: bool = True  # also build the fp8 e4m3 KV kernels
 
     def __post_init__(self) -> None:
         if self.threads % 32 or not 32 <= self.threads <= MAX_THREADS:
@@ -90,19 +90,19 @@ class KernelResources:
     spill_store_bytes: int
     spill_load_bytes: int
     stack_bytes: int
-    shared_bytes: int      # static shared memory; dynamic smem is sized at launch
+    shared_bytes: int  # static shared memory; dynamic smem is sized at launch
     constant_bytes: int
 
 
 @dataclass
 class CudaBuildResult:
     path: str
-    kind: str                                   # "fatbin" or "shared"
+    kind: str  # "fatbin" or "shared"
     archs: tuple[str, ...]
     nvcc: str
     nvcc_version: str
     flags: list[str]
-    options: dict[str, Any]                     # CudaBuildOptions.as_dict()
+    options: dict[str, Any]  # CudaBuildOptions.as_dict()
     resources: dict[str, dict[str, KernelResources]] = field(default_factory=dict)
     cached: bool = False
 
@@ -163,8 +163,9 @@ def demangle(names: list[str]) -> dict[str, str]:
     tool = shutil.which("cu++filt") or shutil.which("c++filt")
     if not tool or not names:
         return {n: n for n in names}
-    out = subprocess.run([tool], input="\n".join(names), capture_output=True, text=True,
-                         check=False).stdout.splitlines()
+    out = subprocess.run(
+        [tool], input="\n".join(names), capture_output=True, text=True, check=False
+    ).stdout.splitlines()
     if len(out) != len(names):
         return {n: n for n in names}
     # Drop the return type and parameter list: every kernel here is void(llmc::Params).
@@ -173,14 +174,15 @@ def demangle(names: list[str]) -> dict[str, str]:
 
 def parse_ptxas_report(text: str) -> dict[str, dict[str, KernelResources]]:
     """`-Xptxas -v` output -> {arch: {kernel: KernelResources}}, names demangled."""
-    raw: dict[str, dict[str, dict[str, int]]] = {}   # arch -> mangled kernel name -> figures
+    raw: dict[str, dict[str, dict[str, int]]] = {}  # arch -> mangled kernel name -> figures
     current: dict[str, int] | None = None
     for line in text.splitlines():
         entry = _ENTRY.search(line)
         if entry:
             name, arch = entry.groups()
             current = raw.setdefault(arch, {}).setdefault(
-                name, {"stack": 0, "spill_st": 0, "spill_ld": 0, "regs": 0, "smem": 0, "cmem": 0})
+                name, {"stack": 0, "spill_st": 0, "spill_ld": 0, "regs": 0, "smem": 0, "cmem": 0}
+            )
             continue
         if current is None:
             continue
@@ -200,8 +202,13 @@ def parse_ptxas_report(text: str) -> dict[str, dict[str, KernelResources]]:
     return {
         arch: {
             names[name]: KernelResources(
-                registers=v["regs"], spill_store_bytes=v["spill_st"], spill_load_bytes=v["spill_ld"],
-                stack_bytes=v["stack"], shared_bytes=v["smem"], constant_bytes=v["cmem"])
+                registers=v["regs"],
+                spill_store_bytes=v["spill_st"],
+                spill_load_bytes=v["spill_ld"],
+                stack_bytes=v["stack"],
+                shared_bytes=v["smem"],
+                constant_bytes=v["cmem"],
+            )
             for name, v in sorted(kernels.items())
         }
         for arch, kernels in sorted(raw.items())
@@ -209,17 +216,29 @@ def parse_ptxas_report(text: str) -> dict[str, dict[str, KernelResources]]:
 
 
 def _result_from_json(data: dict[str, Any]) -> CudaBuildResult:
-    resources = {arch: {name: KernelResources(**r) for name, r in kernels.items()}
-                 for arch, kernels in data["resources"].items()}
-    return CudaBuildResult(path=data["path"], kind=data["kind"], archs=tuple(data["archs"]),
-                           nvcc=data["nvcc"], nvcc_version=data["nvcc_version"],
-                           flags=data["flags"], options=data["options"], resources=resources,
-                           cached=True)
+    resources = {
+        arch: {name: KernelResources(**r) for name, r in kernels.items()} for arch, kernels in data["resources"].items()
+    }
+    return CudaBuildResult(
+        path=data["path"],
+        kind=data["kind"],
+        archs=tuple(data["archs"]),
+        nvcc=data["nvcc"],
+        nvcc_version=data["nvcc_version"],
+        flags=data["flags"],
+        options=data["options"],
+        resources=resources,
+        cached=True,
+    )
 
 
-def compile_cuda(options: CudaBuildOptions = CudaBuildOptions(),
-                 archs: tuple[str, ...] = DEFAULT_ARCHS, kind: str = "fatbin",
-                 out_dir: Path | None = None, timeout_s: float = 600) -> CudaBuildResult:
+def compile_cuda(
+    options: CudaBuildOptions = CudaBuildOptions(),
+    archs: tuple[str, ...] = DEFAULT_ARCHS,
+    kind: str = "fatbin",
+    out_dir: Path | None = None,
+    timeout_s: float = 600,
+) -> CudaBuildResult:
     """Compile paged_attention.cu for `archs` into a fatbin or a shared library (kind="shared",
     loadable with ctypes; links the CUDA runtime) and return its resource report."""
     if kind not in ("fatbin", "shared"):
@@ -231,9 +250,18 @@ def compile_cuda(options: CudaBuildOptions = CudaBuildOptions(),
     version = nvcc_version(nvcc)
     flags = options.nvcc_flags()
     source = CUDA_SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join(
-        [source, " ".join(flags).encode(), " ".join(archs).encode(), kind.encode(),
-         version.encode(), str(_REPORT_FORMAT).encode()])).hexdigest()[:16]
+    key = hashlib.sha256(
+        b"\0".join(
+            [
+                source,
+                " ".join(flags).encode(),
+                " ".join(archs).encode(),
+                kind.encode(),
+                version.encode(),
+                str(_REPORT_FORMAT).encode(),
+            ]
+        )
+    ).hexdigest()[:16]
     build_dir = Path(out_dir) if out_dir else cache_dir() / "cuda" / key
     suffix = ".fatbin" if kind == "fatbin" else ".so"
     target = build_dir / f"llmconsole_paged_attention{suffix}"
@@ -264,9 +292,16 @@ def compile_cuda(options: CudaBuildOptions = CudaBuildOptions(),
         raise CudaBuildError(f"nvcc failed (exit {proc.returncode}):\n{log[-4000:]}")
     os.replace(staged, target)
     shutil.rmtree(staging, ignore_errors=True)
-    result = CudaBuildResult(path=str(target), kind=kind, archs=tuple(archs), nvcc=nvcc,
-                             nvcc_version=version, flags=flags, options=options.as_dict(),
-                             resources=parse_ptxas_report(log))
+    result = CudaBuildResult(
+        path=str(target),
+        kind=kind,
+        archs=tuple(archs),
+        nvcc=nvcc,
+        nvcc_version=version,
+        flags=flags,
+        options=options.as_dict(),
+        resources=parse_ptxas_report(log),
+    )
     missing = [a for a in archs if a not in result.resources]
     if missing:
         raise CudaBuildError(f"no ptxas resource report for {missing}; nvcc output:\n{log[-4000:]}")

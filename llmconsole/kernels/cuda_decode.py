@@ -23,11 +23,20 @@ class DecodeKernel(Protocol):
     [rows, heads, head_size] over vLLM's key and value cache views, written into `out`. Tests
     pass the float64 reference (reference.cuda_layout_decode_reference) in its place."""
 
-    def __call__(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                 block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, *,
-                 max_seq_len: int | None = None, out: torch.Tensor | None = None,
-                 k_scale: float | torch.Tensor | None = None,
-                 v_scale: float | torch.Tensor | None = None) -> torch.Tensor: ...
+    def __call__(
+        self,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        scale: float,
+        *,
+        max_seq_len: int | None = None,
+        out: torch.Tensor | None = None,
+        k_scale: float | torch.Tensor | None = None,
+        v_scale: float | torch.Tensor | None = None,
+    ) -> torch.Tensor: ...
 
 
 # What the kernel is built for (paged_attention.cu): the caches' dtypes by the query's, head sizes.
@@ -36,8 +45,9 @@ _QUERY_DTYPES = (torch.bfloat16, torch.float16)
 _HEAD_SIZES = (64, 128, 256)
 
 
-def layout_refusal(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
-                   seq_lens: torch.Tensor) -> str | None:
+def layout_refusal(
+    query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor
+) -> str | None:
     """Why the kernel cannot take these decode rows (a fallback reason, counted), or None."""
     if query.dtype not in _QUERY_DTYPES:
         return f"query dtype {query.dtype}"
@@ -63,16 +73,34 @@ def kv_views(kv_cache: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torc
     return kv[..., :head_size], kv[..., head_size:]
 
 
-def decode_rows(kernel: DecodeKernel, query: torch.Tensor, kv_cache: torch.Tensor,
-                block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float, out: torch.Tensor,
-                max_seq_len: int, k_scale: float | torch.Tensor | None = None,
-                v_scale: float | torch.Tensor | None = None) -> None:
+def decode_rows(
+    kernel: DecodeKernel,
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+    max_seq_len: int,
+    k_scale: float | torch.Tensor | None = None,
+    v_scale: float | torch.Tensor | None = None,
+) -> None:
     """Decode attention of `query` [rows, heads, head_size] (one query token per row, the last of
     its context) over vLLM's CUDA KV view, into `out`; `max_seq_len` bounds every row's context.
     An fp8 cache's per-tensor scales (the layer's _k_scale/_v_scale) pass through."""
     key_cache, value_cache = kv_views(kv_cache, query.shape[2])
-    kernel(query, key_cache, value_cache, block_table, seq_lens, scale, max_seq_len=max_seq_len, out=out,
-           k_scale=k_scale, v_scale=v_scale)
+    kernel(
+        query,
+        key_cache,
+        value_cache,
+        block_table,
+        seq_lens,
+        scale,
+        max_seq_len=max_seq_len,
+        out=out,
+        k_scale=k_scale,
+        v_scale=v_scale,
+    )
 
 
 _lock = threading.Lock()

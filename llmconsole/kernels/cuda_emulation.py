@@ -44,18 +44,18 @@ class KernelGeometry:
     """The compile-time geometry of one decode kernel instantiation (the .cu's Geometry)."""
 
     head_size: int
-    kv_bytes: int           # bytes per cached element: 2, or 1 for fp8
-    nt: int                 # n-tiles of 8 query heads
+    kv_bytes: int  # bytes per cached element: 2, or 1 for fp8
+    nt: int  # n-tiles of 8 query heads
     tile: int
     warps: int
     stages: int
     heads_per_cta: int
     q_in_smem: bool
-    warp_bytes: int         # each warp's ring of stages (+ the fp8 work tile)
-    cta_bytes: int          # dynamic shared memory per CTA
+    warp_bytes: int  # each warp's ring of stages (+ the fp8 work tile)
+    cta_bytes: int  # dynamic shared memory per CTA
     min_partition: int
     max_splits: int
-    static_bytes: int       # static shared memory (the warps' softmax statistics)
+    static_bytes: int  # static shared memory (the warps' softmax statistics)
 
     @property
     def kv_tile_bytes(self) -> int:
@@ -75,9 +75,18 @@ class KernelGeometry:
 
     def library_values(self) -> list[int]:
         """The order llmc_paged_attention_geometry() reports them in."""
-        return [self.tile, self.warps, self.stages, self.heads_per_cta, int(self.q_in_smem),
-                self.warp_bytes, self.cta_bytes, self.min_partition, self.max_splits,
-                self.static_bytes]
+        return [
+            self.tile,
+            self.warps,
+            self.stages,
+            self.heads_per_cta,
+            int(self.q_in_smem),
+            self.warp_bytes,
+            self.cta_bytes,
+            self.min_partition,
+            self.max_splits,
+            self.static_bytes,
+        ]
 
 
 def heads_per_cta(group: int) -> int:
@@ -88,26 +97,48 @@ def head_tiles(group: int) -> int:
     return -(-group // heads_per_cta(group))
 
 
-def kernel_geometry(head_size: int, group: int, kv_bytes: int = 2, threads: int = DEFAULT_THREADS,
-                    stage_bytes: int = DEFAULT_STAGE_BYTES,
-                    min_partition: int = DEFAULT_MIN_PARTITION) -> KernelGeometry:
+def kernel_geometry(
+    head_size: int,
+    group: int,
+    kv_bytes: int = 2,
+    threads: int = DEFAULT_THREADS,
+    stage_bytes: int = DEFAULT_STAGE_BYTES,
+    min_partition: int = DEFAULT_MIN_PARTITION,
+) -> KernelGeometry:
     nt = 1 if group <= 8 else 2
     heads = 8 * nt
     kv_tile = TILE * head_size * kv_bytes
     work = 2 * TILE * head_size * 2 if kv_bytes == 1 else 0
-    fit = int((stage_bytes - work) / (2 * kv_tile))   # C++ division truncates toward zero
+    fit = int((stage_bytes - work) / (2 * kv_tile))  # C++ division truncates toward zero
     stages = min(4, max(2, fit))
     warp_bytes = stages * 2 * kv_tile + work
     warps = threads // 32
     return KernelGeometry(
-        head_size=head_size, kv_bytes=kv_bytes, nt=nt, tile=TILE, warps=warps, stages=stages,
-        heads_per_cta=heads, q_in_smem=head_size * nt >= 512, warp_bytes=warp_bytes,
-        cta_bytes=warps * warp_bytes + heads * head_size * 2, min_partition=min_partition,
-        max_splits=MAX_SPLITS, static_bytes=4 * 2 * warps * heads)
+        head_size=head_size,
+        kv_bytes=kv_bytes,
+        nt=nt,
+        tile=TILE,
+        warps=warps,
+        stages=stages,
+        heads_per_cta=heads,
+        q_in_smem=head_size * nt >= 512,
+        warp_bytes=warp_bytes,
+        cta_bytes=warps * warp_bytes + heads * head_size * 2,
+        min_partition=min_partition,
+        max_splits=MAX_SPLITS,
+        static_bytes=4 * 2 * warps * heads,
+    )
 
 
-def choose_splits(num_seqs: int, num_heads: int, num_kv_heads: int, max_context_len: int,
-                  sm_count: int, ctas_per_sm: int, min_partition: int = DEFAULT_MIN_PARTITION) -> int:
+def choose_splits(
+    num_seqs: int,
+    num_heads: int,
+    num_kv_heads: int,
+    max_context_len: int,
+    sm_count: int,
+    ctas_per_sm: int,
+    min_partition: int = DEFAULT_MIN_PARTITION,
+) -> int:
     """The kernel's split count (llmc_paged_attention_choose_splits), line for line."""
     if num_kv_heads <= 0 or num_heads % num_kv_heads:
         return 1
@@ -147,8 +178,8 @@ def workspace_bytes(num_seqs: int, num_heads: int, head_size: int, num_splits: i
 # ---- the warp's instructions --------------------------------------------------------------------
 
 LANES = torch.arange(32)
-_G = LANES >> 2          # fragment row group
-_T = LANES & 3           # thread in group: column pair
+_G = LANES >> 2  # fragment row group
+_T = LANES & 3  # thread in group: column pair
 
 
 def swz(head_size: int, row: torch.Tensor | int, chunk: torch.Tensor | int) -> torch.Tensor:
@@ -186,7 +217,7 @@ def mma_m16n8k16(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Ten
 
 def _matrix_rows(smem: torch.Tensor, lane_addr: torch.Tensor, count: int) -> torch.Tensor:
     """The 8 x 8 16-bit matrices an ldmatrix reads: matrix m's row r from lane 8m + r's address."""
-    addr = lane_addr[:8 * count]
+    addr = lane_addr[: 8 * count]
     if bool((addr % 16 != 0).any()):
         raise AssertionError("ldmatrix row address not 16-byte aligned")
     return smem[addr[:, None] + 2 * torch.arange(8)].view(count, 8, 8)
@@ -220,6 +251,7 @@ def _round(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 # ---- the kernel ---------------------------------------------------------------------------------
 
+
 class _Global:
     """A tensor's storage as device memory: element offsets from the tensor's data pointer,
     every read counted."""
@@ -247,9 +279,9 @@ class DecodeTrace:
     num_splits: int
     head_tiles: int
     geometry: KernelGeometry
-    key_reads: torch.Tensor = field(repr=False)     # reads per element of the key cache's storage
+    key_reads: torch.Tensor = field(repr=False)  # reads per element of the key cache's storage
     value_reads: torch.Tensor = field(repr=False)
-    out_writes: torch.Tensor = field(repr=False)    # writes per output element
+    out_writes: torch.Tensor = field(repr=False)  # writes per output element
     tiles: int = 0
 
 
@@ -262,7 +294,7 @@ class _Warp:
         self.group: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def cp_async(self, dst: torch.Tensor, values: torch.Tensor) -> None:
-        self.ring[dst] = float("nan")      # in flight: undefined until waited for
+        self.ring[dst] = float("nan")  # in flight: undefined until waited for
         self.group.append((dst, values))
 
     def commit(self) -> None:
@@ -275,11 +307,21 @@ class _Warp:
                 self.ring[dst] = values
 
 
-def emulate_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                   block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                   num_splits: int, *, k_scale: float = 1.0, v_scale: float = 1.0,
-                   threads: int = DEFAULT_THREADS, stage_bytes: int = DEFAULT_STAGE_BYTES,
-                   min_partition: int = DEFAULT_MIN_PARTITION) -> tuple[torch.Tensor, DecodeTrace]:
+def emulate_decode(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    num_splits: int,
+    *,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    threads: int = DEFAULT_THREADS,
+    stage_bytes: int = DEFAULT_STAGE_BYTES,
+    min_partition: int = DEFAULT_MIN_PARTITION,
+) -> tuple[torch.Tensor, DecodeTrace]:
     """What llmc_paged_attention_decode writes for these CPU tensors (same arguments as
     cuda_lib's paged_attention_decode), and a trace of the launch."""
     num_seqs, num_heads, head_size = query.shape
@@ -296,7 +338,7 @@ def emulate_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: to
     out = torch.full(query.shape, float("nan"), dtype=query.dtype)
     out_writes = torch.zeros(query.shape, dtype=torch.int64)
     rows = num_seqs * num_heads * num_splits
-    part_o = torch.full((rows, head_size), float("nan"))     # workspace: whatever was there
+    part_o = torch.full((rows, head_size), float("nan"))  # workspace: whatever was there
     part_lse = torch.full((rows,), float("nan"))
     trace = DecodeTrace(num_splits, tiles_per_head, geom, keys.reads, values.reads, out_writes)
     f32 = torch.float32
@@ -320,15 +362,41 @@ def emulate_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: to
                     if hg < group:
                         part_lse[(seq * num_heads + kv_head * group + hg) * num_splits + split] = -math.inf
                 continue
-            _emulate_cta(geom, q_values, keys, values, key_cache.stride(), value_cache.stride(),
-                         block_tables, seq, kv_head, head_tile, split, num_splits, group, num_heads,
-                         block_size, length, begin, end, mma_dtype, fp8, scale32, s_mul, o_mul,
-                         out, out_writes, part_o, part_lse, trace)
+            _emulate_cta(
+                geom,
+                q_values,
+                keys,
+                values,
+                key_cache.stride(),
+                value_cache.stride(),
+                block_tables,
+                seq,
+                kv_head,
+                head_tile,
+                split,
+                num_splits,
+                group,
+                num_heads,
+                block_size,
+                length,
+                begin,
+                end,
+                mma_dtype,
+                fp8,
+                scale32,
+                s_mul,
+                o_mul,
+                out,
+                out_writes,
+                part_o,
+                part_lse,
+                trace,
+            )
 
     if num_splits > 1:
         for row in range(num_seqs * num_heads):
             seq, head = divmod(row, num_heads)
-            lse = part_lse[row * num_splits:(row + 1) * num_splits]
+            lse = part_lse[row * num_splits : (row + 1) * num_splits]
             top = float(torch.fmax(lse, torch.tensor(-math.inf)).max())
             weights = torch.zeros(num_splits)
             if top != -math.inf:
@@ -345,13 +413,36 @@ def emulate_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: to
     return out, trace
 
 
-def _emulate_cta(geom: KernelGeometry, q_values: torch.Tensor, keys: _Global, values: _Global,
-                 k_strides: tuple[int, ...], v_strides: tuple[int, ...], block_tables: torch.Tensor,
-                 seq: int, kv_head: int, head_tile: int, split: int, num_splits: int, group: int,
-                 num_heads: int, block_size: int, length: int, begin: int, end: int,
-                 mma_dtype: torch.dtype, fp8: bool, scale32: torch.Tensor, s_mul: torch.Tensor,
-                 o_mul: torch.Tensor, out: torch.Tensor, out_writes: torch.Tensor,
-                 part_o: torch.Tensor, part_lse: torch.Tensor, trace: DecodeTrace) -> None:
+def _emulate_cta(
+    geom: KernelGeometry,
+    q_values: torch.Tensor,
+    keys: _Global,
+    values: _Global,
+    k_strides: tuple[int, ...],
+    v_strides: tuple[int, ...],
+    block_tables: torch.Tensor,
+    seq: int,
+    kv_head: int,
+    head_tile: int,
+    split: int,
+    num_splits: int,
+    group: int,
+    num_heads: int,
+    block_size: int,
+    length: int,
+    begin: int,
+    end: int,
+    mma_dtype: torch.dtype,
+    fp8: bool,
+    scale32: torch.Tensor,
+    s_mul: torch.Tensor,
+    o_mul: torch.Tensor,
+    out: torch.Tensor,
+    out_writes: torch.Tensor,
+    part_o: torch.Tensor,
+    part_lse: torch.Tensor,
+    trace: DecodeTrace,
+) -> None:
     D, heads, nt_count = geom.head_size, geom.heads_per_cta, geom.nt
     warps = geom.warps
 
@@ -403,9 +494,14 @@ def _emulate_cta(geom: KernelGeometry, q_values: torch.Tensor, keys: _Global, va
 
         blk = {"cur": table_entry(LANES), "next": table_entry(32 + LANES)}
 
-        def issue(i: int, warp: int = warp, my_tiles: int = my_tiles, state: _Warp = state,
-                  table_entry: Callable[[torch.Tensor], torch.Tensor] = table_entry,
-                  blk: dict[str, torch.Tensor] = blk) -> None:
+        def issue(
+            i: int,
+            warp: int = warp,
+            my_tiles: int = my_tiles,
+            state: _Warp = state,
+            table_entry: Callable[[torch.Tensor], torch.Tensor] = table_entry,
+            blk: dict[str, torch.Tensor] = blk,
+        ) -> None:
             if i < my_tiles:
                 if i > 0 and i % 32 == 0:
                     blk["cur"] = blk["next"]

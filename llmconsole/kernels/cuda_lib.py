@@ -66,8 +66,8 @@ class CudaKernelLibrary:
         i, ll, vp = ctypes.c_int, ctypes.c_longlong, ctypes.c_void_p
         lib.llmc_paged_attention_decode.restype = i
         lib.llmc_paged_attention_decode.argtypes = (
-            [vp] * 6 + [i] * 6 + [ll] * 10
-            + [ctypes.c_float, i, i, vp, vp, i, vp, ctypes.c_size_t, vp])
+            [vp] * 6 + [i] * 6 + [ll] * 10 + [ctypes.c_float, i, i, vp, vp, i, vp, ctypes.c_size_t, vp]
+        )
         lib.llmc_paged_attention_workspace_bytes.restype = ctypes.c_size_t
         lib.llmc_paged_attention_workspace_bytes.argtypes = [i] * 4
         lib.llmc_paged_attention_supports.restype = i
@@ -97,8 +97,9 @@ class CudaKernelLibrary:
         """Whether this build has a kernel for the head size and (query, cache) dtypes."""
         if dtype not in DTYPE_CODES or (kv_dtype or dtype) not in DTYPE_CODES:
             return False
-        return bool(self._lib.llmc_paged_attention_supports(
-            head_size, DTYPE_CODES[dtype], DTYPE_CODES[kv_dtype or dtype]))
+        return bool(
+            self._lib.llmc_paged_attention_supports(head_size, DTYPE_CODES[dtype], DTYPE_CODES[kv_dtype or dtype])
+        )
 
     def geometry(self, head_size: int, group: int, fp8_kv: bool = False) -> list[int]:
         """The kernel's compile-time geometry (see llmc_paged_attention_geometry in the .cu)."""
@@ -108,18 +109,28 @@ class CudaKernelLibrary:
         return list(values)
 
     def workspace_bytes(self, num_seqs: int, num_heads: int, head_size: int, num_splits: int) -> int:
-        return int(self._lib.llmc_paged_attention_workspace_bytes(num_seqs, num_heads, head_size,
-                                                                  num_splits))
+        return int(self._lib.llmc_paged_attention_workspace_bytes(num_seqs, num_heads, head_size, num_splits))
 
-    def choose_splits(self, num_seqs: int, num_heads: int, num_kv_heads: int, max_seq_len: int,
-                      sm_count: int, ctas_per_sm: int) -> int:
+    def choose_splits(
+        self, num_seqs: int, num_heads: int, num_kv_heads: int, max_seq_len: int, sm_count: int, ctas_per_sm: int
+    ) -> int:
         """The split count for a batch on a GPU with sm_count SMs running ctas_per_sm decode CTAs
         each (pure arithmetic; no GPU needed)."""
-        return int(self._lib.llmc_paged_attention_choose_splits(
-            num_seqs, num_heads, num_kv_heads, max_seq_len, sm_count, ctas_per_sm))
+        return int(
+            self._lib.llmc_paged_attention_choose_splits(
+                num_seqs, num_heads, num_kv_heads, max_seq_len, sm_count, ctas_per_sm
+            )
+        )
 
-    def ctas_per_sm(self, head_size: int, num_heads: int, num_kv_heads: int, dtype: torch.dtype,
-                    kv_dtype: torch.dtype, device: torch.device) -> int:
+    def ctas_per_sm(
+        self,
+        head_size: int,
+        num_heads: int,
+        num_kv_heads: int,
+        dtype: torch.dtype,
+        kv_dtype: torch.dtype,
+        device: torch.device,
+    ) -> int:
         """Decode CTAs resident per SM on `device`, from the CUDA occupancy API (cached)."""
         index = device.index if device.index is not None else torch.cuda.current_device()
         key = (index, head_size, num_heads, num_kv_heads, DTYPE_CODES[dtype], DTYPE_CODES[kv_dtype])
@@ -131,9 +142,17 @@ class CudaKernelLibrary:
             self._ctas[key] = got
         return self._ctas[key]
 
-    def plan(self, num_seqs: int, num_heads: int, num_kv_heads: int, head_size: int,
-             max_seq_len: int, dtype: torch.dtype, kv_dtype: torch.dtype,
-             device: torch.device) -> DecodePlan:
+    def plan(
+        self,
+        num_seqs: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_size: int,
+        max_seq_len: int,
+        dtype: torch.dtype,
+        kv_dtype: torch.dtype,
+        device: torch.device,
+    ) -> DecodePlan:
         """The split count and workspace a launch would use (what to preallocate before capture)."""
         index = device.index if device.index is not None else torch.cuda.current_device()
         if index not in self._sm_count:
@@ -141,16 +160,24 @@ class CudaKernelLibrary:
         sm_count = self._sm_count[index]
         ctas = self.ctas_per_sm(head_size, num_heads, num_kv_heads, dtype, kv_dtype, device)
         splits = self.choose_splits(num_seqs, num_heads, num_kv_heads, max_seq_len, sm_count, ctas)
-        return DecodePlan(splits, self.workspace_bytes(num_seqs, num_heads, head_size, splits),
-                          sm_count, ctas)
+        return DecodePlan(splits, self.workspace_bytes(num_seqs, num_heads, head_size, splits), sm_count, ctas)
 
-    def paged_attention_decode(self, query: torch.Tensor, key_cache: torch.Tensor,
-                               value_cache: torch.Tensor, block_tables: torch.Tensor,
-                               seq_lens: torch.Tensor, scale: float, *,
-                               max_seq_len: int | None = None, out: torch.Tensor | None = None,
-                               num_splits: int = 0, workspace: torch.Tensor | None = None,
-                               k_scale: float | torch.Tensor | None = None,
-                               v_scale: float | torch.Tensor | None = None) -> torch.Tensor:
+    def paged_attention_decode(
+        self,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        scale: float,
+        *,
+        max_seq_len: int | None = None,
+        out: torch.Tensor | None = None,
+        num_splits: int = 0,
+        workspace: torch.Tensor | None = None,
+        k_scale: float | torch.Tensor | None = None,
+        v_scale: float | torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Decode attention on vLLM's CUDA KV layout; see the module docstring for the contract."""
         check_cuda_decode_args(query, key_cache, value_cache, block_tables, seq_lens, out)
         if out is None:
@@ -158,15 +185,17 @@ class CudaKernelLibrary:
         num_seqs, num_heads, head_size = query.shape
         _, block_size, num_kv_heads, _ = key_cache.shape
         if not self.supports(head_size, query.dtype, key_cache.dtype):
-            raise ValueError(f"no kernel in {self.path} for head_size {head_size}, "
-                             f"{query.dtype} query, {key_cache.dtype} cache")
+            raise ValueError(
+                f"no kernel in {self.path} for head_size {head_size}, {query.dtype} query, {key_cache.dtype} cache"
+            )
         if num_seqs == 0:
             return out
         if num_splits <= 0:
             if max_seq_len is None:
                 max_seq_len = int(seq_lens.max())
-            num_splits = self.plan(num_seqs, num_heads, num_kv_heads, head_size, max_seq_len,
-                                   query.dtype, key_cache.dtype, query.device).num_splits
+            num_splits = self.plan(
+                num_seqs, num_heads, num_kv_heads, head_size, max_seq_len, query.dtype, key_cache.dtype, query.device
+            ).num_splits
         need = self.workspace_bytes(num_seqs, num_heads, head_size, num_splits)
         workspace_ptr: int | None = None
         if need:
@@ -177,17 +206,36 @@ class CudaKernelLibrary:
         scales = [_device_scale(s, query.device) if fp8 else None for s in (k_scale, v_scale)]
         stream = torch.cuda.current_stream(query.device).cuda_stream
         code = self._lib.llmc_paged_attention_decode(
-            out.data_ptr(), query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
-            block_tables.data_ptr(), seq_lens.data_ptr(), num_seqs, num_heads, num_kv_heads,
-            head_size, block_size, block_tables.stride(0), query.stride(0), query.stride(1),
-            out.stride(0), out.stride(1), *key_cache.stride()[:3], *value_cache.stride()[:3],
-            float(scale), DTYPE_CODES[query.dtype], DTYPE_CODES[key_cache.dtype],
+            out.data_ptr(),
+            query.data_ptr(),
+            key_cache.data_ptr(),
+            value_cache.data_ptr(),
+            block_tables.data_ptr(),
+            seq_lens.data_ptr(),
+            num_seqs,
+            num_heads,
+            num_kv_heads,
+            head_size,
+            block_size,
+            block_tables.stride(0),
+            query.stride(0),
+            query.stride(1),
+            out.stride(0),
+            out.stride(1),
+            *key_cache.stride()[:3],
+            *value_cache.stride()[:3],
+            float(scale),
+            DTYPE_CODES[query.dtype],
+            DTYPE_CODES[key_cache.dtype],
             scales[0].data_ptr() if scales[0] is not None else None,
             scales[1].data_ptr() if scales[1] is not None else None,
-            num_splits, workspace_ptr, need, stream)
+            num_splits,
+            workspace_ptr,
+            need,
+            stream,
+        )
         if code != 0:
-            raise CudaKernelError(f"paged_attention_decode launch failed: "
-                                  f"{self.error_string(code)} (code {code})")
+            raise CudaKernelError(f"paged_attention_decode launch failed: {self.error_string(code)} (code {code})")
         return out
 
 
@@ -196,7 +244,9 @@ def _device_scale(scale: float | torch.Tensor | None, device: torch.device) -> t
         return None
     if isinstance(scale, torch.Tensor):
         if scale.numel() < 1 or scale.dtype != torch.float32 or scale.device != device:
-            raise ValueError(f"an fp8 scale tensor must be float32 on {device}, got "
-                             f"{scale.dtype} {tuple(scale.shape)} on {scale.device}")
+            raise ValueError(
+                f"an fp8 scale tensor must be float32 on {device}, got "
+                f"{scale.dtype} {tuple(scale.shape)} on {scale.device}"
+            )
         return scale
     return torch.full((1,), float(scale), dtype=torch.float32, device=device)

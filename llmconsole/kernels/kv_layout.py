@@ -32,8 +32,7 @@ def vllm_cache_views(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return key_cache, value_cache
 
 
-def write_kv(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+def write_kv(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Store key/value [num_tokens, num_kv_heads, head_size] at flat slots
     (block * block_size + offset), as vLLM's reshape-and-cache does; negative slots are skipped."""
     block_size = kv_cache.shape[2]
@@ -46,8 +45,9 @@ def write_kv(kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     v[blocks, :, offsets, :] = value[keep].to(kv_cache.dtype)
 
 
-def gather_kv(kv_cache: torch.Tensor, block_table_row: torch.Tensor,
-              context_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+def gather_kv(
+    kv_cache: torch.Tensor, block_table_row: torch.Tensor, context_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One sequence's keys and values in token order: two [context_len, num_kv_heads, head_size]."""
     block_size = kv_cache.shape[2]
     num_used = -(-context_len // block_size)
@@ -58,10 +58,16 @@ def gather_kv(kv_cache: torch.Tensor, block_table_row: torch.Tensor,
     return keys, values
 
 
-def random_paged_cache(num_seqs: int, context_lens: list[int], num_kv_heads: int,
-                       head_size: int, block_size: int, dtype: torch.dtype,
-                       generator: torch.Generator | None = None,
-                       spare_blocks: int = 3) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def random_paged_cache(
+    num_seqs: int,
+    context_lens: list[int],
+    num_kv_heads: int,
+    head_size: int,
+    block_size: int,
+    dtype: torch.dtype,
+    generator: torch.Generator | None = None,
+    spare_blocks: int = 3,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A filled cache with shuffled block ids, its int32 block table and int32 context lengths.
 
     Unused cache slots and table entries hold NaN and out-of-range ids, so a kernel that reads
@@ -70,19 +76,18 @@ def random_paged_cache(num_seqs: int, context_lens: list[int], num_kv_heads: int
     blocks_per_seq = [-(-n // block_size) for n in context_lens]
     max_blocks = max(max(blocks_per_seq, default=0), 1) + 1
     num_blocks = sum(blocks_per_seq) + spare_blocks
-    cache = torch.randn(num_blocks, num_kv_heads, block_size, 2 * head_size,
-                        generator=generator).to(dtype)
+    cache = torch.randn(num_blocks, num_kv_heads, block_size, 2 * head_size, generator=generator).to(dtype)
     order = torch.randperm(num_blocks, generator=generator).to(torch.int32)
     table = torch.full((num_seqs, max_blocks), num_blocks + 1000, dtype=torch.int32)
     k_t, v = split_slabs(cache)
     used = 0
     for s, (n, nb) in enumerate(zip(context_lens, blocks_per_seq, strict=True)):
-        table[s, :nb] = order[used:used + nb]
+        table[s, :nb] = order[used : used + nb]
         used += nb
         if nb and n % block_size:
             last = int(table[s, nb - 1])
-            k_t[last, :, :, n % block_size:] = float("nan")
-            v[last, :, n % block_size:, :] = float("nan")
+            k_t[last, :, :, n % block_size :] = float("nan")
+            v[last, :, n % block_size :, :] = float("nan")
     for spare in order[used:]:
         cache[int(spare)] = float("nan")
     lens = torch.tensor(context_lens, dtype=torch.int32)
@@ -103,9 +108,17 @@ CUDA_LAYOUTS = ("LBNHC", "LBHNC", "BLNHC", "BLHNC", "LHBNC", "BHLNC")
 _LOGICAL_AXES = "LBHNC"
 
 
-def cuda_kv_cache(num_blocks: int, num_kv_heads: int, block_size: int, head_size: int,
-                  dtype: torch.dtype, layout: str = "LBNHC", num_layers: int = 1, layer: int = 0,
-                  device: torch.device | str = "cpu") -> torch.Tensor:
+def cuda_kv_cache(
+    num_blocks: int,
+    num_kv_heads: int,
+    block_size: int,
+    head_size: int,
+    dtype: torch.dtype,
+    layout: str = "LBNHC",
+    num_layers: int = 1,
+    layer: int = 0,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
     """One layer's cache as vLLM's CUDA backends receive it: a [num_blocks, num_kv_heads,
     block_size, 2 * head_size] view, physically ordered by `layout` (a KVCacheLayout name) inside
     a buffer holding `num_layers` layers. The buffer starts as NaN, other layers included."""
@@ -124,21 +137,29 @@ def split_cuda_kv_cache(kv_cache: torch.Tensor, head_size: int) -> tuple[torch.T
     return by_token[..., :head_size], by_token[..., head_size:]
 
 
-def gather_cuda_kv(key_cache: torch.Tensor, value_cache: torch.Tensor, block_table_row: torch.Tensor,
-                   context_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+def gather_cuda_kv(
+    key_cache: torch.Tensor, value_cache: torch.Tensor, block_table_row: torch.Tensor, context_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One sequence's keys and values in token order: two [context_len, num_kv_heads, head_size]."""
     _, block_size, num_kv_heads, head_size = key_cache.shape
-    blocks = block_table_row[:-(-context_len // block_size)].long().to(key_cache.device)
+    blocks = block_table_row[: -(-context_len // block_size)].long().to(key_cache.device)
     keys = key_cache[blocks].reshape(-1, num_kv_heads, head_size)[:context_len]
     values = value_cache[blocks].reshape(-1, num_kv_heads, head_size)[:context_len]
     return keys, values
 
 
-def random_cuda_paged_cache(context_lens: list[int], num_kv_heads: int, head_size: int,
-                            block_size: int, dtype: torch.dtype, layout: str = "LBNHC",
-                            generator: torch.Generator | None = None, spare_blocks: int = 3,
-                            num_layers: int = 2, layer: int = 1,
-                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def random_cuda_paged_cache(
+    context_lens: list[int],
+    num_kv_heads: int,
+    head_size: int,
+    block_size: int,
+    dtype: torch.dtype,
+    layout: str = "LBNHC",
+    generator: torch.Generator | None = None,
+    spare_blocks: int = 3,
+    num_layers: int = 2,
+    layer: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A filled CUDA-layout cache (see cuda_kv_cache), its int32 block table and int32 context
     lengths, on the CPU. Block ids are shuffled; the slots past each context in its last block,
     the spare blocks, the other layers of the buffer and the table entries past each sequence's
@@ -147,17 +168,16 @@ def random_cuda_paged_cache(context_lens: list[int], num_kv_heads: int, head_siz
     blocks_per_seq = [-(-n // block_size) for n in context_lens]
     max_blocks = max(max(blocks_per_seq, default=0), 1) + 1
     num_blocks = sum(blocks_per_seq) + spare_blocks
-    kv_cache = cuda_kv_cache(num_blocks, num_kv_heads, block_size, head_size, dtype, layout,
-                             num_layers, layer)
+    kv_cache = cuda_kv_cache(num_blocks, num_kv_heads, block_size, head_size, dtype, layout, num_layers, layer)
     kv_cache.copy_(torch.randn(kv_cache.shape, generator=generator).to(dtype))
     order = torch.randperm(num_blocks, generator=generator).to(torch.int32)
     table = torch.full((len(context_lens), max_blocks), num_blocks + 1000, dtype=torch.int32)
     used = 0
     for s, (n, nb) in enumerate(zip(context_lens, blocks_per_seq, strict=True)):
-        table[s, :nb] = order[used:used + nb]
+        table[s, :nb] = order[used : used + nb]
         used += nb
         if nb and n % block_size:
-            kv_cache[int(table[s, nb - 1]), :, n % block_size:, :] = float("nan")
+            kv_cache[int(table[s, nb - 1]), :, n % block_size :, :] = float("nan")
     for spare in order[used:]:
         kv_cache[int(spare)] = float("nan")
     lens = torch.tensor(context_lens, dtype=torch.int32)

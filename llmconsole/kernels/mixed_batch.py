@@ -49,11 +49,21 @@ def leading_decodes(query_start_loc: torch.Tensor, num_reqs: int) -> int:
     return num_reqs if off.shape[0] == 0 else int(off[0, 0]) - 1
 
 
-def plan_prefill_part(query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
-                      block_table: torch.Tensor, num_reqs: int, *, num_heads: int,
-                      num_kv_heads: int, head_dim: int, dtype: torch.dtype, isa: str,
-                      sliding_window: int, kv_cache_dtype: str,
-                      enable_kv_split: bool) -> PrefillPart | None:
+def plan_prefill_part(
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    num_reqs: int,
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    isa: str,
+    sliding_window: int,
+    kv_cache_dtype: str,
+    enable_kv_split: bool,
+) -> PrefillPart | None:
     """The prefill half of a mixed batch, with vLLM's scheduler metadata for it; None when the
     batch has no leading decode rows (all prefill) or no prefill rows (all decode)."""
     from vllm import _custom_ops as ops
@@ -61,23 +71,51 @@ def plan_prefill_part(query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
     num_decodes = leading_decodes(query_start_loc, num_reqs)
     if num_decodes == 0 or num_decodes == num_reqs:
         return None
-    starts = (query_start_loc[num_decodes: num_reqs + 1] - num_decodes).contiguous()
+    starts = (query_start_loc[num_decodes : num_reqs + 1] - num_decodes).contiguous()
     lens = seq_lens[num_decodes:num_reqs].contiguous()
     table = block_table[num_decodes:num_reqs]
     meta = ops.cpu_attn_get_scheduler_metadata(
-        num_reqs=num_reqs - num_decodes, num_heads=num_heads, num_kv_heads=num_kv_heads,
-        head_dim=head_dim, seq_lens=lens, dtype=dtype, query_start_loc=starts, causal=True,
-        sliding_window_size=sliding_window, isa=isa, enable_kv_split=enable_kv_split,
-        dynamic_causal=None, kv_cache_dtype=kv_cache_dtype)
-    return PrefillPart(num_decodes=num_decodes, num_reqs=num_reqs, query_start_loc=starts,
-                       seq_lens=lens, block_table=table, scheduler_metadata=meta)
+        num_reqs=num_reqs - num_decodes,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        seq_lens=lens,
+        dtype=dtype,
+        query_start_loc=starts,
+        causal=True,
+        sliding_window_size=sliding_window,
+        isa=isa,
+        enable_kv_split=enable_kv_split,
+        dynamic_causal=None,
+        kv_cache_dtype=kv_cache_dtype,
+    )
+    return PrefillPart(
+        num_decodes=num_decodes,
+        num_reqs=num_reqs,
+        query_start_loc=starts,
+        seq_lens=lens,
+        block_table=table,
+        scheduler_metadata=meta,
+    )
 
 
-def run_mixed(query: torch.Tensor, kv_cache: torch.Tensor, output: torch.Tensor,
-              seq_lens: torch.Tensor, block_table: torch.Tensor, num_tokens: int,
-              part: PrefillPart, scale: float, *, alibi_slopes: torch.Tensor | None = None,
-              sliding_window: int = -1, softcap: float = 0.0, k_scale: float = 1.0,
-              v_scale: float = 1.0, kv_cache_dtype: str = "auto") -> None:
+def run_mixed(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    output: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    num_tokens: int,
+    part: PrefillPart,
+    scale: float,
+    *,
+    alibi_slopes: torch.Tensor | None = None,
+    sliding_window: int = -1,
+    softcap: float = 0.0,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    kv_cache_dtype: str = "auto",
+) -> None:
     """Attention of a mixed batch into output [num_tokens, num_heads, head_size]: the leading
     decode rows by torch.ops.llmconsole.paged_attention_decode, the rest by vLLM's
     cpu_attention_with_kv_cache. kv_cache is vLLM's [num_blocks, kv_heads, block_size, 2*H]."""
@@ -85,14 +123,27 @@ def run_mixed(query: torch.Tensor, kv_cache: torch.Tensor, output: torch.Tensor,
 
     nd = part.num_decodes
     torch.ops.llmconsole.paged_attention_decode(
-        output[:nd], query[:nd], kv_cache, block_table[:nd], seq_lens[:nd], float(scale), 0)
+        output[:nd], query[:nd], kv_cache, block_table[:nd], seq_lens[:nd], float(scale), 0
+    )
     num_blocks, num_kv_heads, block_size, _ = kv_cache.shape
-    key_cache, value_cache = kv_cache.view(num_blocks, num_kv_heads, 2 * block_size, -1).chunk(
-        2, dim=2)
+    key_cache, value_cache = kv_cache.view(num_blocks, num_kv_heads, 2 * block_size, -1).chunk(2, dim=2)
     ops.cpu_attention_with_kv_cache(
-        query=query[nd:num_tokens], key_cache=key_cache, value_cache=value_cache,
-        output=output[nd:num_tokens], query_start_loc=part.query_start_loc,
-        seq_lens=part.seq_lens, scale=scale, causal=True, alibi_slopes=alibi_slopes,
-        sliding_window=sliding_window, block_table=part.block_table, softcap=softcap,
-        scheduler_metadata=part.scheduler_metadata, s_aux=None, dynamic_causal=None,
-        k_scale=k_scale, v_scale=v_scale, kv_cache_dtype=kv_cache_dtype)
+        query=query[nd:num_tokens],
+        key_cache=key_cache,
+        value_cache=value_cache,
+        output=output[nd:num_tokens],
+        query_start_loc=part.query_start_loc,
+        seq_lens=part.seq_lens,
+        scale=scale,
+        causal=True,
+        alibi_slopes=alibi_slopes,
+        sliding_window=sliding_window,
+        block_table=part.block_table,
+        softcap=softcap,
+        scheduler_metadata=part.scheduler_metadata,
+        s_aux=None,
+        dynamic_causal=None,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        kv_cache_dtype=kv_cache_dtype,
+    )

@@ -28,10 +28,10 @@ class SmLimits:
     max_ctas: int
     registers: int = 65536
     max_registers_per_thread: int = 255
-    register_unit: int = 256          # registers are allocated per warp in this unit
+    register_unit: int = 256  # registers are allocated per warp in this unit
     sub_partitions: int = 4
-    smem_per_sm: int = 0              # the largest carve-out, bytes
-    smem_per_cta: int = 0             # the opt-in maximum for one CTA, bytes
+    smem_per_sm: int = 0  # the largest carve-out, bytes
+    smem_per_cta: int = 0  # the opt-in maximum for one CTA, bytes
     smem_unit: int = 128
     smem_reserved_per_cta: int = 1024
 
@@ -48,12 +48,12 @@ SM_LIMITS = {
 class Occupancy:
     threads: int
     registers: int
-    smem_bytes: int            # static + dynamic per CTA
+    smem_bytes: int  # static + dynamic per CTA
     ctas_per_sm: int
     warps_per_sm: int
-    occupancy: float           # resident warps / the SM's maximum
-    limited_by: str            # "threads", "ctas", "registers", "shared memory" or "does not fit: ..."
-    by_limit: dict[str, int]   # CTAs per SM each resource alone allows
+    occupancy: float  # resident warps / the SM's maximum
+    limited_by: str  # "threads", "ctas", "registers", "shared memory" or "does not fit: ..."
+    by_limit: dict[str, int]  # CTAs per SM each resource alone allows
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -84,9 +84,16 @@ def occupancy(arch: str, threads: int, registers: int, static_smem: int, dynamic
     if ctas == 0:
         limited_by = f"does not fit: {limited_by}"
     max_warps = lim.max_threads // 32
-    return Occupancy(threads=threads, registers=registers, smem_bytes=smem, ctas_per_sm=ctas,
-                     warps_per_sm=ctas * warps, occupancy=ctas * warps / max_warps,
-                     limited_by=limited_by, by_limit=by_limit)
+    return Occupancy(
+        threads=threads,
+        registers=registers,
+        smem_bytes=smem,
+        ctas_per_sm=ctas,
+        warps_per_sm=ctas * warps,
+        occupancy=ctas * warps / max_warps,
+        limited_by=limited_by,
+        by_limit=by_limit,
+    )
 
 
 _DECODE = re.compile(r"decode_kernel<(?P<q>[\w:]+), (?P<kv>[\w:]+), (?P<d>\d+), (?P<nt>\d+)>")
@@ -98,20 +105,24 @@ def dynamic_smem(kernel: str, options: dict[str, Any]) -> int:
     and Q tile, or the merge kernel's split weights at the most splits."""
     match = _DECODE.search(kernel)
     if match:
-        geom = kernel_geometry(int(match["d"]), 8 if match["nt"] == "1" else 16,
-                               1 if "fp8" in match["kv"] else 2, int(options.get("threads", 128)),
-                               int(options.get("stage_bytes", 24576)),
-                               int(options.get("partition_tokens", 128)))
+        geom = kernel_geometry(
+            int(match["d"]),
+            8 if match["nt"] == "1" else 16,
+            1 if "fp8" in match["kv"] else 2,
+            int(options.get("threads", 128)),
+            int(options.get("stage_bytes", 24576)),
+            int(options.get("partition_tokens", 128)),
+        )
         return geom.cta_bytes
     if "merge_kernel" in kernel:
         return 4 * MAX_SPLITS
     return 0
 
 
-def kernel_occupancy(arch: str, kernel: str, registers: int, static_smem: int,
-                     options: dict[str, Any]) -> Occupancy | None:
+def kernel_occupancy(
+    arch: str, kernel: str, registers: int, static_smem: int, options: dict[str, Any]
+) -> Occupancy | None:
     """Occupancy of one reported kernel, or None for an arch without a limits entry."""
     if arch not in SM_LIMITS:
         return None
-    return occupancy(arch, int(options.get("threads", 128)), registers, static_smem,
-                     dynamic_smem(kernel, options))
+    return occupancy(arch, int(options.get("threads", 128)), registers, static_smem, dynamic_smem(kernel, options))

@@ -12,9 +12,9 @@ import torch
 from llmconsole.kernels.kv_layout import gather_cuda_kv, gather_kv
 
 
-def paged_attention_decode_reference(query: torch.Tensor, kv_cache: torch.Tensor,
-                                     block_tables: torch.Tensor, context_lens: torch.Tensor,
-                                     scale: float) -> torch.Tensor:
+def paged_attention_decode_reference(
+    query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float
+) -> torch.Tensor:
     """query [num_seqs, num_heads, head_size] -> float64 [num_seqs, num_heads, head_size]."""
     num_seqs, num_heads, head_size = query.shape
     num_kv_heads = kv_cache.shape[1]
@@ -25,19 +25,25 @@ def paged_attention_decode_reference(query: torch.Tensor, kv_cache: torch.Tensor
         if n == 0:
             continue
         keys, values = gather_kv(kv_cache, block_tables[s], n)
-        keys = keys.double().repeat_interleave(group, dim=1)      # [n, num_heads, H]
+        keys = keys.double().repeat_interleave(group, dim=1)  # [n, num_heads, H]
         values = values.double().repeat_interleave(group, dim=1)
-        q = query[s].double()                                     # [num_heads, H]
+        q = query[s].double()  # [num_heads, H]
         logits = torch.einsum("hd,nhd->hn", q, keys) * scale
         probs = torch.softmax(logits, dim=-1)
         out[s] = torch.einsum("hn,nhd->hd", probs, values)
     return out
 
 
-def cuda_layout_decode_reference(query: torch.Tensor, key_cache: torch.Tensor,
-                                 value_cache: torch.Tensor, block_tables: torch.Tensor,
-                                 seq_lens: torch.Tensor, scale: float, k_scale: float = 1.0,
-                                 v_scale: float = 1.0) -> torch.Tensor:
+def cuda_layout_decode_reference(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> torch.Tensor:
     """The same computation on vLLM's CUDA layout (kv_layout.split_cuda_kv_cache views), on the
     query's device: float64 [num_seqs, num_heads, head_size]. k_scale/v_scale multiply the
     cached values (an fp8 cache's per-tensor scales)."""
@@ -75,8 +81,13 @@ def compare_to_reference(out: torch.Tensor, ref: torch.Tensor) -> dict[str, obje
     finite = bool(torch.isfinite(got).all())
     row_max = ref.abs().amax(dim=-1, keepdim=True)
     err = (got - ref).abs()
-    bad = ~(err <= rtol * ref.abs() + atol * row_max)   # NaN counts as bad
+    bad = ~(err <= rtol * ref.abs() + atol * row_max)  # NaN counts as bad
     first = bad.nonzero()[0].tolist() if bool(bad.any()) else None
     worst = float((err / row_max.clamp_min(1e-30)).nan_to_num(float("inf")).max()) if err.numel() else 0.0
-    return {"ok": finite and not bool(bad.any()), "finite": finite, "bad": int(bad.sum()),
-            "worst_err_of_row_max": worst, "first_bad": first}
+    return {
+        "ok": finite and not bool(bad.any()),
+        "finite": finite,
+        "bad": int(bad.sum()),
+        "worst_err_of_row_max": worst,
+        "first_bad": first,
+    }

@@ -47,15 +47,19 @@ def _same_environment(executable: str) -> bool:
 
 def _site_dirs(executable: str) -> list[Path]:
     prefix = Path(executable).expanduser().absolute().parent.parent
-    return [d for pattern in ("lib/python3*/site-packages", "lib/python3*/dist-packages",
-                              "local/lib/python3*/dist-packages")
-            for d in sorted(prefix.glob(pattern))]
+    return [
+        d
+        for pattern in ("lib/python3*/site-packages", "lib/python3*/dist-packages", "local/lib/python3*/dist-packages")
+        for d in sorted(prefix.glob(pattern))
+    ]
 
 
 def _has_plugin(executable: str) -> bool:
     if _same_environment(executable):
-        return any(ep.value.split(":")[0] == PLUGIN_MODULE
-                   for ep in importlib.metadata.entry_points(group="vllm.general_plugins"))
+        return any(
+            ep.value.split(":")[0] == PLUGIN_MODULE
+            for ep in importlib.metadata.entry_points(group="vllm.general_plugins")
+        )
     for site in _site_dirs(executable):
         for entry_points in site.glob("*.dist-info/entry_points.txt"):
             try:
@@ -94,8 +98,10 @@ def custom_kernel_refusal(device: str, executable: str) -> str | None:
     if device not in ("cpu", "cuda"):
         return f"no custom kernel exists for {device} engines"
     if not _has_plugin(executable):
-        return (f"llmconsole's vLLM plugin is not installed in the runtime's environment "
-                f"({Path(executable).parent}): install llmconsole there (pip install -e .)")
+        return (
+            f"llmconsole's vLLM plugin is not installed in the runtime's environment "
+            f"({Path(executable).parent}): install llmconsole there (pip install -e .)"
+        )
     if device == "cpu":
         return None
     root, version = _vllm_package(executable)
@@ -103,12 +109,16 @@ def custom_kernel_refusal(device: str, executable: str) -> str | None:
         return f"no CUDA vLLM package found beside {executable}"
     release = _release(version)
     if release is None or release < MIN_CUDA_VLLM:
-        return (f"the CUDA attention backend is written against vLLM "
-                f"{'.'.join(map(str, MIN_CUDA_VLLM))} and later; this runtime has vLLM {version}")
+        return (
+            f"the CUDA attention backend is written against vLLM "
+            f"{'.'.join(map(str, MIN_CUDA_VLLM))} and later; this runtime has vLLM {version}"
+        )
     missing = [f for f in CUDA_BACKEND_SOURCES if not (root / f).is_file()]
     if missing:
         return f"vLLM {version} lacks the attention backends the CUDA backend subclasses ({', '.join(missing)})"
     if find_nvcc() is None:
-        return ("nvcc not found: the kernel's CUDA library is built on the engine's first start; "
-                "install the CUDA toolkit or set CUDA_HOME")
+        return (
+            "nvcc not found: the kernel's CUDA library is built on the engine's first start; "
+            "install the CUDA toolkit or set CUDA_HOME"
+        )
     return None

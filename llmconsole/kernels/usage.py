@@ -62,28 +62,34 @@ class KernelUsage:
 
     def minus(self, earlier: KernelUsage) -> KernelUsage:
         """The counts since `earlier` (an earlier reading of the same engine)."""
+
         def sub(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
             return {k: a.get(k, 0) - b.get(k, 0) for k in a if a.get(k, 0) - b.get(k, 0)}
 
-        return KernelUsage(self.decode_calls - earlier.decode_calls,
-                           self.decode_tokens - earlier.decode_tokens,
-                           self.split_calls - earlier.split_calls,
-                           self.split_prefill_tokens - earlier.split_prefill_tokens,
-                           sub(self.fallback_calls, earlier.fallback_calls),
-                           sub(self.fallback_tokens, earlier.fallback_tokens))
+        return KernelUsage(
+            self.decode_calls - earlier.decode_calls,
+            self.decode_tokens - earlier.decode_tokens,
+            self.split_calls - earlier.split_calls,
+            self.split_prefill_tokens - earlier.split_prefill_tokens,
+            sub(self.fallback_calls, earlier.fallback_calls),
+            sub(self.fallback_tokens, earlier.fallback_tokens),
+        )
 
     def as_dict(self) -> dict[str, Any]:
-        return {"decode_calls": self.decode_calls, "decode_tokens": self.decode_tokens,
-                "split_calls": self.split_calls,
-                "split_prefill_tokens": self.split_prefill_tokens,
-                "fallback_calls": dict(self.fallback_calls),
-                "fallback_tokens": dict(self.fallback_tokens)}
+        return {
+            "decode_calls": self.decode_calls,
+            "decode_tokens": self.decode_tokens,
+            "split_calls": self.split_calls,
+            "split_prefill_tokens": self.split_prefill_tokens,
+            "fallback_calls": dict(self.fallback_calls),
+            "fallback_tokens": dict(self.fallback_tokens),
+        }
 
 
 def parse_usage(log_text: str) -> KernelUsage | None:
     """The latest counters of each worker process in an engine log, summed; None when the
     log has no counters line (a stock engine, or a custom one that has not decoded yet)."""
-    latest: dict[int, dict[str, Any]] = {}   # worker pid -> its counters line
+    latest: dict[int, dict[str, Any]] = {}  # worker pid -> its counters line
     for match in _COUNTERS_LINE.finditer(log_text):
         try:
             data = json.loads(match.group(1))
@@ -92,6 +98,7 @@ def parse_usage(log_text: str) -> KernelUsage | None:
             continue
     if not latest:
         return None
+
     def total(key: str) -> int:
         return sum(int(d.get(key, 0)) for d in latest.values())
 
@@ -102,11 +109,14 @@ def parse_usage(log_text: str) -> KernelUsage | None:
                 sums[reason] = sums.get(reason, 0) + int(n)
         return sums
 
-    return KernelUsage(decode_calls=total("decode_calls"), decode_tokens=total("decode_tokens"),
-                       split_calls=total("split_calls"),
-                       split_prefill_tokens=total("split_prefill_tokens"),
-                       fallback_calls=by_reason("fallback_calls"),
-                       fallback_tokens=by_reason("fallback_tokens"))
+    return KernelUsage(
+        decode_calls=total("decode_calls"),
+        decode_tokens=total("decode_tokens"),
+        split_calls=total("split_calls"),
+        split_prefill_tokens=total("split_prefill_tokens"),
+        fallback_calls=by_reason("fallback_calls"),
+        fallback_tokens=by_reason("fallback_tokens"),
+    )
 
 
 # The lines that say which kernel an engine runs, logged by its own processes: the backend when
@@ -157,12 +167,12 @@ class KernelLogReader:
             at = line.find(LOG_PREFIX)
             if at < 0:
                 continue
-            said = line[at + len(LOG_PREFIX):].strip()
+            said = line[at + len(LOG_PREFIX) :].strip()
             if said.startswith(_COUNTERS_TAG):
                 match = _COUNTERS_LINE.search(line)
                 if match:
                     try:
-                        self._counters[int(json.loads(match.group(1))["pid"])] = line[match.start():]
+                        self._counters[int(json.loads(match.group(1))["pid"])] = line[match.start() :]
                     except (ValueError, KeyError, TypeError):
                         pass
             elif said.startswith(LOADED_TAG):
@@ -187,12 +197,16 @@ class KernelLogReader:
         if self._ignored is not None:
             return KernelReport("stock", f"custom asked; {self._ignored}", usage)
         if self._kept:
-            return KernelReport("stock", "custom asked; every attention layer stays vLLM's: "
-                                + "; ".join(self._kept), usage)
+            return KernelReport(
+                "stock", "custom asked; every attention layer stays vLLM's: " + "; ".join(self._kept), usage
+            )
         if ready:
-            return KernelReport("stock", "custom asked, but the engine loaded no llmconsole attention "
-                                "backend (vLLM selected another, or the plugin did not run): see its log",
-                                usage)
+            return KernelReport(
+                "stock",
+                "custom asked, but the engine loaded no llmconsole attention "
+                "backend (vLLM selected another, or the plugin did not run): see its log",
+                usage,
+            )
         return KernelReport(None, "custom asked; the engine has not said yet which kernel runs", usage)
 
 
@@ -219,8 +233,7 @@ class UsageCounter:
             self._decode_calls += 1
             self._decode_tokens += num_tokens
         if first:
-            self._log.info("%s custom decode kernel ran its first batch (%d sequences)",
-                           LOG_PREFIX, num_tokens)
+            self._log.info("%s custom decode kernel ran its first batch (%d sequences)", LOG_PREFIX, num_tokens)
             self._start_reporter()
 
     def split(self, decode_tokens: int, prefill_tokens: int) -> None:
@@ -230,9 +243,13 @@ class UsageCounter:
             self._split_calls += 1
             self._split_prefill_tokens += prefill_tokens
         if first:
-            self._log.info("%s mixed batch split: %d decode rows in the custom kernel, %d "
-                           "prefill tokens in vLLM's attention (logged once, counted)",
-                           LOG_PREFIX, decode_tokens, prefill_tokens)
+            self._log.info(
+                "%s mixed batch split: %d decode rows in the custom kernel, %d "
+                "prefill tokens in vLLM's attention (logged once, counted)",
+                LOG_PREFIX,
+                decode_tokens,
+                prefill_tokens,
+            )
         self.decode(decode_tokens)
 
     def fallback(self, reason: str, num_tokens: int = 0) -> None:
@@ -241,8 +258,7 @@ class UsageCounter:
             self._fallbacks[reason] = self._fallbacks.get(reason, 0) + 1
             self._fallback_tokens[reason] = self._fallback_tokens.get(reason, 0) + num_tokens
         if first:
-            self._log.info("%s falling back to vLLM's attention for %s (logged once, counted)",
-                           LOG_PREFIX, reason)
+            self._log.info("%s falling back to vLLM's attention for %s (logged once, counted)", LOG_PREFIX, reason)
             self._start_reporter()
 
     def layer_kept(self, reason: str) -> None:
@@ -257,28 +273,32 @@ class UsageCounter:
 
     def snapshot(self) -> KernelUsage:
         with self._lock:
-            return KernelUsage(self._decode_calls, self._decode_tokens, self._split_calls,
-                               self._split_prefill_tokens, dict(self._fallbacks),
-                               dict(self._fallback_tokens))
+            return KernelUsage(
+                self._decode_calls,
+                self._decode_tokens,
+                self._split_calls,
+                self._split_prefill_tokens,
+                dict(self._fallbacks),
+                dict(self._fallback_tokens),
+            )
 
     def report(self) -> bool:
         """Log the counters line if anything changed since the last one; True if it logged."""
         usage = self.snapshot()
-        key = (usage.decode_calls, usage.decode_tokens, usage.split_calls,
-               tuple(sorted(usage.fallback_calls.items())))
+        key = (usage.decode_calls, usage.decode_tokens, usage.split_calls, tuple(sorted(usage.fallback_calls.items())))
         if key == self._reported:
             return False
         self._reported = key
-        self._log.info("%s %s%s", LOG_PREFIX, _COUNTERS_TAG,
-                       json.dumps({"pid": os.getpid(), **usage.as_dict()}, sort_keys=True))
+        self._log.info(
+            "%s %s%s", LOG_PREFIX, _COUNTERS_TAG, json.dumps({"pid": os.getpid(), **usage.as_dict()}, sort_keys=True)
+        )
         return True
 
     def _start_reporter(self) -> None:
         with self._lock:
             if self._reporter is not None:
                 return
-            self._reporter = threading.Thread(target=self._report_loop, daemon=True,
-                                              name="llmconsole-kernel-usage")
+            self._reporter = threading.Thread(target=self._report_loop, daemon=True, name="llmconsole-kernel-usage")
         self._reporter.start()
 
     def _report_loop(self) -> None:

@@ -74,38 +74,52 @@ class LlmconsoleCpuAttentionMetadataBuilder(CPUAttentionMetadataBuilder):
     # so a mixed batch splits at one index (see mixed_batch.py).
     reorder_batch_threshold = 1
 
-    def __init__(self, kv_cache_spec: AttentionSpec, layer_names: list[str], vllm_config: VllmConfig,
-                 device: torch.device) -> None:
+    def __init__(
+        self, kv_cache_spec: AttentionSpec, layer_names: list[str], vllm_config: VllmConfig, device: torch.device
+    ) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         # On an AMX host vLLM would lay the KV cache out for its AMX path, which the kernel does
         # not read: this engine writes (and falls back on) the "vec" layout instead, so that the
         # kernel serves its decode steps there too.
         isa = kernel_isa(self.isa)
         if isa != self.isa:
-            log.info("%s KV layout %r instead of vLLM's %r, the layout the kernel reads",
-                     LOG_PREFIX, isa, self.isa)
+            log.info("%s KV layout %r instead of vLLM's %r, the layout the kernel reads", LOG_PREFIX, isa, self.isa)
             self.isa = isa
             self._set_isa_to_layers(layer_names)
 
-    def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
-              fast_build: bool = False) -> CPUAttentionMetadata:
+    def build(
+        self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata, fast_build: bool = False
+    ) -> CPUAttentionMetadata:
         meta = super().build(common_prefix_len, common_attn_metadata, fast_build)
-        if (meta.max_query_len == 1 or self.is_cross_attention or self.is_encoder_only_attention
-                or meta.dynamic_causal is not None or meta.causal is not True):
+        if (
+            meta.max_query_len == 1
+            or self.is_cross_attention
+            or self.is_encoder_only_attention
+            or meta.dynamic_causal is not None
+            or meta.causal is not True
+        ):
             return meta
         part = plan_prefill_part(
-            meta.query_start_loc, meta.seq_lens, meta.block_table,
-            common_attn_metadata.num_reqs, num_heads=self.num_heads,
+            meta.query_start_loc,
+            meta.seq_lens,
+            meta.block_table,
+            common_attn_metadata.num_reqs,
+            num_heads=self.num_heads,
             # vLLM resolves ModelConfig.dtype ("auto", "half", ...) to a torch.dtype before any
             # builder exists, but its type still admits the strings.
-            num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, dtype=self.dtype,  # type: ignore[arg-type]
-            isa=self.isa, sliding_window=self.window_size, kv_cache_dtype=self.kv_cache_dtype,
-            enable_kv_split=envs.VLLM_CPU_ATTN_SPLIT_KV)
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            dtype=self.dtype,  # type: ignore[arg-type]
+            isa=self.isa,
+            sliding_window=self.window_size,
+            kv_cache_dtype=self.kv_cache_dtype,
+            enable_kv_split=envs.VLLM_CPU_ATTN_SPLIT_KV,
+        )
         if part is None:
             return meta
         return MixedCpuAttentionMetadata(
-            **{f.name: getattr(meta, f.name) for f in fields(CPUAttentionMetadata)},
-            prefill_part=part)
+            **{f.name: getattr(meta, f.name) for f in fields(CPUAttentionMetadata)}, prefill_part=part
+        )
 
 
 class LlmconsoleCpuAttentionImpl(CPUAttentionBackendImpl):
@@ -136,8 +150,9 @@ class LlmconsoleCpuAttentionImpl(CPUAttentionBackendImpl):
             return f"head size {self.head_size}"
         return None
 
-    def _batch_fallback_reason(self, layer: AttentionLayer, query: torch.Tensor, kv_cache: torch.Tensor,
-                               meta: CPUAttentionMetadata) -> str | None:
+    def _batch_fallback_reason(
+        self, layer: AttentionLayer, query: torch.Tensor, kv_cache: torch.Tensor, meta: CPUAttentionMetadata
+    ) -> str | None:
         if self._static_fallback is not None:
             return self._static_fallback
         if meta.dynamic_causal is not None:
@@ -162,27 +177,45 @@ class LlmconsoleCpuAttentionImpl(CPUAttentionBackendImpl):
             return "kernel unavailable (build failed)"
         return None
 
-    def forward(self, layer: AttentionLayer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                kv_cache: torch.Tensor, attn_metadata: CPUAttentionMetadata | None, output: torch.Tensor,
-                output_scale: torch.Tensor | None = None,
-                output_block_scale: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        layer: AttentionLayer,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: CPUAttentionMetadata | None,
+        output: torch.Tensor,
+        output_scale: torch.Tensor | None = None,
+        output_block_scale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if attn_metadata is None or output_scale is not None or output_block_scale is not None:
-            return super().forward(layer, query, key, value, kv_cache, attn_metadata, output,
-                                   output_scale, output_block_scale)
+            return super().forward(
+                layer, query, key, value, kv_cache, attn_metadata, output, output_scale, output_block_scale
+            )
         n = attn_metadata.num_actual_tokens
         reason = self._batch_fallback_reason(layer, query, kv_cache, attn_metadata)
         if reason is not None:
             USAGE.fallback(reason, n)
-            return super().forward(layer, query, key, value, kv_cache, attn_metadata, output,
-                                   output_scale, output_block_scale)
+            return super().forward(
+                layer, query, key, value, kv_cache, attn_metadata, output, output_scale, output_block_scale
+            )
         num_heads, head_size = self.num_heads, self.head_size
         part = getattr(attn_metadata, "prefill_part", None)
         if attn_metadata.max_query_len != 1 and part is not None:
-            run_mixed(query.view(-1, num_heads, head_size), kv_cache,
-                      output.view(-1, num_heads, head_size), attn_metadata.seq_lens,
-                      attn_metadata.block_table, n, part, self.scale,
-                      k_scale=layer._k_scale_float, v_scale=layer._v_scale_float,
-                      kv_cache_dtype=self.kv_cache_dtype)
+            run_mixed(
+                query.view(-1, num_heads, head_size),
+                kv_cache,
+                output.view(-1, num_heads, head_size),
+                attn_metadata.seq_lens,
+                attn_metadata.block_table,
+                n,
+                part,
+                self.scale,
+                k_scale=layer._k_scale_float,
+                v_scale=layer._v_scale_float,
+                kv_cache_dtype=self.kv_cache_dtype,
+            )
             USAGE.split(part.num_decodes, n - part.num_decodes)
             return output
         torch.ops.llmconsole.paged_attention_decode(

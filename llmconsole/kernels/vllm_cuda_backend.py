@@ -118,8 +118,7 @@ def _split_refusal(common: CommonAttentionMetadata) -> str | None:
     return None
 
 
-def rest_of_batch(common: CommonAttentionMetadata, num_decodes: int,
-                  num_decode_tokens: int) -> CommonAttentionMetadata:
+def rest_of_batch(common: CommonAttentionMetadata, num_decodes: int, num_decode_tokens: int) -> CommonAttentionMetadata:
     """The step's metadata for requests [num_decodes, num_reqs) alone: what the replaced backend's
     builder gets to build the other rows' metadata, as if they were a batch of their own."""
     reqs, toks = slice(num_decodes, common.num_reqs), slice(num_decode_tokens, common.num_actual_tokens)
@@ -145,8 +144,7 @@ def rest_of_batch(common: CommonAttentionMetadata, num_decodes: int,
     )
 
 
-def plan_split(common: CommonAttentionMetadata,
-               build_rest: Callable[[CommonAttentionMetadata], Any]) -> DecodeSplit:
+def plan_split(common: CommonAttentionMetadata, build_rest: Callable[[CommonAttentionMetadata], Any]) -> DecodeSplit:
     """Divide a step (vLLM's own decode/prefill boundary of a reordered batch); build_rest makes
     the replaced backend's metadata for the rows after the decode rows."""
     refused = _split_refusal(common)
@@ -157,8 +155,7 @@ def plan_split(common: CommonAttentionMetadata,
         return DecodeSplit(refused="prefill")
     if num_decodes == common.num_reqs:
         return DecodeSplit(decode_rows=num_decodes)
-    return DecodeSplit(decode_rows=num_decodes,
-                       rest=build_rest(rest_of_batch(common, num_decodes, num_decode_tokens)))
+    return DecodeSplit(decode_rows=num_decodes, rest=build_rest(rest_of_batch(common, num_decodes, num_decode_tokens)))
 
 
 class DecodeSplitBuilder(AttentionMetadataBuilder[Any]):
@@ -176,14 +173,18 @@ class DecodeSplitBuilder(AttentionMetadataBuilder[Any]):
         super().__init__(*args, **kwargs)
         self.supports_draft_decode_metadata_update = False
 
-    def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
-              fast_build: bool = False) -> Any:
+    def build(
+        self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata, fast_build: bool = False
+    ) -> Any:
         # super() is the replaced backend's builder: this class is only ever mixed in before one.
         meta = super().build(common_prefix_len, common_attn_metadata, fast_build)  # type: ignore[safe-super]
-        split = plan_split(common_attn_metadata, lambda rest: super(DecodeSplitBuilder, self).build(  # type: ignore[safe-super]
-            common_prefix_len, rest, fast_build))
-        return self.split_metadata_cls(**{f.name: getattr(meta, f.name) for f in fields(meta)},
-                                       decode_split=split)
+        split = plan_split(
+            common_attn_metadata,
+            lambda rest: super(DecodeSplitBuilder, self).build(  # type: ignore[safe-super]
+                common_prefix_len, rest, fast_build
+            ),
+        )
+        return self.split_metadata_cls(**{f.name: getattr(meta, f.name) for f in fields(meta)}, decode_split=split)
 
 
 class DecodeRowsImpl(AttentionImpl[Any]):
@@ -222,29 +223,57 @@ class DecodeRowsImpl(AttentionImpl[Any]):
             return f"head size {self.head_size}"
         return None
 
-    def forward(self, layer: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                kv_cache: torch.Tensor, attn_metadata: Any, output: torch.Tensor,
-                output_scale: torch.Tensor | None = None,
-                output_block_scale: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        layer: Any,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: Any,
+        output: torch.Tensor,
+        output_scale: torch.Tensor | None = None,
+        output_block_scale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         split: DecodeSplit | None = getattr(attn_metadata, "decode_split", None)
         if split is None or output_scale is not None or output_block_scale is not None:
             # The profiling run (no metadata), or fused output quantization: the backend's own.
-            return super().forward(layer, query, key, value, kv_cache, attn_metadata, output,  # type: ignore[safe-super]
-                                   output_scale, output_block_scale)
+            return super().forward(  # type: ignore[safe-super]
+                layer,
+                query,
+                key,
+                value,
+                kv_cache,
+                attn_metadata,
+                output,
+                output_scale,
+                output_block_scale,
+            )
         n = attn_metadata.num_actual_tokens
         nd = split.decode_rows
-        reason = (self._static_fallback or split.refused
-                  or layout_refusal(query, kv_cache, attn_metadata.block_table, attn_metadata.seq_lens))
+        reason = (
+            self._static_fallback
+            or split.refused
+            or layout_refusal(query, kv_cache, attn_metadata.block_table, attn_metadata.seq_lens)
+        )
         call = kernel() if reason is None else None
         if call is None:
             USAGE.fallback(reason or "kernel unavailable", n)
             return super().forward(layer, query, key, value, kv_cache, attn_metadata, output)  # type: ignore[safe-super]
         try:
             fp8 = kv_cache.dtype != query.dtype  # an fp8 cache: the layer's per-tensor scales apply
-            decode_rows(call, query[:nd], kv_cache, attn_metadata.block_table[:nd],
-                        attn_metadata.seq_lens[:nd], self.scale, output[:nd], attn_metadata.max_seq_len,
-                        k_scale=getattr(layer, "_k_scale", None) if fp8 else None,
-                        v_scale=getattr(layer, "_v_scale", None) if fp8 else None)
+            decode_rows(
+                call,
+                query[:nd],
+                kv_cache,
+                attn_metadata.block_table[:nd],
+                attn_metadata.seq_lens[:nd],
+                self.scale,
+                output[:nd],
+                attn_metadata.max_seq_len,
+                k_scale=getattr(layer, "_k_scale", None) if fp8 else None,
+                v_scale=getattr(layer, "_v_scale", None) if fp8 else None,
+            )
         except (CudaKernelError, ValueError, TypeError) as exc:  # the launch's or the contract's own words
             _disable(f"{type(exc).__name__}: {exc}")
             USAGE.fallback("kernel launch failed", n)
@@ -314,4 +343,3 @@ class LlmconsoleTritonAttentionBackend(TritonAttentionBackend):
     @staticmethod
     def get_builder_cls() -> type[LlmconsoleTritonAttentionMetadataBuilder]:
         return LlmconsoleTritonAttentionMetadataBuilder
-

@@ -43,8 +43,10 @@ def register() -> None:
         from llmconsole.kernels.cpu_isa import request_amx_tiles
 
         if request_amx_tiles() is False:
-            log.warning("llmconsole-kernel: the CPU reports AMX but this process was refused AMX "
-                        "tile state; vLLM's AMX attention may fail with SIGILL")
+            log.warning(
+                "llmconsole-kernel: the CPU reports AMX but this process was refused AMX "
+                "tile state; vLLM's AMX attention may fail with SIGILL"
+            )
     if not wanted():
         return
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
@@ -56,9 +58,15 @@ def register() -> None:
     if current_platform.is_cuda():
         for name, path in CUDA_BACKEND_CLASSES.items():
             register_backend(AttentionBackendEnum[name], path)
-        log.info("llmconsole-kernel: CUDA attention backends %s set to llmconsole's (%s)",
-                 " and ".join(CUDA_BACKEND_CLASSES), ", ".join(CUDA_BACKEND_CLASSES.values()))
+        log.info(
+            "llmconsole-kernel: CUDA attention backends %s set to llmconsole's (%s)",
+            " and ".join(CUDA_BACKEND_CLASSES),
+            ", ".join(CUDA_BACKEND_CLASSES.values()),
+        )
         return
     # Read by status (usage.py's reader): the engine runs vLLM's attention, and why.
-    log.warning("llmconsole-kernel: %s=custom ignored: no custom kernel runs on %s engines",
-                KERNEL_ENV, current_platform.device_type)
+    log.warning(
+        "llmconsole-kernel: %s=custom ignored: no custom kernel runs on %s engines",
+        KERNEL_ENV,
+        current_platform.device_type,
+    )

@@ -81,15 +81,17 @@ CASES = [  # dtype, head size, GQA group, block size, layout, contexts
 
 
 @pytest.mark.parametrize("dtype,head_size,group,block_size,layout,contexts", CASES)
-def test_cuda_decode_on_vllms_cuda_layout_matches_the_reference(cuda_kernel, dtype, head_size, group,
-                                                                block_size, layout, contexts):
+def test_cuda_decode_on_vllms_cuda_layout_matches_the_reference(
+    cuda_kernel, dtype, head_size, group, block_size, layout, contexts
+):
     from llmconsole.kernels.cuda_decode import decode_rows
 
     gen, seed = fresh_generator()
     kv_heads = 2
-    cache, table, lens, qsl, _, query = paged_batch([(n, 1) for n in contexts], kv_heads, group, head_size,
-                                                    block_size, dtype, layout, gen, device="cuda")
-    scale = head_size ** -0.5
+    cache, table, lens, qsl, _, query = paged_batch(
+        [(n, 1) for n in contexts], kv_heads, group, head_size, block_size, dtype, layout, gen, device="cuda"
+    )
+    scale = head_size**-0.5
     out = torch.full(query.shape, float("nan"), dtype=dtype, device="cuda")
     decode_rows(cuda_kernel, query.cuda(), cache, table.cuda(), lens.cuda(), scale, out, max(contexts))
     torch.cuda.synchronize()
@@ -116,22 +118,37 @@ def test_cuda_backend_forward_matches_vllms_flash_attention_on_a_mixed_step(cuda
     gen, seed = fresh_generator()
     kv_heads, group, head_size, dtype = 8, 4, 128, torch.bfloat16
     rows = [(1, 1), (19, 1), (3000, 1), (37, 37), (900, 128), (1, 1)]  # decodes, then prefills
-    cache, table, lens, qsl, slots, query = paged_batch(rows, kv_heads, group, head_size, 16, dtype, layout, gen,
-                                                        device="cuda")
+    cache, table, lens, qsl, slots, query = paged_batch(
+        rows, kv_heads, group, head_size, 16, dtype, layout, gen, device="cuda"
+    )
     config = EngineArgs(model=str(tiny_model), max_model_len=4096, enforce_eager=True).create_engine_config()
     spec = FullAttentionSpec(block_size=16, num_kv_heads=kv_heads, head_size=head_size, dtype=dtype)
     dev = torch.device("cuda")
     common = CommonAttentionMetadata(
-        query_start_loc=qsl.to(dev), query_start_loc_cpu=qsl, seq_lens=lens.to(dev), num_reqs=len(rows),
-        num_actual_tokens=int(qsl[-1]), max_query_len=128, max_seq_len=int(lens.max()),
-        block_table_tensor=table.to(dev), slot_mapping=slots.to(dev), seq_lens_cpu_upper_bound=lens)
+        query_start_loc=qsl.to(dev),
+        query_start_loc_cpu=qsl,
+        seq_lens=lens.to(dev),
+        num_reqs=len(rows),
+        num_actual_tokens=int(qsl[-1]),
+        max_query_len=128,
+        max_seq_len=int(lens.max()),
+        block_table_tensor=table.to(dev),
+        slot_mapping=slots.to(dev),
+        seq_lens_cpu_upper_bound=lens,
+    )
     outs = {}
     with set_current_vllm_config(config):
         for name, backend in (("vllm", FlashAttentionBackend), ("ours", LlmconsoleFlashAttentionBackend)):
             meta = backend.get_builder_cls()(spec, ["layer.0"], config, dev).build(0, common)
-            impl = backend.get_impl_cls()(num_heads=kv_heads * group, head_size=head_size, scale=head_size ** -0.5,
-                                          num_kv_heads=kv_heads, alibi_slopes=None, sliding_window=None,
-                                          kv_cache_dtype="auto")
+            impl = backend.get_impl_cls()(
+                num_heads=kv_heads * group,
+                head_size=head_size,
+                scale=head_size**-0.5,
+                num_kv_heads=kv_heads,
+                alibi_slopes=None,
+                sliding_window=None,
+                kv_cache_dtype="auto",
+            )
             layer = torch.nn.Module()
             for s in ("_q_scale", "_k_scale", "_v_scale"):
                 setattr(layer, s, torch.ones(1, device=dev))
@@ -143,11 +160,13 @@ def test_cuda_backend_forward_matches_vllms_flash_attention_on_a_mixed_step(cuda
                 assert meta.decode_split.decode_rows == 3 and meta.decode_split.rest is not None
                 assert {f.name for f in fields(meta)} >= {"decode_split"}
     what = f"seed={seed} {layout}"
-    ref = causal_attention_reference(query, cache, table, lens, qsl, head_size ** -0.5)
+    ref = causal_attention_reference(query, cache, table, lens, qsl, head_size**-0.5)
     rtol, atol = TOLERANCE[dtype]
     for name, out in outs.items():
         assert not torch.isnan(out).any(), f"{what} {name}"
-        torch.testing.assert_close(out.double(), ref, rtol=rtol, atol=atol * float(ref.abs().max()),
-                                   msg=f"{what} {name}")
-    torch.testing.assert_close(outs["ours"].double(), outs["vllm"].double(), rtol=2 * rtol,
-                               atol=2 * atol * float(ref.abs().max()), msg=what)
+        torch.testing.assert_close(
+            out.double(), ref, rtol=rtol, atol=atol * float(ref.abs().max()), msg=f"{what} {name}"
+        )
+    torch.testing.assert_close(
+        outs["ours"].double(), outs["vllm"].double(), rtol=2 * rtol, atol=2 * atol * float(ref.abs().max()), msg=what
+    )

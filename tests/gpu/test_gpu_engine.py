@@ -30,9 +30,21 @@ from tests.support.kernel_engine import (
 pytestmark = [pytest.mark.engine, pytest.mark.gpu, pytest.mark.needs_cuda_vllm]
 
 # Both engines share the GPU: each asks vLLM for a third of it, and a fixed KV size.
-ENGINE_FLAGS = ["--served-model-name", "tiny", "--max-num-seqs", "16", "--max-model-len", "512",
-                "--kv-cache-memory-bytes", "50000000", "--gpu-memory-utilization", "0.3",
-                "--enforce-eager", "--seed", "1234"]
+ENGINE_FLAGS = [
+    "--served-model-name",
+    "tiny",
+    "--max-num-seqs",
+    "16",
+    "--max-model-len",
+    "512",
+    "--kv-cache-memory-bytes",
+    "50000000",
+    "--gpu-memory-utilization",
+    "0.3",
+    "--enforce-eager",
+    "--seed",
+    "1234",
+]
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +55,7 @@ def engines(tiny_model):
         pytest.skip("needs nvcc: a custom CUDA engine builds the kernel's library on its first start")
     with daemon_home("llmc-gpu-") as cli:
         for name in ("stock", "custom"):
-            cli("engine", "start", name, "--model", str(tiny_model), "--kernel", name, *ENGINE_FLAGS,
-                timeout=900)
+            cli("engine", "start", name, "--model", str(tiny_model), "--kernel", name, *ENGINE_FLAGS, timeout=900)
         yield cli
 
 

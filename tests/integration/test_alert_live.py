@@ -30,14 +30,30 @@ from tests.support.daemon import daemon_home
 from tests.support.paths import ROOT
 from tests.support.waiting import wait_until
 
-pytestmark = [pytest.mark.engine,
-              pytest.mark.skipif(shutil.which("prometheus") is None,
-                                 reason="prometheus missing: `make setup` installs Debian's prometheus package")]
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.skipif(
+        shutil.which("prometheus") is None,
+        reason="prometheus missing: `make setup` installs Debian's prometheus package",
+    ),
+]
 
 RULES = ROOT / "deploy" / "prometheus" / "llmconsole-rules.yml"
-FLAGS = ["--max-num-seqs", "8", "--max-model-len", "512", "--num-gpu-blocks-override", "6",
-         "--kv-cache-memory-bytes", "100000000", "--enforce-eager", "--cpu-threads-bind", "nobind",
-         "--env", "VLLM_ENABLE_V1_MULTIPROCESSING=0"]  # the worker in the engine-core process: faster starts
+FLAGS = [
+    "--max-num-seqs",
+    "8",
+    "--max-model-len",
+    "512",
+    "--num-gpu-blocks-override",
+    "6",
+    "--kv-cache-memory-bytes",
+    "100000000",
+    "--enforce-eager",
+    "--cpu-threads-bind",
+    "nobind",
+    "--env",
+    "VLLM_ENABLE_V1_MULTIPROCESSING=0",
+]  # the worker in the engine-core process: faster starts
 KV_ALERT = "LlmconsoleKvCacheHigh"
 RESPONSES = ["window"] + ([] if cpu_has_avx512() else ["kv_dtype"]) + ["standby"]
 BUDGET_BYTES = 64 << 20  # the CPU budget memory modes take their share of: small KV caches
@@ -60,8 +76,9 @@ def acli(tiny_model):
         # The daemon's own rule waits 3 s (not 5 minutes) and answers by halving the window, then
         # with a standby engine. Where the CPU cannot keep KV in fp8 (AVX2 only) the kv_dtype
         # response is enabled too, and must be refused with the reason and leave the engine alone.
-        (c.home / "responses.json").write_text(json.dumps(
-            {"responses": {KV_ALERT: RESPONSES}, "for_s": {KV_ALERT: 3}, "interval_s": 1}))
+        (c.home / "responses.json").write_text(
+            json.dumps({"responses": {KV_ALERT: RESPONSES}, "for_s": {KV_ALERT: 3}, "interval_s": 1})
+        )
         c.env["LLMCONSOLE_CPU_KV_BUDGET_BYTES"] = str(BUDGET_BYTES)
         c("daemon", "start")
         c("engine", "start", "p1", "--model", str(tiny_model), "--served-model-name", "tiny", *FLAGS)
@@ -80,20 +97,32 @@ def prometheus(acli):
     (work / "rules.yml").write_text(yaml.safe_dump(rules))
     daemon_port = json.loads((acli.home / "exporter.json").read_text())["port"]
     engine_port = acli.engine("p1")["port"]
-    (work / "prometheus.yml").write_text(yaml.safe_dump({
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
-        "rule_files": [str(work / "rules.yml")],
-        "scrape_configs": [
-            {"job_name": "llmconsole", "static_configs": [{"targets": [f"127.0.0.1:{daemon_port}"]}]},
-            {"job_name": "vllm", "static_configs": [{"targets": [f"127.0.0.1:{engine_port}"]}]},
-        ],
-    }))
+    (work / "prometheus.yml").write_text(
+        yaml.safe_dump(
+            {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
+                "rule_files": [str(work / "rules.yml")],
+                "scrape_configs": [
+                    {"job_name": "llmconsole", "static_configs": [{"targets": [f"127.0.0.1:{daemon_port}"]}]},
+                    {"job_name": "vllm", "static_configs": [{"targets": [f"127.0.0.1:{engine_port}"]}]},
+                ],
+            }
+        )
+    )
     port = _free_port()
     log = open(work / "prometheus.log", "w")
     proc = subprocess.Popen(
-        ["prometheus", f"--config.file={work / 'prometheus.yml'}", f"--storage.tsdb.path={work / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1h"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            "prometheus",
+            f"--config.file={work / 'prometheus.yml'}",
+            f"--storage.tsdb.path={work / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--storage.tsdb.retention.time=1h",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     base = f"http://127.0.0.1:{port}"
 
     def ready() -> bool:
@@ -106,7 +135,9 @@ def prometheus(acli):
         assert proc.poll() is None, (work / "prometheus.log").read_text()[-2000:]
         return False
 
-    wait_until(ready, 60, 0.5, lambda: "prometheus to be ready; its log:\n" + (work / "prometheus.log").read_text()[-2000:])
+    wait_until(
+        ready, 60, 0.5, lambda: "prometheus to be ready; its log:\n" + (work / "prometheus.log").read_text()[-2000:]
+    )
     yield base
     proc.terminate()
     try:
@@ -124,7 +155,9 @@ def _burst(url: str, stop: threading.Event, clients: int = 10) -> list[int]:
 
     def one() -> None:
         while not stop.is_set():
-            req = urllib.request.Request(f"{url}/v1/completions", data=body, headers={"Content-Type": "application/json"})
+            req = urllib.request.Request(
+                f"{url}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+            )
             try:
                 with urllib.request.urlopen(req, timeout=600) as r:
                     r.read()
@@ -145,14 +178,26 @@ def _firing(base: str, name: str) -> list[dict]:
 
 
 def test_prometheus_scrapes_the_daemon_and_the_engine(acli, prometheus):
-    wait_until(lambda: _get_json(f"{prometheus}/api/v1/targets")["data"]["activeTargets"], 30, 1,
-               "both scrape targets up", ok=lambda targets: len(targets) == 2 and all(t["health"] == "up" for t in targets))
-    q = _get_json(f"{prometheus}/api/v1/query?query=llmconsole_engine_state%7Bengine%3D%22p1%22%2Cllmconsole_engine_state%3D%22ready%22%7D")
+    wait_until(
+        lambda: _get_json(f"{prometheus}/api/v1/targets")["data"]["activeTargets"],
+        30,
+        1,
+        "both scrape targets up",
+        ok=lambda targets: len(targets) == 2 and all(t["health"] == "up" for t in targets),
+    )
+    q = _get_json(
+        f"{prometheus}/api/v1/query?query=llmconsole_engine_state%7Bengine%3D%22p1%22%2Cllmconsole_engine_state%3D%22ready%22%7D"
+    )
     assert [r["value"][1] for r in q["data"]["result"]] == ["1"]
     q = _get_json(f"{prometheus}/api/v1/query?query=llmconsole_engine_config_info")
     assert q["data"]["result"][0]["metric"]["config_id"] == acli.engine("p1")["config_id"]
-    for series in ("llmconsole_gateway_window", "llmconsole_slo_objective_ratio", "llmconsole_engine_mode",
-                   "llmconsole_engine_restarts_total", "vllm:kv_cache_usage_perc"):
+    for series in (
+        "llmconsole_gateway_window",
+        "llmconsole_slo_objective_ratio",
+        "llmconsole_engine_mode",
+        "llmconsole_engine_restarts_total",
+        "vllm:kv_cache_usage_perc",
+    ):
         assert _get_json(f"{prometheus}/api/v1/query?query={series}")["data"]["result"], series
 
 
@@ -161,20 +206,33 @@ def test_kv_pressure_fires_the_alert_in_prometheus_and_the_daemon(acli, promethe
     stop = threading.Event()
     statuses = _burst(e["url"], stop)  # straight at the engine: the gateway's window would spare it
     try:
-        wait_until(lambda: _firing(prometheus, KV_ALERT), 180, 1,
-                   lambda: f"{KV_ALERT} firing in prometheus; its alerts: {_get_json(f'{prometheus}/api/v1/alerts')}")
+        wait_until(
+            lambda: _firing(prometheus, KV_ALERT),
+            180,
+            1,
+            lambda: f"{KV_ALERT} firing in prometheus; its alerts: {_get_json(f'{prometheus}/api/v1/alerts')}",
+        )
         alert = _firing(prometheus, KV_ALERT)[0]
         assert alert["labels"]["model_name"] == "tiny" and float(alert["value"]) > 0.9
         # the daemon's own evaluator saw the same condition and recorded it
-        wait_until(lambda: json.loads(acli("alerts", "--json").stdout), 60, 1, f"the daemon's record of {KV_ALERT} on p1",
-                   ok=lambda data: any(a["rule"] == KV_ALERT and a["engine"] == "p1" for a in data["alerts"]))
+        wait_until(
+            lambda: json.loads(acli("alerts", "--json").stdout),
+            60,
+            1,
+            f"the daemon's record of {KV_ALERT} on p1",
+            ok=lambda data: any(a["rule"] == KV_ALERT and a["engine"] == "p1" for a in data["alerts"]),
+        )
     finally:
         stop.set()
     assert all(s == 200 for s in statuses), statuses  # pressure slows requests; none fails
     # The daemon's record can come a scrape before Prometheus has seen its series: wait for one.
     q = wait_until(
         lambda: _get_json(f"{prometheus}/api/v1/query?query=llmconsole_alert_state%7Brule%3D%22{KV_ALERT}%22%7D"),
-        30, 1, "the daemon exports its own alert state", ok=lambda q: bool(q["data"]["result"]))
+        30,
+        1,
+        "the daemon exports its own alert state",
+        ok=lambda q: bool(q["data"]["result"]),
+    )
     assert q["data"]["result"], "the daemon exports its own alert state"
 
 
@@ -184,9 +242,15 @@ def test_the_standby_response_serves_through_the_gateway(acli):
         return data, [r for r in data["responses"] if r["kind"] == "response:standby"], acli.engine("p1-standby")
 
     # 900 s: a standby start on a busy 2-core host
-    data, resp, sb = wait_until(standby, 900, 2, "the standby response applied and its engine ready",
-                                ok=lambda got: bool(got[1]) and got[1][0]["outcome"] != "pending"
-                                and got[2] is not None and got[2]["state"] == "ready")
+    data, resp, sb = wait_until(
+        standby,
+        900,
+        2,
+        "the standby response applied and its engine ready",
+        ok=lambda got: (
+            bool(got[1]) and got[1][0]["outcome"] != "pending" and got[2] is not None and got[2]["state"] == "ready"
+        ),
+    )
     response = resp[0]
     assert response["outcome"] == "applied" and response["detail"]["trigger"] == KV_ALERT
     assert response["detail"]["alert_id"] is not None
@@ -205,8 +269,9 @@ def test_the_standby_response_serves_through_the_gateway(acli):
 
     def served_by_standby() -> float:
         text = urllib.request.urlopen(f"{sb['url']}/metrics", timeout=10).read().decode()
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith("vllm:request_success_total"))
+        return sum(
+            float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:request_success_total")
+        )
 
     before = served_by_standby()
     gw = acli.engine("p1")["gateway_url"]
@@ -262,8 +327,13 @@ def test_the_mode_and_kv_dtype_responses_restart_the_engine_and_undo_puts_it_bac
     def p1_firing(data: dict) -> bool:
         return any(a["rule"] == KV_ALERT and a["engine"] == "p1" and a["state"] == "firing" for a in data["active"])
 
-    wait_until(lambda: json.loads(acli("alerts", "--json").stdout), 120, 1, "the earlier alert to resolve",
-               ok=lambda data: not p1_firing(data))
+    wait_until(
+        lambda: json.loads(acli("alerts", "--json").stdout),
+        120,
+        1,
+        "the earlier alert to resolve",
+        ok=lambda data: not p1_firing(data),
+    )
     # The operator tells the daemon what the runtime can do and restarts it; the engine keeps serving.
     acli("daemon", "stop")
     acli.env["LLMCONSOLE_FP8_KV"] = "supported"
@@ -283,8 +353,13 @@ def test_the_mode_and_kv_dtype_responses_restart_the_engine_and_undo_puts_it_bac
     finally:
         stop.set()  # the restarts cut what is left of the burst (it went straight to the engine)
     # Two restarts on a busy 2-core host (three where the fp8 start fails and is rolled back)
-    got = wait_until(responses, 900, 2, "both responses finished",
-                     ok=lambda r: "response:kv_dtype" in r and r["response:kv_dtype"]["outcome"] != "pending")
+    got = wait_until(
+        responses,
+        900,
+        2,
+        "both responses finished",
+        ok=lambda r: "response:kv_dtype" in r and r["response:kv_dtype"]["outcome"] != "pending",
+    )
     mode, kv = got["response:mode"], got["response:kv_dtype"]
     assert mode["outcome"] == "applied" and mode["detail"]["trigger"] == KV_ALERT
     assert mode["detail"]["from_config_id"] == before["config_id"]
@@ -305,15 +380,17 @@ def test_the_mode_and_kv_dtype_responses_restart_the_engine_and_undo_puts_it_bac
     with Store.open(acli.home / "llmconsole.db") as store:
         acts = store.actions(engine="p1", since=began)
         applies = [(a.kind, a.automatic, a.actor, a.from_config_id) for a in acts if a.kind == "apply"]
-        assert applies[:2] == [("apply", True, "llmconsole", before["config_id"]), ("apply", True, "llmconsole", balanced)]
+        assert applies[:2] == [
+            ("apply", True, "llmconsole", before["config_id"]),
+            ("apply", True, "llmconsole", balanced),
+        ]
         settings = [a for a in store.actions(since=began) if a.kind == "responses"]
         assert settings and settings[-1].detail["to"]["responses"][KV_ALERT] == ["mode", "kv_dtype"]
 
     # Undo the mode response: the history rollback to the config the engine ran before the alert.
     out = json.loads(acli("alerts", "--undo", str(mode["id"])).stdout)
     assert out["undoes"] == mode["id"] and out["to_config_id"] == before["config_id"]
-    e = acli.wait_engine("p1", lambda x: x["state"] == "ready" and x["config_id"] == before["config_id"],
-                         timeout_s=300)
+    e = acli.wait_engine("p1", lambda x: x["state"] == "ready" and x["config_id"] == before["config_id"], timeout_s=300)
     assert e["spec"]["num_gpu_blocks_override"] == 6 and e["spec"]["kv_cache_dtype"] == "auto" and e["mode"] is None
     with Store.open(acli.home / "llmconsole.db") as store:
         undo = [a for a in store.actions(engine="p1", since=began) if a.kind == "undo"]
@@ -325,6 +402,8 @@ def test_the_mode_and_kv_dtype_responses_restart_the_engine_and_undo_puts_it_bac
 
 def _post_completion(gateway_url: str) -> tuple[int, bytes]:
     body = json.dumps({"model": "tiny", "prompt": "after", "max_tokens": 4}).encode()
-    req = urllib.request.Request(f"{gateway_url}/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"{gateway_url}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=120) as r:
         return r.status, r.read()

@@ -22,8 +22,14 @@ def test_status_json_into_a_closed_pipe_ends_quietly(home):
     c = Cli(home)
     c("daemon", "start")
     r, w = os.pipe()
-    proc = subprocess.Popen([sys.executable, "-m", "llmconsole.console.cli", "status", "--json"], env=c.env,
-                            stdout=w, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llmconsole.console.cli", "status", "--json"],
+        env=c.env,
+        stdout=w,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
     os.close(w)
     os.close(r)  # as `head` does once it has its lines
     _, err = proc.communicate(timeout=120)

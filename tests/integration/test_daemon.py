@@ -24,8 +24,9 @@ def test_one_daemon_per_home_with_a_private_socket(cli, home):
     assert stat.S_IMODE(sock.stat().st_mode) == 0o600
     assert stat.S_IMODE((home / "run").stat().st_mode) == 0o700
     assert "already running" in cli("daemon", "start").stdout
-    second = subprocess.run([sys.executable, "-m", "llmconsole.daemon.main"], env=cli.env,
-                            capture_output=True, text=True, timeout=30)
+    second = subprocess.run(
+        [sys.executable, "-m", "llmconsole.daemon.main"], env=cli.env, capture_output=True, text=True, timeout=30
+    )
     assert second.returncode == 3
     assert "already running" in second.stderr
     info = json.loads(cli("daemon", "status", "--json").stdout)
@@ -70,8 +71,11 @@ def test_api_rejects_bad_requests_with_reasons(cli, home, tiny_model):
                 assert words in str(e)
             else:
                 raise AssertionError(f"accepted {spec}")
-        for call in (lambda: client.stop_engine("nope"), lambda: client.logs("nope"),
-                     lambda: client.remove_engine("nope")):
+        for call in (
+            lambda: client.stop_engine("nope"),
+            lambda: client.logs("nope"),
+            lambda: client.remove_engine("nope"),
+        ):
             try:
                 call()
             except DaemonError as e:

@@ -19,8 +19,17 @@ from tests.support.daemon import daemon_home
 
 pytestmark = pytest.mark.engine
 
-ENGINE_FLAGS = ["--max-num-seqs", "8", "--max-model-len", "512", "--kv-cache-memory-bytes", "100000000",
-                "--enforce-eager", "--cpu-threads-bind", "nobind"]
+ENGINE_FLAGS = [
+    "--max-num-seqs",
+    "8",
+    "--max-model-len",
+    "512",
+    "--kv-cache-memory-bytes",
+    "100000000",
+    "--enforce-eager",
+    "--cpu-threads-bind",
+    "nobind",
+]
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +88,11 @@ def test_completion_and_live_metrics_in_status(mcli):
     assert out["usage"]["completion_tokens"] == 32
     # A scrape taken while the request ran already has a TTFT and a rate, and one running request:
     # wait for the one after it, which must show the engine idle again.
-    e = mcli.wait_engine("t1", lambda e: e["generation_tok_s"] is not None and e["p99_ttft_s"] is not None
-                         and e["num_requests_running"] == 0, timeout_s=30)
+    e = mcli.wait_engine(
+        "t1",
+        lambda e: e["generation_tok_s"] is not None and e["p99_ttft_s"] is not None and e["num_requests_running"] == 0,
+        timeout_s=30,
+    )
     assert e["num_requests_waiting"] == 0
     assert 0.0 <= e["kv_cache_usage"] <= 1.0
     assert e["p99_ttft_s"] > 0
@@ -93,10 +105,12 @@ def test_completion_and_live_metrics_in_status(mcli):
 def test_chat_completions_answer_on_the_local_model(mcli):
     """The call most OpenAI clients make: the random-weight model carries a chat template."""
     e = mcli.engine("t1")
-    body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "Hello there"}],
-                       "max_tokens": 8, "ignore_eos": True}).encode()
-    req = urllib.request.Request(f"{e['url']}/v1/chat/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
+    body = json.dumps(
+        {"model": "tiny", "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 8, "ignore_eos": True}
+    ).encode()
+    req = urllib.request.Request(
+        f"{e['url']}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=60) as r:
         out = json.loads(r.read())
     assert out["choices"][0]["message"]["role"] == "assistant" and out["usage"]["completion_tokens"] == 8
@@ -170,8 +184,20 @@ def test_graceful_daemon_stop_leaves_the_engine_serving(mcli):
 
 def test_a_config_that_cannot_fit_fails_with_vllms_reason_and_leaves_nothing(mcli):
     # --force: the planner would refuse this config before launch; here vLLM itself must say why.
-    r = mcli("engine", "start", "bad", "--model", str(mcli.model), "--max-model-len", "2048",
-             "--kv-cache-memory-bytes", "100000", "--enforce-eager", "--force", check=False)
+    r = mcli(
+        "engine",
+        "start",
+        "bad",
+        "--model",
+        str(mcli.model),
+        "--max-model-len",
+        "2048",
+        "--kv-cache-memory-bytes",
+        "100000",
+        "--enforce-eager",
+        "--force",
+        check=False,
+    )
     assert r.returncode == 1
     assert "To serve at least one request with the model's max seq len (2048)" in r.stderr
     e = mcli.engine("bad")

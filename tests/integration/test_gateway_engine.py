@@ -26,8 +26,18 @@ from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.engine
 
-ENGINE_FLAGS = ["--max-num-seqs", "8", "--max-model-len", "512", "--kv-cache-memory-bytes", "100000000",
-                "--enforce-eager", "--cpu-threads-bind", "nobind", "--extra-arg=--trust-request-chat-template"]
+ENGINE_FLAGS = [
+    "--max-num-seqs",
+    "8",
+    "--max-model-len",
+    "512",
+    "--kv-cache-memory-bytes",
+    "100000000",
+    "--enforce-eager",
+    "--cpu-threads-bind",
+    "nobind",
+    "--extra-arg=--trust-request-chat-template",
+]
 
 
 @pytest.fixture(scope="module")
@@ -98,9 +108,15 @@ def test_completions_and_chat_pass_through_unchanged(gcli):
     assert g.rstrip().endswith(b"data: [DONE]")
 
     # The tiny model has no chat template of its own: the request brings one.
-    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
-            "temperature": 0, "ignore_eos": True, "stream": True,
-            "chat_template": "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"}
+    chat = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 8,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "chat_template": "{% for m in messages %}{{ m['content'] }}\n{% endfor %}",
+    }
     _, d = _post(f"{direct}/v1/chat/completions", chat)
     status, g = _post(f"{gw}/v1/chat/completions", chat)
     assert status == 200, g
@@ -138,14 +154,24 @@ def test_window_changes_are_in_the_history_and_the_export_with_who_when_from_and
     # The previous test's commands, as the store recorded them, oldest first.
     with Store.open(gcli.home / "llmconsole.db") as store:
         acts = [a for a in store.actions(engine="g1") if a.kind == "window"]
-    got = [(a.outcome, a.detail["from"]["window"], a.detail["from"]["frozen"], a.detail.get("to", {}).get("window"),
-            a.detail.get("to", {}).get("frozen")) for a in acts]
-    assert got == [("done", 8, False, 12, True),        # --set 12 (which freezes)
-                   ("refused", 12, True, None, None),   # --min 20 --max 10
-                   ("refused", 12, True, None, None),   # --set 40
-                   ("refused", 12, True, None, None),   # --target-ms -5
-                   ("done", 12, True, 12, False),       # --unfreeze --target-ms 400 --signal e2e
-                   ("done", 12, False, 8, True)]        # --set 8
+    got = [
+        (
+            a.outcome,
+            a.detail["from"]["window"],
+            a.detail["from"]["frozen"],
+            a.detail.get("to", {}).get("window"),
+            a.detail.get("to", {}).get("frozen"),
+        )
+        for a in acts
+    ]
+    assert got == [
+        ("done", 8, False, 12, True),  # --set 12 (which freezes)
+        ("refused", 12, True, None, None),  # --min 20 --max 10
+        ("refused", 12, True, None, None),  # --set 40
+        ("refused", 12, True, None, None),  # --target-ms -5
+        ("done", 12, True, 12, False),  # --unfreeze --target-ms 400 --signal e2e
+        ("done", 12, False, 8, True),
+    ]  # --set 8
     assert {a.actor for a in acts} == {getpass.getuser()} and not any(a.automatic for a in acts)
     assert "outside [4, 32]" in acts[2].detail["error"] and acts[4].detail["to"]["target_ms"] == 400.0
     out = tmp_path / "bundle"
@@ -155,12 +181,18 @@ def test_window_changes_are_in_the_history_and_the_export_with_who_when_from_and
     rows = [line for line in changed.splitlines() if "| window |" in line]
     assert len(rows) == 6 and all(f"| {getpass.getuser()} | g1 | window |" in r for r in rows)
     assert "| done | `frozen`: false → true; `window`: 8 → 12 |" in rows[0]
-    assert "| done | `frozen`: true → false; `signal`: \"ttft\" → \"e2e\"; `target_ms`: 1000.0 → 400.0 |" in rows[4]
+    assert '| done | `frozen`: true → false; `signal`: "ttft" → "e2e"; `target_ms`: 1000.0 → 400.0 |' in rows[4]
     assert "| refused | from " in rows[1]
     assert "the beginning" not in report and " (the first record) → " in report
     exported = [json.loads(line) for line in (out / "actions.jsonl").read_text().splitlines()]
-    assert [a["detail"].get("to", {}).get("window") for a in exported if a["kind"] == "window"] == [12, None, None,
-                                                                                                    None, 12, 8]
+    assert [a["detail"].get("to", {}).get("window") for a in exported if a["kind"] == "window"] == [
+        12,
+        None,
+        None,
+        None,
+        12,
+        8,
+    ]
 
 
 def test_requests_sent_during_a_real_restart_wait_and_complete(gcli):
@@ -171,8 +203,14 @@ def test_requests_sent_during_a_real_restart_wait_and_complete(gcli):
     gcli.wait_engine("g1", lambda x: x["state"] != "ready", timeout_s=60, interval_s=0.2)
     began = time.monotonic()
     # The usage frame counts tokens: under load vLLM may carry two tokens in one event.
-    body = {"model": "tiny", "prompt": "during a restart", "max_tokens": 8, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": "tiny",
+        "prompt": "during a restart",
+        "max_tokens": 8,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         futures = [pool.submit(_post, f"{gw}/v1/completions", body) for _ in range(4)]
         time.sleep(1.0)
@@ -208,8 +246,14 @@ def _stream(url: str, body: dict, timeout_s: float = 300) -> tuple[int, list[dic
 def test_an_engine_restart_under_live_streams_completes_every_stream(gcli):
     e = gcli.engine("g1")
     gw = e["gateway_url"]
-    body = {"model": "tiny", "prompt": "a live stream", "max_tokens": 96, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": "tiny",
+        "prompt": "a live stream",
+        "max_tokens": 96,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     stop = threading.Event()
     results: list[tuple[int, list[dict], bool]] = []
     failures: list[BaseException] = []
@@ -264,8 +308,9 @@ def test_a_stream_whose_engine_is_killed_ends_in_an_error_not_a_clean_end(gcli):
         client = openai.OpenAI(base_url=f"{gw}/v1", api_key="unused", max_retries=0, timeout=120)
         texts = []
         with pytest.raises(openai.APIError, match="stopped answering mid-stream"):
-            stream = client.completions.create(model="tiny", prompt=prompt, max_tokens=480, stream=True,
-                                               extra_body={"ignore_eos": True})
+            stream = client.completions.create(
+                model="tiny", prompt=prompt, max_tokens=480, stream=True, extra_body={"ignore_eos": True}
+            )
             for part in stream:
                 texts.append(part.choices[0].text)
                 kill_after_some_tokens(len(texts))
@@ -275,8 +320,11 @@ def test_a_stream_whose_engine_is_killed_ends_in_an_error_not_a_clean_end(gcli):
 
         lines = []
         with pytest.raises(httpx.RemoteProtocolError), httpx.Client(timeout=120) as c:
-            with c.stream("POST", f"{gw}/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": 480,
-                                                                "ignore_eos": True, "stream": True}) as r:
+            with c.stream(
+                "POST",
+                f"{gw}/v1/completions",
+                json={"model": "tiny", "prompt": prompt, "max_tokens": 480, "ignore_eos": True, "stream": True},
+            ) as r:
                 for line in r.iter_lines():
                     lines.append(line)
                     kill_after_some_tokens(len(lines))
@@ -329,10 +377,17 @@ def test_the_window_controller_closes_its_loop_on_the_engine_under_a_load_step(g
     assert cuts[-1]["window"] == 4 and all(b["window"] <= a["window"] for a, b in zip(cuts, cuts[1:], strict=False))
     # ... under the second every one measured below it and the window grew step by step.
     assert raises and all(t["measured_ms"] < 60000.0 and t["error"] > 0 for t in raises)
-    assert raises[-1]["window"] >= 8 and all(b["window"] >= a["window"] for a, b in zip(raises, raises[1:], strict=False))
+    assert raises[-1]["window"] >= 8 and all(
+        b["window"] >= a["window"] for a, b in zip(raises, raises[1:], strict=False)
+    )
     # The store's trace holds the same steps (the daemon writes each acting step).
     with Store.open(gcli.home / "llmconsole.db") as store:
-        rows = wait_until(lambda: store.window_trace("g1", since_s=began), 30, 1, "the trace in the store",
-                          ok=lambda rows: any(r.window >= 8 and r.target == 60000.0 for r in rows))
+        rows = wait_until(
+            lambda: store.window_trace("g1", since_s=began),
+            30,
+            1,
+            "the trace in the store",
+            ok=lambda rows: any(r.window >= 8 and r.target == 60000.0 for r in rows),
+        )
     assert any(r.window == 4 and r.target == 1.0 and r.measured > 1.0 for r in rows)
     assert {round(t["at_s"], 3) for t in steps} <= {round(r.at_s, 3) for r in rows}

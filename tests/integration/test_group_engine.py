@@ -28,8 +28,19 @@ from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.engine
 
-FLAGS = ["--served-model-name", "tiny", "--max-num-seqs", "4", "--max-model-len", "512",
-         "--kv-cache-memory-bytes", "50000000", "--enforce-eager", "--cpu-threads-bind", "nobind"]
+FLAGS = [
+    "--served-model-name",
+    "tiny",
+    "--max-num-seqs",
+    "4",
+    "--max-model-len",
+    "512",
+    "--kv-cache-memory-bytes",
+    "50000000",
+    "--enforce-eager",
+    "--cpu-threads-bind",
+    "nobind",
+]
 ENGINES = ("ga", "gb")
 
 
@@ -252,14 +263,23 @@ def test_a_removed_group_finishes_what_it_had_admitted_or_queued(pair):
     assert url.endswith("/g/batch")
     before = sum(_finished(status[n]["url"]) for n in ENGINES)
     tokens = 448  # long enough that the queue is still there a poll after the removal on a fast host
-    body = {"model": "tiny", "prompt": "finish what was started", "max_tokens": tokens, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": "tiny",
+        "prompt": "finish what was started",
+        "max_tokens": tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     with _client(pair) as dc, concurrent.futures.ThreadPoolExecutor(10) as pool:
+
         def batch() -> dict | None:
             return next((g for g in dc.groups() if g["group"] == "batch"), None)
+
         futures = [pool.submit(_post, f"{url}/v1/completions", body) for _ in range(10)]
-        wait_until(lambda: (g := batch()) and (g["in_flight"], g["queued"]) == (4, 6), 60, 0.05,
-                   "four running and six waiting")
+        wait_until(
+            lambda: (g := batch()) and (g["in_flight"], g["queued"]) == (4, 6), 60, 0.05, "four running and six waiting"
+        )
         dc.remove_group("batch")
         code, raw = _post(f"{url}/v1/completions", {**body, "stream": False, "max_tokens": 1})
         assert code == 404 and b"no engine group named 'batch'" in raw  # new arrivals: no such route

@@ -17,8 +17,17 @@ from tests.support.daemon import Cli, daemon_home
 pytestmark = pytest.mark.engine
 
 SECRET = "sk-llmconsole-test-7f3a91c2"
-BASE = ["--served-model-name", "tiny", "--max-model-len", "512", "--kv-cache-memory-bytes", "100000000",
-        "--enforce-eager", "--cpu-threads-bind", "nobind"]
+BASE = [
+    "--served-model-name",
+    "tiny",
+    "--max-model-len",
+    "512",
+    "--kv-cache-memory-bytes",
+    "100000000",
+    "--enforce-eager",
+    "--cpu-threads-bind",
+    "nobind",
+]
 
 
 @pytest.fixture(scope="module")
@@ -36,15 +45,17 @@ def _history(c: Cli) -> list[dict]:
 def _actions(c: Cli) -> list[tuple]:
     db = sqlite3.connect(c.home / "llmconsole.db")
     try:
-        return db.execute("SELECT kind, from_config_id, to_config_id, outcome, automatic FROM actions "
-                          "ORDER BY id").fetchall()
+        return db.execute(
+            "SELECT kind, from_config_id, to_config_id, outcome, automatic FROM actions ORDER BY id"
+        ).fetchall()
     finally:
         db.close()
 
 
 def test_a_changed_flag_is_a_new_version_with_its_diff(hcli):
-    hcli("engine", "start", "e1", "--model", str(hcli.model), "--max-num-seqs", "8",
-         "--api-key-env", "ENGINE_KEY", *BASE)
+    hcli(
+        "engine", "start", "e1", "--model", str(hcli.model), "--max-num-seqs", "8", "--api-key-env", "ENGINE_KEY", *BASE
+    )
     a = hcli.engine("e1")["config_id"]
     hcli("engine", "restart", "e1", "--max-num-seqs", "4")
     hist = _history(hcli)

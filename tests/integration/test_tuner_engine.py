@@ -26,11 +26,39 @@ from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.engine
 
-FLAGS = ["--served-model-name", "tiny", "--max-num-seqs", "4", "--max-model-len", "256",
-         "--kv-cache-memory-bytes", "50000000", "--enforce-eager", "--cpu-threads-bind", "nobind",
-         "--env", "VLLM_ENABLE_V1_MULTIPROCESSING=0"]
-LOAD = ["--workload", "concurrency=2", "--num-requests", "8", "--input-len", "16", "--output-len", "8",
-        "--warmup", "1", "--slo", "p99_e2e_ms=60000", "--top-k", "1", "--repeats", "2"]
+FLAGS = [
+    "--served-model-name",
+    "tiny",
+    "--max-num-seqs",
+    "4",
+    "--max-model-len",
+    "256",
+    "--kv-cache-memory-bytes",
+    "50000000",
+    "--enforce-eager",
+    "--cpu-threads-bind",
+    "nobind",
+    "--env",
+    "VLLM_ENABLE_V1_MULTIPROCESSING=0",
+]
+LOAD = [
+    "--workload",
+    "concurrency=2",
+    "--num-requests",
+    "8",
+    "--input-len",
+    "16",
+    "--output-len",
+    "8",
+    "--warmup",
+    "1",
+    "--slo",
+    "p99_e2e_ms=60000",
+    "--top-k",
+    "1",
+    "--repeats",
+    "2",
+]
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +75,18 @@ def _api(eng) -> DaemonClient:
 def test_configs_that_cannot_start_are_infeasible_and_the_study_goes_on(eng):
     before = eng.engine("tn")
     # Neither KV size holds one 24-token sequence: the daemon's fit check refuses both restarts.
-    r = eng("tune", "--engine", "tn", *LOAD, "--budget", "3", "--knob", "kv_cache_memory_bytes=1000,2000",
-            "--json", timeout=300)
+    r = eng(
+        "tune",
+        "--engine",
+        "tn",
+        *LOAD,
+        "--budget",
+        "3",
+        "--knob",
+        "kv_cache_memory_bytes=1000,2000",
+        "--json",
+        timeout=300,
+    )
     out = json.loads(r.stdout)
     assert [t["state"] for t in out["trials"]] == ["infeasible"] * 3
     assert all("did not start" in t["reason"] and "cannot hold one request" in t["reason"] for t in out["trials"])
@@ -59,8 +97,13 @@ def test_configs_that_cannot_start_are_infeasible_and_the_study_goes_on(eng):
 
 def test_killed_mid_study_resumes_and_trial_numbers_continue(eng):
     args = ["tune", "--engine", "tn", *LOAD, "--budget", "4", "--knob", "max_num_seqs=4", "--json"]
-    p = subprocess.Popen([sys.executable, "-m", "llmconsole.console.cli", *args], env=eng.env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "llmconsole.console.cli", *args],
+        env=eng.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     seen = ""
     deadline = time.monotonic() + 240
     while "[trial 1]" not in seen and time.monotonic() < deadline:  # trial 0 done, trial 1 under way
@@ -91,9 +134,19 @@ def test_scheduled_run_on_a_short_schedule_proposes_from_gateway_traffic(eng):
     wl = Workload.closed(2, 8, 16, 8)
     asyncio.run(run_load(e["gateway_url"], "tiny", wl, tokenizer_source=str(eng.engine("tn")["model"])))
     with _api(eng) as c:
-        c._call("POST", "/tune/schedule", json={"engine": "tn", "interval_s": 10, "budget_trials": 1,
-                                                 "knobs": ["max_num_seqs=4"], "slo": {"p99_e2e_ms": 60000},
-                                                 "num_requests": 6, "input_len": "16"})
+        c._call(
+            "POST",
+            "/tune/schedule",
+            json={
+                "engine": "tn",
+                "interval_s": 10,
+                "budget_trials": 1,
+                "knobs": ["max_num_seqs=4"],
+                "slo": {"p99_e2e_ms": 60000},
+                "num_requests": 6,
+                "input_len": "16",
+            },
+        )
         try:
             runs = wait_until(lambda: c._call("GET", "/tune")["runs"], 180, 2, "a scheduled run")
         finally:
@@ -101,13 +154,29 @@ def test_scheduled_run_on_a_short_schedule_proposes_from_gateway_traffic(eng):
         assert c._call("GET", "/tune")["schedule"] == {}
     run = runs[0]
     assert run["status"] == "done", run
-    assert run["load"].startswith("rate=") and run["output_len"] == "8"  # the shape the gateway saw (its usage frames' count)
+    assert (
+        run["load"].startswith("rate=") and run["output_len"] == "8"
+    )  # the shape the gateway saw (its usage frames' count)
     assert run["proposal"] == {"max_num_seqs": 4} and run["proposal_req_s"] > 0 and run["applied"] is None
 
 
 def test_dry_run_shows_where_each_range_comes_from(eng):
-    r = eng("tune", "--engine", "tn", *LOAD, "--budget", "4", "--knob", "max_num_seqs", "--knob", "kernel=stock",
-            "--knob", "gateway_max_window", "--dry-run", timeout=120)
+    r = eng(
+        "tune",
+        "--engine",
+        "tn",
+        *LOAD,
+        "--budget",
+        "4",
+        "--knob",
+        "max_num_seqs",
+        "--knob",
+        "kernel=stock",
+        "--knob",
+        "gateway_max_window",
+        "--dry-run",
+        timeout=120,
+    )
     out = r.stdout
     # 50,000,000 bytes of KV in 128-token blocks of 512 bytes a token: 762 blocks, one per 24-token request.
     assert "max_num_seqs=1:256  (planner: the KV cache (50,000,000 bytes) holds 761 requests of 24 tokens" in out
@@ -120,8 +189,24 @@ def test_window_bounds_are_tuned_at_the_gateway_without_a_restart(eng):
     before = eng.engine("tn")
     with _api(eng) as c:
         w0 = c.window("tn", trace_points=0)
-        r = eng("tune", "--engine", "tn", *LOAD[:-4], "--top-k", "1", "--repeats", "1", "--budget", "2",
-                "--knob", "gateway_max_window=1,3", "--knob", "max_num_seqs=4", "--json", timeout=300)
+        r = eng(
+            "tune",
+            "--engine",
+            "tn",
+            *LOAD[:-4],
+            "--top-k",
+            "1",
+            "--repeats",
+            "1",
+            "--budget",
+            "2",
+            "--knob",
+            "gateway_max_window=1,3",
+            "--knob",
+            "max_num_seqs=4",
+            "--json",
+            timeout=300,
+        )
         w1 = c.window("tn", trace_points=0)
     out = json.loads(r.stdout)
     assert [t["state"] for t in out["trials"]] == ["complete", "complete"]
@@ -133,12 +218,19 @@ def test_window_bounds_are_tuned_at_the_gateway_without_a_restart(eng):
     with _api(eng) as c:
         # A tuned window is applied at the gateway; bounds that cross are refused and change nothing.
         with pytest.raises(DaemonError, match="not 1 <= min_window <= max_window"):
-            c._call("POST", "/engines/tn/tune/apply", json={"overrides": {"gateway_min_window": 3,
-                                                                          "gateway_max_window": 2}})
+            c._call(
+                "POST", "/engines/tn/tune/apply", json={"overrides": {"gateway_min_window": 3, "gateway_max_window": 2}}
+            )
         assert c.window("tn", trace_points=0)["max_window"] == w0["max_window"]
-        applied = c._call("POST", "/engines/tn/tune/apply", json={
-            "overrides": {"gateway_min_window": 1, "gateway_max_window": 3}, "slo": {"p99_e2e_ms": 60000},
-            "guard": {"watch_s": 3, "check_s": 1, "window_s": 2}})
+        applied = c._call(
+            "POST",
+            "/engines/tn/tune/apply",
+            json={
+                "overrides": {"gateway_min_window": 1, "gateway_max_window": 3},
+                "slo": {"p99_e2e_ms": 60000},
+                "guard": {"watch_s": 3, "check_s": 1, "window_s": 2},
+            },
+        )
         assert applied["window"] == {"min_window": 1, "max_window": 3}
         assert applied["from_config_id"] == applied["to_config_id"] == before["config_id"]
         w2 = c.window("tn", trace_points=0)
@@ -149,20 +241,33 @@ def test_window_bounds_are_tuned_at_the_gateway_without_a_restart(eng):
 def test_applied_config_that_breaks_the_slo_is_rolled_back(eng):
     original = eng.engine("tn")
     with _api(eng) as c:
-        applied = c._call("POST", "/engines/tn/tune/apply", json={
-            "overrides": {"max_num_seqs": 2}, "slo": {"p99_e2e_ms": 1},
-            "guard": {"watch_s": 240, "window_s": 6, "check_s": 1, "min_requests": 3}})
+        applied = c._call(
+            "POST",
+            "/engines/tn/tune/apply",
+            json={
+                "overrides": {"max_num_seqs": 2},
+                "slo": {"p99_e2e_ms": 1},
+                "guard": {"watch_s": 240, "window_s": 6, "check_s": 1, "min_requests": 3},
+            },
+        )
         assert applied["from_config_id"] == original["config_id"] and applied["to_config_id"] != original["config_id"]
         e = eng.wait_engine("tn", lambda x: x["state"] == "ready")
         # The injected regression: steady traffic through the gateway that no request can serve in 1 ms.
         wl = Workload.closed(2, 120, 16, 8)
-        asyncio.run(run_load(e["gateway_url"], "tiny", wl, tokenizer_source=str(e["model"]),
-                             slo=Slo.parse(["p99_e2e_ms=1"])))
-        watch = wait_until(lambda: c._call("GET", "/tune")["watches"]["tn"], 120, 1, "the guard's verdict",
-                           ok=lambda w: w["state"] != "watching")
+        asyncio.run(
+            run_load(e["gateway_url"], "tiny", wl, tokenizer_source=str(e["model"]), slo=Slo.parse(["p99_e2e_ms=1"]))
+        )
+        watch = wait_until(
+            lambda: c._call("GET", "/tune")["watches"]["tn"],
+            120,
+            1,
+            "the guard's verdict",
+            ok=lambda w: w["state"] != "watching",
+        )
     assert watch["state"] == "rolled back" and "SLO met by 0%" in watch["reason"]
-    after = eng.wait_engine("tn", lambda x: x["state"] == "ready" and x["config_id"] == original["config_id"],
-                            timeout_s=300)
+    after = eng.wait_engine(
+        "tn", lambda x: x["state"] == "ready" and x["config_id"] == original["config_id"], timeout_s=300
+    )
     assert after["config_id"] == original["config_id"]
     from llmconsole.db import Store
 
@@ -173,7 +278,6 @@ def test_applied_config_that_breaks_the_slo_is_rolled_back(eng):
         rb = [a for a in acts if a.kind == "rollback" and a.automatic]
         assert rb and rb[-1].to_config_id == original["config_id"]
         assert "SLO met by" in json.dumps(rb[-1].detail)
-
 
 
 def test_a_scheduled_tune_with_apply_applies_its_winner_and_watches_it(eng):
@@ -187,12 +291,28 @@ def test_a_scheduled_tune_with_apply_applies_its_winner_and_watches_it(eng):
         w0 = c.window("tn", trace_points=0)
         assert (w0["min_window"], w0["max_window"]) == (4, 32)
         began = time.time()
-        c._call("POST", "/tune/schedule", json={"engine": "tn", "interval_s": 10, "budget_trials": 1, "apply": True,
-                                                 "knobs": ["gateway_max_window=16"], "slo": {"p99_e2e_ms": 60000},
-                                                 "num_requests": 6, "input_len": "16"})
+        c._call(
+            "POST",
+            "/tune/schedule",
+            json={
+                "engine": "tn",
+                "interval_s": 10,
+                "budget_trials": 1,
+                "apply": True,
+                "knobs": ["gateway_max_window=16"],
+                "slo": {"p99_e2e_ms": 60000},
+                "num_requests": 6,
+                "input_len": "16",
+            },
+        )
         try:
-            state = wait_until(lambda: c._call("GET", "/tune"), 240, 2, "a scheduled run that applied its winner",
-                               ok=lambda st: any(r["at_s"] >= began and r.get("applied") for r in st["runs"]))
+            state = wait_until(
+                lambda: c._call("GET", "/tune"),
+                240,
+                2,
+                "a scheduled run that applied its winner",
+                ok=lambda st: any(r["at_s"] >= began and r.get("applied") for r in st["runs"]),
+            )
         finally:
             c._call("POST", "/tune/schedule", json={"engine": "tn", "off": True})
         w1 = c.window("tn", trace_points=0)

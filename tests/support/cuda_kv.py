@@ -17,9 +17,16 @@ import torch
 LAYOUT_ORDER = {"LBNHC": (0, 2, 1, 3), "LBHNC": (0, 1, 2, 3)}
 
 
-def cuda_kv_cache(num_blocks: int, num_kv_heads: int, block_size: int, head_size: int,
-                  dtype: torch.dtype, layout: str = "LBNHC", device: str | torch.device = "cpu",
-                  fill: float = float("nan")) -> torch.Tensor:
+def cuda_kv_cache(
+    num_blocks: int,
+    num_kv_heads: int,
+    block_size: int,
+    head_size: int,
+    dtype: torch.dtype,
+    layout: str = "LBNHC",
+    device: str | torch.device = "cpu",
+    fill: float = float("nan"),
+) -> torch.Tensor:
     """A per-layer cache view as vLLM's CUDA backends get it, every slot holding `fill`."""
     order = LAYOUT_ORDER[layout]
     logical = (num_blocks, num_kv_heads, block_size, 2 * head_size)
@@ -52,9 +59,18 @@ def gather_kv(cache: torch.Tensor, table_row: torch.Tensor, n: int) -> tuple[tor
     return key_cache[blocks, pos % block_size], value_cache[blocks, pos % block_size]
 
 
-def paged_batch(rows: list[tuple[int, int]], num_kv_heads: int, group: int, head_size: int,
-                block_size: int, dtype: torch.dtype, layout: str, gen: torch.Generator,
-                spare_blocks: int = 3, device: str | torch.device = "cpu"):
+def paged_batch(
+    rows: list[tuple[int, int]],
+    num_kv_heads: int,
+    group: int,
+    head_size: int,
+    block_size: int,
+    dtype: torch.dtype,
+    layout: str,
+    gen: torch.Generator,
+    spare_blocks: int = 3,
+    device: str | torch.device = "cpu",
+):
     """A step as vLLM's CUDA backends see it. rows: (context length, query length) per request,
     query tokens being the last of each context. Returns (cache, block_table, seq_lens,
     query_start_loc, slot_mapping, query): every context's K/V already written (vLLM writes the
@@ -68,7 +84,7 @@ def paged_batch(rows: list[tuple[int, int]], num_kv_heads: int, group: int, head
     table = torch.empty(len(rows), width, dtype=torch.int32)
     slots, used = [], 0
     for r, ((ctx, q), nb) in enumerate(zip(rows, blocks_per_row, strict=True)):
-        table[r, :nb] = order[used:used + nb]
+        table[r, :nb] = order[used : used + nb]
         table[r, nb:] = order[(used + nb) % num_blocks]  # stale ids past the row's own blocks
         used += nb
         pos = torch.arange(ctx)
@@ -76,15 +92,21 @@ def paged_batch(rows: list[tuple[int, int]], num_kv_heads: int, group: int, head
         key = torch.randn(ctx, num_kv_heads, head_size, generator=gen)
         value = torch.randn(ctx, num_kv_heads, head_size, generator=gen)
         write_kv(cache, key.to(device), value.to(device), row_slots.to(device))
-        slots.append(row_slots[ctx - q:])
+        slots.append(row_slots[ctx - q :])
     seq_lens = torch.tensor([ctx for ctx, _ in rows], dtype=torch.int32)
     qsl = torch.tensor([0, *torch.tensor([q for _, q in rows]).cumsum(0).tolist()], dtype=torch.int32)
     query = (torch.randn(int(qsl[-1]), num_kv_heads * group, head_size, generator=gen) * 2).to(dtype)
     return cache, table, seq_lens, qsl, torch.cat(slots), query
 
 
-def causal_attention_reference(query: torch.Tensor, cache: torch.Tensor, table: torch.Tensor,
-                               seq_lens: torch.Tensor, qsl: torch.Tensor, scale: float) -> torch.Tensor:
+def causal_attention_reference(
+    query: torch.Tensor,
+    cache: torch.Tensor,
+    table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    qsl: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """What vLLM's backends compute for a step, in float64 on the CPU: each request's query
     tokens (the last of its context) attend causally to its context, GQA heads sharing KV."""
     out = torch.zeros(query.shape, dtype=torch.float64)
@@ -96,8 +118,8 @@ def causal_attention_reference(query: torch.Tensor, cache: torch.Tensor, table: 
         values = values.double().cpu().repeat_interleave(group, dim=1)
         q = query[a:b].double().cpu()
         logits = torch.einsum("thd,nhd->thn", q, keys) * scale
-        pos = torch.arange(n - (b - a), n)                       # each query token's position
-        future = torch.arange(n)[None, :] > pos[:, None]         # [query tokens, context]
+        pos = torch.arange(n - (b - a), n)  # each query token's position
+        future = torch.arange(n)[None, :] > pos[:, None]  # [query tokens, context]
         logits = logits.masked_fill(future[:, None, :], float("-inf"))
         out[a:b] = torch.einsum("thn,nhd->thd", torch.softmax(logits, dim=-1), values)
     return out

@@ -23,7 +23,7 @@ from llmconsole.engine.spec import EngineSpec
 
 CONTROL_ENV = "FAKE_ENGINE_CONTROL"
 
-_SCRIPT = r'''
+_SCRIPT = r"""
 import http.server, os, sys, time
 args = sys.argv[1:]
 port = int(args[args.index("--port") + 1])
@@ -52,7 +52,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
 
 http.server.ThreadingHTTPServer((host, port), Handler).serve_forever()
-'''
+"""
 
 
 class FakeEngine:
@@ -84,8 +84,11 @@ class FakeEngine:
 
     def stranger(self, port: int) -> subprocess.Popen[bytes]:
         """Something else answering 200 on `port`, launched by nobody's supervisor."""
-        p = subprocess.Popen([str(self.exe), "serve", "x", "--host", "127.0.0.1", "--port", str(port)],
-                             env=dict(os.environ, **{CONTROL_ENV: ""}), stdout=subprocess.DEVNULL)
+        p = subprocess.Popen(
+            [str(self.exe), "serve", "x", "--host", "127.0.0.1", "--port", str(port)],
+            env=dict(os.environ, **{CONTROL_ENV: ""}),
+            stdout=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             try:

@@ -17,11 +17,22 @@ from llmconsole.kernels.usage import REPORT_EVERY_S, KernelUsage, parse_usage
 from tests.support.waiting import wait_until
 
 PROMPTS = [
-    "The quick brown fox", "Once upon a time", "In the beginning", "A B C D E F G",
-    "hello world hello world", "Numbers: 1 2 3 4 5 6 7 8 9", "The console shows each engine",
-    "to be or not to be", "Paged attention reads blocks", "zzzz yyyy xxxx",
-    "What is the capital of", "def main():\n    return", "red green blue red green",
-    "The engine restarted after", "Q: why? A:", "tokens per second per user",
+    "The quick brown fox",
+    "Once upon a time",
+    "In the beginning",
+    "A B C D E F G",
+    "hello world hello world",
+    "Numbers: 1 2 3 4 5 6 7 8 9",
+    "The console shows each engine",
+    "to be or not to be",
+    "Paged attention reads blocks",
+    "zzzz yyyy xxxx",
+    "What is the capital of",
+    "def main():\n    return",
+    "red green blue red green",
+    "The engine restarted after",
+    "Q: why? A:",
+    "tokens per second per user",
 ]
 MAX_TOKENS = 24
 NUM_LAYERS = 2  # the tiny model's; each layer calls attention once per step
@@ -30,10 +41,18 @@ NEAR_TIE_NATS = 0.05
 
 
 def complete(url: str) -> list[dict]:
-    body = json.dumps({"model": "tiny", "prompt": PROMPTS, "max_tokens": MAX_TOKENS,
-                       "temperature": 0.0, "seed": 7, "logprobs": 2, "ignore_eos": True}).encode()
-    req = urllib.request.Request(f"{url}/v1/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
+    body = json.dumps(
+        {
+            "model": "tiny",
+            "prompt": PROMPTS,
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0.0,
+            "seed": 7,
+            "logprobs": 2,
+            "ignore_eos": True,
+        }
+    ).encode()
+    req = urllib.request.Request(f"{url}/v1/completions", data=body, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=300) as r:
         choices = json.loads(r.read())["choices"]
     return sorted(choices, key=lambda c: c["index"])
@@ -41,9 +60,13 @@ def complete(url: str) -> list[dict]:
 
 def usage_when_settled(log_path: str, want_tokens: int, timeout_s: float = 30.0):
     """The plugin logs its counters every couple of seconds while they change."""
-    return wait_until(lambda: parse_usage(Path(log_path).read_text(errors="replace")), timeout_s, 1.0,
-                      f"the kernel's counters to reach {want_tokens} decode tokens",
-                      ok=lambda usage: usage is not None and usage.decode_tokens >= want_tokens)
+    return wait_until(
+        lambda: parse_usage(Path(log_path).read_text(errors="replace")),
+        timeout_s,
+        1.0,
+        f"the kernel's counters to reach {want_tokens} decode tokens",
+        ok=lambda usage: usage is not None and usage.decode_tokens >= want_tokens,
+    )
 
 
 def settled_usage(log_path: str) -> KernelUsage:
@@ -78,13 +101,15 @@ def compare(ours: list[dict], theirs: list[dict], max_tokens: int) -> tuple[int,
                 top_a, top_b = a["logprobs"]["top_logprobs"][pos], b["logprobs"]["top_logprobs"][pos]
                 assert tb in top_a and ta in top_b, (
                     f"prompt {i}: at token {pos} the engines chose {ta!r} vs {tb!r}, "
-                    f"not each other's runner-up: {top_a} vs {top_b}")
+                    f"not each other's runner-up: {top_a} vs {top_b}"
+                )
                 assert abs(top_a[ta] - top_a[tb]) < NEAR_TIE_NATS, (i, pos, top_a)
                 assert abs(top_b[ta] - top_b[tb]) < NEAR_TIE_NATS, (i, pos, top_b)
                 break
             compared += 1
-            worst_logprob_diff = max(worst_logprob_diff, abs(
-                a["logprobs"]["token_logprobs"][pos] - b["logprobs"]["token_logprobs"][pos]))
+            worst_logprob_diff = max(
+                worst_logprob_diff, abs(a["logprobs"]["token_logprobs"][pos] - b["logprobs"]["token_logprobs"][pos])
+            )
     return same, worst_logprob_diff, compared
 
 
@@ -94,14 +119,22 @@ MIXED_PROMPTS = PROMPTS[:4]
 
 def stream_choice(url: str, prompt: str, started: threading.Event, into: list) -> None:
     """A streamed greedy completion, put back together in the non-streamed logprobs shape."""
-    body = {"model": "tiny", "prompt": prompt, "max_tokens": LONG_TOKENS, "temperature": 0.0,
-            "seed": 7, "logprobs": 2, "ignore_eos": True, "stream": True}
+    body = {
+        "model": "tiny",
+        "prompt": prompt,
+        "max_tokens": LONG_TOKENS,
+        "temperature": 0.0,
+        "seed": 7,
+        "logprobs": 2,
+        "ignore_eos": True,
+        "stream": True,
+    }
     lp = {"tokens": [], "token_logprobs": [], "top_logprobs": []}
     with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=300) as r:
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            chunk = json.loads(line[len("data: "):])["choices"][0]
+            chunk = json.loads(line[len("data: ") :])["choices"][0]
             for key in lp:
                 lp[key].extend((chunk.get("logprobs") or {}).get(key) or [])
             if lp["tokens"]:
@@ -117,11 +150,18 @@ def staggered(url: str) -> tuple[dict, list[dict]]:
     t.start()
     try:
         assert started.wait(120), "the long request produced no token"
-        body = json.dumps({"model": "tiny", "prompt": MIXED_PROMPTS, "max_tokens": MAX_TOKENS,
-                           "temperature": 0.0, "seed": 7, "logprobs": 2,
-                           "ignore_eos": True}).encode()
-        req = urllib.request.Request(f"{url}/v1/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
+        body = json.dumps(
+            {
+                "model": "tiny",
+                "prompt": MIXED_PROMPTS,
+                "max_tokens": MAX_TOKENS,
+                "temperature": 0.0,
+                "seed": 7,
+                "logprobs": 2,
+                "ignore_eos": True,
+            }
+        ).encode()
+        req = urllib.request.Request(f"{url}/v1/completions", data=body, headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=300) as r:
             batch = sorted(json.loads(r.read())["choices"], key=lambda c: c["index"])
     finally:

@@ -59,24 +59,28 @@ class Sshd:
         self.user = getpass.getuser()
         self.log = root / "sshd.log"
         self.config = root / "sshd_config"
-        self.config.write_text("\n".join([
-            f"Port {self.port}",
-            "ListenAddress 127.0.0.1",
-            f"HostKey {self.host_key}",
-            f"PidFile {root / 'sshd.pid'}",
-            f"AuthorizedKeysFile {root / 'authorized_keys'}",
-            f"AllowUsers {self.user}",
-            "PubkeyAuthentication yes",
-            "PasswordAuthentication no",
-            "KbdInteractiveAuthentication no",
-            "PermitRootLogin prohibit-password",
-            "UsePAM no",
-            # The test's files live under /tmp (world-writable): the ownership walk would refuse them.
-            "StrictModes no",
-            "PrintMotd no",
-            "LogLevel VERBOSE",
-            "",
-        ]))
+        self.config.write_text(
+            "\n".join(
+                [
+                    f"Port {self.port}",
+                    "ListenAddress 127.0.0.1",
+                    f"HostKey {self.host_key}",
+                    f"PidFile {root / 'sshd.pid'}",
+                    f"AuthorizedKeysFile {root / 'authorized_keys'}",
+                    f"AllowUsers {self.user}",
+                    "PubkeyAuthentication yes",
+                    "PasswordAuthentication no",
+                    "KbdInteractiveAuthentication no",
+                    "PermitRootLogin prohibit-password",
+                    "UsePAM no",
+                    # The test's files live under /tmp (world-writable): the ownership walk would refuse them.
+                    "StrictModes no",
+                    "PrintMotd no",
+                    "LogLevel VERBOSE",
+                    "",
+                ]
+            )
+        )
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -91,8 +95,13 @@ class Sshd:
             Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         log = open(self.log, "ab")
         try:
-            self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.config)], stdin=subprocess.DEVNULL,
-                                         stdout=log, stderr=log, start_new_session=True)
+            self.proc = subprocess.Popen(
+                [SSHD, "-D", "-e", "-f", str(self.config)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
         finally:
             log.close()
         deadline = time.monotonic() + timeout_s

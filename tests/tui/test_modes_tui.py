@@ -18,8 +18,9 @@ def test_mode_keys_do_not_clash():
     assert check_keymap({}) == {}
 
 
-@pytest.mark.parametrize("keys,mode", [(("b",), "balanced"), (("a",), "aggressive"), (("u",), "auto"),
-                                       (("down", "enter"), "balanced")])
+@pytest.mark.parametrize(
+    "keys,mode", [(("b",), "balanced"), (("a",), "aggressive"), (("u",), "auto"), (("down", "enter"), "balanced")]
+)
 def test_a_choice_sends_one_mode_command(keys, mode, recorded_app):
     async def go():
         app, source = recorded_app()
@@ -32,6 +33,7 @@ def test_a_choice_sends_one_mode_command(keys, mode, recorded_app):
             await pilot_wait(pilot, lambda: source.commands, "the mode command")
             assert source.commands == [Command("mode", "t1", {"mode": mode})]
             assert isinstance(app.screen, DashboardScreen)
+
     asyncio.run(go())
 
 
@@ -46,6 +48,7 @@ def test_escape_leaves_the_mode_as_it_was(recorded_app):
             await pilot.press("escape")
             await pilot.pause(0.1)
             assert isinstance(app.screen, DashboardScreen) and source.commands == []
+
     asyncio.run(go())
 
 
@@ -57,10 +60,22 @@ def _alerts_frame() -> dict:
         "active": [{"rule": "LlmconsoleKvCacheHigh", "engine": "t1", "state": "firing", "for_s": 12.0}],
         "alerts": [],
         "responses": [
-            {"id": 7, "at": 1.7e9, "engine": "t1", "kind": "response:window", "outcome": "applied",
-             "detail": {"trigger": "LlmconsoleKvCacheHigh", "alert_id": 3}},
-            {"id": 8, "at": 1.7e9 + 1, "engine": "t1", "kind": "response:kv_dtype", "outcome": "refused",
-             "detail": {"trigger": "LlmconsoleKvCacheHigh", "alert_id": 3, "error": "no AVX-512"}},
+            {
+                "id": 7,
+                "at": 1.7e9,
+                "engine": "t1",
+                "kind": "response:window",
+                "outcome": "applied",
+                "detail": {"trigger": "LlmconsoleKvCacheHigh", "alert_id": 3},
+            },
+            {
+                "id": 8,
+                "at": 1.7e9 + 1,
+                "engine": "t1",
+                "kind": "response:kv_dtype",
+                "outcome": "refused",
+                "detail": {"trigger": "LlmconsoleKvCacheHigh", "alert_id": 3, "error": "no AVX-512"},
+            },
         ],
         "settings": {"responses": {"LlmconsoleKvCacheHigh": ["window", "kv_dtype"]}},
     }
@@ -81,7 +96,7 @@ def test_alerts_screen_undoes_a_response_after_asking(recorded_app):
             assert isinstance(screen, AlertsScreen)
             await pilot_wait(pilot, lambda: screen.responses, "the responses")
             assert [r["id"] for r in screen.responses] == [8, 7]  # newest first
-            await pilot.press("u")                    # the refused one cannot be undone
+            await pilot.press("u")  # the refused one cannot be undone
             await pilot.pause()
             assert app.screen is screen and source.commands == []
             await pilot.press("down", "u")
@@ -90,4 +105,5 @@ def test_alerts_screen_undoes_a_response_after_asking(recorded_app):
             await pilot.press("y")
             await pilot_wait(pilot, lambda: source.commands, "the undo command")
             assert source.commands == [Command("undo", None, {"action_id": 7})]
+
     asyncio.run(go())

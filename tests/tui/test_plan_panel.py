@@ -30,8 +30,12 @@ def test_panel_follows_the_form_from_no_model_to_misfit_to_fit(tiny_model):
             assert isinstance(form, EngineFormScreen)
             panel = form.query_one(PlannerPanel)
             assert "fill in a valid config" in _text(panel)
-            for field, value in (("name", "p1"), ("model", str(tiny_model)), ("max_model_len", "2048"),
-                                 ("kv_cache_memory_bytes", "100000")):
+            for field, value in (
+                ("name", "p1"),
+                ("model", str(tiny_model)),
+                ("max_model_len", "2048"),
+                ("kv_cache_memory_bytes", "100000"),
+            ):
                 form.query_one(f"#f-{field}", Input).value = value
                 await pilot.pause()
             text = _text(panel)
@@ -44,6 +48,7 @@ def test_panel_follows_the_form_from_no_model_to_misfit_to_fit(tiny_model):
             # 1,525 blocks of 128 tokens; a 2,048-token request takes 16 of them.
             assert "1,525 blocks = 195,200 tokens, 95.31 requests of 2,048" in text
             assert source.commands == []  # planning sends nothing to the daemon
+
     asyncio.run(go())
 
 
@@ -60,8 +65,12 @@ def test_the_planners_text_is_never_clipped_even_at_80x24(tiny_model):
             await pilot.press("n")
             await pilot.pause()
             form = app.screen
-            for field, value in (("name", "p1"), ("model", str(tiny_model)), ("max_model_len", "2048"),
-                                 ("kv_cache_memory_bytes", "100000")):
+            for field, value in (
+                ("name", "p1"),
+                ("model", str(tiny_model)),
+                ("max_model_len", "2048"),
+                ("kv_cache_memory_bytes", "100000"),
+            ):
                 form.query_one(f"#f-{field}", Input).value = value
                 await pilot.pause()
             panel = form.query_one(PlannerPanel)
@@ -69,4 +78,5 @@ def test_the_planners_text_is_never_clipped_even_at_80x24(tiny_model):
             needed = panel.get_content_height(panel.container_size, app.size, width)
             assert needed >= 6 and panel.content_size.height >= needed  # every wrapped line shows
             assert "suggest max_num_seqs" in _text(panel)
+
     asyncio.run(go())

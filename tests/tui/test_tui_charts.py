@@ -26,20 +26,43 @@ def _history(steps=120, measured=True):
     h = SeriesHistory()
     for i in range(steps):
         t = 10_000.0 + i
-        trace = [{"at_s": t, "window": 8 + (i // 30), "target_ms": 800.0,
-                  "measured_ms": (600.0 + i) if measured else None, "action": "step"}]
-        e = {"name": "t1", "state": "ready",
-             "metrics": {"taken_at_s": float(i), "kv_cache_usage": 0.01, "waiting": float(i % 3),
-                         "generation_tok_s": 80.0 + i},
-             "controller": {"window": 8 + (i // 30), "frozen": False, "signal": "ttft", "target_ms": 800.0,
-                            "min_window": 4, "max_window": 32, "trace": trace,
-                            "recent_ok": 12, "recent_streamed": 12 if measured else 0}}
+        trace = [
+            {
+                "at_s": t,
+                "window": 8 + (i // 30),
+                "target_ms": 800.0,
+                "measured_ms": (600.0 + i) if measured else None,
+                "action": "step",
+            }
+        ]
+        e = {
+            "name": "t1",
+            "state": "ready",
+            "metrics": {
+                "taken_at_s": float(i),
+                "kv_cache_usage": 0.01,
+                "waiting": float(i % 3),
+                "generation_tok_s": 80.0 + i,
+            },
+            "controller": {
+                "window": 8 + (i // 30),
+                "frozen": False,
+                "signal": "ttft",
+                "target_ms": 800.0,
+                "min_window": 4,
+                "max_window": 32,
+                "trace": trace,
+                "recent_ok": 12,
+                "recent_streamed": 12 if measured else 0,
+            },
+        }
         snap = Snapshot.parse({"daemon": {"time_s": t}, "engines": [e]})
         h.add(snap)
     return h, snap.engines[0]
 
 
 # --- the dashboard's charts --------------------------------------------------------------------
+
 
 def test_the_pid_trace_has_the_window_the_signal_and_the_target_on_one_time_axis():
     h, e = _history()
@@ -67,22 +90,35 @@ def test_usage_is_on_a_fixed_percent_scale_so_one_percent_looks_like_one_percent
     spec = usage_chart(h, e, 900.0, 80)
     assert [s.label for s in spec.series] == ["KV used (%)", "queue (req)", "generated (tok/s)"]
     assert spec.y_lim == (0.0, 100.0) and spec.series[0].y[-1] == pytest.approx(1.0)
-    assert spec.title.endswith("last 15 min") and [t for _, t in spec.x_ticks] == ["-15m", "-12m", "-9m", "-6m", "-3m", "now"]
+    assert spec.title.endswith("last 15 min") and [t for _, t in spec.x_ticks] == [
+        "-15m",
+        "-12m",
+        "-9m",
+        "-6m",
+        "-3m",
+        "now",
+    ]
 
 
 def test_an_engine_without_a_gateway_or_figures_says_so():
     spec = pid_chart(SeriesHistory(), Snapshot.parse({"engines": [{"name": "x"}]}).engines[0], 300.0, 80)
     assert not spec.has_data and "not behind the gateway" in spec.empty
-    assert "no samples yet" in usage_chart(SeriesHistory(), Snapshot.parse({"engines": [{"name": "x"}]}).engines[0],
-                                           300.0, 80).empty
+    assert (
+        "no samples yet"
+        in usage_chart(SeriesHistory(), Snapshot.parse({"engines": [{"name": "x"}]}).engines[0], 300.0, 80).empty
+    )
 
 
 def test_stored_history_fills_in_where_the_console_has_no_live_point():
     h, _ = _history(steps=10)
     first_live = h.series("t1", "generation_tok_s")[0][0]
-    answer = {"metrics": {"at_s": [first_live - 3, first_live - 2, first_live + 5.2, first_live + 30.0],
-                          "generation_tok_s": [1.0, 2.0, 999.0, 7.0]},
-              "window": {"at_s": [first_live - 3], "window": [4.0], "target_ms": [800.0], "measured_ms": [None]}}
+    answer = {
+        "metrics": {
+            "at_s": [first_live - 3, first_live - 2, first_live + 5.2, first_live + 30.0],
+            "generation_tok_s": [1.0, 2.0, 999.0, 7.0],
+        },
+        "window": {"at_s": [first_live - 3], "window": [4.0], "target_ms": [800.0], "measured_ms": [None]},
+    }
     assert h.wants_fill("t1", 300.0)
     h.fill("t1", answer, 300.0)
     t, v = h.series("t1", "generation_tok_s")
@@ -103,6 +139,7 @@ def test_long_spans_are_averaged_to_the_charts_width_and_gaps_stay_gaps():
 
 
 # --- the sweep's and the tune's charts ------------------------------------------------------------
+
 
 def test_the_sweep_chart_from_the_runners_own_events():
     from llmconsole.console.tui.sweep_view import sweep_plan
@@ -130,11 +167,13 @@ def test_repeats_spread_draws_error_bars():
     assert bars.label == "spread of 2 repeats" and bars.err == (0.0, pytest.approx(0.6))
 
 
-TRIALS = (TrialOutcome(0, {"max_num_seqs": 4, "kernel": "stock"}, "complete", 2.5, 24),
-          TrialOutcome(1, {"max_num_seqs": 2, "kernel": "stock"}, "infeasible", None, 8, "did not start"),
-          TrialOutcome(2, {"max_num_seqs": 8, "kernel": "custom"}, "complete", 3.1, 24),
-          TrialOutcome(3, {"max_num_seqs": 2, "kernel": "custom"}, "pruned", 1.1, 8, "below the cut"),
-          TrialOutcome(4, {"max_num_seqs": 16, "kernel": "stock"}, "running", None, 0))
+TRIALS = (
+    TrialOutcome(0, {"max_num_seqs": 4, "kernel": "stock"}, "complete", 2.5, 24),
+    TrialOutcome(1, {"max_num_seqs": 2, "kernel": "stock"}, "infeasible", None, 8, "did not start"),
+    TrialOutcome(2, {"max_num_seqs": 8, "kernel": "custom"}, "complete", 3.1, 24),
+    TrialOutcome(3, {"max_num_seqs": 2, "kernel": "custom"}, "pruned", 1.1, 8, "below the cut"),
+    TrialOutcome(4, {"max_num_seqs": 16, "kernel": "stock"}, "running", None, 0),
+)
 
 
 def test_the_tune_chart_marks_pruned_and_failed_trials_and_the_best_so_far():
@@ -157,13 +196,16 @@ def test_the_knob_chart_takes_numbers_and_names():
 
 # --- what else the screens say -------------------------------------------------------------------
 
+
 def test_the_quiet_log_hides_the_daemons_polls_and_the_access_lines():
-    lines = ['INFO:     127.0.0.1:59588 - "GET /metrics HTTP/1.1" 200 OK',
-             'INFO:     127.0.0.1:59628 - "GET /health HTTP/1.1" 200 OK',
-             'INFO:     127.0.0.1:41710 - "POST /v1/completions HTTP/1.1" 200 OK',
-             'INFO:     10.0.0.7:41710 - "GET /metrics HTTP/1.1" 200 OK',
-             "(APIServer pid=1) INFO 12-04 18:23:21 [loggers.py:335] Engine 000: Avg prompt throughput: 61.5 tokens/s",
-             "(APIServer pid=1) WARNING 12-04 18:23:22 [x.py:1] Something to see"]
+    lines = [
+        'INFO:     127.0.0.1:59588 - "GET /metrics HTTP/1.1" 200 OK',
+        'INFO:     127.0.0.1:59628 - "GET /health HTTP/1.1" 200 OK',
+        'INFO:     127.0.0.1:41710 - "POST /v1/completions HTTP/1.1" 200 OK',
+        'INFO:     10.0.0.7:41710 - "GET /metrics HTTP/1.1" 200 OK',
+        "(APIServer pid=1) INFO 12-04 18:23:21 [loggers.py:335] Engine 000: Avg prompt throughput: 61.5 tokens/s",
+        "(APIServer pid=1) WARNING 12-04 18:23:22 [x.py:1] Something to see",
+    ]
     assert [kind(line) for line in lines] == ["poll", "poll", "access", "access", "own", "own"]
     quiet, hidden = LogView().lines(lines)
     assert quiet == lines[4:] and hidden == 4
@@ -179,19 +221,28 @@ def test_the_quiet_log_hides_the_daemons_polls_and_the_access_lines():
 def test_freeze_and_set_by_hand_say_different_things():
     freeze, up = Command("window", "t1", {"freeze": True}), Command("window", "t1", {"set": 9})
     assert asked(freeze) == "window t1: freeze the controller" and asked(up) == "window t1: set to 9 by hand"
-    assert done(freeze, {"window": 8, "frozen": True}) == \
-        "window t1: controller frozen at 8 (+/- set it by hand, f resumes)"
-    assert done(up, {"window": 9, "frozen": True}) == \
-        "window t1: set to 9 by hand; the controller is frozen (f resumes it)"
+    assert (
+        done(freeze, {"window": 8, "frozen": True})
+        == "window t1: controller frozen at 8 (+/- set it by hand, f resumes)"
+    )
+    assert (
+        done(up, {"window": 9, "frozen": True})
+        == "window t1: set to 9 by hand; the controller is frozen (f resumes it)"
+    )
     assert done(Command("window", "t1", {"freeze": False}), {"window": 9}) == "window t1: controller resumed from 9"
-    assert done(Command("mode", "t1", {"mode": "balanced"}),
-                {"mode": "balanced", "applied": {"took_s": 41.2, "to_config_id": "abc"}}) == \
-        "mode t1: now balanced in 41 s, config abc"
+    assert (
+        done(
+            Command("mode", "t1", {"mode": "balanced"}),
+            {"mode": "balanced", "applied": {"took_s": 41.2, "to_config_id": "abc"}},
+        )
+        == "mode t1: now balanced in 41 s, config abc"
+    )
 
 
 def _engine(**metrics):
-    return Snapshot.parse({"engines": [{"name": "t1", "state": "ready", "started_at_s": 100.0,
-                                        "ready_at_s": 135.0, "metrics": metrics}]}).engines[0]
+    return Snapshot.parse(
+        {"engines": [{"name": "t1", "state": "ready", "started_at_s": 100.0, "ready_at_s": 135.0, "metrics": metrics}]}
+    ).engines[0]
 
 
 def test_the_sweep_and_tune_questions_say_how_long():
@@ -211,15 +262,18 @@ def test_the_sweep_and_tune_questions_say_how_long():
 def test_the_tune_question_says_how_long():
     from llmconsole.console.tui.tune_view import TUNE_DEFAULTS, snapshot_facts, tune_settings
 
-    settings, _ = tune_settings("t1", snapshot_facts({"model": "m", "max_num_seqs": 4}),
-                                dict(TUNE_DEFAULTS, knobs="max_num_seqs=1:8"))
+    settings, _ = tune_settings(
+        "t1", snapshot_facts({"model": "m", "max_num_seqs": 4}), dict(TUNE_DEFAULTS, knobs="max_num_seqs=1:8")
+    )
     text = tune_text(settings, _engine(p50_ttft_s=0.1, p50_tpot_s=0.01))
     assert text.startswith("It takes about") and "up to 6 trials and 4 re-measurement runs" in text
 
 
 def test_progress_reads_the_same_everywhere():
-    assert progress.timed("loading weights (4/9)", 12.0, 50.0, bar_width=10).plain == \
-        "██░░░░░░░░ loading weights (4/9) · 12 s elapsed · ~38 s left"
+    assert (
+        progress.timed("loading weights (4/9)", 12.0, 50.0, bar_width=10).plain
+        == "██░░░░░░░░ loading weights (4/9) · 12 s elapsed · ~38 s left"
+    )
     assert "longer than last time (50 s)" in progress.timed("x", 60.0, 50.0).plain
     assert "no earlier run to estimate from" in progress.timed("x", 5.0, None).plain
     assert progress.bar(None, 4).plain == "····"

@@ -41,9 +41,12 @@ def test_the_footer_shows_every_key_that_works_now(size):
                 live = app.check_action(spec.action.split("(")[0], ())
                 display = spec.key_display or spec.key
                 if live is True or (live is None and size[0] >= 100):
-                    assert re.search(rf"(^|\s|/){re.escape(display)}(/\S+)? {re.escape(spec.description)}", footer), \
-                        (spec.id, footer)
+                    assert re.search(rf"(^|\s|/){re.escape(display)}(/\S+)? {re.escape(spec.description)}", footer), (
+                        spec.id,
+                        footer,
+                    )
             assert len(footer.splitlines()) <= 3
+
     run(go())
 
 
@@ -52,8 +55,10 @@ def test_the_window_strip_says_frozen_or_controlled_in_full_at_any_width():
         frozen = stream_frames()[-1]
         status = frozen["status"]
         t1 = next(e for e in status["engines"] if e["name"] == "t1")
-        extra = {"status": dict(status, engines=[dict(t1, controller=dict(t1["controller"], frozen=True))]),
-                 "logs": frozen["logs"]}
+        extra = {
+            "status": dict(status, engines=[dict(t1, controller=dict(t1["controller"], frozen=True))]),
+            "logs": frozen["logs"],
+        }
         for size in ((80, 24), (160, 40)):
             app, _ = make_recorded_app([extra])
             async with app.run_test(size=size) as pilot:
@@ -62,6 +67,7 @@ def test_the_window_strip_says_frozen_or_controlled_in_full_at_any_width():
                 assert "frozen (f resumes it)" in strip, strip
                 assert re.search(r"batch window  \d+ in 4-32", strip) and "target 800 ms" in strip
                 assert all(len(line) <= size[0] for line in strip.splitlines())
+
     run(go())
 
 
@@ -69,8 +75,9 @@ def test_f_plus_and_minus_each_say_what_they_did():
     async def go():
         last = stream_frames()[-1]
         status = last["status"]
-        mid = [dict(e, controller=dict(e["controller"], window=6)) if e["name"] == "t1" else e
-               for e in status["engines"]]  # a window with room both ways (the recording ends at its floor)
+        mid = [
+            dict(e, controller=dict(e["controller"], window=6)) if e["name"] == "t1" else e for e in status["engines"]
+        ]  # a window with room both ways (the recording ends at its floor)
         app, source = make_recorded_app([{"status": dict(status, engines=mid), "logs": last["logs"]}])
         said: list[str] = []
         async with app.run_test(size=(120, 40)) as pilot:
@@ -81,14 +88,21 @@ def test_f_plus_and_minus_each_say_what_they_did():
                 expected = len(said) + 2  # "sent", then what came of it
                 await pilot.press(key)
                 await pilot_wait(pilot, lambda n=expected: len(said) >= n, f"{key}'s answer")
-        assert source.commands == [Command("window", "t1", {"freeze": True}),
-                                   Command("window", "t1", {"set": c.window + 1}),
-                                   Command("window", "t1", {"set": max(c.min_window, c.window - 1)})]
-        assert said[:2] == ["window t1: freeze the controller: sent",
-                            "window t1: controller frozen (+/- set it by hand, f resumes)"]
-        assert said[2:4] == [f"window t1: set to {c.window + 1} by hand: sent",
-                             f"window t1: set to {c.window + 1} by hand; the controller is frozen (f resumes it)"]
+        assert source.commands == [
+            Command("window", "t1", {"freeze": True}),
+            Command("window", "t1", {"set": c.window + 1}),
+            Command("window", "t1", {"set": max(c.min_window, c.window - 1)}),
+        ]
+        assert said[:2] == [
+            "window t1: freeze the controller: sent",
+            "window t1: controller frozen (+/- set it by hand, f resumes)",
+        ]
+        assert said[2:4] == [
+            f"window t1: set to {c.window + 1} by hand: sent",
+            f"window t1: set to {c.window + 1} by hand; the controller is frozen (f resumes it)",
+        ]
         assert len(set(said)) == len(said)  # no two alike; the recording answers {"accepted": true} alike
+
     run(go())
 
 
@@ -115,6 +129,7 @@ def test_the_log_is_quiet_by_default_v_shows_all_and_slash_searches():
             await pilot.press("escape")
             await pilot.pause(0.1)
             assert app.log_view.search == "" and "GET /health" in text(tail)
+
     run(go())
 
 
@@ -124,17 +139,19 @@ def test_t_changes_the_charts_span_and_the_charts_have_axes_units_and_legends():
         async with app.run_test(size=(120, 40)) as pilot:
             await replay(pilot)
             boxes = list(app.screen.query(ChartBox))
-            assert [b.plot.spec.title for b in boxes] == ["PID trace · last 5 min · controlled",
-                                                          "KV cache, queue, tok/s · last 5 min"]
+            assert [b.plot.spec.title for b in boxes] == [
+                "PID trace · last 5 min · controlled",
+                "KV cache, queue, tok/s · last 5 min",
+            ]
             drawn = "\n".join(str(b.plot.render()) for b in boxes)
             assert "now" in drawn and "-5m" in drawn and "req" in drawn and "tok/s" in drawn
             legend = "\n".join(text(b.query_one(".chart-legend")) for b in boxes)
             assert "window (req)" in legend and "target (ms)" in legend and "KV used (%)" in legend
             await pilot.press("t")
             await pilot.pause(0.2)
-            assert all(b.plot.spec.title.endswith("last 15 min") or "last 15 min" in b.plot.spec.title
-                       for b in boxes)
+            assert all(b.plot.spec.title.endswith("last 15 min") or "last 15 min" in b.plot.spec.title for b in boxes)
             assert "-15m" in str(boxes[0].plot.render())
+
     run(go())
 
 
@@ -149,6 +166,7 @@ def test_charts_are_built_only_when_what_they_show_changes():
                 app.screen.show_state(app)
                 await pilot.pause(0.05)
             assert [p.builds for p in plots] == before
+
     run(go())
 
 
@@ -156,8 +174,10 @@ def test_the_latency_table_says_its_window_and_an_idle_engine_shows_no_old_p99()
     async def go():
         last = stream_frames()[-1]
         status = last["status"]
-        idle = [dict(e, metrics=dict(e["metrics"], requests_in_window=None, p99_ttft_s=2.47)) if e["name"] == "t1"
-                else e for e in status["engines"]]
+        idle = [
+            dict(e, metrics=dict(e["metrics"], requests_in_window=None, p99_ttft_s=2.47)) if e["name"] == "t1" else e
+            for e in status["engines"]
+        ]
         app, _ = make_recorded_app([{"status": dict(status, engines=idle), "logs": last["logs"]}])
         async with app.run_test(size=(120, 40)) as pilot:
             await replay(pilot)
@@ -168,6 +188,7 @@ def test_the_latency_table_says_its_window_and_an_idle_engine_shows_no_old_p99()
             await replay(pilot)
             table = text(app.screen.query_one("#engine-latency"))
             assert re.match(r"60 s · \d+ req", table) and re.search(r"TTFT\s+[\d.]+ ms\s+[\d.]+ ms", table)
+
     run(go())
 
 
@@ -183,6 +204,7 @@ def test_labels_never_touch_their_values():
                 strip = text(app.screen.query_one(WindowStrip))
                 assert re.search(r"batch window  +\d", strip)
             app, _ = make_recorded_app()
+
     run(go())
 
 
@@ -196,6 +218,7 @@ def test_a_starting_engine_shows_its_phase_elapsed_time_and_eta():
             assert "t1  ·  starting  ·" in title and f"{last['phase']} {last['step'] + 1}/9" in title
             assert re.search(r"\d+ s elapsed · (~.* left|longer than last time)", title)
             assert "█" in title or "░" in title
+
     run(go())
 
 
@@ -213,6 +236,7 @@ def test_a_mode_switch_shows_progress_until_the_daemon_answers():
             await pilot.pause(0.05)
             title = text(app.screen.query_one("#engine-title"))
             assert "mode → balanced" in title and "draining its requests · 10 s elapsed · ~35 s left" in title
+
     run(go())
 
 
@@ -226,4 +250,5 @@ def test_every_line_of_the_figures_and_the_latency_table_shows(size):
                 w = app.screen.query_one(sel)
                 assert w.content_size.height >= len(text(w).splitlines()), (sel, text(w))
             assert re.search(r"TTFT\s+[\d.]+ ms\s+[\d.]+ ms", text(app.screen.query_one("#engine-latency")))
+
     run(go())

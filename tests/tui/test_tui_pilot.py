@@ -44,6 +44,7 @@ def test_stop_asks_first_and_sends_only_after_yes(recorded_app):
             await pilot_wait(pilot, lambda: source.commands, "the stop command")
             assert source.commands == [Command("stop", "t1")]
             assert isinstance(app.screen, DashboardScreen)
+
     run(go())
 
 
@@ -60,6 +61,7 @@ def test_cancelling_a_stop_sends_nothing(answer, recorded_app):
             await pilot.pause(0.1)
             assert isinstance(app.screen, DashboardScreen)
             assert source.commands == []
+
     run(go())
 
 
@@ -71,6 +73,7 @@ def test_enter_on_the_question_is_no(recorded_app):
             await pilot.press("k", "enter")
             await pilot.pause(0.1)
             assert source.commands == []
+
     run(go())
 
 
@@ -91,6 +94,7 @@ def test_restart_and_stop_all_ask_first(recorded_app):
             await pilot.press("y")
             await pilot_wait(pilot, lambda: len(source.commands) == 2, "stop all")
             assert source.commands == [Command("restart", "t1"), Command("stop_all")]
+
     run(go())
 
 
@@ -111,6 +115,7 @@ def test_start_is_only_for_a_stopped_or_failed_engine(recorded_app):
             await pilot.press("s")
             await pilot_wait(pilot, lambda: source.commands, "start")
             assert source.commands == [Command("start", "bad")]
+
     run(go())
 
 
@@ -134,6 +139,7 @@ def test_a_remapped_key_works_and_the_old_one_does_not(recorded_app):
             await pilot.pause()
             stop_row = next(line for line in _help_text(app).splitlines() if " stop " in f" {line} ")
             assert stop_row.split()[0] == "x"
+
     run(go())
 
 
@@ -147,6 +153,7 @@ def test_quit_sends_no_stop_and_says_the_engines_keep_serving(recorded_app):
         assert source.commands == []
         assert app.return_value.startswith("engines keep serving: t1 (ready, http://127.0.0.1:")
         assert "bad" not in app.return_value
+
     run(go())
 
 
@@ -165,6 +172,7 @@ def test_keys_open_their_screens_and_escape_comes_back(recorded_app):
             await pilot.press("enter")  # Enter on a row opens its detail
             await pilot.pause()
             assert isinstance(app.screen, DetailScreen) and app.screen.engine_name == "t1"
+
     run(go())
 
 
@@ -186,8 +194,10 @@ def test_new_engine_form_sends_the_validated_spec_and_refuses_a_bad_one(recorded
             await pilot.press("backspace", "8", "tab", *"512")
             await pilot.press("ctrl+s")
             await pilot_wait(pilot, lambda: source.commands, "start")
-        assert source.commands == [Command("start", "t2", {"model": "Qwen/Qwen3-0.6B", "max_num_seqs": 8,
-                                                            "max_model_len": 512})]
+        assert source.commands == [
+            Command("start", "t2", {"model": "Qwen/Qwen3-0.6B", "max_num_seqs": 8, "max_model_len": 512})
+        ]
+
     run(go())
 
 
@@ -206,6 +216,7 @@ def test_the_daemon_going_away_shows_a_banner_and_coming_back_clears_it(frames, 
             assert not banner.has_class("-lost")
         assert "DaemonLost" in seen and "StatusPolled" in seen
         assert seen.index("DaemonLost") > seen.index("StatusPolled")
+
     run(go())
 
 
@@ -244,6 +255,7 @@ def test_nothing_the_daemon_does_crashes_the_console():
             await pilot.press("k", "y")
             await pilot_wait(pilot, lambda: any("is stopping" in n.message for n in app._notifications), "refusal")
             assert app.is_running
+
     run(go())
 
 
@@ -256,6 +268,7 @@ def test_missing_values_show_na():
             text = str(app.screen.query_one("#engine-latency").render())
             assert text.count("N/A") == 10
             assert "N/A" in str(app.screen.query_one("#engine-counts").render())
+
     run(go())
 
 
@@ -273,6 +286,7 @@ def test_every_action_is_in_the_palette_and_the_help(recorded_app):
             help_text = _help_text(app)
             for spec in KEYS:
                 assert spec.id in help_text, spec.id
+
     run(go())
 
 
@@ -285,6 +299,7 @@ def test_a_palette_action_that_is_not_allowed_says_why(recorded_app):
             await pilot.pause()
             assert any("engine t1 is ready" in n.message for n in app._notifications)
             assert source.commands == []
+
     run(go())
 
 
@@ -313,4 +328,5 @@ def test_history_lists_versions_and_rollback_asks_then_sends_the_chosen_version(
             await pilot.press("y")
             await pilot_wait(pilot, lambda: source.commands, "the rollback command")
             assert source.commands == [Command("rollback", "t1", {"to": "0123456789ab"})]
+
     run(go())

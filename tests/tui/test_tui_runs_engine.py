@@ -23,9 +23,21 @@ from tests.support.waiting import pilot_wait
 
 pytestmark = pytest.mark.engine
 
-FLAGS = ["--served-model-name", "tiny", "--max-num-seqs", "4", "--max-model-len", "256",
-         "--kv-cache-memory-bytes", "50000000", "--enforce-eager", "--cpu-threads-bind", "nobind",
-         "--env", "VLLM_ENABLE_V1_MULTIPROCESSING=0"]
+FLAGS = [
+    "--served-model-name",
+    "tiny",
+    "--max-num-seqs",
+    "4",
+    "--max-model-len",
+    "256",
+    "--kv-cache-memory-bytes",
+    "50000000",
+    "--enforce-eager",
+    "--cpu-threads-bind",
+    "nobind",
+    "--env",
+    "VLLM_ENABLE_V1_MULTIPROCESSING=0",
+]
 SMALL = dict(input_len="16", output_len="8", slo="p99_e2e_ms=60000")
 
 
@@ -47,8 +59,15 @@ def _console(eng):
 
 async def _open(pilot, key: str, cls, form: dict[str, str]):
     app = pilot.app
-    await _wait(pilot, lambda: app.snapshot is not None and app.snapshot.engine("tr") is not None
-                and app.snapshot.engine("tr").state == "ready", "the engine in the console")
+    await _wait(
+        pilot,
+        lambda: (
+            app.snapshot is not None
+            and app.snapshot.engine("tr") is not None
+            and app.snapshot.engine("tr").state == "ready"
+        ),
+        "the engine in the console",
+    )
     await pilot.press(key)
     await _wait(pilot, lambda: isinstance(app.screen, cls), f"the {cls.__name__}")
     screen = app.screen
@@ -68,8 +87,16 @@ async def _confirm(pilot, what: str) -> None:
     """Wait for the question to be up and ready for keys: shown, mounted and its "no" focused (a
     key pressed before it is mounted may reach nothing)."""
     app = pilot.app
-    await _wait(pilot, lambda: isinstance(app.screen, ConfirmScreen) and app.screen.is_mounted
-                and app.focused is not None and app.focused.id == "confirm-no", what)
+    await _wait(
+        pilot,
+        lambda: (
+            isinstance(app.screen, ConfirmScreen)
+            and app.screen.is_mounted
+            and app.focused is not None
+            and app.focused.id == "confirm-no"
+        ),
+        what,
+    )
 
 
 def _record_status(screen) -> list[str]:
@@ -159,8 +186,15 @@ def test_tune_screen_runs_trials_recommends_and_applies_after_asking(eng):
         app, source = _console(eng)
         try:
             async with app.run_test(size=(120, 40)) as pilot:
-                form = dict(SMALL, workload="concurrency=2", budget="2", knobs="max_num_seqs=4", num_requests="8",
-                            top_k="1", repeats="1")
+                form = dict(
+                    SMALL,
+                    workload="concurrency=2",
+                    budget="2",
+                    knobs="max_num_seqs=4",
+                    num_requests="8",
+                    top_k="1",
+                    repeats="1",
+                )
                 screen, question, shown = await _open(pilot, "T", TuneScreen, form)
                 assert "2 trials over max_num_seqs=4" in question
                 await _wait(pilot, lambda: not screen.running, "the tune's end", 240)
@@ -171,8 +205,12 @@ def test_tune_screen_runs_trials_recommends_and_applies_after_asking(eng):
                 await pilot.press("a")
                 await _confirm(pilot, "the apply question")
                 await pilot.press("y")
-                await _wait(pilot, lambda: screen.applied is not None or "not applied" in _text(screen, "#run-notes"),
-                            "the apply", 120)
+                await _wait(
+                    pilot,
+                    lambda: screen.applied is not None or "not applied" in _text(screen, "#run-notes"),
+                    "the apply",
+                    120,
+                )
                 return screen.result, states, _text(screen, "#run-notes"), _text(screen, "#run-status")
         finally:
             source.close()
@@ -181,7 +219,7 @@ def test_tune_screen_runs_trials_recommends_and_applies_after_asking(eng):
     assert result.status == "done" and result.restored and states == ["complete", "complete"]
     assert "best so far: trial" in status and "max_num_seqs=4" in status
     assert result.winner.params == {"max_num_seqs": 4} and "recommended: max_num_seqs=4" in notes
-    assert "applied: the engine already runs the winner" in notes   # the guarded apply, through the daemon
+    assert "applied: the engine already runs the winner" in notes  # the guarded apply, through the daemon
     after = eng.engine("tr")
     assert (after["pid"], after["config_id"]) == (before["pid"], before["config_id"])
-    assert (eng.home / "tuning" / "studies.journal").exists()   # the study the CLI would resume
+    assert (eng.home / "tuning" / "studies.journal").exists()  # the study the CLI would resume

@@ -44,11 +44,18 @@ SPEC = {"max_num_seqs": 4, "max_model_len": 512}
 
 # --- plain functions ---------------------------------------------------------------------------
 
+
 def test_durations_and_ticking():
-    assert [fmt_duration(s) for s in (None, 0, 44.6, 65, 3599, 3720)] == \
-        ["N/A", "0 s", "45 s", "1 min 05 s", "59 min 59 s", "1 h 02 min"]
+    assert [fmt_duration(s) for s in (None, 0, 44.6, 65, 3599, 3720)] == [
+        "N/A",
+        "0 s",
+        "45 s",
+        "1 min 05 s",
+        "59 min 59 s",
+        "1 h 02 min",
+    ]
     assert ticked(10.0, 30.0, 4.0) == (14.0, 26.0)
-    assert ticked(10.0, 3.0, 4.0) == (14.0, 0.0)     # a point that overruns its estimate: 0 left, not -1
+    assert ticked(10.0, 3.0, 4.0) == (14.0, 0.0)  # a point that overruns its estimate: 0 left, not -1
     assert ticked(10.0, None, 4.0) == (14.0, None)
     assert split_items(" max_num_seqs=4,8;max_model_len=512 ") == ["max_num_seqs=4,8", "max_model_len=512"]
     with pytest.raises(ValueError, match="repeats must be at least 1"):
@@ -62,9 +69,29 @@ def test_the_form_makes_the_request_and_plan_the_cli_makes():
 
     parser = argparse.ArgumentParser(prog="llmconsole")
     register(parser.add_subparsers())
-    ns = parser.parse_args(["sweep", "--engine", "t1", "--grid", "max_num_seqs=4,8", "--load", "concurrency=1,2",
-                            "--slo", "p99_e2e_ms=5000", "--repeats", "2", "--num-requests", "16",
-                            "--input-len", "64", "--output-len", "32", "--out", "."])
+    ns = parser.parse_args(
+        [
+            "sweep",
+            "--engine",
+            "t1",
+            "--grid",
+            "max_num_seqs=4,8",
+            "--load",
+            "concurrency=1,2",
+            "--slo",
+            "p99_e2e_ms=5000",
+            "--repeats",
+            "2",
+            "--num-requests",
+            "16",
+            "--input-len",
+            "64",
+            "--output-len",
+            "32",
+            "--out",
+            ".",
+        ]
+    )
     plan = sweep_plan("t1", FORM)
     assert sweep_request("t1", FORM) == cli_sweep_request(ns)  # what travels to the daemon
     assert plan == build_plan(ns)
@@ -75,30 +102,43 @@ def test_the_form_makes_the_request_and_plan_the_cli_makes():
     assert restarts_engine(plan, SPEC) and "RESTARTS" in confirm_question("t1", plan, SPEC)
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("grid", "max_num_sheep=1,2", "not an engine spec field"),
-    ("load", "concurrency=0", "positive whole number"),
-    ("load", "", "at least one load level"),
-    ("slo", "p99_bogus_ms=3", "SLO target"),
-    ("repeats", "0", "at least 1"),
-    ("input_len", "lots", "input"),
-])
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("grid", "max_num_sheep=1,2", "not an engine spec field"),
+        ("load", "concurrency=0", "positive whole number"),
+        ("load", "", "at least one load level"),
+        ("slo", "p99_bogus_ms=3", "SLO target"),
+        ("repeats", "0", "at least 1"),
+        ("input_len", "lots", "input"),
+    ],
+)
 def test_bad_form_values_say_what_is_wrong(field, value, message):
     with pytest.raises(ValueError, match=message):
         sweep_plan("t1", dict(SWEEP_DEFAULTS, **{field: value}))
 
 
 EVENTS = [
-    SweepProgress("point_started", 1, 4, {"max_num_seqs": 4, "concurrency": 1.0}, 0.4, None, "measuring concurrency=1 x2"),
+    SweepProgress(
+        "point_started", 1, 4, {"max_num_seqs": 4, "concurrency": 1.0}, 0.4, None, "measuring concurrency=1 x2"
+    ),
     SweepProgress("point_finished", 1, 4, P1.params, 9.8, 29.4, "ok", P1),
-    SweepProgress("point_started", 2, 4, {"max_num_seqs": 4, "concurrency": 2.0}, 9.9, 29.4, "measuring concurrency=2 x2"),
+    SweepProgress(
+        "point_started", 2, 4, {"max_num_seqs": 4, "concurrency": 2.0}, 9.9, 29.4, "measuring concurrency=2 x2"
+    ),
     SweepProgress("point_finished", 2, 4, P2.params, 20.0, 20.0, "ok", P2),
-    SweepProgress("engine_restarting", 3, 4, {"max_num_seqs": 8}, 20.1, 20.0, "restarting the engine on max_num_seqs=8"),
-    SweepProgress("point_started", 3, 4, {"max_num_seqs": 8, "concurrency": 1.0}, 61.0, 20.0, "measuring concurrency=1 x2"),
+    SweepProgress(
+        "engine_restarting", 3, 4, {"max_num_seqs": 8}, 20.1, 20.0, "restarting the engine on max_num_seqs=8"
+    ),
+    SweepProgress(
+        "point_started", 3, 4, {"max_num_seqs": 8, "concurrency": 1.0}, 61.0, 20.0, "measuring concurrency=1 x2"
+    ),
 ]
 TAIL = [
     SweepProgress("point_finished", 3, 4, P3.params, 70.0, 23.3, "ok", P3),
-    SweepProgress("point_started", 4, 4, {"max_num_seqs": 8, "concurrency": 2.0}, 70.1, 23.3, "measuring concurrency=2 x2"),
+    SweepProgress(
+        "point_started", 4, 4, {"max_num_seqs": 8, "concurrency": 2.0}, 70.1, 23.3, "measuring concurrency=2 x2"
+    ),
     SweepProgress("point_finished", 4, 4, P4.params, 80.0, 0.0, "ok", P4),
     SweepProgress("engine_restarting", 4, 4, {}, 80.1, 0.0, "restoring the original config"),
     SweepProgress("restored", 4, 4, {}, 120.0, 0.0, "restored config cfg4"),
@@ -129,13 +169,16 @@ def test_the_table_is_the_clis_table():
     assert headers[:3] == ("params", "throughput (req/s)", "P99 latency (ms)")
     assert rows[0][:3] == ["max_num_seqs=4, concurrency=1", "2.00", "500"]
     assert rows[1][:3] == ["max_num_seqs=4, concurrency=2", "3.00 (+50%)", "650 (+30%)"]
-    assert headers[3] == "memory (GiB)" and rows[1][3] == "0.84"  # 900 MB is 0.84 GiB and rows[1][4] == "N/A [1]" and "NVML" in notes[0]
+    assert (
+        headers[3] == "memory (GiB)" and rows[1][3] == "0.84"
+    )  # 900 MB is 0.84 GiB and rows[1][4] == "N/A [1]" and "NVML" in notes[0]
     whole = SweepResult(plan, (P1, P2), EngineTarget("", "", "", "", {}), "done", 0, 1, True)
     printed = render_table(whole).splitlines()[2:4]
     assert [[c.strip() for c in line.split(" | ")] for line in printed] == rows
 
 
 # --- the screen --------------------------------------------------------------------------------
+
 
 async def _open(pilot) -> SweepScreen:
     await replay(pilot)
@@ -171,6 +214,7 @@ def test_bad_input_shows_a_message_and_starts_nothing():
             await pilot.press("escape")
             await pilot.pause(0.05)
             assert isinstance(app.screen, DashboardScreen)
+
     asyncio.run(go())
 
 
@@ -197,6 +241,7 @@ def test_a_sweep_asks_first_and_one_the_daemon_cannot_start_says_why(tmp_path):
             notes = str(screen.query_one("#run-notes", Static).render())
             assert "the sweep did not start" in notes and "control.sock" in notes  # no daemon: said, not raised
             assert screen.run_id is None and source.commands == []
+
     asyncio.run(go())
 
 
@@ -214,6 +259,7 @@ def test_a_sweep_under_way_is_the_daemons_leaving_or_quitting_stops_nothing():
             await pilot.pause(0.05)
             assert isinstance(app.screen, DashboardScreen) and source.commands == []
             assert screen.farewell_note == "the sweep of t1 runs on in the daemon; S on the engine shows it"
+
     asyncio.run(go())
 
 
@@ -235,8 +281,15 @@ def _result(out: Path):
     from llmconsole.engine.sweep.report import write_results
 
     plan = sweep_plan("t1", FORM)
-    result = SweepResult(plan, (P1, P2, P3, P4), EngineTarget("u", "tiny", "m", "89f45120175e", {}), "done",
-                         time.time() - 120, time.time(), True)
+    result = SweepResult(
+        plan,
+        (P1, P2, P3, P4),
+        EngineTarget("u", "tiny", "m", "89f45120175e", {}),
+        "done",
+        time.time() - 120,
+        time.time(),
+        True,
+    )
     return result, write_results(result, out)
 
 
@@ -269,6 +322,7 @@ def test_progress_and_the_end_show_in_the_screen(tmp_path):
             assert "best under the SLO" in notes and "knee" in notes
             assert f"written to {tmp_path / 'out'}: results.json, results.csv, report.md, tradeoff.svg" in notes
             assert "sweep done" in str(screen.query_one("#run-status", Static).render())
+
     asyncio.run(go())
 
 
@@ -311,6 +365,7 @@ def test_the_recorded_sweep_charts_every_measured_point_with_front_knee_and_slo(
             assert "SLO p99 e2e 8000 ms" in by and any(label.startswith("knee: ") for label in by)
             status = str(screen.query_one("#run-status", Static).render())
             assert status.startswith("████████████████ sweep done")
+
     asyncio.run(go())
 
 
@@ -332,10 +387,11 @@ def test_sweep_and_tune_are_for_a_ready_engine():
         async with app.run_test(size=(100, 30)) as pilot:
             await replay(pilot)
             assert app.check_action("sweep_engine", ()) is True and app.check_action("tune_engine", ()) is True
-            await pilot.press("down")                # the failed engine
+            await pilot.press("down")  # the failed engine
             await pilot.pause(0.05)
             assert app.check_action("sweep_engine", ()) is None and app.check_action("tune_engine", ()) is None
             await pilot.press("S", "T")
             await pilot.pause(0.05)
             assert isinstance(app.screen, DashboardScreen)
+
     asyncio.run(go())

@@ -22,8 +22,17 @@ from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.engine, pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")]
 
-ENGINE_FLAGS = ["--max-num-seqs", "8", "--max-model-len", "512", "--kv-cache-memory-bytes", "100000000",
-                "--enforce-eager", "--cpu-threads-bind", "nobind"]
+ENGINE_FLAGS = [
+    "--max-num-seqs",
+    "8",
+    "--max-model-len",
+    "512",
+    "--kv-cache-memory-bytes",
+    "100000000",
+    "--enforce-eager",
+    "--cpu-threads-bind",
+    "nobind",
+]
 BINARY = Path(sys.executable).parent / "llmconsole"
 
 
@@ -32,13 +41,24 @@ class Terminal:
 
     def __init__(self, home: Path, width: int = 120, height: int = 40):
         self.socket = str(home / "tmux.sock")
-        self._tmux("new-session", "-d", "-x", str(width), "-y", str(height),
-                   "-e", f"LLMCONSOLE_HOME={home}", "-e", "TERM=xterm-256color",
-                   f"sh -c '{BINARY}; echo console exited $?; sleep 600'")
+        self._tmux(
+            "new-session",
+            "-d",
+            "-x",
+            str(width),
+            "-y",
+            str(height),
+            "-e",
+            f"LLMCONSOLE_HOME={home}",
+            "-e",
+            "TERM=xterm-256color",
+            f"sh -c '{BINARY}; echo console exited $?; sleep 600'",
+        )
 
     def _tmux(self, *args: str) -> str:
-        return subprocess.run(["tmux", "-S", self.socket, *args], check=True, capture_output=True,
-                              text=True, timeout=30).stdout
+        return subprocess.run(
+            ["tmux", "-S", self.socket, *args], check=True, capture_output=True, text=True, timeout=30
+        ).stdout
 
     def keys(self, *keys: str) -> None:
         self._tmux("send-keys", *keys)
@@ -53,12 +73,22 @@ class Terminal:
         return self._tmux("capture-pane", "-p")
 
     def wait_for(self, pattern: str, timeout_s: float = 60) -> str:
-        return wait_until(self.screen, timeout_s, 0.3, f"{pattern!r} on the screen",
-                          ok=lambda text: re.search(pattern, text, re.MULTILINE) is not None)
+        return wait_until(
+            self.screen,
+            timeout_s,
+            0.3,
+            f"{pattern!r} on the screen",
+            ok=lambda text: re.search(pattern, text, re.MULTILINE) is not None,
+        )
 
     def wait_gone(self, pattern: str, timeout_s: float = 60) -> str:
-        return wait_until(self.screen, timeout_s, 0.3, f"{pattern!r} to leave the screen",
-                          ok=lambda text: re.search(pattern, text, re.MULTILINE) is None)
+        return wait_until(
+            self.screen,
+            timeout_s,
+            0.3,
+            f"{pattern!r} to leave the screen",
+            ok=lambda text: re.search(pattern, text, re.MULTILINE) is None,
+        )
 
     def close(self) -> None:
         subprocess.run(["tmux", "-S", self.socket, "kill-server"], capture_output=True, timeout=30)
@@ -66,8 +96,9 @@ class Terminal:
 
 def _complete(url: str) -> None:
     body = json.dumps({"model": "tiny", "prompt": "The quick brown fox", "max_tokens": 16, "ignore_eos": True})
-    req = urllib.request.Request(f"{url}/v1/completions", data=body.encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"{url}/v1/completions", data=body.encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=60) as r:
         r.read()
 
@@ -176,7 +207,7 @@ def test_a_sweep_started_in_the_console_survives_quitting_it(engine_home):
         term.close()
     with DaemonClient(resolve({"LLMCONSOLE_HOME": str(home)})) as client:
         runs = client.runs("t1")
-        assert [r["state"] for r in runs] == ["running"], runs   # still going with no console attached
+        assert [r["state"] for r in runs] == ["running"], runs  # still going with no console attached
         # A new console picks the run up where it is.
         term = Terminal(home)
         try:

@@ -37,7 +37,7 @@ from llmconsole.engine.tune.tuner import TuneProgress, TuneResult
 from tests.support.recorded import make_recorded_app, replay, run_record, stage_recorded, stream_frames
 from tests.support.waiting import pilot_wait
 
-SPEC = stream_frames()[-1]["status"]["engines"][0]["spec"]   # t1 as the daemon reports it
+SPEC = stream_frames()[-1]["status"]["engines"][0]["spec"]  # t1 as the daemon reports it
 FACTS = snapshot_facts(SPEC)
 FORM = dict(TUNE_DEFAULTS, knobs="max_num_seqs=2,4,8", budget="4")
 
@@ -46,9 +46,31 @@ def test_the_form_makes_the_settings_the_cli_makes():
     s, space = tune_settings("t1", FACTS, FORM)
     parser = argparse.ArgumentParser(prog="llmconsole")
     register(parser.add_subparsers())
-    ns = parser.parse_args(["tune", "--engine", "t1", "--workload", "concurrency=2", "--slo", "p99_e2e_ms=10000",
-                            "--budget", "4", "--knob", "max_num_seqs=2,4,8", "--input-len", "64",
-                            "--output-len", "32", "--num-requests", "24", "--top-k", "2", "--repeats", "2"])
+    ns = parser.parse_args(
+        [
+            "tune",
+            "--engine",
+            "t1",
+            "--workload",
+            "concurrency=2",
+            "--slo",
+            "p99_e2e_ms=10000",
+            "--budget",
+            "4",
+            "--knob",
+            "max_num_seqs=2,4,8",
+            "--input-len",
+            "64",
+            "--output-len",
+            "32",
+            "--num-requests",
+            "24",
+            "--top-k",
+            "2",
+            "--repeats",
+            "2",
+        ]
+    )
     assert tune_request("t1", FORM) == cli_tune_request(ns)  # what travels to the daemon
     assert (s, space) == build(ns, FACTS)
     assert s.budget == Budget(trials=4) and [k.name for k in s.knobs] == ["max_num_seqs"]
@@ -58,14 +80,17 @@ def test_the_form_makes_the_settings_the_cli_makes():
     assert {k.name for k in default.knobs} >= {"max_num_seqs", "max_num_batched_tokens"}
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("slo", "", "give an SLO"),
-    ("budget", "soon", "not a number of trials"),
-    ("knobs", "model=x", "cannot be tuned"),
-    ("workload", "concurrency=1,2", "one load level"),
-    ("top_k", "-1", "at least 1"),
-    ("output_len", "uniform:9-3", "output length"),
-])
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("slo", "", "give an SLO"),
+        ("budget", "soon", "not a number of trials"),
+        ("knobs", "model=x", "cannot be tuned"),
+        ("workload", "concurrency=1,2", "one load level"),
+        ("top_k", "-1", "at least 1"),
+        ("output_len", "uniform:9-3", "output length"),
+    ],
+)
 def test_bad_form_values_say_what_is_wrong(field, value, message):
     with pytest.raises(ValueError, match=message):
         tune_settings("t1", FACTS, dict(FORM, **{field: value}))
@@ -82,8 +107,15 @@ EVENTS = [
     TuneProgress("trial_started", 2, {"max_num_seqs": 8}, "restarting the engine on this config", 2.5, 0.5),
     TuneProgress("trial_finished", 2, {"max_num_seqs": 8}, "complete", 3.1, 40.0, _outcome(2, 8, "complete", 3.1)),
     TuneProgress("trial_started", 3, {"max_num_seqs": 2}, "restarting the engine on this config", 3.1, 40.2),
-    TuneProgress("trial_finished", 3, {"max_num_seqs": 2}, "pruned: stopped early", 3.1, 60.0,
-                 _outcome(3, 2, "pruned", 1.1, 8, "stopped early after 8 requests: 1.10 req/s, below the top 1/3")),
+    TuneProgress(
+        "trial_finished",
+        3,
+        {"max_num_seqs": 2},
+        "pruned: stopped early",
+        3.1,
+        60.0,
+        _outcome(3, 2, "pruned", 1.1, 8, "stopped early after 8 requests: 1.10 req/s, below the top 1/3"),
+    ),
     TuneProgress("trial_started", 4, {"max_num_seqs": 16}, "restarting the engine on this config", 3.1, 61.0),
 ]
 
@@ -105,8 +137,13 @@ def test_events_fold_into_trial_i_of_the_budget_the_best_and_the_table():
     assert best_text(v) == "best so far: trial 2 · max_num_seqs=8 · 3.10 req/s goodput"
     assert current_text(v) == "trial 4 (max_num_seqs=16): restarting the engine on this config"
     rows = trial_rows(v)
-    assert [r[:3] for r in rows] == [["0", "complete", "2.50"], ["1", "interrupted", "-"], ["2*", "complete", "3.10"],
-                                     ["3", "pruned", "1.10"], ["4", "running", "-"]]
+    assert [r[:3] for r in rows] == [
+        ["0", "complete", "2.50"],
+        ["1", "interrupted", "-"],
+        ["2*", "complete", "3.10"],
+        ["3", "pruned", "1.10"],
+        ["4", "running", "-"],
+    ]
     assert rows[3][5].startswith("stopped early after 8 requests")
     v = fold_tune(v, TuneProgress("remeasuring", 2, {"max_num_seqs": 8}, "re-measuring x2", 3.1, 90.0))
     assert headline(v) == "re-measuring candidate trial 2 · 1 min 30 s elapsed"
@@ -118,9 +155,17 @@ def test_events_fold_into_trial_i_of_the_budget_the_best_and_the_table():
 def _result(status: str = "done", restored: bool = True, winner: bool = True) -> TuneResult:
     trials = tuple(_view().trials[:4]) + (_outcome(4, 16, "infeasible", None, 0, "did not start: no room"),)
     rm = (Remeasured(2, {"max_num_seqs": 8}, (3.0, 3.2)), Remeasured(0, {"max_num_seqs": 4}, (2.4, 2.6)))
-    return TuneResult("t1-abc", trials, rm if winner else (), rm[0] if winner else None,
-                      EngineTarget("u", "tiny", "m", "89f45120175e", {}), restored,
-                      None if restored else "RuntimeError: no", status, 3)
+    return TuneResult(
+        "t1-abc",
+        trials,
+        rm if winner else (),
+        rm[0] if winner else None,
+        EngineTarget("u", "tiny", "m", "89f45120175e", {}),
+        restored,
+        None if restored else "RuntimeError: no",
+        status,
+        3,
+    )
 
 
 def test_what_the_daemon_sends_reads_as_the_tuners_own_values():
@@ -177,6 +222,7 @@ def test_bad_input_shows_a_message_and_starts_nothing():
             await pilot.pause(0.05)
             assert "give an SLO" in str(screen.query_one("#run-error", Static).render())
             assert app.screen is screen and not screen.started and source.commands == []
+
     asyncio.run(go())
 
 
@@ -195,7 +241,7 @@ def test_the_screen_shows_progress_and_applies_only_after_asking():
             await pilot.pause(0.1)
             await pilot.press("a")
             await pilot.pause(0.05)
-            assert app.screen is screen   # a cancelled study's best is not applied, as with the CLI
+            assert app.screen is screen  # a cancelled study's best is not applied, as with the CLI
             screen.post_message(RunFinished(_result(), None))
             await pilot.pause(0.1)
             notes = str(screen.query_one("#run-notes", Static).render())
@@ -208,6 +254,7 @@ def test_the_screen_shows_progress_and_applies_only_after_asking():
             await pilot.pause(0.05)
             assert app.screen is screen and not screen.applying and screen.applied is None
             assert source.commands == []
+
     asyncio.run(go())
 
 
@@ -251,4 +298,5 @@ def test_the_recorded_tune_reads_back_and_charts_every_trial():
             await pilot.press("o")
             await pilot.pause(0.1)
             assert screen.query_one("#knob-chart").plot.spec.title != knob  # the next knob
+
     asyncio.run(go())

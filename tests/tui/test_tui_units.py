@@ -23,6 +23,7 @@ TUI_DIR = ROOT / "llmconsole" / "console" / "tui"
 
 # --- keys -------------------------------------------------------------------------------------
 
+
 def test_keymap_is_read_from_llmconsole_home(tmp_path):
     (tmp_path / "console.toml").write_text('[keys]\nstop = "x"\nhelp = "H"\n')
     path = config_path({"LLMCONSOLE_HOME": str(tmp_path)})
@@ -35,13 +36,16 @@ def test_keymap_falls_back_to_the_user_config_dir(tmp_path):
     assert load_keymap(tmp_path / "missing.toml") == {}
 
 
-@pytest.mark.parametrize("text, message", [
-    ('[keys]\nstpo = "x"\n', "unknown key id 'stpo'"),
-    ('[colours]\nstop = "x"\n', "unknown section(s) colours"),
-    ('[keys]\nstop = 3\n', "stop must be a key"),
-    ('[keys]\nstop = "s"\n', "key 's' would do both start and stop"),
-    ('[keys\n', "not valid TOML"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('[keys]\nstpo = "x"\n', "unknown key id 'stpo'"),
+        ('[colours]\nstop = "x"\n', "unknown section(s) colours"),
+        ("[keys]\nstop = 3\n", "stop must be a key"),
+        ('[keys]\nstop = "s"\n', "key 's' would do both start and stop"),
+        ("[keys\n", "not valid TOML"),
+    ],
+)
 def test_bad_keymaps_are_refused_with_a_clear_message(tmp_path, text, message):
     p = tmp_path / "console.toml"
     p.write_text(text)
@@ -76,6 +80,7 @@ def test_without_a_terminal_the_bare_command_still_prints_status(home):
 
 # --- the form ----------------------------------------------------------------------------------
 
+
 def _form(**kw):
     raw = {"name": "t2", "model": "Qwen/Qwen3-0.6B", "enforce_eager": False, "enable_prefix_caching": "default"}
     raw.update(kw)
@@ -83,11 +88,22 @@ def _form(**kw):
 
 
 def test_form_gives_the_fields_that_were_filled_in():
-    name, spec, errors = _form(max_num_seqs="8", kv_cache_memory_bytes="256MiB", gpu_memory_utilization="0.5",
-                               enable_prefix_caching="off", enforce_eager=True)
+    name, spec, errors = _form(
+        max_num_seqs="8",
+        kv_cache_memory_bytes="256MiB",
+        gpu_memory_utilization="0.5",
+        enable_prefix_caching="off",
+        enforce_eager=True,
+    )
     assert errors == {} and name == "t2"
-    assert spec == {"model": "Qwen/Qwen3-0.6B", "max_num_seqs": 8, "kv_cache_memory_bytes": 256 << 20,
-                    "gpu_memory_utilization": 0.5, "enable_prefix_caching": False, "enforce_eager": True}
+    assert spec == {
+        "model": "Qwen/Qwen3-0.6B",
+        "max_num_seqs": 8,
+        "kv_cache_memory_bytes": 256 << 20,
+        "gpu_memory_utilization": 0.5,
+        "enable_prefix_caching": False,
+        "enforce_eager": True,
+    }
 
 
 def test_form_errors_name_their_field():
@@ -122,9 +138,14 @@ def test_form_makes_a_model_path_absolute_where_it_was_typed(tmp_path, monkeypat
 
 # --- views and histories ----------------------------------------------------------------------
 
+
 def test_views_never_raise_on_odd_input():
-    snap = Snapshot.parse({"engines": [{"name": 3, "metrics": [], "process": "x", "spec": {"kernel": "paged-v2"}}],
-                           "host": {"gpus": [{"index": "0"}]}})
+    snap = Snapshot.parse(
+        {
+            "engines": [{"name": 3, "metrics": [], "process": "x", "spec": {"kernel": "paged-v2"}}],
+            "host": {"gpus": [{"index": "0"}]},
+        }
+    )
     e = snap.engines[0]
     assert (e.name, e.state, e.model, e.config_id, e.kernel) == ("?", "unknown", "N/A", "N/A", "paged-v2")
     assert e.metric("running") is None and e.rss_bytes is None
@@ -193,6 +214,7 @@ def test_engine_states_decide_what_may_be_done():
 
 
 # --- sources ----------------------------------------------------------------------------------
+
 
 def test_recorded_source_replays_then_holds_and_records_commands(frames):
     fs = frames

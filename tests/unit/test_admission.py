@@ -172,8 +172,8 @@ def test_waiters_that_give_up_leave_at_once_and_the_rest_keep_their_order():
             if i % 4:
                 t.cancel()
         await asyncio.sleep(0.01)
-        assert gate.queued == 1000          # the 3,000 that left are gone from the count at once,
-        assert len(gate._queue) == 1000     # and from the queue itself: nothing left to skip past later
+        assert gate.queued == 1000  # the 3,000 that left are gone from the count at once,
+        assert len(gate._queue) == 1000  # and from the queue itself: nothing left to skip past later
         gate.release()
         await asyncio.gather(*tasks, return_exceptions=True)
         assert order == list(range(0, 4000, 4)) and gate.queued == 0 and gate.in_flight == 0

@@ -41,6 +41,7 @@ def _get(store: Store | None, path: str):
         async with TestClient(TestServer(app)) as client:
             resp = await client.get(path)
             return resp.status, await resp.json()
+
     return asyncio.run(go())
 
 
@@ -53,11 +54,16 @@ def store(tmp_path):
 
 def test_samples_come_back_as_columns_oldest_first(store):
     now = time.time()
-    store.add_metric_samples([MetricSample("demo", now - 30 + i, running=i, kv_cache_usage=i / 100,
-                                           p99_ttft_s=None if i % 2 else 0.2) for i in range(30)])
+    store.add_metric_samples(
+        [
+            MetricSample("demo", now - 30 + i, running=i, kv_cache_usage=i / 100, p99_ttft_s=None if i % 2 else 0.2)
+            for i in range(30)
+        ]
+    )
     store.add_metric_samples([MetricSample("other", now - 5, running=99)])
-    store.add_window_trace([WindowSample("demo", now - 20 + i, target=800.0, measured=700.0 + i, window=8 + i % 3)
-                            for i in range(20)])
+    store.add_window_trace(
+        [WindowSample("demo", now - 20 + i, target=800.0, measured=700.0 + i, window=8 + i % 3) for i in range(20)]
+    )
     status, body = _get(store, "/v1/engines/demo/samples?since_s=60")
     assert status == 200 and body["engine"] == "demo" and body["bin_s"] == 0.0
     m = body["metrics"]
@@ -92,12 +98,18 @@ def test_binning_keeps_gaps():
 def test_a_starting_engine_reports_its_phase_elapsed_time_and_last_start(store, tmp_path):
     log = tmp_path / "engine.log"
     text = (FIX / "ready_cpu.log").read_text()
-    log.write_text(text[:text.index("Loading weights took")])  # the previous run's lines are pid 2580
+    log.write_text(text[: text.index("Loading weights took")])  # the previous run's lines are pid 2580
     run = store.run_started("demo", "cfg1", pid=2580, port=1, spec_public={}, at=1000.0)
     store.run_ready(run, kv_cache_tokens=1, max_concurrency=1.0, at=1042.0)
     progress = StartupProgress(store)
-    e = {"name": "demo", "state": "starting", "config_id": "cfg1", "pid": 2580, "started_at_s": 2000.0,
-         "log_path": str(log)}
+    e = {
+        "name": "demo",
+        "state": "starting",
+        "config_id": "cfg1",
+        "pid": 2580,
+        "started_at_s": 2000.0,
+        "log_path": str(log),
+    }
     got = progress.of(e, now_s=2012.5)
     assert got == {"phase": "loading weights", "step": 3, "steps": 9, "elapsed_s": 12.5, "expected_s": 42.0}
     assert progress.of(dict(e, pid=777), now_s=2013.0)["phase"] == "launching (Python imports)"

@@ -19,8 +19,18 @@ from llmconsole.db import Store
 class _RecordingService:
     def __init__(self) -> None:
         self.calls: list[tuple] = []
-        self.state = {"group": "demo", "window": 8, "frozen": False, "target_ms": 1000.0, "signal": "ttft",
-                      "min_window": 4, "max_window": 32, "kp": 1.0, "ki": 3.0, "kd": 0.25}
+        self.state = {
+            "group": "demo",
+            "window": 8,
+            "frozen": False,
+            "target_ms": 1000.0,
+            "signal": "ttft",
+            "min_window": 4,
+            "max_window": 32,
+            "kp": 1.0,
+            "ki": 3.0,
+            "kd": 0.25,
+        }
         self.membership = SimpleNamespace(groups={})
 
     def window_state(self, name, trace_points=600):
@@ -47,13 +57,18 @@ def _post(method: str, path: str, data: str, store: Store | None = None) -> tupl
         async with TestClient(TestServer(app)) as client:
             resp = await client.request(method, path, data=data, headers={"Content-Type": "application/json"})
             return resp.status, await resp.json(), service.calls
+
     return asyncio.run(go())
 
 
 def test_window_body_errors_say_what_was_wrong_and_change_nothing():
-    for data, error in (("not json", "request body is not JSON"), ("[1]", "request body must be a JSON object"),
-                        ('{"sett": 3}', "unknown fields: sett"), ('{"set": "3"}', "set must be an integer"),
-                        ('{"freeze": 1}', "freeze must be true or false")):
+    for data, error in (
+        ("not json", "request body is not JSON"),
+        ("[1]", "request body must be a JSON object"),
+        ('{"sett": 3}', "unknown fields: sett"),
+        ('{"set": "3"}', "set must be an integer"),
+        ('{"freeze": 1}', "freeze must be true or false"),
+    ):
         status, body, calls = _post("POST", "/v1/engines/demo/window", data)
         assert (status, body["error"], calls) == (400, error, []), data
 
@@ -78,8 +93,11 @@ def test_window_and_group_changes_are_recorded_from_and_to(tmp_path):
         assert _post("PUT", "/v1/groups/fast", '{"engines": ["a", "b"]}', store)[0] == 200
         assert _post("POST", "/v1/engines/demo/window", '{"sett": 3}', store)[0] == 400  # never reached the service
         acts = store.actions()
-    assert [(a.kind, a.engine, a.outcome) for a in acts] == [("window", "demo", "done"), ("window", "demo", "refused"),
-                                                             ("group", "fast", "done")]
+    assert [(a.kind, a.engine, a.outcome) for a in acts] == [
+        ("window", "demo", "done"),
+        ("window", "demo", "refused"),
+        ("group", "fast", "done"),
+    ]
     done, refused, group = acts
     # The test client speaks TCP, where no peer credentials name the user; the daemon's Unix socket does.
     assert done.actor == "unknown" and not done.automatic

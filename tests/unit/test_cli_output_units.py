@@ -27,10 +27,28 @@ class _Client:
 
     def window(self, name):
         trace = [{"measured_ms": 400.0 + i, "window": 8, "action": "hold-band"} for i in range(10)]
-        return {"engine": name, "group": name, "engines": {name: {}}, "window": 8, "frozen": False,
-                "in_flight": 0, "queued": 0, "open": True, "gateway_url": "http://127.0.0.1:1/g/demo",
-                "signal": "ttft", "target_ms": 800.0, "min_window": 4, "max_window": 32, "kp": 1, "ki": 1,
-                "kd": 0, "admitted_total": 5, "rejected_full_total": 0, "timed_out_total": 0, "trace": trace}
+        return {
+            "engine": name,
+            "group": name,
+            "engines": {name: {}},
+            "window": 8,
+            "frozen": False,
+            "in_flight": 0,
+            "queued": 0,
+            "open": True,
+            "gateway_url": "http://127.0.0.1:1/g/demo",
+            "signal": "ttft",
+            "target_ms": 800.0,
+            "min_window": 4,
+            "max_window": 32,
+            "kp": 1,
+            "ki": 1,
+            "kd": 0,
+            "admitted_total": 5,
+            "rejected_full_total": 0,
+            "timed_out_total": 0,
+            "trace": trace,
+        }
 
 
 def test_window_into_a_closed_pipe_ends_quietly(monkeypatch, capsys):

@@ -21,16 +21,19 @@ def _three_old_minutes(engine: str, start_s: float) -> list[MetricSample]:
     """180 one-second samples with values whose minute averages and maxima are easy to check."""
     rows = []
     for i in range(180):
-        rows.append(MetricSample(
-            engine, start_s + i,
-            running=float(i),
-            waiting=None,  # a gauge the engine never reported
-            kv_cache_usage=(i % 60) / 60,
-            p50_ttft_s=0.01 * i,
-            p99_ttft_s=0.02 * i if i % 7 else None,  # some samples missing
-            generation_tok_s=100.0,
-            gpu_memory_bytes=1000 + i,
-        ))
+        rows.append(
+            MetricSample(
+                engine,
+                start_s + i,
+                running=float(i),
+                waiting=None,  # a gauge the engine never reported
+                kv_cache_usage=(i % 60) / 60,
+                p50_ttft_s=0.01 * i,
+                p99_ttft_s=0.02 * i if i % 7 else None,  # some samples missing
+                generation_tok_s=100.0,
+                gpu_memory_bytes=1000 + i,
+            )
+        )
     return rows
 
 
@@ -89,15 +92,19 @@ def test_engines_fold_separately(store):
 
 
 def test_expiry_beyond_retention(store):
-    store.add_metric_samples([
-        MetricSample("chat", NOW_S - 8 * DAY_S, running=1.0),  # past the week: gone
-        MetricSample("chat", NOW_S - 6 * DAY_S, running=2.0),  # folded, kept
-        MetricSample("chat", NOW_S - 60, running=3.0),  # recent, kept as is
-    ])
-    store.add_window_trace([
-        WindowSample("g", NOW_S - 2 * DAY_S, window=4),
-        WindowSample("g", NOW_S - 100, window=8),
-    ])
+    store.add_metric_samples(
+        [
+            MetricSample("chat", NOW_S - 8 * DAY_S, running=1.0),  # past the week: gone
+            MetricSample("chat", NOW_S - 6 * DAY_S, running=2.0),  # folded, kept
+            MetricSample("chat", NOW_S - 60, running=3.0),  # recent, kept as is
+        ]
+    )
+    store.add_window_trace(
+        [
+            WindowSample("g", NOW_S - 2 * DAY_S, window=4),
+            WindowSample("g", NOW_S - 100, window=8),
+        ]
+    )
     cid = "c0ffee000002"
     rid = store.run_started("chat", cid, spec_public={}, at=NOW_S - 30 * DAY_S)
     action = store.record_action("start", engine="chat", to_config_id=cid, at=NOW_S - 30 * DAY_S)

@@ -42,8 +42,9 @@ _CHILD = textwrap.dedent("""
 
 def test_sigkill_mid_write_keeps_every_reported_action(tmp_path):
     path = tmp_path / "llmconsole.db"
-    proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     reported: list[int] = []
     batches = 0
     deadline = time.monotonic() + 120

@@ -38,28 +38,72 @@ def filled(tmp_path):
     store.run_ready(r1, kv_cache_tokens=8192, max_concurrency=4.0, at=T0 - 3990)
     store.mark_run_outcome(r1, "known_good")
     store.run_exited(r1, 0, f"restarted with --api-key {KEY}", at=T0 + 100)
-    a = store.record_action("restart", engine="chat", session_id=sid, actor="ana", from_config_id=small.config_id,
-                            to_config_id=big.config_id, detail={"note": f"key was {KEY}"}, at=T0 + 100)
+    a = store.record_action(
+        "restart",
+        engine="chat",
+        session_id=sid,
+        actor="ana",
+        from_config_id=small.config_id,
+        to_config_id=big.config_id,
+        detail={"note": f"key was {KEY}"},
+        at=T0 + 100,
+    )
     store.update_action_outcome(a, "ok")
     r2 = store.run_started("chat", big.config_id, pid=12, port=8001, session_id=sid, at=T0 + 101)
     store.run_ready(r2, kv_cache_tokens=8192, max_concurrency=8.0, at=T0 + 130)
-    store.record_action("rollback", engine="chat", automatic=True, from_config_id=big.config_id,
-                        to_config_id=small.config_id, at=T0 + 900)
-    w = store.record_action("window", engine="chat", session_id=sid, actor="ana", at=T0 + 950,
-                            detail={"from": {"window": 8, "frozen": False, "target_ms": 1000.0}})
+    store.record_action(
+        "rollback",
+        engine="chat",
+        automatic=True,
+        from_config_id=big.config_id,
+        to_config_id=small.config_id,
+        at=T0 + 900,
+    )
+    w = store.record_action(
+        "window",
+        engine="chat",
+        session_id=sid,
+        actor="ana",
+        at=T0 + 950,
+        detail={"from": {"window": 8, "frozen": False, "target_ms": 1000.0}},
+    )
     store.update_action_outcome(w, "done", {"to": {"window": 12, "frozen": True, "target_ms": 1000.0}})
     al = store.alert_fired("p99_ttft_high", "warning", engine="chat", detail={"token": KEY}, at=T0 + 600)
     store.alert_resolved(al, at=T0 + 700)
-    store.add_metric_samples([MetricSample("chat", T0 + i * 10, generation_tok_s=100.0 + i, kv_cache_usage=i / 200,
-                                           p99_ttft_s=0.2, p99_e2e_s=None if i % 5 == 0 else 2.0)
-                              for i in range(-20, 200)])
-    store.add_window_trace([WindowSample("chat", T0 + i * 10, target=0.5, measured=0.4, window=4 + i % 3)
-                            for i in range(100)])
-    sw = store.create_sweep("chat", {"max_num_seqs": [4, 8]}, {"rate_req_s": 2}, {"p99_ttft_s": 1.0},
-                            config_id=small.config_id, at=T0 + 1000)
+    store.add_metric_samples(
+        [
+            MetricSample(
+                "chat",
+                T0 + i * 10,
+                generation_tok_s=100.0 + i,
+                kv_cache_usage=i / 200,
+                p99_ttft_s=0.2,
+                p99_e2e_s=None if i % 5 == 0 else 2.0,
+            )
+            for i in range(-20, 200)
+        ]
+    )
+    store.add_window_trace(
+        [WindowSample("chat", T0 + i * 10, target=0.5, measured=0.4, window=4 + i % 3) for i in range(100)]
+    )
+    sw = store.create_sweep(
+        "chat",
+        {"max_num_seqs": [4, 8]},
+        {"rate_req_s": 2},
+        {"p99_ttft_s": 1.0},
+        config_id=small.config_id,
+        at=T0 + 1000,
+    )
     store.add_sweep_point(sw, {"max_num_seqs": 4}, throughput_req_s=2.0, p99_ttft_s=0.5, at=T0 + 1100)
-    store.add_sweep_point(sw, {"max_num_seqs": 8}, throughput_req_s=3.5, p99_ttft_s=1.2, status="slo_missed",
-                          flags=["slo_missed"], at=T0 + 1200)
+    store.add_sweep_point(
+        sw,
+        {"max_num_seqs": 8},
+        throughput_req_s=3.5,
+        p99_ttft_s=1.2,
+        status="slo_missed",
+        flags=["slo_missed"],
+        at=T0 + 1200,
+    )
     store.set_sweep_status(sw, "done", at=T0 + 1300)
     store.end_session(sid, at=T1)
 
@@ -68,7 +112,7 @@ def filled(tmp_path):
         "banner without a stamp\n"
         + _vllm_line(T0 - 3000, "BEFORE the session")
         + _vllm_line(T0 + 200, f"non-default args: {{'api_key': '{KEY}', 'max_num_seqs': 8}}")
-        + "Traceback (most recent call last):\n  File \"x.py\", line 1\nValueError: inside\n"
+        + 'Traceback (most recent call last):\n  File "x.py", line 1\nValueError: inside\n'
         + _vllm_line(T0 + 300, "INSIDE the session")
         + _vllm_line(T1 + 600, "AFTER the session")
         + "trailing traceback of the after line\n"
@@ -100,8 +144,10 @@ def test_export_of_a_session(filled, tmp_path):
     assert actions[0]["detail"] == {"note": "key was <redacted>"} and actions[1]["automatic"] is True
     assert counts["engine_runs"] == 2 and counts["sweep_points"] == 2 and counts["alerts"] == 1
     assert counts["metric_samples"] == 181  # T0 .. T0 + 1800 at 10 s
-    assert {c["config_id"] for c in map(json.loads, (out / "config_versions.jsonl").read_text().splitlines())} \
-        == {small.config_id, big.config_id}
+    assert {c["config_id"] for c in map(json.loads, (out / "config_versions.jsonl").read_text().splitlines())} == {
+        small.config_id,
+        big.config_id,
+    }
     alert = json.loads((out / "alerts.jsonl").read_text())
     assert alert["detail"] == {"token": "<redacted>"}
 
@@ -125,8 +171,10 @@ def test_export_of_a_session(filled, tmp_path):
     md = (out / "report.md").read_text()
     assert "`max_num_seqs`: 4 → 8" in md  # the restart's config diff
     # A window set by hand: who, when, from and to, beside the config changes.
-    assert (f"| {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(T0 + 950))} | ana | chat | window | done | "
-            "`frozen`: false → true; `window`: 8 → 12 |") in md
+    assert (
+        f"| {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(T0 + 950))} | ana | chat | window | done | "
+        "`frozen`: false → true; `window`: 8 → 12 |"
+    ) in md
     assert f"- Span (UTC): {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(T0))} → " in md
     assert '`env.HF_TOKEN`: null → "<redacted>"' in md and "`env`:" not in md
     assert "p99_ttft_high" in md and "### Sweep" in md and "slo_missed" in md

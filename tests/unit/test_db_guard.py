@@ -13,8 +13,7 @@ from llmconsole.db import MetricSample, Store, StoreError
 
 
 def _fingerprint(directory):
-    return {name: hashlib.sha256((directory / name).read_bytes()).hexdigest()
-            for name in sorted(os.listdir(directory))}
+    return {name: hashlib.sha256((directory / name).read_bytes()).hexdigest() for name in sorted(os.listdir(directory))}
 
 
 def _refused(path) -> str:
@@ -77,7 +76,7 @@ def test_damaged_file_of_ours_is_refused(tmp_path):
     page = 4096
     data = bytearray(path.read_bytes())
     assert len(data) > 20 * page
-    data[10 * page:12 * page] = random.Random(3).randbytes(2 * page)  # two b-tree pages trashed
+    data[10 * page : 12 * page] = random.Random(3).randbytes(2 * page)  # two b-tree pages trashed
     path.write_bytes(bytes(data))
     assert "damaged" in _refused(path)
 

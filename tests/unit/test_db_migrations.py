@@ -69,8 +69,9 @@ def test_v1_file_is_upgraded_in_place(tmp_path):
 def test_upgrade_is_all_or_nothing(tmp_path, monkeypatch):
     path = tmp_path / "llmconsole.db"
     _make_v1_file(path)
-    broken = migrations.Migration(2, "broken", ("ALTER TABLE config_versions ADD COLUMN label TEXT",
-                                                "CREATE INDEX nope ON no_such_table(x)"))
+    broken = migrations.Migration(
+        2, "broken", ("ALTER TABLE config_versions ADD COLUMN label TEXT", "CREATE INDEX nope ON no_such_table(x)")
+    )
     monkeypatch.setattr(migrations, "MIGRATIONS", (migrations.MIGRATIONS[0], broken))
     with pytest.raises(StoreError, match="no_such_table"):
         Store.open(path)

@@ -19,23 +19,26 @@ def model_dir(tmp_path):
     return d
 
 
-@pytest.mark.parametrize("args, says", [
-    (["--api_key=x"], "api_key"),
-    (["--api-key", "x"], "api_key"),
-    (["--api-k=x"], "vLLM reads it as --api-key"),
-    (["--hf_token=hf_x"], "HF_TOKEN"),
-    (["--max_num_seqs=8"], "spec field (max_num_seqs)"),
-    (["--max-num-seqs", "8"], "spec field (max_num_seqs)"),
-    (["--max-num-se=8"], "vLLM reads it as --max-num-seqs"),
-    (["--max_num_se", "8"], "spec field (max_num_seqs)"),
-    (["-tp=2"], "spec field (tensor_parallel_size)"),
-    (["-t", "2"], "spec field (tensor_parallel_size)"),
-    (["--device-memory-utilization=0.5"], "spec field (gpu_memory_utilization)"),
-    (["--no-enforce_eager"], "spec field (enforce_eager)"),
-    (["--kv_cache_memory_bytes.x=1"], "spec field (kv_cache_memory_bytes)"),
-    (["--config", "serve.yaml"], "--config"),
-    (["--conf=serve.yaml"], "--config"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--api_key=x"], "api_key"),
+        (["--api-key", "x"], "api_key"),
+        (["--api-k=x"], "vLLM reads it as --api-key"),
+        (["--hf_token=hf_x"], "HF_TOKEN"),
+        (["--max_num_seqs=8"], "spec field (max_num_seqs)"),
+        (["--max-num-seqs", "8"], "spec field (max_num_seqs)"),
+        (["--max-num-se=8"], "vLLM reads it as --max-num-seqs"),
+        (["--max_num_se", "8"], "spec field (max_num_seqs)"),
+        (["-tp=2"], "spec field (tensor_parallel_size)"),
+        (["-t", "2"], "spec field (tensor_parallel_size)"),
+        (["--device-memory-utilization=0.5"], "spec field (gpu_memory_utilization)"),
+        (["--no-enforce_eager"], "spec field (enforce_eager)"),
+        (["--kv_cache_memory_bytes.x=1"], "spec field (kv_cache_memory_bytes)"),
+        (["--config", "serve.yaml"], "--config"),
+        (["--conf=serve.yaml"], "--config"),
+    ],
+)
 def test_extra_args_that_reach_a_spec_field_or_a_secret_are_refused(model_dir, args, says):
     with pytest.raises(ValidationError) as e:
         EngineSpec(model=str(model_dir), extra_args=args)
@@ -52,11 +55,21 @@ def test_refusals_name_the_way_to_give_it(model_dir):
     assert "--api-key-env" in str(e.value) and "x" not in validation_messages(e.value)[0].split()[-1]
 
 
-@pytest.mark.parametrize("args", [
-    ["--tokenizer-mode=auto"], ["--tokenizer_mode", "auto"], ["--tokenizer", "/models/tok"],
-    ["--trust-request-chat-template"], ["-O3"], ["--compilation-config.mode=3"], ["--config-format", "hf"],
-    ["--seed-unrelated-value", "-1"], ["--max-num-queued-reqs=4"], ["--long-prefill-token-threshold", "64"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--tokenizer-mode=auto"],
+        ["--tokenizer_mode", "auto"],
+        ["--tokenizer", "/models/tok"],
+        ["--trust-request-chat-template"],
+        ["-O3"],
+        ["--compilation-config.mode=3"],
+        ["--config-format", "hf"],
+        ["--seed-unrelated-value", "-1"],
+        ["--max-num-queued-reqs=4"],
+        ["--long-prefill-token-threshold", "64"],
+    ],
+)
 def test_other_vllm_options_pass_unchanged(model_dir, args):
     assert EngineSpec(model=str(model_dir), extra_args=args).extra_args == tuple(args)
 
@@ -89,8 +102,12 @@ def test_the_option_lists_match_the_installed_vllm_parser():
     prefixes = {o for o in by_option if o not in refused and any(r != o and r.startswith(o) for r in refused)}
     assert prefixes == set(spec_mod._OWN_OPTIONS_THAT_PREFIX_REFUSED)
     # And what the spec refuses is what vLLM would read as that option.
-    for args, dest in ((["--max_num_se=8"], "max_num_seqs"), (["--api_k=x"], "api_key"),
-                       (["-t", "2"], "tensor_parallel_size"), (["--device_mem", "0.5"], "gpu_memory_utilization")):
+    for args, dest in (
+        (["--max_num_se=8"], "max_num_seqs"),
+        (["--api_k=x"], "api_key"),
+        (["-t", "2"], "tensor_parallel_size"),
+        (["--device_mem", "0.5"], "gpu_memory_utilization"),
+    ):
         assert by_option[refused_option(args[0])] == dest
         ns = parser.parse_args(args)
         assert getattr(ns, dest) != parser.get_default(dest), args  # vLLM set the field from it

@@ -36,8 +36,13 @@ def test_daemon_install_writes_a_user_unit_and_uninstall_removes_it(cli, tmp_pat
     text = unit.read_text()
     exec_start = next(line for line in text.splitlines() if line.startswith("ExecStart="))
     assert exec_start.endswith(" daemon start --foreground")
-    for line in ("Restart=on-failure", "KillMode=process", "WantedBy=default.target", "Type=simple",
-                 f"Environment=LLMCONSOLE_HOME={cli.home}"):
+    for line in (
+        "Restart=on-failure",
+        "KillMode=process",
+        "WantedBy=default.target",
+        "Type=simple",
+        f"Environment=LLMCONSOLE_HOME={cli.home}",
+    ):
         assert line in text.splitlines(), line
     # The same unit again changes nothing; a different one is refused without --force.
     assert "wrote" in cli("daemon", "install", "--user").stdout
@@ -53,8 +58,9 @@ def test_daemon_install_writes_a_user_unit_and_uninstall_removes_it(cli, tmp_pat
 
 
 def test_unit_quotes_what_systemd_would_split_or_expand():
-    text = render_unit(["/opt/my env/bin/llmconsole", "daemon", "start", "--foreground"],
-                       {"LLMCONSOLE_HOME": "/srv/100%"})
+    text = render_unit(
+        ["/opt/my env/bin/llmconsole", "daemon", "start", "--foreground"], {"LLMCONSOLE_HOME": "/srv/100%"}
+    )
     assert 'ExecStart="/opt/my env/bin/llmconsole" daemon start --foreground' in text
     assert "Environment=LLMCONSOLE_HOME=/srv/100%%" in text
 
@@ -67,15 +73,29 @@ def test_xdg_config_home_moves_the_unit(cli, tmp_path):
 
 # --- engines that span nodes: vLLM's own tp x pp, Ray's executor ----------------------------
 
+
 def test_tensor_and_pipeline_parallel_and_ray_pass_through_to_vllm(tiny_model):
     p = argparse.ArgumentParser()
     add_spec_flags(p)
-    ns = p.parse_args(["--model", str(tiny_model), "--tensor-parallel-size", "8", "--pipeline-parallel-size", "2",
-                       "--distributed-executor-backend", "ray"])
+    ns = p.parse_args(
+        [
+            "--model",
+            str(tiny_model),
+            "--tensor-parallel-size",
+            "8",
+            "--pipeline-parallel-size",
+            "2",
+            "--distributed-executor-backend",
+            "ray",
+        ]
+    )
     spec = EngineSpec(**spec_overrides(ns))
     argv = spec.argv(Runtime(kind="vllm-serve", executable="/usr/bin/vllm", device="cuda"), 8000)
-    for flag, value in (("--tensor-parallel-size", "8"), ("--pipeline-parallel-size", "2"),
-                        ("--distributed-executor-backend", "ray")):
+    for flag, value in (
+        ("--tensor-parallel-size", "8"),
+        ("--pipeline-parallel-size", "2"),
+        ("--distributed-executor-backend", "ray"),
+    ):
         assert argv[argv.index(flag) + 1] == value
     with pytest.raises(SystemExit):  # only vLLM's own executors
         p.parse_args(["--model", str(tiny_model), "--distributed-executor-backend", "slurm"])
@@ -83,9 +103,21 @@ def test_tensor_and_pipeline_parallel_and_ray_pass_through_to_vllm(tiny_model):
 
 def test_status_shows_nodes_when_reported_else_tp_by_pp():
     def engine(name: str, spec: dict, **kw: object) -> dict:
-        return {"name": name, "state": "ready", "pid": 1, "port": 8000, "config_id": "c" * 12, "restarts": 0,
-                "kv_cache_usage": None, "num_requests_running": None, "num_requests_waiting": None,
-                "generation_tok_s": None, "p99_ttft_s": None, "spec": spec, **kw}
+        return {
+            "name": name,
+            "state": "ready",
+            "pid": 1,
+            "port": 8000,
+            "config_id": "c" * 12,
+            "restarts": 0,
+            "kv_cache_usage": None,
+            "num_requests_running": None,
+            "num_requests_waiting": None,
+            "generation_tok_s": None,
+            "p99_ttft_s": None,
+            "spec": spec,
+            **kw,
+        }
 
     one = engine("small", {})
     big = engine("big", {"tensor_parallel_size": 8, "pipeline_parallel_size": 2, "distributed_executor_backend": "ray"})
@@ -101,15 +133,17 @@ def test_status_shows_nodes_when_reported_else_tp_by_pp():
 
 # --- Prometheus: targets from the hosts file, the shipped scrape config ---------------------
 
-needs_promtool = pytest.mark.skipif(shutil.which("promtool") is None,
-                                    reason="promtool missing: `make setup` installs Debian's prometheus package")
+needs_promtool = pytest.mark.skipif(
+    shutil.which("promtool") is None, reason="promtool missing: `make setup` installs Debian's prometheus package"
+)
 
 
 def _write_fleet_hosts(home: Path) -> None:
     (home / "hosts.toml").write_text(
         '[hosts.gpu1]\ndestination = "ops@gpu1"\nmetrics = "10.0.0.11:9400"\n\n'
         '[hosts.gpu2]\ndestination = "ssh://nobody@127.0.0.1:1"\nmetrics = "127.0.0.1:19402"\n\n'
-        '[hosts.gpu3]\ndestination = "ssh://nobody@127.0.0.1:1"\n')
+        '[hosts.gpu3]\ndestination = "ssh://nobody@127.0.0.1:1"\n'
+    )
 
 
 @needs_promtool
@@ -123,13 +157,14 @@ def test_prometheus_targets_from_the_hosts_file_pass_promtool(cli, home, tmp_pat
     exporters = json.loads((prom / "targets" / "llmconsole.json").read_text())
     by_host = {t["labels"]["host"]: t["targets"] for t in exporters}
     port = json.loads(cli("daemon", "status", "--json").stdout)
-    assert by_host["gpu1"] == ["10.0.0.11:9400"]   # the hosts file's address, no ssh needed
+    assert by_host["gpu1"] == ["10.0.0.11:9400"]  # the hosts file's address, no ssh needed
     assert by_host["gpu2"] == ["127.0.0.1:19402"]  # e.g. an SSH tunnel's local end
     assert "gpu3" not in by_host and "gpu3: unreachable: ssh: connect to host" in r.stderr
     assert by_host["head"][0].startswith("127.0.0.1:"), port
     assert json.loads((prom / "targets" / "vllm.json").read_text()) == []  # no engines yet
-    check = subprocess.run(["promtool", "check", "config", str(prom / "prometheus.yml")],
-                           capture_output=True, text=True)
+    check = subprocess.run(
+        ["promtool", "check", "config", str(prom / "prometheus.yml")], capture_output=True, text=True
+    )
     assert check.returncode == 0, check.stdout + check.stderr
     assert "SUCCESS" in check.stdout + check.stderr
 
@@ -160,6 +195,7 @@ def test_exporter_binds_loopback_unless_told(monkeypatch, tmp_path):
 
 
 # --- Grafana ---------------------------------------------------------------------------------
+
 
 def test_dashboard_is_the_generator_output():
     sys.path.insert(0, str(DASHBOARD.parent))
@@ -195,8 +231,15 @@ def test_dashboard_loads_as_a_grafana_dashboard_model():
             assert "$host" in t["expr"], f"{p['title']}: every panel follows the host selection"
     # What the issue asks to see, per host, engine and group.
     titles = " ".join(p["title"] for p in panels)
-    for words in ("KV cache usage", "Requests waiting", "Gateway queue", "Window", "Latency vs target",
-                  "SLO attainment", "Restarts"):
+    for words in (
+        "KV cache usage",
+        "Requests waiting",
+        "Gateway queue",
+        "Window",
+        "Latency vs target",
+        "SLO attainment",
+        "Restarts",
+    ):
         assert words in titles
 
 
@@ -210,10 +253,17 @@ def test_dashboard_queries_only_series_that_exist():
     """llmconsole_* names are the exporter's (counters with _total, info with _info); vllm:*
     names are vLLM's (docs and VLLM_NOTES)."""
     source = (ROOT / "llmconsole" / "daemon" / "services" / "exporter.py").read_text()
-    vllm = {"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "vllm:num_requests_running",
-            "vllm:num_requests_waiting", "vllm:num_preemptions_total", "vllm:generation_tokens_total",
-            "vllm:time_to_first_token_seconds_bucket", "vllm:e2e_request_latency_seconds_bucket",
-            "vllm:request_time_per_output_token_seconds_bucket"}
+    vllm = {
+        "vllm:kv_cache_usage_perc",
+        "vllm:gpu_cache_usage_perc",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:num_preemptions_total",
+        "vllm:generation_tokens_total",
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:e2e_request_latency_seconds_bucket",
+        "vllm:request_time_per_output_token_seconds_bucket",
+    }
     seen = set()
     for expr in _exprs():
         names_only = re.sub(r"by \([^)]*\)", "", re.sub(r"\{[^}]*\}", "", expr))  # no label names
@@ -236,8 +286,12 @@ def test_dashboard_queries_are_valid_promql(tmp_path):
     for i, expr in enumerate(_exprs()):
         if expr.startswith("label_values("):
             continue
-        concrete = (expr.replace("$__rate_interval", "1m").replace("$host", ".*").replace("$engine", ".*")
-                    .replace("$group", ".*"))
+        concrete = (
+            expr.replace("$__rate_interval", "1m")
+            .replace("$host", ".*")
+            .replace("$engine", ".*")
+            .replace("$group", ".*")
+        )
         rules.append({"record": f"dashboard:query_{i}", "expr": concrete})
     f = tmp_path / "dashboard-queries.yml"
     f.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))

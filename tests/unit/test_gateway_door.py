@@ -29,11 +29,23 @@ def run(coro):
     return asyncio.run(coro)
 
 
-async def _gateway(stub_url: str, *, limits: DoorLimits | None = None, key: str | None = None,
-                   api_key: str | None = None, window: int = 4, host: str = "127.0.0.1") -> Gateway:
+async def _gateway(
+    stub_url: str,
+    *,
+    limits: DoorLimits | None = None,
+    key: str | None = None,
+    api_key: str | None = None,
+    window: int = 4,
+    host: str = "127.0.0.1",
+) -> Gateway:
     gw = Gateway(host, limits=limits, key=key)
-    g = EngineGroup("g", [Upstream("e", stub_url, api_key)], settings=PidSettings(start_window=window, min_window=1),
-                    controlled=False, queue_timeout_s=10.0)
+    g = EngineGroup(
+        "g",
+        [Upstream("e", stub_url, api_key)],
+        settings=PidSettings(start_window=window, min_window=1),
+        controlled=False,
+        queue_timeout_s=10.0,
+    )
     g.model_names = {"e"}
     gw.add_group(g)
     await gw.start()
@@ -67,13 +79,15 @@ async def _closed_within(reader: asyncio.StreamReader, timeout_s: float) -> byte
         got += chunk
 
 
-def _head(path: str = "/g/g/v1/completions", length: int | None = None, host: str = "127.0.0.1",
-          extra: str = "") -> bytes:
+def _head(
+    path: str = "/g/g/v1/completions", length: int | None = None, host: str = "127.0.0.1", extra: str = ""
+) -> bytes:
     framing = f"Content-Length: {length}\r\n" if length is not None else "Transfer-Encoding: chunked\r\n"
     return (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n{extra}{framing}\r\n").encode()
 
 
 # --- pure parts ---------------------------------------------------------------------------------
+
 
 def test_limits_validate_and_size_the_connection_cap_from_descriptors():
     lim = DoorLimits()
@@ -82,15 +96,22 @@ def test_limits_validate_and_size_the_connection_cap_from_descriptors():
     assert connection_cap(DoorLimits(max_connections=100), nofile=20000) == 100
     assert connection_cap(DoorLimits(max_connections=100_000), nofile=1024) == 512  # never into the reserve
     assert DoorLimits.from_json({"header_timeout_s": 5, "allowed_hosts": ["GW.lan"]}).allowed_hosts == ("gw.lan",)
-    for bad in ({"nope": 1}, {"max_body_bytes": 0}, {"body_budget_bytes": 10, "max_body_bytes": 20},
-                {"write_timeout_s": -1}, {"allowed_hosts": "x"}):
+    for bad in (
+        {"nope": 1},
+        {"max_body_bytes": 0},
+        {"body_budget_bytes": 10, "max_body_bytes": 20},
+        {"write_timeout_s": -1},
+        {"allowed_hosts": "x"},
+    ):
         with pytest.raises(ValueError):
             DoorLimits.from_json(bad)
 
 
 def test_host_names():
     loop = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
-    assert host_name("[::1]:8000") == "[::1]" and host_name("LocalHost:80") == "localhost" and host_name("a.b.") == "a.b"
+    assert (
+        host_name("[::1]:8000") == "[::1]" and host_name("LocalHost:80") == "localhost" and host_name("a.b.") == "a.b"
+    )
     assert host_allowed("localhost:1234", loop) and host_allowed("127.0.0.1", loop) and host_allowed("[::1]:9", loop)
     assert host_allowed("127.1.2.3:80", loop) and host_allowed(None, loop)
     assert not host_allowed("evil.example:1234", loop) and not host_allowed("localhost.evil.example", loop)
@@ -118,6 +139,7 @@ def test_body_budget_grants_in_order_and_times_out():
 
 # --- limits at the door -------------------------------------------------------------------------
 
+
 def test_a_body_over_the_cap_is_refused_from_its_length_before_it_is_read():
     async def main():
         stub = Stub()
@@ -132,6 +154,7 @@ def test_a_body_over_the_cap_is_refused_from_its_length_before_it_is_read():
             async def chunked():  # no length: refused once past the cap, not after 60 MiB
                 for _ in range(60):
                     yield b" " * MiB
+
             async with aiohttp.ClientSession() as c:
                 try:
                     async with c.post(f"{gw.url}/g/g/v1/completions", data=chunked()) as r:
@@ -161,8 +184,9 @@ def test_large_bodies_share_the_budget_and_small_ones_never_wait():
             ra, wa = await _raw(gw, _head(length=len(body)) + body[:1000])
             await asyncio.sleep(0.3)
             async with aiohttp.ClientSession() as c:
-                b = asyncio.create_task(c.post(f"{gw.url}/g/g/v1/completions", data=body,
-                                               headers={"Content-Type": "application/json"}))
+                b = asyncio.create_task(
+                    c.post(f"{gw.url}/g/g/v1/completions", data=body, headers={"Content-Type": "application/json"})
+                )
                 await asyncio.sleep(0.3)
                 assert not b.done() and gw.door.budget.used == len(body)
                 async with c.post(f"{gw.url}/g/g/v1/completions", json={"prompt": "small"}) as r:
@@ -268,8 +292,7 @@ def test_a_slow_reader_past_the_client_buffer_is_cut_and_releases_its_slot():
     async def main():
         stub = BigStub(chunks=4000, size=16000)  # 64 MB: far past a 256 kB client buffer and the kernel's
         await stub.start()
-        gw = await _gateway(stub.url, limits=DoorLimits(write_timeout_s=1.0, client_buffer_bytes=256 * 1024),
-                            window=1)
+        gw = await _gateway(stub.url, limits=DoorLimits(write_timeout_s=1.0, client_buffer_bytes=256 * 1024), window=1)
         group = gw.groups["g"]
         try:
             reader, writer = await _raw(gw, _head(length=2) + b"{}", rcvbuf=4096)
@@ -311,6 +334,7 @@ def test_at_the_connection_cap_idle_connections_make_room_and_busy_ones_are_wait
                 async def stream():
                     async with c.post(f"{gw.url}/g/g/v1/completions", json={"stream": True}) as r:
                         return r.status, await r.read()
+
                 # Five streams, four connections: the fifth waits (in the kernel's backlog) until
                 # a connection is free, then completes; nothing is refused.
                 began = time.monotonic()
@@ -332,8 +356,13 @@ def test_host_header_must_name_loopback():
         gw = await _gateway(stub.url, limits=DoorLimits(allowed_hosts=("gw.lan",)))
         try:
             async with aiohttp.ClientSession() as c:
-                for host, status in (("evil.example:1234", 403), ("localhost:1", 200), ("[::1]:5", 200),
-                                     ("gw.lan", 200), ("127.0.0.1", 200)):
+                for host, status in (
+                    ("evil.example:1234", 403),
+                    ("localhost:1", 200),
+                    ("[::1]:5", 200),
+                    ("gw.lan", 200),
+                    ("127.0.0.1", 200),
+                ):
                     async with c.post(f"{gw.url}/g/g/v1/completions", json={}, headers={"Host": host}) as r:
                         assert r.status == status, host
             assert gw.door.rejected["host"] == 1 and stub.started == 4
@@ -355,8 +384,13 @@ def test_the_gateway_key_is_checked_before_the_body_and_engines_get_theirs():
             assert answer.startswith(b"HTTP/1.1 401")
             writer.close()
             async with aiohttp.ClientSession() as c:
-                for auth, status in ((None, 401), ("Bearer nope", 401), ("gw-key", 401), ("Bearer gw-key", 200),
-                                     ("Bearer engine-key", 200)):
+                for auth, status in (
+                    (None, 401),
+                    ("Bearer nope", 401),
+                    ("gw-key", 401),
+                    ("Bearer gw-key", 200),
+                    ("Bearer engine-key", 200),
+                ):
                     headers = {"Authorization": auth} if auth else {}
                     async with c.post(f"{gw.url}/g/g/v1/completions", json={}, headers=headers) as r:
                         assert r.status == status, auth
@@ -386,6 +420,7 @@ def test_the_gateway_key_is_checked_before_the_body_and_engines_get_theirs():
 
 # --- honest failure -------------------------------------------------------------------------
 
+
 class DyingUpstream:
     """An engine that streams `events` events and then dies (the connection is reset), or answers
     a plain `status` when given one."""
@@ -395,13 +430,17 @@ class DyingUpstream:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = await reader.readuntil(b"\r\n\r\n")
-        length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                       if line.lower().startswith(b"content-length:")), 0)
+        length = next(
+            (int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), 0
+        )
         await reader.readexactly(length)
         if self.status is not None:
             body = json.dumps({"error": {"message": "no", "code": self.status}}).encode()
-            writer.write(f"HTTP/1.1 {self.status} X\r\nContent-Type: application/json\r\n"
-                         f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            writer.write(
+                f"HTTP/1.1 {self.status} X\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
             await writer.drain()
             writer.close()
             return
@@ -439,6 +478,7 @@ def test_an_engine_that_dies_mid_stream_ends_the_stream_with_an_error_not_a_clea
             assert err["type"] == "upstream_died" and "incomplete" in err["message"]
 
             import httpx
+
             async with httpx.AsyncClient(base_url=gw.url) as hc:
                 lines = []
                 with pytest.raises(httpx.RemoteProtocolError):
@@ -493,8 +533,18 @@ def test_engine_errors_client_errors_and_what_counts_against_an_engine():
         return RequestRecord("g", "e", "/v1/completions", 200, outcome, True, at, 0.0, 0.01, 0.1, 0.01, 0.1, 8)
 
     slo = Slo.parse(["p99_e2e_ms=500"])
-    floods = [rec(o) for o in ("queue_full", "queue_timeout", "client_disconnected", "client_timeout",
-                               "client_error", "unauthorized") for _ in range(50)]
+    floods = [
+        rec(o)
+        for o in (
+            "queue_full",
+            "queue_timeout",
+            "client_disconnected",
+            "client_timeout",
+            "client_error",
+            "unauthorized",
+        )
+        for _ in range(50)
+    ]
     fig = window_figures(floods + [rec("ok")] * 10, slo, 10.0, 20.0)
     assert (fig.requests, fig.errors, fig.good) == (10, 0, 10)  # a flood at the door counts for nothing
     fig = window_figures([rec("ok")] * 8 + [rec("engine_error"), rec("upstream_died")], slo, 10.0, 20.0)
@@ -534,8 +584,14 @@ def test_a_flood_past_the_descriptor_limit_leaves_the_reserve_to_supervision():
     def low_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
 
-    proc = subprocess.Popen([sys.executable, "-c", _LOW_LIMIT_GATEWAY], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True, preexec_fn=low_limit, env=dict(os.environ))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _LOW_LIMIT_GATEWAY],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=low_limit,
+        env=dict(os.environ),
+    )
     try:
         first = json.loads(proc.stdout.readline())
         assert first["cap"] == 256 - 64 - 32
@@ -551,8 +607,9 @@ def test_a_flood_past_the_descriptor_limit_leaves_the_reserve_to_supervision():
                     pass
             await asyncio.sleep(1.5)
             async with aiohttp.ClientSession() as c:  # an ordinary client still gets in
-                async with c.get(f"http://127.0.0.1:{first['port']}/health",
-                                 timeout=aiohttp.ClientTimeout(total=20)) as r:
+                async with c.get(
+                    f"http://127.0.0.1:{first['port']}/health", timeout=aiohttp.ClientTimeout(total=20)
+                ) as r:
                     assert r.status == 200
             return held
 

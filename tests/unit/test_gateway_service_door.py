@@ -113,8 +113,7 @@ def test_the_gateway_key_comes_from_the_environment_or_a_private_file(tmp_path, 
 
 def test_limits_come_from_gateway_json_and_bad_ones_fall_back_to_defaults(tmp_path, monkeypatch):
     monkeypatch.delenv("LLMCONSOLE_GATEWAY_PORT", raising=False)
-    (tmp_path / "gateway.json").write_text(json.dumps({"limits": {"max_body_bytes": 1048576,
-                                                                  "write_timeout_s": 5}}))
+    (tmp_path / "gateway.json").write_text(json.dumps({"limits": {"max_body_bytes": 1048576, "write_timeout_s": 5}}))
     svc = GatewayService(_fleet(tmp_path))
     assert (svc.gateway.limits.max_body_bytes, svc.gateway.limits.write_timeout_s) == (1048576, 5)
     svc._save()

@@ -9,8 +9,9 @@ from llmconsole.engine.gateway.pid import LatencySample, PidController, PidSetti
 
 def test_controller_steps_are_written_to_the_window_trace(tmp_path):
     clock = [0.0]
-    ctl = PidController(PidSettings(target_ms=100.0, min_samples=1), clock=lambda: clock[0],
-                        wall=lambda: 1_700_000_000.0 + clock[0])
+    ctl = PidController(
+        PidSettings(target_ms=100.0, min_samples=1), clock=lambda: clock[0], wall=lambda: 1_700_000_000.0 + clock[0]
+    )
     steps = []
     for k in range(3):
         ctl.observe(LatencySample(at_s=k + 0.5, ttft_s=0.2))

@@ -20,9 +20,14 @@ async def _setup(stubs, window=4, max_queue=256, queue_timeout_s=5.0, groups=Non
         await s.start()
     gw = Gateway()
     for name, members in (groups or {"g": stubs}).items():
-        g = EngineGroup(name, [Upstream(s.name, s.url, s.api_key) for s in members],
-                        settings=PidSettings(start_window=window, min_window=1), controlled=False,
-                        max_queue=max_queue, queue_timeout_s=queue_timeout_s)
+        g = EngineGroup(
+            name,
+            [Upstream(s.name, s.url, s.api_key) for s in members],
+            settings=PidSettings(start_window=window, min_window=1),
+            controlled=False,
+            max_queue=max_queue,
+            queue_timeout_s=queue_timeout_s,
+        )
         g.model_names = {s.name for s in members}
         gw.add_group(g)
     await gw.start()
@@ -75,10 +80,12 @@ def test_the_window_bounds_what_reaches_the_engine():
         gw = await _setup([stub], window=3)
         try:
             async with aiohttp.ClientSession() as c:
+
                 async def one(k):
                     async with c.post(f"{gw.url}/v1/completions", json={"prompt": k, "stream": True}) as r:
                         await r.read()
                         return r.status
+
                 statuses = await asyncio.gather(*(one(k) for k in range(30)))
             assert statuses == [200] * 30
             assert stub.peak == 3  # filled, never exceeded
@@ -95,8 +102,10 @@ def test_full_queue_and_queue_timeout_answer_503_with_retry_after():
         gw = await _setup([stub], window=1, max_queue=1, queue_timeout_s=0.5)
         try:
             async with aiohttp.ClientSession() as c:
+
                 def post():
                     return c.post(f"{gw.url}/v1/completions", json={"prompt": "x"})
+
                 running = asyncio.create_task(post().__aenter__())
                 await asyncio.sleep(0.1)
                 queued = asyncio.create_task(post().__aenter__())
@@ -174,11 +183,14 @@ def test_least_outstanding_routing_and_groups_on_their_own_routes():
         gw = await _setup([a, b, c_], window=8, groups={"batch": [a, b], "fast": [c_]})
         try:
             async with aiohttp.ClientSession() as c:
+
                 async def one(url, body):
                     async with c.post(url, json=body) as r:
                         return r.status, await r.read()
-                out = await asyncio.gather(*(one(f"{gw.url}/g/batch/v1/completions", {"stream": True})
-                                             for _ in range(8)))
+
+                out = await asyncio.gather(
+                    *(one(f"{gw.url}/g/batch/v1/completions", {"stream": True}) for _ in range(8))
+                )
                 assert all(s == 200 for s, _ in out)
                 assert (a.peak, b.peak) == (4, 4)  # spread evenly, not piled on one engine
                 status, data = await one(f"{gw.url}/g/fast/v1/chat/completions", {"stream": False})
@@ -223,15 +235,20 @@ def test_usage_frame_gives_the_token_count_when_events_merge_tokens():
     from llmconsole.engine.gateway.proxy import completion_tokens
 
     # vLLM merges tokens into fewer events when its consumer lags: 3 events for 8 tokens here.
-    tail = (b'data: {"choices":[{"text":"ab"}]}\n\ndata: {"choices":[{"text":"cdefgh"}]}\n\n'
-            b'data: {"choices":[],"usage":{"prompt_tokens":16,"total_tokens":24,"completion_tokens":8}}\n\n'
-            b'data: [DONE]\n\n')
+    tail = (
+        b'data: {"choices":[{"text":"ab"}]}\n\ndata: {"choices":[{"text":"cdefgh"}]}\n\n'
+        b'data: {"choices":[],"usage":{"prompt_tokens":16,"total_tokens":24,"completion_tokens":8}}\n\n'
+        b"data: [DONE]\n\n"
+    )
     assert completion_tokens(tail) == 8
     assert completion_tokens(b'data: {"choices":[{"text":"x"}]}\n\n') is None
-    rec = RequestRecord("g", "e", "/v1/completions", 200, "ok", True, 0.0, 0.0, 0.1, 1.0, 0.1, 1.0,
-                        output_chunks=3, output_tokens=8)
+    rec = RequestRecord(
+        "g", "e", "/v1/completions", 200, "ok", True, 0.0, 0.0, 0.1, 1.0, 0.1, 1.0, output_chunks=3, output_tokens=8
+    )
     assert rec.output_len == 8
-    assert RequestRecord("g", "e", "/v1/completions", 200, "ok", False, 0.0, 0.0, None, 1.0, None, 1.0).output_len is None
+    assert (
+        RequestRecord("g", "e", "/v1/completions", 200, "ok", False, 0.0, 0.0, None, 1.0, None, 1.0).output_len is None
+    )
 
 
 def test_the_controllers_tpot_counts_the_usage_frames_tokens():
@@ -244,6 +261,22 @@ def test_the_controllers_tpot_counts_the_usage_frames_tokens():
 
     group = EngineGroup("g", settings=PidSettings(signal=Signal.TPOT, target_ms=100.0, min_samples=1))
     # 1 s of decoding after the first token, 11 tokens in 3 merged events: 100 ms per token.
-    group.record(RequestRecord("g", "e", "/v1/completions", 200, "ok", True, time.time(), 0.0, 0.1, 1.1, 0.1, 1.1,
-                               output_chunks=3, output_tokens=11))
+    group.record(
+        RequestRecord(
+            "g",
+            "e",
+            "/v1/completions",
+            200,
+            "ok",
+            True,
+            time.time(),
+            0.0,
+            0.1,
+            1.1,
+            0.1,
+            1.1,
+            output_chunks=3,
+            output_tokens=11,
+        )
+    )
     assert group.controller.measured_ms(time.monotonic()) == (pytest.approx(100.0), 1)

@@ -29,8 +29,14 @@ class Scripted:
         try:
             while self.answers:
                 head = await reader.readuntil(b"\r\n\r\n")
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), 0)
+                length = next(
+                    (
+                        int(line.split(b":")[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    ),
+                    0,
+                )
                 self.requests.append(head + await reader.readexactly(length))
                 answer = self.answers.pop(0)
                 if answer is None:
@@ -38,7 +44,7 @@ class Scripted:
                     return
                 step = self.piece or len(answer)
                 for k in range(0, len(answer), step):
-                    writer.write(answer[k:k + step])
+                    writer.write(answer[k : k + step])
                     await writer.drain()
                     if self.piece:
                         await asyncio.sleep(0)
@@ -55,19 +61,28 @@ class Scripted:
 
 def _chunked(*parts: bytes, trailer: bytes = b"") -> bytes:
     body = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts)
-    return (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\nTransfer-Encoding: chunked\r\n\r\n"
-            + body + b"0\r\n" + trailer + b"\r\n")
+    return (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + body
+        + b"0\r\n"
+        + trailer
+        + b"\r\n"
+    )
 
 
 def test_every_framing_split_at_every_byte_gives_the_same_body():
-    events = [b"data: {\"k\": %d}\n\n" % k for k in range(5)]
+    events = [b'data: {"k": %d}\n\n' % k for k in range(5)]
     answers = {
         "chunked": (_chunked(*events), b"".join(events)),
         "chunked with trailers": (_chunked(b"ab", b"c", trailer=b"X-T: 1\r\n"), b"abc"),
-        "length": (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 7\r\n\r\n{\"a\":1}",
-                   b"{\"a\":1}"),
-        "interim then length": (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 404 Not Found\r\nContent-Length: 2\r\n\r\nno",
-                                b"no"),
+        "length": (
+            b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 7\r\n\r\n{"a":1}',
+            b'{"a":1}',
+        ),
+        "interim then length": (
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 404 Not Found\r\nContent-Length: 2\r\n\r\nno",
+            b"no",
+        ),
         "empty": (b"HTTP/1.1 204 No Content\r\n\r\n", b""),
     }
 

@@ -37,8 +37,7 @@ def vllm_cli():
     # As vllm/entrypoints/cli/main.py builds it: `vllm` with its `serve` subcommand.
     top = FlexibleArgumentParser(description="vLLM CLI")
     serve = ServeSubcommand()
-    serve.subparser_init(top.add_subparsers(required=False, dest="subparser")).set_defaults(
-        dispatch_function=serve.cmd)
+    serve.subparser_init(top.add_subparsers(required=False, dest="subparser")).set_defaults(dispatch_function=serve.cmd)
 
     def gpu(argv: list[str]):
         assert argv[:2] == [GPU.executable, "serve"]
@@ -102,13 +101,19 @@ FIELDS = {
     "distributed_executor_backend": _flag("distributed_executor_backend"),
     "seed": _optional_flag("seed", 0),
     # Never on the command line: the API key goes by environment (vLLM reads VLLM_API_KEY).
-    "api_key": lambda a, e, s, env: ((a.api_key, env.get("VLLM_API_KEY")),
-                                     (None, s.api_key.get_secret_value() if s.api_key else None)),
-    "cpu_threads_bind": lambda a, e, s, env: (env.get("VLLM_CPU_OMP_THREADS_BIND"),
-                                              s.cpu_threads_bind if s.runtime.device == "cpu" else None),
+    "api_key": lambda a, e, s, env: (
+        (a.api_key, env.get("VLLM_API_KEY")),
+        (None, s.api_key.get_secret_value() if s.api_key else None),
+    ),
+    "cpu_threads_bind": lambda a, e, s, env: (
+        env.get("VLLM_CPU_OMP_THREADS_BIND"),
+        s.cpu_threads_bind if s.runtime.device == "cpu" else None,
+    ),
     "env": lambda a, e, s, env: ({k: env[k] for k in s.env}, s.env),
-    "extra_args": lambda a, e, s, env: ((e.max_logprobs, e.disable_log_stats),
-                                        (7, True) if s.extra_args else (20, False)),
+    "extra_args": lambda a, e, s, env: (
+        (e.max_logprobs, e.disable_log_stats),
+        (7, True) if s.extra_args else (20, False),
+    ),
     "runtime": lambda a, e, s, env: (a.model_tag is not None, s.runtime.kind == "vllm-serve"),
     "kernel": lambda a, e, s, env: (env.get(KERNEL_ENV), "custom" if s.kernel == "custom" else None),
 }
@@ -121,18 +126,44 @@ def test_every_spec_field_has_a_check():
 def _specs(model: str, runtime: Runtime) -> dict[str, EngineSpec]:
     """Every field away from its default somewhere, each bool both ways, and the memory modes."""
     full = EngineSpec(
-        model=model, served_model_name="tiny-chat", host="0.0.0.0", max_num_seqs=48,
-        max_num_batched_tokens=4096, max_model_len=2048, gpu_memory_utilization=0.8,
-        kv_cache_memory_bytes=3 << 30, num_gpu_blocks_override=4096, kv_cache_dtype="fp8_e4m3",
-        block_size=32, enable_chunked_prefill=True, enable_prefix_caching=False, enforce_eager=True,
-        dtype="bfloat16", tensor_parallel_size=2, pipeline_parallel_size=2,
-        distributed_executor_backend="ray", seed=1234, api_key="sk-test-not-a-secret",
-        cpu_threads_bind="0-3", env={"HF_HUB_OFFLINE": "1"},
-        extra_args=("--max-logprobs", "7", "--disable-log-stats"), runtime=runtime, kernel="custom")
+        model=model,
+        served_model_name="tiny-chat",
+        host="0.0.0.0",
+        max_num_seqs=48,
+        max_num_batched_tokens=4096,
+        max_model_len=2048,
+        gpu_memory_utilization=0.8,
+        kv_cache_memory_bytes=3 << 30,
+        num_gpu_blocks_override=4096,
+        kv_cache_dtype="fp8_e4m3",
+        block_size=32,
+        enable_chunked_prefill=True,
+        enable_prefix_caching=False,
+        enforce_eager=True,
+        dtype="bfloat16",
+        tensor_parallel_size=2,
+        pipeline_parallel_size=2,
+        distributed_executor_backend="ray",
+        seed=1234,
+        api_key="sk-test-not-a-secret",
+        cpu_threads_bind="0-3",
+        env={"HF_HUB_OFFLINE": "1"},
+        extra_args=("--max-logprobs", "7", "--disable-log-stats"),
+        runtime=runtime,
+        kernel="custom",
+    )
     flipped = EngineSpec(
-        model=model, max_num_batched_tokens=256, max_model_len=256, enable_chunked_prefill=False,
-        enable_prefix_caching=True, dtype="half", kv_cache_dtype="bfloat16", block_size=16,
-        distributed_executor_backend="mp", runtime=runtime)
+        model=model,
+        max_num_batched_tokens=256,
+        max_model_len=256,
+        enable_chunked_prefill=False,
+        enable_prefix_caching=True,
+        dtype="half",
+        kv_cache_dtype="bfloat16",
+        block_size=16,
+        distributed_executor_backend="mp",
+        runtime=runtime,
+    )
     plain = EngineSpec(model=model, runtime=runtime)
     specs = {"full": full, "flipped": flipped, "plain": plain}
     for mode in Mode:
@@ -148,13 +179,18 @@ def test_vllm_reads_every_field_as_the_spec_means_it(vllm_cli, model_dir, runtim
         env = spec.launch_env(runtime)
         for field, check in FIELDS.items():
             understood, meant = check(args, engine_args, spec, env)
-            assert understood == meant, f"{runtime.device} {name}: {field}: vLLM read {understood!r}, spec means {meant!r}"
+            assert understood == meant, (
+                f"{runtime.device} {name}: {field}: vLLM read {understood!r}, spec means {meant!r}"
+            )
 
 
 @pytest.mark.parametrize("mode", list(Mode))
 def test_memory_modes_reach_vllm_as_their_fraction(vllm_cli, model_dir, mode):
-    spec = mode_spec(EngineSpec(model=str(model_dir), kv_cache_memory_bytes=1 << 30, num_gpu_blocks_override=99,
-                                runtime=GPU), mode, "cuda")
+    spec = mode_spec(
+        EngineSpec(model=str(model_dir), kv_cache_memory_bytes=1 << 30, num_gpu_blocks_override=99, runtime=GPU),
+        mode,
+        "cuda",
+    )
     _, engine_args = vllm_cli[0](spec.argv(GPU, 8000))
     # On a GPU the fraction alone sizes the KV cache: no explicit size or block count left over.
     assert engine_args.gpu_memory_utilization == FRACTIONS[mode]

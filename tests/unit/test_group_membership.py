@@ -32,14 +32,17 @@ def test_set_again_changes_the_engines_and_rm_gives_them_back():
         m2.without_group("fast")
 
 
-@pytest.mark.parametrize(("name", "members", "message"), [
-    ("x", ["a", "nope"], "no engine named 'nope'"),
-    ("x", ["c"], "engine c is already in group batch"),
-    ("d", ["a"], "the name 'd' is taken by an engine outside the group"),
-    ("x", [], "needs at least one engine"),
-    ("x", ["a", "a"], "named more than once: a"),
-    ("bad/name", ["a"], "group name 'bad/name' is not valid"),
-])
+@pytest.mark.parametrize(
+    ("name", "members", "message"),
+    [
+        ("x", ["a", "nope"], "no engine named 'nope'"),
+        ("x", ["c"], "engine c is already in group batch"),
+        ("d", ["a"], "the name 'd' is taken by an engine outside the group"),
+        ("x", [], "needs at least one engine"),
+        ("x", ["a", "a"], "named more than once: a"),
+        ("bad/name", ["a"], "group name 'bad/name' is not valid"),
+    ],
+)
 def test_bad_changes_are_refused_and_change_nothing(name, members, message):
     m = Membership().with_group("batch", ["c", "d"], ENGINES)
     before = m.layout(ENGINES)
@@ -67,17 +70,21 @@ def test_json_round_trip_and_malformed_files():
     assert Membership.from_json(m.to_json()) == m
     assert Membership.from_json(None).groups == {}
     assert Membership.from_json({"x": "a", "y": [], "z": ["a", 3, "b"], "w": ["b", "c"]}).groups == {
-        "z": ("a", "b"), "w": ("c",)}  # an engine is in one group at most, even in a hand-edited file
+        "z": ("a", "b"),
+        "w": ("c",),
+    }  # an engine is in one group at most, even in a hand-edited file
 
 
 def test_group_ls_shows_a_removed_group_still_finishing_without_a_route():
     from llmconsole.console.commands.group import format_groups
 
     row = {"engines": ["a", "b"], "window": 2, "frozen": True, "in_flight": 2, "queued": 3}
-    text = format_groups([
-        {**row, "group": "a", "named": False, "retired": False, "gateway_url": "http://127.0.0.1:1/g/a"},
-        {**row, "group": "fast", "named": False, "retired": True, "gateway_url": None},
-    ])
+    text = format_groups(
+        [
+            {**row, "group": "a", "named": False, "retired": False, "gateway_url": "http://127.0.0.1:1/g/a"},
+            {**row, "group": "fast", "named": False, "retired": True, "gateway_url": None},
+        ]
+    )
     lines = text.splitlines()
     assert lines[1].split()[:2] == ["a", "(own)"]
     assert lines[2].split() == ["fast", "(retired,", "finishing)", "a,b", "2", "(frozen)", "2", "3", "-"]

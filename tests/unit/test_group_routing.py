@@ -24,11 +24,16 @@ from tests.support.stub_upstream import Stub
 
 
 def _group(*names: str, window: int = 8) -> EngineGroup:
-    return EngineGroup("g", [Upstream(n, f"http://127.0.0.1:{9000 + i}") for i, n in enumerate(names)],
-                       settings=PidSettings(start_window=window, min_window=1), controlled=False)
+    return EngineGroup(
+        "g",
+        [Upstream(n, f"http://127.0.0.1:{9000 + i}") for i, n in enumerate(names)],
+        settings=PidSettings(start_window=window, min_window=1),
+        controlled=False,
+    )
 
 
 # --- pure routing -------------------------------------------------------------------------
+
 
 def test_a_held_engine_gets_nothing_new_while_the_others_serve():
     g = _group("a", "b")
@@ -73,14 +78,19 @@ def test_readiness_from_the_daemon_does_not_release_a_held_engine():
 
 # --- the daemon's gate in front of the gateway --------------------------------------------
 
+
 async def _service(tmp_path, groups: dict[str, list[Stub]], window: int) -> GatewayService:
     paths = Paths(tmp_path / "data", tmp_path / "run").ensure()
     svc = GatewayService(Fleet(paths), port=0)
     for s in {s for members in groups.values() for s in members}:
         await s.start()
     for name, members in groups.items():
-        g = EngineGroup(name, [Upstream(s.name, s.url) for s in members],
-                        settings=PidSettings(start_window=window, min_window=1), controlled=False)
+        g = EngineGroup(
+            name,
+            [Upstream(s.name, s.url) for s in members],
+            settings=PidSettings(start_window=window, min_window=1),
+            controlled=False,
+        )
         svc.gateway.add_group(g)
     await svc.gateway.start()  # the gateway alone: no sync with the (empty) fleet
     return svc
@@ -154,8 +164,20 @@ def test_non_streamed_requests_feed_the_end_to_end_signal_and_are_counted_as_suc
     from llmconsole.engine.gateway.group import RequestRecord
 
     def rec(streamed: bool, e2e_s: float) -> RequestRecord:
-        return RequestRecord("g", "a", "/v1/completions", 200, "ok", streamed, time.time(), 0.0,
-                             0.01 if streamed else None, e2e_s, 0.01 if streamed else None, e2e_s)
+        return RequestRecord(
+            "g",
+            "a",
+            "/v1/completions",
+            200,
+            "ok",
+            streamed,
+            time.time(),
+            0.0,
+            0.01 if streamed else None,
+            e2e_s,
+            0.01 if streamed else None,
+            e2e_s,
+        )
 
     g = EngineGroup("g", [Upstream("a", "http://127.0.0.1:9000")], settings=PidSettings(signal="e2e"))
     for _ in range(6):

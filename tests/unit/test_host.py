@@ -35,8 +35,12 @@ def test_nvml_errors_become_none(monkeypatch):
     probe._nvml_ready = True  # pretend NVML initialised; every device call then fails
     monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByIndex", lambda i: object())
     monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: 1)
-    for fn in ("nvmlDeviceGetUtilizationRates", "nvmlDeviceGetPowerUsage", "nvmlDeviceGetTemperature",
-               "nvmlDeviceGetName"):
+    for fn in (
+        "nvmlDeviceGetUtilizationRates",
+        "nvmlDeviceGetPowerUsage",
+        "nvmlDeviceGetTemperature",
+        "nvmlDeviceGetName",
+    ):
         monkeypatch.setattr(pynvml, fn, boom)
     (gpu,) = probe.sample_gpus()
     assert gpu.memory_used_bytes is None and gpu.utilization_gpu_pct is None and gpu.power_w is None
@@ -44,9 +48,9 @@ def test_nvml_errors_become_none(monkeypatch):
 
 def _spawn_tree(child_code: str) -> subprocess.Popen:
     """A parent with one child, in a session of its own so the test can end the whole tree."""
-    code = ("import subprocess, sys, time\n"
-            f"k = subprocess.Popen([sys.executable, '-c', {child_code!r}])\n"
-            "time.sleep(60)\n")
+    code = (
+        f"import subprocess, sys, time\nk = subprocess.Popen([sys.executable, '-c', {child_code!r}])\ntime.sleep(60)\n"
+    )
     return subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
 
 

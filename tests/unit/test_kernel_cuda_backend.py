@@ -42,8 +42,11 @@ from llmconsole.kernels.usage import KernelLogReader  # noqa: E402
 
 PAIRS = {
     "flash_attn": (ours.LlmconsoleFlashAttentionBackend, fa.FlashAttentionBackend, fa.FlashAttentionMetadata),
-    "triton_attn": (ours.LlmconsoleTritonAttentionBackend, triton.TritonAttentionBackend,
-                    triton.TritonAttentionMetadata),
+    "triton_attn": (
+        ours.LlmconsoleTritonAttentionBackend,
+        triton.TritonAttentionBackend,
+        triton.TritonAttentionMetadata,
+    ),
 }
 # Three decodes with ragged contexts, a new prompt, a later chunk of a chunked prefill, and a
 # one-token prompt at the tail (vLLM orders new prompts last): it goes with the rest.
@@ -67,11 +70,25 @@ def test_backend_is_the_replaced_one_with_its_name_and_rules(which):
     # Chosen wherever vLLM would choose the replaced one.
     from vllm.platforms.interface import DeviceCapability
 
-    for head, dtype, kv, sm in [(128, torch.bfloat16, "auto", (9, 0)), (64, torch.float16, "auto", (8, 0)),
-                                (256, torch.bfloat16, "fp8", (9, 0)), (96, torch.float32, "auto", (8, 6))]:
-        kw = dict(head_size=head, dtype=dtype, kv_cache_dtype=kv, block_size=16, use_mla=False,
-                  has_sink=False, use_sparse=False, use_mm_prefix=False, use_per_head_quant_scales=False,
-                  device_capability=DeviceCapability(*sm), attn_type="decoder")
+    for head, dtype, kv, sm in [
+        (128, torch.bfloat16, "auto", (9, 0)),
+        (64, torch.float16, "auto", (8, 0)),
+        (256, torch.bfloat16, "fp8", (9, 0)),
+        (96, torch.float32, "auto", (8, 6)),
+    ]:
+        kw = dict(
+            head_size=head,
+            dtype=dtype,
+            kv_cache_dtype=kv,
+            block_size=16,
+            use_mla=False,
+            has_sink=False,
+            use_sparse=False,
+            use_mm_prefix=False,
+            use_per_head_quant_scales=False,
+            device_capability=DeviceCapability(*sm),
+            attn_type="decoder",
+        )
         assert mine.validate_configuration(**kw) == theirs.validate_configuration(**kw)
     # Metadata: theirs, field for field, plus the step's split.
     meta = mine.get_builder_cls().split_metadata_cls
@@ -92,8 +109,10 @@ def test_plugin_puts_both_in_place_on_cuda_and_says_why_elsewhere(monkeypatch, c
     monkeypatch.setattr(current_platform, "is_cuda", lambda: True)
     try:
         vllm_plugin.register()
-        for name, mine in (("FLASH_ATTN", ours.LlmconsoleFlashAttentionBackend),
-                           ("TRITON_ATTN", ours.LlmconsoleTritonAttentionBackend)):
+        for name, mine in (
+            ("FLASH_ATTN", ours.LlmconsoleFlashAttentionBackend),
+            ("TRITON_ATTN", ours.LlmconsoleTritonAttentionBackend),
+        ):
             assert AttentionBackendEnum[name].get_class() is mine
         assert not AttentionBackendEnum.CPU_ATTN.is_overridden()
     finally:
@@ -125,8 +144,9 @@ def test_cuda_kv_views_are_vllms(layout):
     spec = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)
     num_blocks, page = 10, spec.page_size_bytes
     tensor = KVCacheTensor(size=page * num_blocks, layers=["l0"], layer_stride=page * num_blocks, block_stride=page)
-    theirs = create_kv_cache_views(torch.zeros(page * num_blocks, dtype=torch.int8), spec, num_blocks,
-                                   KVCacheLayout[layout], tensor)[0]
+    theirs = create_kv_cache_views(
+        torch.zeros(page * num_blocks, dtype=torch.int8), spec, num_blocks, KVCacheLayout[layout], tensor
+    )[0]
     mine = cuda_kv_cache(num_blocks, 2, 16, 64, torch.bfloat16, layout)
     assert mine.shape == theirs.shape and mine.stride() == theirs.stride() and mine.dtype == theirs.dtype
 
@@ -139,8 +159,10 @@ def test_the_kernel_reads_vllms_key_and_value_views_in_place(layout):
     rows = [(ctx, 1) for ctx in (1, 16, 17, 300, 45)]
     cache, table, seq_lens, *_ = paged_batch(rows, 2, 2, 64, 16, torch.bfloat16, layout, gen)
     key_cache, value_cache = cuda_decode.kv_views(cache, 64)
-    assert key_cache.data_ptr() == cache.data_ptr() and key_cache.untyped_storage().data_ptr() == \
-        value_cache.untyped_storage().data_ptr()
+    assert (
+        key_cache.data_ptr() == cache.data_ptr()
+        and key_cache.untyped_storage().data_ptr() == value_cache.untyped_storage().data_ptr()
+    )
     assert key_cache.shape == (cache.shape[0], 16, 2, 64) == value_cache.shape
     for r, (n, _) in enumerate(rows):
         k0, v0 = gather_kv(cache, table[r], n)
@@ -166,16 +188,27 @@ def _builders(which, vllm_config, kv_heads, head_size, dtype):
     mine, theirs, _ = PAIRS[which]
     spec = FullAttentionSpec(block_size=16, num_kv_heads=kv_heads, head_size=head_size, dtype=dtype)
     with set_current_vllm_config(vllm_config):
-        return (mine.get_builder_cls()(spec, ["layer.0"], vllm_config, torch.device("cpu")),
-                theirs.get_builder_cls()(spec, ["layer.0"], vllm_config, torch.device("cpu")))
+        return (
+            mine.get_builder_cls()(spec, ["layer.0"], vllm_config, torch.device("cpu")),
+            theirs.get_builder_cls()(spec, ["layer.0"], vllm_config, torch.device("cpu")),
+        )
 
 
 def _common(table, seq_lens, qsl, slots, causal=True) -> CommonAttentionMetadata:
     q = qsl[1:] - qsl[:-1]
     return CommonAttentionMetadata(
-        query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=seq_lens, num_reqs=len(seq_lens),
-        num_actual_tokens=int(qsl[-1]), max_query_len=int(q.max()), max_seq_len=int(seq_lens.max()),
-        block_table_tensor=table, slot_mapping=slots, causal=causal, seq_lens_cpu_upper_bound=seq_lens.clone())
+        query_start_loc=qsl,
+        query_start_loc_cpu=qsl.clone(),
+        seq_lens=seq_lens,
+        num_reqs=len(seq_lens),
+        num_actual_tokens=int(qsl[-1]),
+        max_query_len=int(q.max()),
+        max_seq_len=int(seq_lens.max()),
+        block_table_tensor=table,
+        slot_mapping=slots,
+        causal=causal,
+        seq_lens_cpu_upper_bound=seq_lens.clone(),
+    )
 
 
 # Triton's per-builder scratch for its split-softmax decode (torch.empty, contents undefined).
@@ -261,21 +294,34 @@ def stand_ins(monkeypatch):
     """The CUDA kernel and the replaced backends' forward, in float64 on the CPU; records calls."""
     calls = {"kernel": [], "stock": []}
 
-    def kernel(query, key_cache, value_cache, block_tables, seq_lens, scale, *, max_seq_len=None, out=None,
-               k_scale=None, v_scale=None):
+    def kernel(
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        seq_lens,
+        scale,
+        *,
+        max_seq_len=None,
+        out=None,
+        k_scale=None,
+        v_scale=None,
+    ):
         calls["kernel"].append((query.shape[0], max_seq_len))
         assert max_seq_len >= int(seq_lens.max())
         ref = cuda_layout_decode_reference(query, key_cache, value_cache, block_tables, seq_lens, scale)
         out.copy_(ref.to(out.dtype))
         return out
 
-    def stock(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None,
-              output_block_scale=None):
+    def stock(
+        self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None, output_block_scale=None
+    ):
         m = attn_metadata
         n = m.num_actual_tokens
         calls["stock"].append(m)
-        output[:n] = causal_attention_reference(query[:n], kv_cache, m.block_table, m.seq_lens,
-                                                m.query_start_loc, self.scale).to(output.dtype)
+        output[:n] = causal_attention_reference(
+            query[:n], kv_cache, m.block_table, m.seq_lens, m.query_start_loc, self.scale
+        ).to(output.dtype)
         return output
 
     monkeypatch.setattr(ours, "kernel", lambda: kernel)
@@ -287,8 +333,15 @@ def stand_ins(monkeypatch):
 
 def _impl(which, heads, kv_heads, head_size, **kw):
     mine, _, _ = PAIRS[which]
-    return mine.get_impl_cls()(num_heads=heads, head_size=head_size, scale=head_size ** -0.5,
-                               num_kv_heads=kv_heads, alibi_slopes=None, kv_cache_dtype="auto", **kw)
+    return mine.get_impl_cls()(
+        num_heads=heads,
+        head_size=head_size,
+        scale=head_size**-0.5,
+        num_kv_heads=kv_heads,
+        alibi_slopes=None,
+        kv_cache_dtype="auto",
+        **kw,
+    )
 
 
 CASES = [  # which, dtype, head size, GQA group, layout
@@ -302,11 +355,11 @@ CASES = [  # which, dtype, head size, GQA group, layout
 @on_cpu_tensors
 @pytest.mark.parametrize("which,dtype,head_size,group,layout", CASES)
 def test_mixed_step_decode_rows_in_the_kernel_the_rest_in_the_replaced_backend(
-        which, dtype, head_size, group, layout, vllm_config, stand_ins):
+    which, dtype, head_size, group, layout, vllm_config, stand_ins
+):
     gen, seed = fresh_generator()
     kv_heads = 2
-    cache, table, seq_lens, qsl, slots, query = paged_batch(MIXED, kv_heads, group, head_size, 16, dtype,
-                                                            layout, gen)
+    cache, table, seq_lens, qsl, slots, query = paged_batch(MIXED, kv_heads, group, head_size, 16, dtype, layout, gen)
     mine, _ = _builders(which, vllm_config, kv_heads, head_size, dtype)
     meta = mine.build(0, _common(table, seq_lens, qsl, slots))
     impl = _impl(which, kv_heads * group, kv_heads, head_size, sliding_window=None)
@@ -323,8 +376,9 @@ def test_mixed_step_decode_rows_in_the_kernel_the_rest_in_the_replaced_backend(
     ref = whole.to(dtype)
     torch.testing.assert_close(out[3:], ref[3:], rtol=0, atol=0, msg=what)  # the same computation
     rtol, atol = TOLERANCE[dtype]
-    torch.testing.assert_close(out[:3].double(), whole[:3], rtol=rtol, atol=atol * float(whole[:3].abs().max()),
-                               msg=what)
+    torch.testing.assert_close(
+        out[:3].double(), whole[:3], rtol=rtol, atol=atol * float(whole[:3].abs().max()), msg=what
+    )
     usage = ours.USAGE.snapshot()
     assert (usage.split_calls, usage.decode_tokens, usage.split_prefill_tokens) == (1, 3, n - 3)
 
@@ -350,7 +404,8 @@ def test_decode_only_step_runs_all_rows_in_the_kernel(which, vllm_config, stand_
 @on_cpu_tensors
 @pytest.mark.parametrize("which", PAIRS)
 def test_what_the_kernel_does_not_cover_runs_the_replaced_backend_whole_and_is_counted(
-        which, vllm_config, stand_ins, monkeypatch):
+    which, vllm_config, stand_ins, monkeypatch
+):
     gen, _ = fresh_generator()
     cache, table, seq_lens, qsl, slots, query = paged_batch(MIXED, 2, 2, 64, 16, torch.bfloat16, "LBNHC", gen)
     mine, _ = _builders(which, vllm_config, 2, 64, torch.bfloat16)
@@ -381,6 +436,10 @@ def test_what_the_kernel_does_not_cover_runs_the_replaced_backend_whole_and_is_c
     assert run(impl) is meta
     usage = ours.USAGE.snapshot()
     assert usage.decode_calls == 0
-    assert usage.fallback_calls == {"sliding-window attention": 1, "query dtype torch.float32": 1,
-                                    "kernel launch failed": 1, "kernel unavailable": 1}
+    assert usage.fallback_calls == {
+        "sliding-window attention": 1,
+        "query dtype torch.float32": 1,
+        "kernel launch failed": 1,
+        "kernel unavailable": 1,
+    }
     assert usage.fallback_tokens["kernel unavailable"] == n

@@ -20,11 +20,14 @@ from llmconsole.kernels.cuda_lib import CudaKernelLibrary
 from llmconsole.kernels.info import format_kernel_info, kernel_info
 from llmconsole.kernels.occupancy import SM_LIMITS, dynamic_smem, kernel_occupancy, occupancy
 
-needs_nvcc = pytest.mark.skipif(find_nvcc() is None,
-                                reason="nvcc (CUDA toolkit) not found; set CUDA_HOME or PATH")
+needs_nvcc = pytest.mark.skipif(find_nvcc() is None, reason="nvcc (CUDA toolkit) not found; set CUDA_HOME or PATH")
 
-TYPE_PAIRS = [("__nv_bfloat16", "__nv_bfloat16"), ("__half", "__half"),
-              ("__nv_bfloat16", "__nv_fp8_e4m3"), ("__half", "__nv_fp8_e4m3")]
+TYPE_PAIRS = [
+    ("__nv_bfloat16", "__nv_bfloat16"),
+    ("__half", "__half"),
+    ("__nv_bfloat16", "__nv_fp8_e4m3"),
+    ("__half", "__nv_fp8_e4m3"),
+]
 
 
 def expected_kernels(head_sizes=(64, 128, 256), fp8=True) -> set[str]:
@@ -57,7 +60,7 @@ ptxas info    : Used 34 registers, used 1 barriers, 16 bytes smem
 def test_parses_ptxas_report_text():
     report = parse_ptxas_report(PTXAS_SAMPLE)
     assert set(report) == {"sm_80", "sm_90"}
-    (name80, r80), = report["sm_80"].items()
+    ((name80, r80),) = report["sm_80"].items()
     assert "merge_kernel" in name80
     assert (r80.registers, r80.spill_store_bytes, r80.spill_load_bytes) == (40, 4, 12)
     assert (r80.stack_bytes, r80.shared_bytes, r80.constant_bytes) == (8, 512, 488)
@@ -66,8 +69,9 @@ def test_parses_ptxas_report_text():
 
 
 def test_options_render_flags():
-    flags = CudaBuildOptions(max_registers=64, fast_math=True, warp_reduce=False,
-                             smem_carveout_kb=96, only_head_size=128, fp8_kv=False).nvcc_flags()
+    flags = CudaBuildOptions(
+        max_registers=64, fast_math=True, warp_reduce=False, smem_carveout_kb=96, only_head_size=128, fp8_kv=False
+    ).nvcc_flags()
     assert "-maxrregcount=64" in flags and "--use_fast_math" in flags
     assert "-DLLMC_WARP_REDUCE=0" in flags and "-DLLMC_SMEM_CARVEOUT_KB=96" in flags
     assert "-DLLMC_ONLY_HEAD_SIZE=128" in flags and "-DLLMC_FP8_KV=0" in flags
@@ -106,8 +110,7 @@ def test_register_cap_is_honoured(default_build, cap):
             assert 0 < r.registers <= cap, (arch, name, r.registers)
     # The default build uses more than the cap somewhere, so the report must move.
     assert any(r.registers > cap for r in default_build.resources["sm_80"].values())
-    assert any(capped.resources["sm_80"][n] != default_build.resources["sm_80"][n]
-               for n in capped.resources["sm_80"])
+    assert any(capped.resources["sm_80"][n] != default_build.resources["sm_80"][n] for n in capped.resources["sm_80"])
 
 
 @needs_nvcc
@@ -131,25 +134,70 @@ def test_fast_math_and_carveout_compile():
 @needs_nvcc
 def test_shared_library_exports_launcher():
     # Host-side entry points work without a GPU; a launch reports the CUDA error, not a crash.
-    lib = CudaKernelLibrary(compile_cuda(CudaBuildOptions(only_head_size=128), archs=("sm_90",),
-                                         kind="shared").path)
+    lib = CudaKernelLibrary(compile_cuda(CudaBuildOptions(only_head_size=128), archs=("sm_90",), kind="shared").path)
     assert "LLMC_WARP_REDUCE=1" in lib.build_options() and "LLMC_ONLY_HEAD_SIZE=128" in lib.build_options()
     assert lib.supports(128, torch.bfloat16) and lib.supports(128, torch.float16)
     assert lib.supports(128, torch.bfloat16, torch.float8_e4m3fn) and lib.supports(128, torch.float16, torch.uint8)
     assert not lib.supports(64, torch.bfloat16) and not lib.supports(128, torch.float32)
-    assert lib.workspace_bytes(4, 32, 128, 1) == 0   # one split: no workspace
+    assert lib.workspace_bytes(4, 32, 128, 1) == 0  # one split: no workspace
     assert lib.workspace_bytes(4, 32, 128, 3) == 4 * (4 * 32 * 3 * 128 + 4 * 32 * 3)
     raw = lib._lib.llmc_paged_attention_decode
 
-    def call(num_heads=8, num_kv_heads=2, head_size=128, block_size=16, k_strides=(4096, 256, 128),
-             dtype=1, kv_dtype=1, num_splits=1, workspace_bytes=0):
-        return raw(None, None, None, None, None, None, 1, num_heads, num_kv_heads, head_size,
-                   block_size, 4, 1024, 128, 1024, 128, *k_strides, 4096, 256, 128, 0.1, dtype,
-                   kv_dtype, None, None, num_splits, None, workspace_bytes, None)
+    def call(
+        num_heads=8,
+        num_kv_heads=2,
+        head_size=128,
+        block_size=16,
+        k_strides=(4096, 256, 128),
+        dtype=1,
+        kv_dtype=1,
+        num_splits=1,
+        workspace_bytes=0,
+    ):
+        return raw(
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            1,
+            num_heads,
+            num_kv_heads,
+            head_size,
+            block_size,
+            4,
+            1024,
+            128,
+            1024,
+            128,
+            *k_strides,
+            4096,
+            256,
+            128,
+            0.1,
+            dtype,
+            kv_dtype,
+            None,
+            None,
+            num_splits,
+            None,
+            workspace_bytes,
+            None,
+        )
 
-    for bad in (dict(num_kv_heads=3), dict(head_size=64), dict(head_size=96), dict(block_size=8),
-                dict(num_splits=0), dict(num_splits=257), dict(k_strides=(4096, 260, 128)),
-                dict(dtype=0, kv_dtype=0), dict(kv_dtype=2), dict(num_splits=2)):
+    for bad in (
+        dict(num_kv_heads=3),
+        dict(head_size=64),
+        dict(head_size=96),
+        dict(block_size=8),
+        dict(num_splits=0),
+        dict(num_splits=257),
+        dict(k_strides=(4096, 260, 128)),
+        dict(dtype=0, kv_dtype=0),
+        dict(kv_dtype=2),
+        dict(num_splits=2),
+    ):
         code = call(**bad)
         assert code == -1 and "invalid argument" in lib.error_string(code), bad
     if not torch.cuda.is_available():
@@ -158,12 +206,18 @@ def test_shared_library_exports_launcher():
         query = torch.zeros(1, 8, 128, dtype=torch.bfloat16)
         cache = torch.zeros(4, 16, 2, 128, dtype=torch.bfloat16)
         with pytest.raises(ValueError, match="must be on the query's CUDA device"):
-            lib.paged_attention_decode(query, cache, cache, torch.zeros(1, 4, dtype=torch.int32),
-                                       torch.ones(1, dtype=torch.int32), 0.125)
+            lib.paged_attention_decode(
+                query, cache, cache, torch.zeros(1, 4, dtype=torch.int32), torch.ones(1, dtype=torch.int32), 0.125
+            )
         with pytest.raises(ValueError, match="head_size must be one of"):
-            lib.paged_attention_decode(query[..., :96], cache[..., :96], cache[..., :96],
-                                       torch.zeros(1, 4, dtype=torch.int32),
-                                       torch.ones(1, dtype=torch.int32), 0.125)
+            lib.paged_attention_decode(
+                query[..., :96],
+                cache[..., :96],
+                cache[..., :96],
+                torch.zeros(1, 4, dtype=torch.int32),
+                torch.ones(1, dtype=torch.int32),
+                0.125,
+            )
 
 
 def test_cuda_argument_checks_name_the_argument():
@@ -188,7 +242,7 @@ def test_cuda_argument_checks_name_the_argument():
         (dict(block_tables=table.long()), TypeError, "block_tables"),
         (dict(seq_lens=lens[:2]), TypeError, "seq_lens"),
         (dict(out=torch.zeros(3, 8, 128)), ValueError, "out must be"),
-        ({}, ValueError, "must be on the query's CUDA device"),   # all valid, but on the CPU
+        ({}, ValueError, "must be on the query's CUDA device"),  # all valid, but on the CPU
     ]
     for kw, exc, words in cases:
         with pytest.raises(exc, match=words):
@@ -200,7 +254,7 @@ def test_cuda_argument_checks_name_the_argument():
     with pytest.raises(ValueError, match="head_size must be one of"):
         check(query=torch.zeros(3, 8, 96, dtype=torch.bfloat16), key_cache=odd[0], value_cache=odd[1])
     fp8 = split_cuda_kv_cache(cuda_kv_cache(6, 2, 16, 128, torch.float8_e4m3fn), 128)
-    with pytest.raises(ValueError, match="CUDA device"):   # fp8 caches pass the dtype check
+    with pytest.raises(ValueError, match="CUDA device"):  # fp8 caches pass the dtype check
         check(key_cache=fp8[0], value_cache=fp8[1])
 
 
@@ -221,7 +275,7 @@ def test_occupancy_arithmetic():
     # Too much shared memory for one CTA, too many registers for one thread.
     assert occupancy("sm_90", 128, 64, 0, 240 * 1024).limited_by == "does not fit: shared memory"
     assert occupancy("sm_80", 128, 300, 0, 0).ctas_per_sm == 0
-    assert occupancy("sm_86", 128, 32, 0, 0).ctas_per_sm == 12   # 1536 threads an SM
+    assert occupancy("sm_86", 128, 32, 0, 0).ctas_per_sm == 12  # 1536 threads an SM
     # The decode kernel's dynamic shared memory follows its geometry and the build options.
     name = "llmc::decode_kernel<__nv_bfloat16, __nv_bfloat16, 128, 1>"
     assert dynamic_smem(name, {"threads": 128}) == 4 * 3 * 8192 + 8 * 128 * 2
@@ -273,6 +327,7 @@ def test_kernel_info_without_nvcc(monkeypatch):
 
 # ---- the CLI ---------------------------------------------------------------------------------
 
+
 @needs_nvcc
 def test_cli_kernels_info_json(cli):
     info = json.loads(cli("kernels", "info", "--json").stdout)
@@ -292,17 +347,21 @@ def test_cli_kernels_info_json(cli):
 
 @needs_nvcc
 def test_cli_kernels_info_passes_build_knobs(cli):
-    out = cli("kernels", "info", "--no-build", "--arch", "sm_90", "--max-registers", "32",
-              "--fast-math", "--head-size", "128").stdout
+    out = cli(
+        "kernels", "info", "--no-build", "--arch", "sm_90", "--max-registers", "32", "--fast-math", "--head-size", "128"
+    ).stdout
     assert "-maxrregcount=32" in out and "--use_fast_math" in out and "-DLLMC_ONLY_HEAD_SIZE=128" in out
     # Rows: arch, kernel name (with spaces), regs, spill st/ld, stack, smem, dyn smem, CTAs/SM, ...
-    rows = [re.match(r"\s*(sm_\d+)\s+(llmc::.*?>)\s+(\d+)\s+(\d+)/(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)", line)
-            for line in out.splitlines() if line.strip().startswith("sm_")]
+    rows = [
+        re.match(r"\s*(sm_\d+)\s+(llmc::.*?>)\s+(\d+)\s+(\d+)/(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)", line)
+        for line in out.splitlines()
+        if line.strip().startswith("sm_")
+    ]
     assert rows and all(rows)
     assert {r[1] for r in rows} == {"sm_90"}
     assert {r[2] for r in rows} == expected_kernels((128,))
     assert all(int(r[3]) <= 32 for r in rows)
-    assert all(int(r[9]) >= 1 for r in rows)   # CTAs/SM
+    assert all(int(r[9]) >= 1 for r in rows)  # CTAs/SM
 
 
 def test_cli_kernels_info_rejects_bad_knobs(cli):

@@ -35,8 +35,7 @@ from llmconsole.kernels.kv_layout import (  # noqa: E402
 )
 from llmconsole.kernels.reference import compare_to_reference, cuda_layout_decode_reference  # noqa: E402
 
-needs_nvcc = pytest.mark.skipif(find_nvcc() is None,
-                                reason="nvcc (CUDA toolkit) not found; set CUDA_HOME or PATH")
+needs_nvcc = pytest.mark.skipif(find_nvcc() is None, reason="nvcc (CUDA toolkit) not found; set CUDA_HOME or PATH")
 
 FP8 = torch.float8_e4m3fn
 
@@ -50,9 +49,9 @@ CASES = [
     (torch.float16, torch.float16, 128, 8, 32, [129, 31], 1, 7, "LHBNC"),
     (torch.bfloat16, torch.bfloat16, 64, 12, 64, [90, 200], 1, 2, "BHLNC"),
     (torch.bfloat16, torch.bfloat16, 64, 16, 16, [40, 1], 2, 1, "LBNHC"),
-    (torch.float16, torch.float16, 64, 24, 16, [77], 1, 2, "LBNHC"),        # 2 head tiles
+    (torch.float16, torch.float16, 64, 24, 16, [77], 1, 2, "LBNHC"),  # 2 head tiles
     (torch.bfloat16, torch.bfloat16, 256, 2, 16, [50, 17], 1, 2, "LBNHC"),
-    (torch.bfloat16, torch.bfloat16, 256, 16, 32, [40], 1, 1, "LBHNC"),     # Q fragments in smem
+    (torch.bfloat16, torch.bfloat16, 256, 16, 32, [40], 1, 1, "LBHNC"),  # Q fragments in smem
     (torch.bfloat16, FP8, 128, 4, 16, [1, 100, 37], 2, 2, "LBNHC"),
     (torch.float16, FP8, 64, 3, 32, [70, 0, 16], 2, 0, "BLNHC"),
     (torch.bfloat16, torch.bfloat16, 64, 4, 16, [2100, 5], 1, 0, "LBNHC"),  # > 32 tiles per warp
@@ -74,11 +73,11 @@ def run_case(case: tuple, seed: int = 0):
     k_scale, v_scale = (0.6, 1.7) if kvd == FP8 else (1.0, 1.0)
     if not splits:
         splits = choose_splits(len(lens), kvh * group, kvh, max(lens), 132, 2)
-    scale = d ** -0.5
-    ref = cuda_layout_decode_reference(query, key_cache, value_cache, table, seq_lens, scale,
-                                       k_scale, v_scale)
-    out, trace = emulate_decode(query, key_cache, value_cache, table, seq_lens, scale, splits,
-                                k_scale=k_scale, v_scale=v_scale)
+    scale = d**-0.5
+    ref = cuda_layout_decode_reference(query, key_cache, value_cache, table, seq_lens, scale, k_scale, v_scale)
+    out, trace = emulate_decode(
+        query, key_cache, value_cache, table, seq_lens, scale, splits, k_scale=k_scale, v_scale=v_scale
+    )
     return out, ref, trace, (key_cache, value_cache, table, lens)
 
 
@@ -120,9 +119,10 @@ def test_build_variants_compute_the_same(threads, stage_bytes):
     kv_cache, table, seq_lens = random_cuda_paged_cache(lens, kvh, d, bs, kvd, layout, generator=gen)
     key_cache, value_cache = split_cuda_kv_cache(kv_cache, d)
     query = (torch.randn(len(lens), kvh * group, d, generator=gen) * 2).to(qd)
-    ref = cuda_layout_decode_reference(query, key_cache, value_cache, table, seq_lens, d ** -0.5)
-    out, trace = emulate_decode(query, key_cache, value_cache, table, seq_lens, d ** -0.5, splits,
-                                threads=threads, stage_bytes=stage_bytes)
+    ref = cuda_layout_decode_reference(query, key_cache, value_cache, table, seq_lens, d**-0.5)
+    out, trace = emulate_decode(
+        query, key_cache, value_cache, table, seq_lens, d**-0.5, splits, threads=threads, stage_bytes=stage_bytes
+    )
     assert trace.geometry.warps == threads // 32
     assert compare_to_reference(out, ref)["ok"]
     assert torch.equal(trace.key_reads, expected_reads(key_cache, table, lens, 1))
@@ -178,13 +178,14 @@ def test_geometry_fits_every_target():
             for kv_bytes in (1, 2):
                 geom = kernel_geometry(d, group, kv_bytes)
                 assert 2 <= geom.stages <= 4
-                assert geom.heads_per_cta * (d + 4) * 4 <= geom.warp_bytes   # the combine area
-                assert geom.cta_bytes + geom.static_bytes <= 163 * 1024      # sm_80's per-CTA limit
+                assert geom.heads_per_cta * (d + 4) * 4 <= geom.warp_bytes  # the combine area
+                assert geom.cta_bytes + geom.static_bytes <= 163 * 1024  # sm_80's per-CTA limit
     assert kernel_geometry(128, 4).stages == 3 and kernel_geometry(128, 4).cta_bytes == 100352
     assert kernel_geometry(256, 16).q_in_smem and not kernel_geometry(256, 8).q_in_smem
 
 
 # ---- against the compiled library ------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def library():

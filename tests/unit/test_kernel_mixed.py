@@ -50,7 +50,7 @@ def _batch(dtype, head_size, block_size, group, kv_heads, rows, gen):
     table = torch.zeros(len(rows), max(blocks_per_seq) + 1, dtype=torch.int32)
     used = 0
     for s, ((ctx, _), nb) in enumerate(zip(rows, blocks_per_seq, strict=True)):
-        table[s, :nb] = order[used:used + nb]
+        table[s, :nb] = order[used : used + nb]
         used += nb
         pos = torch.arange(ctx)
         slots = table[s, pos // block_size].long() * block_size + pos % block_size
@@ -72,15 +72,25 @@ def test_split_batch_matches_vllm_whole_batch(dtype, head_size, block_size, grou
     # Three decodes (ragged contexts), a new prompt, a later chunk of a chunked prefill, and a
     # one-token prompt at the tail (vLLM orders new prompts last): it goes to vLLM's half.
     rows = [(1, 1), (block_size + 3, 1), (700, 1), (37, 37), (300, 90), (1, 1)]
-    isa, cache, table, seq_lens, qsl, query = _batch(dtype, head_size, block_size, group,
-                                                      kv_heads, rows, gen)
+    isa, cache, table, seq_lens, qsl, query = _batch(dtype, head_size, block_size, group, kv_heads, rows, gen)
     heads, n, num_reqs = kv_heads * group, query.shape[0], len(rows)
-    scale = head_size ** -0.5
+    scale = head_size**-0.5
     what = f"seed={seed} {dtype} H={head_size} bs={block_size} G={group}"
 
-    part = plan_prefill_part(qsl, seq_lens, table, num_reqs, num_heads=heads,
-                             num_kv_heads=kv_heads, head_dim=head_size, dtype=dtype, isa=isa,
-                             sliding_window=-1, kv_cache_dtype="auto", enable_kv_split=True)
+    part = plan_prefill_part(
+        qsl,
+        seq_lens,
+        table,
+        num_reqs,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_size,
+        dtype=dtype,
+        isa=isa,
+        sliding_window=-1,
+        kv_cache_dtype="auto",
+        enable_kv_split=True,
+    )
     assert part is not None and part.num_decodes == 3
     assert part.num_prefill_tokens == 37 + 90 + 1
 
@@ -89,10 +99,12 @@ def test_split_batch_matches_vllm_whole_batch(dtype, head_size, block_size, grou
 
     theirs = torch.full_like(query, float("nan"))
     key_cache, value_cache = vllm_cache_views(cache)
-    meta = ops.cpu_attn_get_scheduler_metadata(num_reqs, heads, kv_heads, head_size, seq_lens,
-                                               dtype, qsl, True, -1, isa, True)
-    ops.cpu_attention_with_kv_cache(query, key_cache, value_cache, theirs, qsl, seq_lens, scale,
-                                    True, None, -1, table, 0.0, meta, None)
+    meta = ops.cpu_attn_get_scheduler_metadata(
+        num_reqs, heads, kv_heads, head_size, seq_lens, dtype, qsl, True, -1, isa, True
+    )
+    ops.cpu_attention_with_kv_cache(
+        query, key_cache, value_cache, theirs, qsl, seq_lens, scale, True, None, -1, table, 0.0, meta, None
+    )
 
     ref = paged_attention_decode_reference(query[:3], cache, table[:3], seq_lens[:3], scale)
     check_close(ours[:3], ref, dtype, what + " decode rows vs reference")
@@ -100,14 +112,22 @@ def test_split_batch_matches_vllm_whole_batch(dtype, head_size, block_size, grou
     # The prefill rows ran the very op the whole-batch call runs, on the same rows.
     torch.testing.assert_close(ours[3:], theirs[3:], rtol=0, atol=0, msg=what)
     rtol, atol = TOLERANCE[dtype]
-    torch.testing.assert_close(ours[:3].double(), theirs[:3].double(), rtol=2 * rtol,
-                               atol=2 * atol * float(ref.abs().max()), msg=what)
+    torch.testing.assert_close(
+        ours[:3].double(), theirs[:3].double(), rtol=2 * rtol, atol=2 * atol * float(ref.abs().max()), msg=what
+    )
 
 
 def test_no_split_for_all_decode_all_prefill_or_prefill_first():
     gen, _ = fresh_generator()
-    kw = dict(num_heads=4, num_kv_heads=2, head_dim=64, dtype=torch.float32, sliding_window=-1,
-              kv_cache_dtype="auto", enable_kv_split=True)
+    kw = dict(
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=64,
+        dtype=torch.float32,
+        sliding_window=-1,
+        kv_cache_dtype="auto",
+        enable_kv_split=True,
+    )
     for rows in ([(10, 1), (20, 1)], [(10, 10), (20, 5)], [(10, 10), (20, 1)]):
         isa, _, table, seq_lens, qsl, _ = _batch(torch.float32, 64, 32, 2, 2, rows, gen)
         assert plan_prefill_part(qsl, seq_lens, table, len(rows), isa=isa, **kw) is None, rows

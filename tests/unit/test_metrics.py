@@ -12,8 +12,31 @@ from tests.support.paths import FIXTURES
 
 FIX = FIXTURES / "metrics"
 # vLLM's buckets for time_to_first_token_seconds.
-TTFT_BOUNDS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-               10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0, math.inf)
+TTFT_BOUNDS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+    math.inf,
+)
 
 
 def page(name: str) -> str:
@@ -68,8 +91,11 @@ def test_series_are_summed_across_engines():
 
 
 def test_malformed_pages_raise():
-    for bad in ("<html><body>502 Bad Gateway</body></html>", '{"error": "x"}',
-                'vllm:num_requests_running{engine="0" 1\n'):
+    for bad in (
+        "<html><body>502 Bad Gateway</body></html>",
+        '{"error": "x"}',
+        'vllm:num_requests_running{engine="0" 1\n',
+    ):
         with pytest.raises(MetricsParseError):
             parse_metrics(bad, 0)
 

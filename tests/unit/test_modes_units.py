@@ -32,8 +32,13 @@ def _trace() -> list[tuple[float, float]]:
 
 @pytest.fixture
 def spec(tiny_model) -> EngineSpec:
-    return EngineSpec(model=str(tiny_model), max_model_len=256, num_gpu_blocks_override=8,
-                      kv_cache_memory_bytes=4 * _MIB, api_key="sekret")
+    return EngineSpec(
+        model=str(tiny_model),
+        max_model_len=256,
+        num_gpu_blocks_override=8,
+        kv_cache_memory_bytes=4 * _MIB,
+        api_key="sekret",
+    )
 
 
 def test_cpu_mode_is_a_fraction_of_the_budget(spec):
@@ -93,7 +98,7 @@ def test_thresholds_with_hysteresis():
     assert wanted_mode(0.59, Mode.PERFORMANCE, s) == Mode.PERFORMANCE
     assert wanted_mode(0.61, Mode.PERFORMANCE, s) == Mode.BALANCED
     assert wanted_mode(0.81, Mode.PERFORMANCE, s) == Mode.AGGRESSIVE
-    assert wanted_mode(0.57, Mode.BALANCED, s) == Mode.BALANCED      # inside the band: stay
+    assert wanted_mode(0.57, Mode.BALANCED, s) == Mode.BALANCED  # inside the band: stay
     assert wanted_mode(0.54, Mode.BALANCED, s) == Mode.PERFORMANCE
     assert wanted_mode(0.78, Mode.AGGRESSIVE, s) == Mode.AGGRESSIVE
     assert wanted_mode(0.74, Mode.AGGRESSIVE, s) == Mode.BALANCED
@@ -113,7 +118,10 @@ def test_policy_on_recorded_trace():
     settings = PolicySettings(min_switch_interval_s=30.0)
     decisions = replay(samples, Mode.PERFORMANCE, settings)
     assert [(d.from_mode, d.to_mode) for d in decisions][:3] == [
-        (Mode.PERFORMANCE, Mode.BALANCED), (Mode.BALANCED, Mode.AGGRESSIVE), (Mode.AGGRESSIVE, Mode.BALANCED)]
+        (Mode.PERFORMANCE, Mode.BALANCED),
+        (Mode.BALANCED, Mode.AGGRESSIVE),
+        (Mode.AGGRESSIVE, Mode.BALANCED),
+    ]
     assert decisions[0].used_fraction > 0.60 and decisions[1].used_fraction > 0.80
     assert decisions[2].used_fraction < 0.75
     for a, b in zip(decisions, decisions[1:], strict=False):
@@ -124,9 +132,13 @@ def test_policy_thresholds_from_the_environment():
     assert PolicySettings.from_env({}) == PolicySettings()
     s = PolicySettings.from_env({"LLMCONSOLE_MODE_POLICY": '{"balanced_above": 0.7, "min_switch_interval_s": 0}'})
     assert (s.balanced_above, s.aggressive_above, s.min_switch_interval_s) == (0.7, 0.80, 0.0)
-    for raw, why in (("{", "not JSON"), ("[1]", "JSON object"), ('{"turbo": 1}', "unknown field 'turbo'"),
-                     ('{"hysteresis": "x"}', "must be a number"),
-                     ('{"balanced_above": 0.9}', "0 < balanced_above < aggressive_above < 1")):
+    for raw, why in (
+        ("{", "not JSON"),
+        ("[1]", "JSON object"),
+        ('{"turbo": 1}', "unknown field 'turbo'"),
+        ('{"hysteresis": "x"}', "must be a number"),
+        ('{"balanced_above": 0.9}', "0 < balanced_above < aggressive_above < 1"),
+    ):
         with pytest.raises(ValueError, match=why):
             PolicySettings.from_env({"LLMCONSOLE_MODE_POLICY": raw})
 
@@ -168,7 +180,7 @@ def test_alert_tracker_pending_firing_resolved():
     cold = {"e": ar.conditions(ar.EngineFacts("e", kv_cache_usage=0.5))}
     assert tracker.evaluate(hot) == []
     now[0] = 5.0
-    assert tracker.evaluate(cold) == []          # dipped: the clock starts again
+    assert tracker.evaluate(cold) == []  # dipped: the clock starts again
     assert tracker.evaluate(hot) == []
     now[0] = 16.0
     fired = tracker.evaluate(hot)
@@ -183,7 +195,7 @@ def test_conditions_match_the_rules_file_thresholds():
     c = ar.conditions(ar.EngineFacts("e", gpu_memory_used_ratio=0.9, max_num_seqs=17, crash_looping=True))
     assert c[ar.GPU_MEMORY_HIGH] and c[ar.CRASH_LOOPING]
     few = ar.SloFigures(requests=5, good=0)
-    many = ar.SloFigures(requests=100, good=80)   # 20% bad against a 1% budget: burn 20
+    many = ar.SloFigures(requests=100, good=80)  # 20% bad against a 1% budget: burn 20
     assert not ar.conditions(ar.EngineFacts("e", slo=few))[ar.SLO_BURNING]
     assert ar.conditions(ar.EngineFacts("e", slo=many))[ar.SLO_BURNING]
     assert many.burn_rate == pytest.approx(20.0)
@@ -207,7 +219,11 @@ def test_response_settings_are_checked():
     assert validate_settings({})["responses"] == {}
     ok = validate_settings({"responses": {ar.KV_CACHE_HIGH: ["standby", "window"]}, "for_s": {ar.KV_CACHE_HIGH: 5}})
     assert ok["responses"][ar.KV_CACHE_HIGH] == ["standby", "window"]
-    for bad in ({"responses": {"Nope": ["window"]}}, {"responses": {ar.KV_CACHE_HIGH: ["reboot"]}},
-                {"for_s": {ar.KV_CACHE_HIGH: -1}}, {"colour": 1}):
+    for bad in (
+        {"responses": {"Nope": ["window"]}},
+        {"responses": {ar.KV_CACHE_HIGH: ["reboot"]}},
+        {"for_s": {ar.KV_CACHE_HIGH: -1}},
+        {"colour": 1},
+    ):
         with pytest.raises(ValueError):
             validate_settings(bad)

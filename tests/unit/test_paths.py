@@ -89,8 +89,11 @@ def test_clients_and_the_daemon_refuse_an_unsafe_home(tmp_path):
         DaemonClient(resolve({"LLMCONSOLE_HOME": str(home)}))
     env = dict(os.environ, LLMCONSOLE_HOME=str(home))
     env.pop("XDG_RUNTIME_DIR", None)
-    for argv in (["-m", "llmconsole.console.cli", "status"], ["-m", "llmconsole.console.cli", "daemon", "start"],
-                 ["-m", "llmconsole.daemon.main"]):
+    for argv in (
+        ["-m", "llmconsole.console.cli", "status"],
+        ["-m", "llmconsole.console.cli", "daemon", "start"],
+        ["-m", "llmconsole.daemon.main"],
+    ):
         r = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True, timeout=60)
         assert r.returncode == 2, (argv, r.stdout, r.stderr)
         assert f"{home} is writable by others" in r.stderr

@@ -17,7 +17,7 @@ class Plant:
     def __init__(self, base_ms=40.0, per_seat_ms=12.0, decode_s=0.5, seed=7):
         self.base_ms, self.per_seat_ms, self.decode_s = base_ms, per_seat_ms, decode_s
         self.rng = random.Random(seed)
-        self.running: list[tuple[float, float]] = []   # (finish_at_s, ttft_s)
+        self.running: list[tuple[float, float]] = []  # (finish_at_s, ttft_s)
 
     def tick(self, now_s: float, clients: int, window: int, ctl: PidController) -> None:
         done = [r for r in self.running if r[0] <= now_s]
@@ -84,7 +84,7 @@ def test_load_step_from_2_to_32_streams_does_not_wind_up():
     # settles there; each raise waits for requests sent under the last one, so it climbs in steps.
     first_in_band = next(k for k, s in enumerate(after) if s.window >= 16)
     assert first_in_band <= 30, [s.window for s in after]
-    settled = after[first_in_band + 15:]
+    settled = after[first_in_band + 15 :]
     assert {s.window for s in settled} <= {16, 17, 18, 19}, [s.window for s in after]
     assert _reversals([s.window for s in after]) <= 1  # at most one early correction, no swinging
 
@@ -136,7 +136,9 @@ def test_signals_and_bad_settings():
     ctl.observe(LatencySample(at_s=0.5, ttft_s=0.1, e2e_s=1.1, output_chunks=11))
     assert ctl.measured_ms(1.0) == (pytest.approx(100.0), 1)
     # Eleven tokens that reached the gateway in three merged events: the usage count decides.
-    assert LatencySample(at_s=0.5, ttft_s=0.1, e2e_s=1.1, output_chunks=3, output_tokens=11).tpot_s == pytest.approx(0.1)
+    assert LatencySample(at_s=0.5, ttft_s=0.1, e2e_s=1.1, output_chunks=3, output_tokens=11).tpot_s == pytest.approx(
+        0.1
+    )
     ctl.configure(signal=Signal.E2E)
     assert ctl.measured_ms(1.0) == (pytest.approx(1100.0), 1)
     for bad in ({"min_window": 10, "max_window": 5}, {"target_ms": 0}, {"start_window": 50}, {"signal": "x"}):
@@ -156,20 +158,20 @@ def test_percentile_is_nearest_rank():
 
 def test_ttft_counts_once_when_reported_at_the_first_token():
     ctl = _ctl(target_ms=100.0, min_samples=1)
-    ctl.observe(LatencySample(at_s=0.5, ttft_s=0.3))                      # the first token passed
-    assert ctl.measured_ms(0.6) == (pytest.approx(300.0), 1)              # counted before the end
+    ctl.observe(LatencySample(at_s=0.5, ttft_s=0.3))  # the first token passed
+    assert ctl.measured_ms(0.6) == (pytest.approx(300.0), 1)  # counted before the end
     ctl.observe(LatencySample(at_s=0.9, ttft_s=0.3, e2e_s=0.9, output_chunks=7, count_ttft=False))
-    assert ctl.measured_ms(1.0) == (pytest.approx(300.0), 1)              # not twice
+    assert ctl.measured_ms(1.0) == (pytest.approx(300.0), 1)  # not twice
     ctl.configure(signal="tpot")
-    assert ctl.measured_ms(1.0) == (pytest.approx(100.0), 1)              # (0.9 - 0.3) / 6
+    assert ctl.measured_ms(1.0) == (pytest.approx(100.0), 1)  # (0.9 - 0.3) / 6
 
 
 def test_tail_chance_is_a_binomial_tail():
     assert tail_chance(8, 0, 0.01) == 1.0
-    assert tail_chance(8, 1, 0.01) == pytest.approx(1 - 0.99 ** 8)
-    assert tail_chance(100, 2, 0.01) == pytest.approx(1 - 0.99 ** 100 - 100 * 0.01 * 0.99 ** 99)
+    assert tail_chance(8, 1, 0.01) == pytest.approx(1 - 0.99**8)
+    assert tail_chance(100, 2, 0.01) == pytest.approx(1 - 0.99**100 - 100 * 0.01 * 0.99**99)
     assert tail_chance(100, 5, 0.01) < 0.01 < tail_chance(100, 3, 0.01)
-    assert tail_chance(10, 1, 0.0) == 0.0   # p100: any sample over is over
+    assert tail_chance(10, 1, 0.0) == 0.0  # p100: any sample over is over
 
 
 def _feed(ctl: PidController, dispatched_s: float, ttfts_s: list[float]) -> None:

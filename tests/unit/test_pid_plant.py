@@ -13,7 +13,7 @@ from tests.support.pid_plants import run_step
 
 SEEDS = (11, 12, 13, 14, 15, 16)
 STEP_AT_S = 10.0
-SETTLED_FROM_S = STEP_AT_S + 30.0   # the bound: within 10% at most 30 s after the step
+SETTLED_FROM_S = STEP_AT_S + 30.0  # the bound: within 10% at most 30 s after the step
 END_S = 70.0
 
 
@@ -71,8 +71,14 @@ def test_a_neighbours_burst_does_not_park_the_window_low():
     ratios = []
     for seed in SEEDS:
         ctl = PidController(PidSettings(target_ms=target_ms), clock=lambda: 0.0, wall=lambda: 0.0)
-        plant, _ = run_step(ctl, step_at_s=STEP_AT_S, until_s=END_S, out_spread=0.5, seed=seed,
-                            busy=(STEP_AT_S + 12, STEP_AT_S + 16, 3.0))
+        plant, _ = run_step(
+            ctl,
+            step_at_s=STEP_AT_S,
+            until_s=END_S,
+            out_spread=0.5,
+            seed=seed,
+            busy=(STEP_AT_S + 12, STEP_AT_S + 16, 3.0),
+        )
         ratios.append(plant.p99_ttft_ms(SETTLED_FROM_S, END_S) / target_ms)
     assert abs(statistics.median(ratios) - 1.0) <= 0.10, ratios
     assert min(ratios) >= 0.85 and max(ratios) <= 1.3, ratios

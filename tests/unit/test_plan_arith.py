@@ -117,8 +117,9 @@ def test_block_override_refusal_offers_blocks_and_a_shorter_context(tiny_model):
 
 
 def test_legacy_kv_space_variable_wins_over_the_flag(tiny_model):
-    spec = EngineSpec(model=str(tiny_model), max_model_len=2048, kv_cache_memory_bytes=100_000,
-                      env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+    spec = EngineSpec(
+        model=str(tiny_model), max_model_len=2048, kv_cache_memory_bytes=100_000, env={"VLLM_CPU_KVCACHE_SPACE": "1"}
+    )
     assert validate(spec, CPU_24G).ok  # 1 GiB, as vLLM's CPU platform reads it
 
 
@@ -154,8 +155,9 @@ def test_a_kv_size_that_fits_alone_but_not_beside_the_running_engines_is_refused
     assert "b (KV 1,073,741,824, RSS 419,430,400, KV not allocated yet" in v.reason
     fix = v.nearest["kv_cache_memory_bytes"]
     assert validate(spec.model_copy(update=v.nearest), CPU_24G, beside=[ready, starting]).ok
-    assert not validate(spec.model_copy(update={"kv_cache_memory_bytes": fix + 65_536}), CPU_24G,
-                        beside=[ready, starting]).ok
+    assert not validate(
+        spec.model_copy(update={"kv_cache_memory_bytes": fix + 65_536}), CPU_24G, beside=[ready, starting]
+    ).ok
     with pytest.raises(ConfigDoesNotFit):
         enforce(spec, mem=CPU_24G, beside=[ready, starting])
     assert enforce(spec, force=True, mem=CPU_24G, beside=[ready, starting]) is None
@@ -173,8 +175,14 @@ def _llama_dir(tmp_path: Path, **over) -> Path:
 
 def test_gpu_weights_that_cannot_fit_are_refused_with_a_tensor_parallel_fix(tmp_path):
     # Llama-2-13B-sized: 13.0e9 parameters, 26 GB in fp16, on a 24 GB GPU.
-    model = _llama_dir(tmp_path, hidden_size=5120, intermediate_size=13824, num_attention_heads=40,
-                       num_key_value_heads=40, num_hidden_layers=40)
+    model = _llama_dir(
+        tmp_path,
+        hidden_size=5120,
+        intermediate_size=13824,
+        num_attention_heads=40,
+        num_key_value_heads=40,
+        num_hidden_layers=40,
+    )
     gpu = HostMemory("cuda", 24_146_608_128)
     v = validate(EngineSpec(model=str(model)), gpu)
     assert not v.ok and "weights" in v.reason and v.nearest == {"tensor_parallel_size": 2}

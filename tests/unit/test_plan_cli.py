@@ -16,6 +16,7 @@ TOPOLOGY = FIXTURES / "topology"
 @pytest.fixture
 def plan(capsys):
     """`llmconsole plan ...` in this process (it needs no daemon): (exit code, stdout, stderr)."""
+
     def run(*args: str):
         try:
             rc = main(["plan", *args])
@@ -23,13 +24,25 @@ def plan(capsys):
             rc = e.code
         out = capsys.readouterr()
         return rc, out.out, out.err
+
     return run
 
 
 def test_plan_json_holds_exact_figures_estimates_and_rules(plan, tiny_model):
     # The CPU profile (vLLM's CPU block of 128 tokens) whatever GPU this host has.
-    rc, out, _ = plan("--model", str(tiny_model), "--max-model-len", "512", "--kv-cache-memory-bytes", "100000000",
-                      "--workload", "prompt=100,output=64", "--device", "cpu", "--json")
+    rc, out, _ = plan(
+        "--model",
+        str(tiny_model),
+        "--max-model-len",
+        "512",
+        "--kv-cache-memory-bytes",
+        "100000000",
+        "--workload",
+        "prompt=100,output=64",
+        "--device",
+        "cpu",
+        "--json",
+    )
     assert rc == 0
     p = json.loads(out)
     assert p["kv_capacity"]["tokens"] == 195_200 and p["kv_capacity_exact"] is True
@@ -42,8 +55,16 @@ def test_plan_json_holds_exact_figures_estimates_and_rules(plan, tiny_model):
 
 
 def test_plan_text_on_a_gpu_profile_labels_estimates_and_prices(plan, tiny_model):
-    rc, out, _ = plan("--model", str(tiny_model), "--device", "V100S-32GB", "--workload", "prompt=1000,qps=2",
-                      "--cost", "electricity_usd_per_kwh=0.3")
+    rc, out, _ = plan(
+        "--model",
+        str(tiny_model),
+        "--device",
+        "V100S-32GB",
+        "--workload",
+        "prompt=1000,qps=2",
+        "--cost",
+        "electricity_usd_per_kwh=0.3",
+    )
     assert rc == 0
     assert "cannot run bfloat16" in out and "dtype = float16" in out
     assert "[estimate]" in out and "estimates (roofline" in out
@@ -51,15 +72,20 @@ def test_plan_text_on_a_gpu_profile_labels_estimates_and_prices(plan, tiny_model
 
 
 def test_plan_warns_of_pcie_tensor_parallel_from_a_recorded_topology(plan, tiny_model):
-    rc, out, _ = plan("--model", str(tiny_model), "--device", "A10G", "--tp", "2",
-                      "--topology", str(TOPOLOGY / "pcie_4gpu.json"))
+    rc, out, _ = plan(
+        "--model", str(tiny_model), "--device", "A10G", "--tp", "2", "--topology", str(TOPOLOGY / "pcie_4gpu.json")
+    )
     assert rc == 0 and "GPUs joined only by PCIe" in out and "fewer, larger GPUs" in out
 
 
 def test_plan_refuses_bad_input_with_usage_exit(plan, tiny_model):
-    for args, says in ((["--device", "TPUv9"], "unknown device"), (["--workload", "prompt=lots"], "not a whole number"),
-                       (["--cost", "bogus=1"], "unknown cost setting"), (["--max-num-seqs", "0"], "max_num_seqs"),
-                       (["--topology", "/nonexistent.json"], "nonexistent")):
+    for args, says in (
+        (["--device", "TPUv9"], "unknown device"),
+        (["--workload", "prompt=lots"], "not a whole number"),
+        (["--cost", "bogus=1"], "unknown cost setting"),
+        (["--max-num-seqs", "0"], "max_num_seqs"),
+        (["--topology", "/nonexistent.json"], "nonexistent"),
+    ):
         rc, _, err = plan("--model", str(tiny_model), *args)
         assert rc == 2 and says in err, (args, err)
     assert plan()[0] == 2

@@ -102,17 +102,26 @@ def test_faster_memory_decodes_faster_and_tensor_parallel_pays_its_all_reduce():
     # A 2,048-token prefill all-reduces 16 MiB twice per layer: PCIe takes many times NVLink's time.
     assert pcie_tp2._allreduce_s(2048) > 5 * _model("A100-80GB", tp=2)._allreduce_s(2048)
     # So two PCIe GPUs do not halve the step: the all-reduce is left over.
-    assert pcie_tp2.prefill_s(2048) - pcie_tp1.prefill_s(2048) / 2 == pytest.approx(pcie_tp2._allreduce_s(2048), rel=0.05)
+    assert pcie_tp2.prefill_s(2048) - pcie_tp1.prefill_s(2048) / 2 == pytest.approx(
+        pcie_tp2._allreduce_s(2048), rel=0.05
+    )
 
 
 def test_tco_and_cost_per_million_tokens_follow_the_prices_given():
-    inputs = CostInputs.defaults(electricity_usd_per_kwh=0.10, pue=1.5, average_power_fraction=1.0,
-                                 host_overhead_fraction=0.0, ops_usd_per_gpu_year=0.0, years=3)
+    inputs = CostInputs.defaults(
+        electricity_usd_per_kwh=0.10,
+        pue=1.5,
+        average_power_fraction=1.0,
+        host_overhead_fraction=0.0,
+        ops_usd_per_gpu_year=0.0,
+        years=3,
+    )
     dev = with_price(gpu_profile("L4"), price_usd=2000, power_w=100)
     energy = 0.1 * 1.5 * 24 * 365 * 3 * 0.10  # kW x PUE x hours x $/kWh
     assert tco_per_gpu_usd(dev, inputs) == pytest.approx(2000 + energy)
-    est = estimate_cost(dev, num_gpus=2, replica_requests_s=4.0, target_qps=10.0, tokens_per_request=1000,
-                        inputs=inputs)
+    est = estimate_cost(
+        dev, num_gpus=2, replica_requests_s=4.0, target_qps=10.0, tokens_per_request=1000, inputs=inputs
+    )
     assert est.replicas == 3 and est.hardware_usd == 2000 * 2 * 3
     seconds = 3 * 365 * 24 * 3600
     assert est.usd_per_million_tokens == pytest.approx(est.tco_usd / seconds / (10 * 1000) * 1e6)
@@ -131,16 +140,33 @@ def test_cpu_estimate_matches_the_measured_tiny_engine_within_15_percent(tiny_mo
     """The CPU host's step overhead, fitted to a real engine's measured throughput (see devices)."""
     shape = read_shape(tiny_model)
     dev = cpu_profile()
-    step = StepModel(dev, shape, 1, 2, shape.kv_bytes_per_token(2), "bfloat16",
-                     step_overhead_s=dev.step_overhead_s, seq_overhead_s=dev.seq_overhead_s)
+    step = StepModel(
+        dev,
+        shape,
+        1,
+        2,
+        shape.kv_bytes_per_token(2),
+        "bfloat16",
+        step_overhead_s=dev.step_overhead_s,
+        seq_overhead_s=dev.seq_overhead_s,
+    )
     est = operating_point(step, streams, 100, 400).output_tok_s
     assert abs(est - CPU_MEASURED_TOK_S[streams]) / CPU_MEASURED_TOK_S[streams] < 0.15
 
 
-@pytest.mark.parametrize("nvml_name, expected", [
-    ("NVIDIA A100-SXM4-80GB", "A100-80GB"), ("NVIDIA A100-PCIE-40GB", "A100-40GB"), ("NVIDIA A10G", "A10G"),
-    ("Tesla V100S-PCIE-32GB", "V100S-32GB"), ("NVIDIA L4", "L4"), ("NVIDIA H100 80GB HBM3", "H100-80GB"),
-    ("NVIDIA H200", "H200-141GB"), ("NVIDIA GeForce RTX 4090", None), ("NVIDIA L40S", None),
-])
+@pytest.mark.parametrize(
+    "nvml_name, expected",
+    [
+        ("NVIDIA A100-SXM4-80GB", "A100-80GB"),
+        ("NVIDIA A100-PCIE-40GB", "A100-40GB"),
+        ("NVIDIA A10G", "A10G"),
+        ("Tesla V100S-PCIE-32GB", "V100S-32GB"),
+        ("NVIDIA L4", "L4"),
+        ("NVIDIA H100 80GB HBM3", "H100-80GB"),
+        ("NVIDIA H200", "H200-141GB"),
+        ("NVIDIA GeForce RTX 4090", None),
+        ("NVIDIA L40S", None),
+    ],
+)
 def test_nvml_names_map_to_the_shipped_profiles(nvml_name, expected):
     assert profile_for_gpu_name(nvml_name) == expected

@@ -28,14 +28,17 @@ def _by_setting(recs):
     return {r.setting: r for r in recs}
 
 
-@pytest.mark.parametrize("prompt, batch, extra", [
-    (1, 32, ("kv_cache_dtype", "auto")),
-    (511, 32, ("kv_cache_dtype", "auto")),
-    (512, 16, ("kv_cache_dtype", "bfloat16")),
-    (4096, 16, ("p99_watch", True)),
-    (4097, 4, ("enable_chunked_prefill", True)),
-    (32768, 4, ("enable_chunked_prefill", True)),
-])
+@pytest.mark.parametrize(
+    "prompt, batch, extra",
+    [
+        (1, 32, ("kv_cache_dtype", "auto")),
+        (511, 32, ("kv_cache_dtype", "auto")),
+        (512, 16, ("kv_cache_dtype", "bfloat16")),
+        (4096, 16, ("p99_watch", True)),
+        (4097, 4, ("enable_chunked_prefill", True)),
+        (32768, 4, ("enable_chunked_prefill", True)),
+    ],
+)
 def test_prompt_length_presets_at_their_boundaries(prompt, batch, extra):
     recs = _by_setting(recommend(Workload(prompt_tokens=prompt)))
     assert recs["max_num_seqs"].value == batch
@@ -51,7 +54,9 @@ def test_prompt_length_presets_at_their_boundaries(prompt, batch, extra):
 
 
 def test_medium_prompts_get_16_bit_kv_in_the_models_own_16_bit_type():
-    assert _by_setting(recommend(Workload(prompt_tokens=1000), model_dtype="float16"))["kv_cache_dtype"].value == "float16"
+    assert (
+        _by_setting(recommend(Workload(prompt_tokens=1000), model_dtype="float16"))["kv_cache_dtype"].value == "float16"
+    )
     assert _by_setting(recommend(Workload(prompt_tokens=1000)))["kv_cache_dtype"].value == "bfloat16"
 
 
@@ -124,11 +129,16 @@ def test_pcie_finding_points_at_an_nvlink_pair_when_there_is_one(tiny_model):
 
 
 def test_nvlink_placement_is_suggested_when_the_first_gpus_are_not_joined(tiny_model):
-    topo = topo_mod.topology_from_json({
-        "gpus": [{"index": i, "name": "GPU"} for i in range(3)],
-        "links": [{"a": 0, "b": 1, "nvlink": False, "path": "SYS"}, {"a": 0, "b": 2, "nvlink": False, "path": "SYS"},
-                  {"a": 1, "b": 2, "nvlink": True, "path": "PXB"}],
-    })
+    topo = topo_mod.topology_from_json(
+        {
+            "gpus": [{"index": i, "name": "GPU"} for i in range(3)],
+            "links": [
+                {"a": 0, "b": 1, "nvlink": False, "path": "SYS"},
+                {"a": 0, "b": 2, "nvlink": False, "path": "SYS"},
+                {"a": 1, "b": 2, "nvlink": True, "path": "PXB"},
+            ],
+        }
+    )
     f = check_pcie_tensor_parallel(EngineSpec(model=str(tiny_model), tensor_parallel_size=2), topo)
     assert f.suggested == {"env": {"CUDA_VISIBLE_DEVICES": "1,2"}}
 

@@ -10,12 +10,16 @@ from llmconsole.engine.process import EngineProcess, ProcessRecord
 from tests.support.waiting import wait_until
 
 # A leader with two children, all in the leader's new session, like vLLM's server/core/worker.
-TREE = [sys.executable, "-c",
-        "import subprocess, sys, time\n"
-        "kids = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']) for _ in range(2)]\n"
-        "print('up', flush=True)\n"
-        "time.sleep(300)\n",
-        "--port", "18999"]
+TREE = [
+    sys.executable,
+    "-c",
+    "import subprocess, sys, time\n"
+    "kids = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']) for _ in range(2)]\n"
+    "print('up', flush=True)\n"
+    "time.sleep(300)\n",
+    "--port",
+    "18999",
+]
 
 
 def _launch(tmp_path):
@@ -70,7 +74,13 @@ def test_a_script_run_through_its_shebang_line_is_adopted(tmp_path):
         assert psutil.Process(proc.pid).cmdline()[0] != str(script)
         adopted = EngineProcess.adopt(proc.record)
         assert adopted is not None and adopted.poll() is None
-        assert EngineProcess.adopt(ProcessRecord(proc.pid, proc.record.create_time, 18998,
-                                                 (str(script), "serve", "other", "--port", "18998"))) is None
+        assert (
+            EngineProcess.adopt(
+                ProcessRecord(
+                    proc.pid, proc.record.create_time, 18998, (str(script), "serve", "other", "--port", "18998")
+                )
+            )
+            is None
+        )
     finally:
         asyncio.run(proc.terminate(drain_timeout_s=5))

@@ -12,8 +12,9 @@ from tests.support.paths import ROOT
 RULES = ROOT / "deploy" / "prometheus" / "llmconsole-rules.yml"
 TESTS = sorted((ROOT / "deploy" / "prometheus" / "tests").glob("*.yml"))
 
-pytestmark = pytest.mark.skipif(shutil.which("promtool") is None,
-                                reason="promtool missing: `make setup` installs Debian's prometheus package")
+pytestmark = pytest.mark.skipif(
+    shutil.which("promtool") is None, reason="promtool missing: `make setup` installs Debian's prometheus package"
+)
 
 
 def test_rules_file_is_valid():
@@ -25,8 +26,9 @@ def test_rules_file_is_valid():
 @pytest.mark.parametrize("test_file", TESTS, ids=[t.name for t in TESTS])
 def test_rule_unit_tests_pass(test_file):
     assert TESTS, "no rule tests shipped"
-    r = subprocess.run(["promtool", "test", "rules", test_file.name], cwd=test_file.parent,
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        ["promtool", "test", "rules", test_file.name], cwd=test_file.parent, capture_output=True, text=True
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 

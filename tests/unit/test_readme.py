@@ -16,7 +16,7 @@ def test_readme_key_table_matches_the_bindings():
 
 def test_readme_faults_table_names_tests_that_exist():
     readme = (ROOT / "README.md").read_text()
-    table = readme[readme.index("<!-- faults:begin -->"):readme.index("<!-- faults:end -->")]
+    table = readme[readme.index("<!-- faults:begin -->") : readme.index("<!-- faults:end -->")]
     named = set(re.findall(r"\b((?:unit|integration|tui)/test_\w+\.py)", table))
     assert len(named) >= 15
     missing = sorted(n for n in named if not (ROOT / "tests" / n).is_file())

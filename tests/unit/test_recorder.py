@@ -30,8 +30,17 @@ def model_dir(tmp_path):
 
 
 def status(spec: EngineSpec, state: EngineState, pid: int | None, **kw) -> EngineStatus:
-    return EngineStatus(name="e1", state=state, config_id=spec.config_id, model=spec.model,
-                        served_model_name="m", device="cpu", pid=pid, spec=spec.public_dict(), **kw)
+    return EngineStatus(
+        name="e1",
+        state=state,
+        config_id=spec.config_id,
+        model=spec.model,
+        served_model_name="m",
+        device="cpu",
+        pid=pid,
+        spec=spec.public_dict(),
+        **kw,
+    )
 
 
 def test_runs_verdicts_and_rollback_choice(tmp_path, model_dir):
@@ -59,7 +68,10 @@ def test_runs_verdicts_and_rollback_choice(tmp_path, model_dir):
 
     runs = store.runs("e1")
     assert [(r.config_id, r.outcome) for r in runs] == [
-        (a.config_id, "known_good"), (b.config_id, "known_bad"), (c.config_id, "known_bad")]
+        (a.config_id, "known_good"),
+        (b.config_id, "known_bad"),
+        (c.config_id, "known_bad"),
+    ]
     assert runs[0].kv_cache_tokens == 6144 and runs[0].ready_at == 1030.0
     assert runs[2].exit_reason == "ValueError: does not fit"
 
@@ -108,8 +120,12 @@ def test_orphaned_runs_are_closed_and_samples_written(tmp_path, model_dir):
     assert Recorder(store).close_orphans([]) == 1
     assert store.runs("e1")[0].exit_reason == "ended while no daemon was watching"
 
-    live = status(a, EngineState.READY, 32,
-                  metrics=WindowedMetrics(taken_at_s=1.0, running=3, kv_cache_usage=0.25, p99_ttft_s=0.2))
+    live = status(
+        a,
+        EngineState.READY,
+        32,
+        metrics=WindowedMetrics(taken_at_s=1.0, running=3, kv_cache_usage=0.25, p99_ttft_s=0.2),
+    )
     starting = status(a, EngineState.STARTING, 33)
     assert rec.sample([live, starting], at_s=5000.0) == 1
     (s,) = store.metric_samples("e1")

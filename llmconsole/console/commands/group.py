@@ -27,8 +27,9 @@ def format_groups(groups: list[dict[str, Any]]) -> str:
     for g in groups:
         window = f"{g['window']}{' (frozen)' if g['frozen'] else ''}"
         name = g["group"] if g["named"] else f"{g['group']} ({'retired, finishing' if g.get('retired') else 'own'})"
-        rows.append((name, ",".join(g["engines"]), window, str(g["in_flight"]), str(g["queued"]),
-                     g["gateway_url"] or "-"))
+        rows.append(
+            (name, ",".join(g["engines"]), window, str(g["in_flight"]), str(g["queued"]), g["gateway_url"] or "-")
+        )
     widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
@@ -59,7 +60,9 @@ def cmd_set(ns: argparse.Namespace) -> int:
     if ns.json:
         print(json.dumps(g, indent=1))
     else:
-        print(f"group {g['group']}: {', '.join(g['engines'])}; window {g['window']}; clients use {g['gateway_url']}/v1/...")
+        print(
+            f"group {g['group']}: {', '.join(g['engines'])}; window {g['window']}; clients use {g['gateway_url']}/v1/..."
+        )
     return 0
 
 
@@ -69,8 +72,11 @@ def cmd_rm(ns: argparse.Namespace) -> int:
         if ns.name not in groups:
             raise CliError(f"no engine group named {ns.name!r}", EXIT_USAGE)
         engines = ", ".join(groups[ns.name]["engines"])
-        confirm(f"Remove engine group {ns.name}? Its engines ({engines}) go back to groups of their own, "
-                f"and {groups[ns.name]['gateway_url']} stops answering.", ns.yes)
+        confirm(
+            f"Remove engine group {ns.name}? Its engines ({engines}) go back to groups of their own, "
+            f"and {groups[ns.name]['gateway_url']} stops answering.",
+            ns.yes,
+        )
         try:
             done = client.remove_group(ns.name)
         except DaemonError as e:

@@ -56,11 +56,13 @@ def parse_since(text: str, now_s: float | None = None) -> float:
     try:
         return datetime.fromisoformat(text).timestamp()
     except ValueError:
-        raise CliError(f"--since {text!r}: give a time such as 2026-12-03T07:00 or an age such as 2h",
-                       EXIT_USAGE) from None
+        raise CliError(
+            f"--since {text!r}: give a time such as 2026-12-03T07:00 or an age such as 2h", EXIT_USAGE
+        ) from None
 
 
 # --- history --------------------------------------------------------------------------------
+
 
 def format_versions(engine: str, entries: list[dict[str, Any]]) -> str:
     lines = [f"{engine}:"]
@@ -68,9 +70,11 @@ def format_versions(engine: str, entries: list[dict[str, Any]]) -> str:
         return f"{engine}: no recorded configs"
     for e in entries:
         mark = "*" if e["in_use"] else " "
-        label = f"  \"{e['label']}\"" if e.get("label") else ""
-        lines.append(f" {mark} {e['config_id']}  {e['verdict']:<10}  runs {e['runs']:<3} "
-                     f"last used {_when(e['last_used_at'])}{label}")
+        label = f'  "{e["label"]}"' if e.get("label") else ""
+        lines.append(
+            f" {mark} {e['config_id']}  {e['verdict']:<10}  runs {e['runs']:<3} "
+            f"last used {_when(e['last_used_at'])}{label}"
+        )
         for d in e["diff_from_previous"]:
             lines.append(f"       {d['field']}: {json.dumps(d['before'])} -> {json.dumps(d['after'])}")
     return "\n".join(lines)
@@ -112,6 +116,7 @@ def cmd_history(ns: argparse.Namespace) -> int:
 
 # --- rollback -------------------------------------------------------------------------------
 
+
 def cmd_rollback(ns: argparse.Namespace) -> int:
     with daemon_client() as client:
         e = client.engine(ns.name)
@@ -125,12 +130,14 @@ def cmd_rollback(ns: argparse.Namespace) -> int:
             r = client.rollback(ns.name, ns.to)
         except DaemonError as err:
             raise CliError(str(err), EXIT_USAGE if err.status == 400 else 1) from None
-    print(f"{ns.name}: rolling back {r['from_config_id']} -> {r['to_config_id']} "
-          f"(`llmconsole status` shows it come up)")
+    print(
+        f"{ns.name}: rolling back {r['from_config_id']} -> {r['to_config_id']} (`llmconsole status` shows it come up)"
+    )
     return 0
 
 
 # --- export ---------------------------------------------------------------------------------
+
 
 def _known_secrets(state_file: Path) -> list[str]:
     """Secrets the daemon holds (its state file: API keys, secret env values), so the export
@@ -158,9 +165,14 @@ def _export_here(ns: argparse.Namespace, out: Path, quiet: bool = False) -> None
         logs = {name: paths.engine_log(name) for name in engines if paths.engine_log(name).exists()}
         logs["daemon"] = paths.daemon_log
         try:
-            result = export_bundle(store, out, session_id=ns.session, since_s=since,
-                                   logs={k: v for k, v in logs.items() if v.exists()},
-                                   secrets=_known_secrets(paths.state_file))
+            result = export_bundle(
+                store,
+                out,
+                session_id=ns.session,
+                since_s=since,
+                logs={k: v for k, v in logs.items() if v.exists()},
+                secrets=_known_secrets(paths.state_file),
+            )
         except ExportError as e:
             raise CliError(str(e), EXIT_USAGE) from None
     counts = ", ".join(f"{n} {t}" for t, n in result.counts)
@@ -217,8 +229,13 @@ def _export_remote(ns: argparse.Namespace, host: Host, out: Path) -> list[str]:
     assert host.destination is not None
     with tempfile.TemporaryFile() as spool:
         try:
-            capture_remote(str(host.destination), host.remote_command(*_export_args(ns)), host=host.name,
-                           stdout=spool, timeout_s=900.0)
+            capture_remote(
+                str(host.destination),
+                host.remote_command(*_export_args(ns)),
+                host=host.name,
+                stdout=spool,
+                timeout_s=900.0,
+            )
         except RuntimeError as e:
             raise CliError(f"export on {e}") from None
         spool.seek(0)
@@ -240,8 +257,11 @@ def _export_across(ns: argparse.Namespace, hosts: list[Host]) -> int:
     index = []
     for host in hosts:
         folder = out / host.name
-        entry: dict[str, Any] = {"host": host.name, "folder": host.name,
-                                 "destination": str(host.destination) if host.destination else None}
+        entry: dict[str, Any] = {
+            "host": host.name,
+            "folder": host.name,
+            "destination": str(host.destination) if host.destination else None,
+        }
         try:
             if host.is_local:
                 _export_here(ns, folder, quiet=True)
@@ -309,6 +329,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     span.add_argument("--since", metavar="T", help="an ISO time or an age such as 2h (default: everything)")
     x.add_argument("--out", metavar="DIR", help="a new or empty directory")
     x.add_argument("--tar", action="store_true", help="write the bundle as a tar stream to stdout instead")
-    x.add_argument("--all-hosts", action="store_true",
-                   help="this host and every host of the hosts file, each in a folder of --out")
+    x.add_argument(
+        "--all-hosts", action="store_true", help="this host and every host of the hosts file, each in a folder of --out"
+    )
     x.set_defaults(func=cmd_export)

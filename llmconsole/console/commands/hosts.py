@@ -40,9 +40,24 @@ def cmd_ls(ns: argparse.Namespace) -> int:
     catalog: HostCatalog = ns.catalog
     hosts = catalog.file_hosts
     if ns.json:
-        print(json.dumps({"file": str(catalog.path), "hosts": [
-            {"name": h.name, "destination": str(h.destination), "command": h.command, "data_dir": h.data_dir,
-             "metrics": h.metrics} for h in hosts]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "file": str(catalog.path),
+                    "hosts": [
+                        {
+                            "name": h.name,
+                            "destination": str(h.destination),
+                            "command": h.command,
+                            "data_dir": h.data_dir,
+                            "metrics": h.metrics,
+                        }
+                        for h in hosts
+                    ],
+                },
+                indent=2,
+            )
+        )
         return 0
     if not hosts:
         print(f"no hosts in {catalog.path} (see `llmconsole hosts --help` for its form)")
@@ -56,6 +71,7 @@ def cmd_ls(ns: argparse.Namespace) -> int:
 
 
 # --- Prometheus targets -----------------------------------------------------------------------
+
 
 def _is_loopback(addr: str) -> bool:
     if addr == "localhost":
@@ -78,8 +94,9 @@ def network_name(host: Host) -> str:
     """The address ssh really connects to for `host` (its config's HostName applied)."""
     assert host.destination is not None
     try:
-        r = subprocess.run([*ssh_command(), "-G", "--", str(host.destination)], capture_output=True, text=True,
-                           timeout=10, check=False)
+        r = subprocess.run(
+            [*ssh_command(), "-G", "--", str(host.destination)], capture_output=True, text=True, timeout=10, check=False
+        )
     except (OSError, subprocess.TimeoutExpired):
         return host.destination.hostname
     for line in r.stdout.splitlines():
@@ -136,9 +153,11 @@ class TargetScan:
                 url = urlsplit(client.exporter()["url"])
                 addr = self._reachable_as(host, url.hostname or "", int(url.port or 0))
                 if addr is None:
-                    notes.append(f"{host.name}: its exporter listens on {url.hostname} only; set `metrics = "
-                                 f"\"ADDR:PORT\"` in the hosts file (an SSH tunnel's end, or set "
-                                 f"LLMCONSOLE_METRICS_BIND on {host.name})")
+                    notes.append(
+                        f"{host.name}: its exporter listens on {url.hostname} only; set `metrics = "
+                        f'"ADDR:PORT"` in the hosts file (an SSH tunnel\'s end, or set '
+                        f"LLMCONSOLE_METRICS_BIND on {host.name})"
+                    )
                 else:
                     exporters.append({"targets": [addr], "labels": labels})
         except HostUnreachable as e:
@@ -156,8 +175,10 @@ class TargetScan:
             bound = str((eng.get("spec") or {}).get("host") or "127.0.0.1")
             addr = self._reachable_as(host, bound, int(eng["port"]))
             if addr is None:
-                notes.append(f"{host.name}: engine {eng['name']} listens on {bound} only; its vllm:* series are "
-                             f"in reach of a Prometheus on {host.name} (or through a tunnel)")
+                notes.append(
+                    f"{host.name}: engine {eng['name']} listens on {bound} only; its vllm:* series are "
+                    f"in reach of a Prometheus on {host.name} (or through a tunnel)"
+                )
                 continue
             engines.append({"targets": [addr], "labels": {**labels, "llmconsole_engine": eng["name"]}})
         self.last[host.name] = (exporters, engines)
@@ -200,7 +221,9 @@ def cmd_targets(ns: argparse.Namespace) -> int:
             write_json_atomic(out / ENGINES_FILE, engines)
             for note in notes:
                 print(note, file=sys.stderr)
-            print(f"{out / EXPORTER_FILE}: {len(exporters)} exporter(s); {out / ENGINES_FILE}: {len(engines)} engine(s)")
+            print(
+                f"{out / EXPORTER_FILE}: {len(exporters)} exporter(s); {out / ENGINES_FILE}: {len(engines)} engine(s)"
+            )
             if not ns.watch:
                 return 0
             time.sleep(ns.watch)
@@ -214,10 +237,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ls = hs.add_parser("ls", help="the hosts of the hosts file, checked")
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=cmd_ls)
-    t = hs.add_parser("prometheus-targets",
-                      help="file-based service discovery JSON: each host's exporter, each engine's /metrics")
-    t.add_argument("--out", required=True, metavar="DIR",
-                   help=f"where {EXPORTER_FILE} and {ENGINES_FILE} are written (what the scrape config reads)")
+    t = hs.add_parser(
+        "prometheus-targets", help="file-based service discovery JSON: each host's exporter, each engine's /metrics"
+    )
+    t.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help=f"where {EXPORTER_FILE} and {ENGINES_FILE} are written (what the scrape config reads)",
+    )
     t.add_argument("--no-local", action="store_true", help="leave this host out")
     t.add_argument("--local-name", metavar="NAME", help="this host's `host` label (default: its host name)")
     t.add_argument("--watch", type=float, default=None, metavar="S", help="rewrite the files every S seconds")

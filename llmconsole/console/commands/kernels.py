@@ -28,12 +28,17 @@ def cmd_info(ns: argparse.Namespace) -> int:
             raise ValueError(f"--threads must be a multiple of 32 in [32, 256], got {ns.threads}")
         if ns.smem_carveout_kb < 0 or (ns.max_registers is not None and ns.max_registers < 16):
             raise ValueError("--smem-carveout-kb must be >= 0 and --max-registers >= 16")
-        options = CudaBuildOptions(warp_reduce=not ns.no_warp_reduce,
-                                   smem_carveout_kb=ns.smem_carveout_kb,
-                                   max_registers=ns.max_registers, fast_math=ns.fast_math,
-                                   threads=ns.threads, only_head_size=ns.head_size or 0)
-        info = kernel_info(build_cpu=not ns.no_build, cuda_options=options,
-                           archs=tuple(ns.arch) if ns.arch else DEFAULT_ARCHS)
+        options = CudaBuildOptions(
+            warp_reduce=not ns.no_warp_reduce,
+            smem_carveout_kb=ns.smem_carveout_kb,
+            max_registers=ns.max_registers,
+            fast_math=ns.fast_math,
+            threads=ns.threads,
+            only_head_size=ns.head_size or 0,
+        )
+        info = kernel_info(
+            build_cpu=not ns.no_build, cuda_options=options, archs=tuple(ns.arch) if ns.arch else DEFAULT_ARCHS
+        )
     except ValueError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
     print(json.dumps(info, indent=1) if ns.json else format_kernel_info(info))
@@ -41,24 +46,39 @@ def cmd_info(ns: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    k = sub.add_parser("kernels", help="the compiled paged-attention kernels: build status and "
-                                       "CUDA resource report")
+    k = sub.add_parser("kernels", help="the compiled paged-attention kernels: build status and CUDA resource report")
     ksub = k.add_subparsers(dest="kernels_cmd", required=True)
-    info = ksub.add_parser("info", help="CPU build status; CUDA build flags and per-arch "
-                                        "registers, spill bytes, shared memory and occupancy")
+    info = ksub.add_parser(
+        "info",
+        help="CPU build status; CUDA build flags and per-arch registers, spill bytes, shared memory and occupancy",
+    )
     info.add_argument("--json", action="store_true")
-    info.add_argument("--no-build", action="store_true",
-                      help="report the CPU kernel's state without compiling it")
-    info.add_argument("--arch", action="append", metavar="sm_XX",
-                      help="CUDA target arch (repeatable; default sm_80 and sm_90)")
+    info.add_argument("--no-build", action="store_true", help="report the CPU kernel's state without compiling it")
+    info.add_argument(
+        "--arch", action="append", metavar="sm_XX", help="CUDA target arch (repeatable; default sm_80 and sm_90)"
+    )
     info.add_argument("--max-registers", type=int, metavar="N", help="-maxrregcount=N")
-    info.add_argument("--smem-carveout-kb", type=int, default=0, metavar="KB",
-                      help="shared memory carve-out per SM to request (0: driver default)")
+    info.add_argument(
+        "--smem-carveout-kb",
+        type=int,
+        default=0,
+        metavar="KB",
+        help="shared memory carve-out per SM to request (0: driver default)",
+    )
     info.add_argument("--fast-math", action="store_true", help="--use_fast_math")
-    info.add_argument("--no-warp-reduce", action="store_true",
-                      help="shared-memory tree reductions in the split merge instead of warp shuffles")
-    info.add_argument("--threads", type=int, default=128,
-                      help="threads per CTA, a multiple of 32 up to 256 (default 128)")
-    info.add_argument("--head-size", type=int, choices=(64, 128, 256), metavar="N",
-                      help="build only the kernels for this head size (64, 128 or 256; faster)")
+    info.add_argument(
+        "--no-warp-reduce",
+        action="store_true",
+        help="shared-memory tree reductions in the split merge instead of warp shuffles",
+    )
+    info.add_argument(
+        "--threads", type=int, default=128, help="threads per CTA, a multiple of 32 up to 256 (default 128)"
+    )
+    info.add_argument(
+        "--head-size",
+        type=int,
+        choices=(64, 128, 256),
+        metavar="N",
+        help="build only the kernels for this head size (64, 128 or 256; faster)",
+    )
     info.set_defaults(func=cmd_info)

@@ -31,29 +31,48 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     mode.add_argument("--concurrency", type=int, metavar="N", help="closed loop: N streams")
     mode.add_argument("--rate", type=float, metavar="R", help="open loop: R requests/s on average")
     add_workload_flags(p)
-    p.add_argument("--burstiness", type=float, default=1.0, metavar="B",
-                   help="open loop: gamma shape of the arrivals (1 Poisson, <1 burstier)")
-    p.add_argument("--max-concurrency", type=int, default=None, metavar="N",
-                   help="open loop: at most N requests in flight")
+    p.add_argument(
+        "--burstiness",
+        type=float,
+        default=1.0,
+        metavar="B",
+        help="open loop: gamma shape of the arrivals (1 Poisson, <1 burstier)",
+    )
+    p.add_argument(
+        "--max-concurrency", type=int, default=None, metavar="N", help="open loop: at most N requests in flight"
+    )
     p.add_argument("--max-duration", type=float, default=None, metavar="S", help="stop after S seconds")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--api-key-env", default=None, metavar="VAR", help="read the engine's API key from VAR")
-    p.add_argument("--direct", action="store_true",
-                   help="send to the engine's own port, past the gateway's batch window (default: through it)")
+    p.add_argument(
+        "--direct",
+        action="store_true",
+        help="send to the engine's own port, past the gateway's batch window (default: through it)",
+    )
     p.add_argument("--json", action="store_true", help="the summary as JSON")
     p.set_defaults(func=cmd_load)
 
 
 def add_workload_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-requests", type=int, default=64, metavar="N", help="measured requests")
-    p.add_argument("--input-len", default="64", metavar="L",
-                   help="prompt tokens: N, uniform:LOW-HIGH or lognormal:MEDIAN[:SIGMA]")
+    p.add_argument(
+        "--input-len", default="64", metavar="L", help="prompt tokens: N, uniform:LOW-HIGH or lognormal:MEDIAN[:SIGMA]"
+    )
     p.add_argument("--output-len", default="64", metavar="L", help="output tokens, same forms")
     p.add_argument("--warmup", type=int, default=2, metavar="N", help="warm-up requests, left out of the figures")
-    p.add_argument("--slo", action="append", default=[], metavar="KEY=MS",
-                   help="e.g. p99_e2e_ms=2000, ttft_ms=500, p50_tpot_ms=50 (repeatable or comma-separated)")
-    p.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
-                   help="let the model stop early (output lengths then vary)")
+    p.add_argument(
+        "--slo",
+        action="append",
+        default=[],
+        metavar="KEY=MS",
+        help="e.g. p99_e2e_ms=2000, ttft_ms=500, p50_tpot_ms=50 (repeatable or comma-separated)",
+    )
+    p.add_argument(
+        "--no-ignore-eos",
+        dest="ignore_eos",
+        action="store_false",
+        help="let the model stop early (output lengths then vary)",
+    )
 
 
 def engine_target(client: DaemonClient, name: str) -> dict[str, Any]:
@@ -77,14 +96,14 @@ def load_url(e: dict[str, Any], direct: bool) -> tuple[str, str]:
 def cmd_load(ns: argparse.Namespace) -> int:
     try:
         slo = Slo.parse(ns.slo)
-        common = dict(warmup_requests=ns.warmup, max_duration_s=ns.max_duration, seed=ns.seed,
-                      ignore_eos=ns.ignore_eos)
+        common = dict(warmup_requests=ns.warmup, max_duration_s=ns.max_duration, seed=ns.seed, ignore_eos=ns.ignore_eos)
         lin, lout = LengthDist.parse(ns.input_len), LengthDist.parse(ns.output_len)
         if ns.concurrency is not None:
             wl = Workload.closed(ns.concurrency, ns.num_requests, lin, lout, **common)
         else:
-            wl = Workload.open(ns.rate, ns.num_requests, lin, lout, burstiness=ns.burstiness,
-                               concurrency=ns.max_concurrency, **common)
+            wl = Workload.open(
+                ns.rate, ns.num_requests, lin, lout, burstiness=ns.burstiness, concurrency=ns.max_concurrency, **common
+            )
     except ValueError as e:
         raise CliError(str(e), EXIT_USAGE) from None
     api_key = os.environ.get(ns.api_key_env) if ns.api_key_env else None
@@ -109,8 +128,16 @@ async def _run(e: dict[str, Any], wl: Workload, slo: Slo, api_key: str | None, s
             sys.stderr.flush()
 
     try:
-        return await run_load(e["url"], e["served_model_name"], wl, tokenizer_source=e["model"], slo=slo,
-                              stop=stop, on_progress=progress, api_key=api_key)
+        return await run_load(
+            e["url"],
+            e["served_model_name"],
+            wl,
+            tokenizer_source=e["model"],
+            slo=slo,
+            stop=stop,
+            on_progress=progress,
+            api_key=api_key,
+        )
     finally:
         loop.remove_signal_handler(signal.SIGINT)
         if show:
@@ -120,25 +147,36 @@ async def _run(e: dict[str, Any], wl: Workload, slo: Slo, api_key: str | None, s
 def result_json(r: LoadResult) -> dict[str, Any]:
     s = dataclasses.asdict(r.summary)
     s["error_rate"] = r.summary.error_rate
-    return {"url": r.url, "model": r.model, "workload": r.workload.describe(), "stopped_early": r.stopped_early,
-            "summary": s}
+    return {
+        "url": r.url,
+        "model": r.model,
+        "workload": r.workload.describe(),
+        "stopped_early": r.stopped_early,
+        "summary": s,
+    }
 
 
 def render_summary(r: LoadResult) -> str:
     s = r.summary
-    lines = [f"{s.completed} of {s.requests} requests completed in {s.duration_s:.2f} s"
-             + (f" (stopped early: {r.stopped_early}; {s.cancelled} cancelled)" if r.stopped_early else ""),
-             f"throughput: {s.request_throughput_req_s:.2f} req/s, {s.output_throughput_tok_s:.1f} output tok/s, "
-             f"{s.total_token_throughput_tok_s:.1f} total tok/s",
-             f"{'latency (ms)':<14} {'mean':>9} {'median':>9} {'p99':>9}"]
+    lines = [
+        f"{s.completed} of {s.requests} requests completed in {s.duration_s:.2f} s"
+        + (f" (stopped early: {r.stopped_early}; {s.cancelled} cancelled)" if r.stopped_early else ""),
+        f"throughput: {s.request_throughput_req_s:.2f} req/s, {s.output_throughput_tok_s:.1f} output tok/s, "
+        f"{s.total_token_throughput_tok_s:.1f} total tok/s",
+        f"{'latency (ms)':<14} {'mean':>9} {'median':>9} {'p99':>9}",
+    ]
     for name in ("ttft", "tpot", "itl", "e2e"):
         st = s.latency(name)
-        lines.append(f"{name.upper():<14} {na(st.mean_ms, '{:.1f}'):>9} {na(st.median_ms, '{:.1f}'):>9} "
-                     f"{na(st.p99_ms, '{:.1f}'):>9}")
+        lines.append(
+            f"{name.upper():<14} {na(st.mean_ms, '{:.1f}'):>9} {na(st.median_ms, '{:.1f}'):>9} "
+            f"{na(st.p99_ms, '{:.1f}'):>9}"
+        )
     if s.slo:
-        lines.append(f"SLO {', '.join(f'{k}={v:g}' for k, v in s.slo.items())}: goodput "
-                     f"{s.goodput_req_s:.2f} req/s, attainment {s.slo_attainment:.1%}"
-                     + (f"; missed: {'; '.join(s.slo_broken)}" if s.slo_broken else "; met"))
+        lines.append(
+            f"SLO {', '.join(f'{k}={v:g}' for k, v in s.slo.items())}: goodput "
+            f"{s.goodput_req_s:.2f} req/s, attainment {s.slo_attainment:.1%}"
+            + (f"; missed: {'; '.join(s.slo_broken)}" if s.slo_broken else "; met")
+        )
     if s.errors_by_kind:
         lines.append("errors: " + ", ".join(f"{k}: {n}" for k, n in sorted(s.errors_by_kind.items())))
     return "\n".join(lines)

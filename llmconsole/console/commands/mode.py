@@ -1,12 +1,12 @@
 """`llmconsole mode` and `llmconsole alerts`: memory modes, alerts and automated responses.
 
-  llmconsole mode demo                          the engine's mode, budget and KV size
-  llmconsole mode demo balanced                 a guarded switch: restart, ready, smoke request,
-                                                or back to the previous config (and why)
-  llmconsole mode demo auto                     let the memory policy pick (60% / 80% thresholds)
-  llmconsole alerts                             active alerts, recent ones, and their responses
-  llmconsole alerts --enable LlmconsoleKvCacheHigh=standby,window [--for-s LlmconsoleKvCacheHigh=30]
-  llmconsole alerts --undo 42                   undo automated response 42
+llmconsole mode demo                          the engine's mode, budget and KV size
+llmconsole mode demo balanced                 a guarded switch: restart, ready, smoke request,
+                                              or back to the previous config (and why)
+llmconsole mode demo auto                     let the memory policy pick (60% / 80% thresholds)
+llmconsole alerts                             active alerts, recent ones, and their responses
+llmconsole alerts --enable LlmconsoleKvCacheHigh=standby,window [--for-s LlmconsoleKvCacheHigh=30]
+llmconsole alerts --undo 42                   undo automated response 42
 """
 
 from __future__ import annotations
@@ -23,16 +23,19 @@ _MODES = ("performance", "balanced", "aggressive", "auto")
 
 def format_mode(state: dict[str, Any]) -> str:
     mode = state["mode"] or "none (memory settings set by hand)"
-    lines = [f"{state['engine']}: mode {mode}{' (auto)' if state['auto'] else ''}",
-             f"  gpu_memory_utilization {na(state['gpu_memory_utilization'])}, "
-             f"kv_cache_memory_bytes {na(state['kv_cache_memory_bytes'], '{:,}')}, "
-             f"KV cache {na(state['kv_cache_tokens'], '{:,}')} tokens"]
+    lines = [
+        f"{state['engine']}: mode {mode}{' (auto)' if state['auto'] else ''}",
+        f"  gpu_memory_utilization {na(state['gpu_memory_utilization'])}, "
+        f"kv_cache_memory_bytes {na(state['kv_cache_memory_bytes'], '{:,}')}, "
+        f"KV cache {na(state['kv_cache_tokens'], '{:,}')} tokens",
+    ]
     if state.get("budget_bytes"):
         lines.append(f"  CPU memory budget {state['budget_bytes']:,} bytes (LLMCONSOLE_CPU_KV_BUDGET_BYTES)")
     applied = state.get("applied")
     if applied:
-        lines.append(f"  switched {applied['from_config_id']} -> {applied['to_config_id']} "
-                     f"in {applied['took_s']:.1f} s")
+        lines.append(
+            f"  switched {applied['from_config_id']} -> {applied['to_config_id']} in {applied['took_s']:.1f} s"
+        )
     return "\n".join(lines)
 
 
@@ -59,14 +62,21 @@ def format_alerts(data: dict[str, Any]) -> str:
     lines = ["active:" if data["active"] else "active: none"]
     lines += [f"  {a['rule']} on {a['engine']}: {a['state']} for {a['for_s']:.0f} s" for a in data["active"]]
     lines.append("recent alerts:" if data["alerts"] else "recent alerts: none")
-    lines += [f"  #{a['id']} {_when(a['at'])} {a['rule']} on {a['engine']} ({a['severity']}) {a['state']}"
-              f"{'' if a['resolved_at'] is None else ' at ' + _when(a['resolved_at'])}" for a in data["alerts"]]
+    lines += [
+        f"  #{a['id']} {_when(a['at'])} {a['rule']} on {a['engine']} ({a['severity']}) {a['state']}"
+        f"{'' if a['resolved_at'] is None else ' at ' + _when(a['resolved_at'])}"
+        for a in data["alerts"]
+    ]
     lines.append("responses:" if data["responses"] else "responses: none")
     for r in data["responses"]:
         d = r["detail"]
-        extra = f" undone by #{d['undone_by']}" if d.get("undone_by") else (f" ({d['error']})" if d.get("error") else "")
-        lines.append(f"  #{r['id']} {_when(r['at'])} {r['kind'].removeprefix('response:')} on {r['engine']} "
-                     f"for {d.get('trigger')}: {r['outcome']}{extra}")
+        extra = (
+            f" undone by #{d['undone_by']}" if d.get("undone_by") else (f" ({d['error']})" if d.get("error") else "")
+        )
+        lines.append(
+            f"  #{r['id']} {_when(r['at'])} {r['kind'].removeprefix('response:')} on {r['engine']} "
+            f"for {d.get('trigger')}: {r['outcome']}{extra}"
+        )
     enabled = data["settings"]["responses"]
     lines.append("enabled: " + (", ".join(f"{k}={'+'.join(v)}" for k, v in enabled.items()) or "none (all off)"))
     return "\n".join(lines)
@@ -119,10 +129,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     m.set_defaults(func=cmd_mode)
 
     a = sub.add_parser("alerts", help="alerts the daemon evaluates, and the automated responses to them")
-    a.add_argument("--enable", action="append", default=[], metavar="RULE=ACTION[,ACTION]",
-                   help="responses to a rule: window, mode, kv_dtype, standby")
-    a.add_argument("--for-s", action="append", default=[], metavar="RULE=SECONDS",
-                   help="how long a rule's condition must hold before it fires")
+    a.add_argument(
+        "--enable",
+        action="append",
+        default=[],
+        metavar="RULE=ACTION[,ACTION]",
+        help="responses to a rule: window, mode, kv_dtype, standby",
+    )
+    a.add_argument(
+        "--for-s",
+        action="append",
+        default=[],
+        metavar="RULE=SECONDS",
+        help="how long a rule's condition must hold before it fires",
+    )
     a.add_argument("--disable-all", action="store_true", help="turn every response off")
     a.add_argument("--undo", type=int, metavar="ACTION_ID", help="undo one automated response")
     a.add_argument("--json", action="store_true")

@@ -80,27 +80,47 @@ class DaemonController:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("sweep", help="sweep engine configs x loads: throughput / p99 table, Pareto, knee")
     p.add_argument("--engine", required=True, help="the engine to sweep (it is restarted on each config)")
-    p.add_argument("--grid", action="append", default=[], metavar="FIELD=V1,V2",
-                   help="engine spec field and its values (repeatable), e.g. max_num_seqs=4,8,16")
-    p.add_argument("--load", action="append", required=True, metavar="KIND=V1,V2",
-                   help="concurrency=4,16 or rate=2,8 (requests/s)")
+    p.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="FIELD=V1,V2",
+        help="engine spec field and its values (repeatable), e.g. max_num_seqs=4,8,16",
+    )
+    p.add_argument(
+        "--load", action="append", required=True, metavar="KIND=V1,V2", help="concurrency=4,16 or rate=2,8 (requests/s)"
+    )
     add_workload_flags(p)
     p.set_defaults(**{f: default(f) for f in ("num_requests", "input_len", "output_len", "warmup", "ignore_eos")})
     p.add_argument("--repeats", type=int, default=default("repeats"), help="runs per point, reported as the median")
-    p.add_argument("--burstiness", type=float, default=default("burstiness"),
-                   help="rate loads: gamma shape of arrivals")
+    p.add_argument(
+        "--burstiness", type=float, default=default("burstiness"), help="rate loads: gamma shape of arrivals"
+    )
     p.add_argument("--max-run", type=float, default=default("max_run_s"), metavar="S", help="time bound of one run")
-    p.add_argument("--max-error-rate", type=float, default=default("max_error_rate"),
-                   help="stop rule: failed share of requests")
-    p.add_argument("--spread-limit", type=float, default=default("spread_limit"),
-                   help="flag points whose repeats spread more")
-    p.add_argument("--knee-threshold", type=float, default=default("knee_threshold"),
-                   help="accept a step while its ratio exceeds this")
-    p.add_argument("--knee-units", choices=["relative", "absolute"], default=default("knee_units"),
-                   help="relative: (dT/T)/(dL/L); absolute: (req/s) per ms")
-    p.add_argument("--through-gateway", action="store_true",
-                   help="send the load through the engine's gateway door, where the batch window caps it "
-                        "(default: to the engine's own port, each config's own figures)")
+    p.add_argument(
+        "--max-error-rate", type=float, default=default("max_error_rate"), help="stop rule: failed share of requests"
+    )
+    p.add_argument(
+        "--spread-limit", type=float, default=default("spread_limit"), help="flag points whose repeats spread more"
+    )
+    p.add_argument(
+        "--knee-threshold",
+        type=float,
+        default=default("knee_threshold"),
+        help="accept a step while its ratio exceeds this",
+    )
+    p.add_argument(
+        "--knee-units",
+        choices=["relative", "absolute"],
+        default=default("knee_units"),
+        help="relative: (dT/T)/(dL/L); absolute: (req/s) per ms",
+    )
+    p.add_argument(
+        "--through-gateway",
+        action="store_true",
+        help="send the load through the engine's gateway door, where the batch window caps it "
+        "(default: to the engine's own port, each config's own figures)",
+    )
     p.add_argument("--out", required=True, metavar="DIR", help="results.json, results.csv, report.md, tradeoff.svg")
     p.add_argument("--no-history", action="store_true", help="do not record the sweep in the database")
     p.add_argument("--json", action="store_true", help="print results.json's content instead of the table")
@@ -109,11 +129,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def sweep_request(ns: argparse.Namespace) -> SweepRequest:
     return SweepRequest(
-        engine=ns.engine, grid=ns.grid, loads=ns.load, slo=ns.slo, repeats=ns.repeats, num_requests=ns.num_requests,
-        input_len=ns.input_len, output_len=ns.output_len, warmup=ns.warmup, ignore_eos=ns.ignore_eos,
-        burstiness=ns.burstiness, max_run_s=ns.max_run, max_error_rate=ns.max_error_rate,
-        spread_limit=ns.spread_limit, knee_threshold=ns.knee_threshold, knee_units=ns.knee_units,
-        through_gateway=ns.through_gateway)
+        engine=ns.engine,
+        grid=ns.grid,
+        loads=ns.load,
+        slo=ns.slo,
+        repeats=ns.repeats,
+        num_requests=ns.num_requests,
+        input_len=ns.input_len,
+        output_len=ns.output_len,
+        warmup=ns.warmup,
+        ignore_eos=ns.ignore_eos,
+        burstiness=ns.burstiness,
+        max_run_s=ns.max_run,
+        max_error_rate=ns.max_error_rate,
+        spread_limit=ns.spread_limit,
+        knee_threshold=ns.knee_threshold,
+        knee_units=ns.knee_units,
+        through_gateway=ns.through_gateway,
+    )
 
 
 def build_plan(ns: argparse.Namespace) -> SweepPlan:
@@ -127,8 +160,11 @@ def _progress_line(ev: SweepProgress) -> None:
     eta = f", ~{ev.eta_s / 60:.1f} min left" if ev.eta_s is not None else ""
     params = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in ev.params.items())
     head = f"[point {ev.index}/{ev.total}]" if ev.index else "[sweep]"
-    print(f"{head} {params}{': ' if params else ''}{ev.message} ({ev.elapsed_s:.0f} s elapsed{eta})",
-          file=sys.stderr, flush=True)
+    print(
+        f"{head} {params}{': ' if params else ''}{ev.message} ({ev.elapsed_s:.0f} s elapsed{eta})",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def cmd_sweep(ns: argparse.Namespace) -> int:

@@ -31,29 +31,55 @@ from llmconsole.engine.tune.tuner import TuneProgress, Tuner, TuneResult, TuneSe
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("tune", help="auto-tune an engine's config for goodput under an SLO (Optuna TPE)")
     p.add_argument("--engine", required=True, help="the engine to tune (it is restarted on each trial)")
-    p.add_argument("--workload", required=True, metavar="KIND=V",
-                   help="the load of every trial: concurrency=N or rate=R (requests/s)")
+    p.add_argument(
+        "--workload",
+        required=True,
+        metavar="KIND=V",
+        help="the load of every trial: concurrency=N or rate=R (requests/s)",
+    )
     add_workload_flags(p)
     p.set_defaults(**{f: default(f) for f in ("num_requests", "input_len", "output_len", "warmup", "ignore_eos")})
     p.add_argument("--budget", required=True, metavar="N|Mm", help="trials (12) or minutes (30m) of searching")
-    p.add_argument("--knob", action="append", default=[], metavar="FIELD[=LOW:HIGH|V1,V2]",
-                   help="a knob and its range or values (repeatable); a bare FIELD takes its range from the "
-                        "planner, else the engine's limits; default: max_num_seqs and max_num_batched_tokens "
-                        "(gateway_min_window / gateway_max_window move the gateway's window bounds)")
-    p.add_argument("--search", choices=SEARCHES, default=default("search"),
-                   help="pattern: from the planner's start along one knob at a time, then TPE; tpe: TPE "
-                        "throughout (from the same start)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="print the knobs, their ranges and where they come from, and the first trial; run nothing")
+    p.add_argument(
+        "--knob",
+        action="append",
+        default=[],
+        metavar="FIELD[=LOW:HIGH|V1,V2]",
+        help="a knob and its range or values (repeatable); a bare FIELD takes its range from the "
+        "planner, else the engine's limits; default: max_num_seqs and max_num_batched_tokens "
+        "(gateway_min_window / gateway_max_window move the gateway's window bounds)",
+    )
+    p.add_argument(
+        "--search",
+        choices=SEARCHES,
+        default=default("search"),
+        help="pattern: from the planner's start along one knob at a time, then TPE; tpe: TPE "
+        "throughout (from the same start)",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the knobs, their ranges and where they come from, and the first trial; run nothing",
+    )
     p.add_argument("--seed", type=int, default=default("seed"), help="the sampler's seed")
-    p.add_argument("--top-k", type=int, default=default("top_k"),
-                   help="candidates re-measured (raced in rounds) before one is recommended")
-    p.add_argument("--repeats", type=int, default=default("repeats"),
-                   help="re-measurements per candidate: top-k x repeats runs at most, fewer once the race is decided")
-    p.add_argument("--eta", type=int, default=default("eta"),
-                   help="successive halving: keep the top 1/eta at each rung")
-    p.add_argument("--max-run", type=float, default=default("max_run_s"), metavar="S",
-                   help="time bound of one load run")
+    p.add_argument(
+        "--top-k",
+        type=int,
+        default=default("top_k"),
+        help="candidates re-measured (raced in rounds) before one is recommended",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=default("repeats"),
+        help="re-measurements per candidate: top-k x repeats runs at most, fewer once the race is decided",
+    )
+    p.add_argument(
+        "--eta", type=int, default=default("eta"), help="successive halving: keep the top 1/eta at each rung"
+    )
+    p.add_argument(
+        "--max-run", type=float, default=default("max_run_s"), metavar="S", help="time bound of one load run"
+    )
     p.add_argument("--apply", action="store_true", help="apply the winner through the guarded apply")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=cmd_tune)
@@ -61,10 +87,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def tune_request(ns: argparse.Namespace) -> TuneRequest:
     try:
-        return TuneRequest(engine=ns.engine, workload=ns.workload, slo=ns.slo, budget=ns.budget, knobs=ns.knob,
-                           input_len=ns.input_len, output_len=ns.output_len, num_requests=ns.num_requests,
-                           warmup=ns.warmup, ignore_eos=ns.ignore_eos, search=ns.search, seed=ns.seed,
-                           top_k=ns.top_k, repeats=ns.repeats, eta=ns.eta, max_run_s=ns.max_run)
+        return TuneRequest(
+            engine=ns.engine,
+            workload=ns.workload,
+            slo=ns.slo,
+            budget=ns.budget,
+            knobs=ns.knob,
+            input_len=ns.input_len,
+            output_len=ns.output_len,
+            num_requests=ns.num_requests,
+            warmup=ns.warmup,
+            ignore_eos=ns.ignore_eos,
+            search=ns.search,
+            seed=ns.seed,
+            top_k=ns.top_k,
+            repeats=ns.repeats,
+            eta=ns.eta,
+            max_run_s=ns.max_run,
+        )
     except ValueError as e:
         raise CliError(str(e), EXIT_USAGE) from None
 
@@ -81,26 +121,41 @@ def _progress(ev: TuneProgress) -> None:
     best = f"best so far {ev.best_req_s:.2f} req/s" if ev.best_req_s is not None else "no feasible trial yet"
     head = f"[trial {ev.trial}]" if ev.trial is not None else "[tune]"
     params = ", ".join(f"{k}={v}" for k, v in ev.params.items())
-    print(f"{head} {params}{': ' if params else ''}{ev.message} ({best}, {ev.elapsed_s:.0f} s)",
-          file=sys.stderr, flush=True)
+    print(
+        f"{head} {params}{': ' if params else ''}{ev.message} ({best}, {ev.elapsed_s:.0f} s)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def render(result: TuneResult) -> str:
-    lines = [f"study {result.study}: {len(result.trials)} trials ({result.new_trials} this run), {result.status}", "",
-             f"{'#':>3}  {'state':<11} {'goodput (req/s)':>15} {'requests':>8}  params"]
+    lines = [
+        f"study {result.study}: {len(result.trials)} trials ({result.new_trials} this run), {result.status}",
+        "",
+        f"{'#':>3}  {'state':<11} {'goodput (req/s)':>15} {'requests':>8}  params",
+    ]
     for t in result.trials:
         g = f"{t.goodput_req_s:.2f}" if t.goodput_req_s is not None else "-"
-        lines.append(f"{t.number:>3}  {t.state:<11} {g:>15} {t.requests:>8}  "
-                     + ", ".join(f"{k}={v}" for k, v in t.params.items()) + (f"  ({t.reason})" if t.reason else ""))
+        lines.append(
+            f"{t.number:>3}  {t.state:<11} {g:>15} {t.requests:>8}  "
+            + ", ".join(f"{k}={v}" for k, v in t.params.items())
+            + (f"  ({t.reason})" if t.reason else "")
+        )
     if result.remeasured:
         lines += ["", "re-measured:"]
         for m in result.remeasured:
             spread = f" ±{m.spread / 2:.0%}" if m.spread is not None else ""
-            lines.append(f"  trial {m.number}: mean {m.mean_req_s:.2f} req/s{spread} over "
-                         f"{len(m.goodputs_req_s)} runs  " + ", ".join(f"{k}={v}" for k, v in m.params.items()))
+            lines.append(
+                f"  trial {m.number}: mean {m.mean_req_s:.2f} req/s{spread} over "
+                f"{len(m.goodputs_req_s)} runs  " + ", ".join(f"{k}={v}" for k, v in m.params.items())
+            )
     w = result.winner
-    lines += ["", f"recommended: {', '.join(f'{k}={v}' for k, v in w.params.items())} "
-                  f"({w.mean_req_s:.2f} req/s goodput)" if w else "no config met the constraints"]
+    lines += [
+        "",
+        f"recommended: {', '.join(f'{k}={v}' for k, v in w.params.items())} ({w.mean_req_s:.2f} req/s goodput)"
+        if w
+        else "no config met the constraints",
+    ]
     return "\n".join(lines)
 
 

@@ -62,8 +62,11 @@ def format_window(state: dict[str, Any], steps: int = 10) -> str:
     trace = state.get("trace", [])[-steps:]
     if trace:
         lines.append("  recent steps: measured -> window (action)")
-        lines += [f"    {_ms(t['measured_ms']) if t['measured_ms'] is not None else 'no samples':>10} -> "
-                  f"{t['window']:>3} ({t['action']})" for t in trace]
+        lines += [
+            f"    {_ms(t['measured_ms']) if t['measured_ms'] is not None else 'no samples':>10} -> "
+            f"{t['window']:>3} ({t['action']})"
+            for t in trace
+        ]
     return "\n".join(lines)
 
 

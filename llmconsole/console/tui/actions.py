@@ -154,8 +154,11 @@ class ConsoleActions(_AppBase):
             if not spec.palette:
                 continue
             key = self.get_key_display(self._binding_for(spec))
-            yield SystemCommand(spec.long_name, f"key {key}  ·  id {spec.id}",
-                                lambda spec=spec: self._from_palette(spec.action, spec.long_name))
+            yield SystemCommand(
+                spec.long_name,
+                f"key {key}  ·  id {spec.id}",
+                lambda spec=spec: self._from_palette(spec.action, spec.long_name),
+            )
         for cmd in super().get_system_commands(screen):
             if cmd.title == "Theme":  # Textual's own; its quit and key panel would bypass ours
                 yield cmd
@@ -190,23 +193,33 @@ class ConsoleActions(_AppBase):
         e = self._engine_or_warn()
         if e is None or not e.can("stop"):
             return
-        self._ask(f"Stop engine {e.name}? Requests in flight get the daemon's drain time to finish; "
-                  "clients of it get errors until it is started again.", Command("stop", e.name), "Stop")
+        self._ask(
+            f"Stop engine {e.name}? Requests in flight get the daemon's drain time to finish; "
+            "clients of it get errors until it is started again.",
+            Command("stop", e.name),
+            "Stop",
+        )
 
     def action_restart_engine(self) -> None:
         e = self._engine_or_warn()
         if e is None or not e.can("restart"):
             return
-        self._ask(f"Restart engine {e.name} on its current spec? It stops serving until it is ready again.",
-                  Command("restart", e.name), "Restart")
+        self._ask(
+            f"Restart engine {e.name} on its current spec? It stops serving until it is ready again.",
+            Command("restart", e.name),
+            "Restart",
+        )
 
     def action_stop_all(self) -> None:
         serving = self.snapshot.serving if self.snapshot else ()
         if not serving:
             return
         names = ", ".join(e.name for e in serving)
-        self._ask(f"Stop ALL {len(serving)} running engine(s): {names}? The daemon keeps running.",
-                  Command("stop_all"), "Stop all")
+        self._ask(
+            f"Stop ALL {len(serving)} running engine(s): {names}? The daemon keeps running.",
+            Command("stop_all"),
+            "Stop all",
+        )
 
     def _ask(self, question: str, command: Command, yes_label: str) -> None:
         def answered(yes: bool | None) -> None:
@@ -230,9 +243,12 @@ class ConsoleActions(_AppBase):
         if e is None or v is None or v["config_id"] == e.config_id:
             return
         warn = "  It was judged known_bad." if v["verdict"] == "known_bad" else ""
-        self._ask(f"Roll engine {e.name} back from config {e.config_id} to {v['config_id']}? It restarts "
-                  f"and stops serving until it is ready again.{warn}",
-                  Command("rollback", e.name, {"to": v["config_id"]}), "Roll back")
+        self._ask(
+            f"Roll engine {e.name} back from config {e.config_id} to {v['config_id']}? It restarts "
+            f"and stops serving until it is ready again.{warn}",
+            Command("rollback", e.name, {"to": v["config_id"]}),
+            "Roll back",
+        )
 
     def action_show_logs(self) -> None:
         if (e := self._engine_or_warn()) is not None:
@@ -276,9 +292,12 @@ class ConsoleActions(_AppBase):
     def action_show_alerts(self) -> None:
         def chosen(action_id: int | None) -> None:
             if action_id is not None:
-                self._ask(f"Undo automated response #{action_id}? A window goes back to what it was, an "
-                          "engine restarts on the config it ran before, or the standby stops.",
-                          Command("undo", None, {"action_id": action_id}), "Undo")
+                self._ask(
+                    f"Undo automated response #{action_id}? A window goes back to what it was, an "
+                    "engine restarts on the config it ran before, or the standby stops.",
+                    Command("undo", None, {"action_id": action_id}),
+                    "Undo",
+                )
 
         self.push_screen(AlertsScreen(), chosen)
 
@@ -329,8 +348,9 @@ class ConsoleActions(_AppBase):
 
     async def action_quit(self) -> None:
         if getattr(self.screen, "busy", False):  # an apply whose answer is on its way
-            self.notify("a tuned config is being applied: its outcome shows here in a moment; then q quits",
-                        severity="warning")
+            self.notify(
+                "a tuned config is being applied: its outcome shows here in a moment; then q quits", severity="warning"
+            )
             return
         farewell = goodbye(self.snapshot, daemon_lost=self.lost_reason is not None)
         note = getattr(self.screen, "farewell_note", None)

@@ -58,8 +58,14 @@ class ConsoleApp(ConsoleActions, App[str]):
     TITLE = "llmconsole"
     BINDINGS = bindings_for("app")
 
-    def __init__(self, source: StateSource, refresh_s: float = 1.0, retry_s: float = 2.0,
-                 keymap: Mapping[str, str] | None = None, cursor_blink: bool = True) -> None:
+    def __init__(
+        self,
+        source: StateSource,
+        refresh_s: float = 1.0,
+        retry_s: float = 2.0,
+        keymap: Mapping[str, str] | None = None,
+        cursor_blink: bool = True,
+    ) -> None:
         super().__init__()
         self.source = source
         self.refresh_s = refresh_s
@@ -68,18 +74,18 @@ class ConsoleApp(ConsoleActions, App[str]):
         self.cursor_blink = cursor_blink
         self.snapshot: Snapshot | None = None
         self.lost_reason: str | None = None
-        self.history = SeriesHistory()   # the charts' figures, live and from the daemon's store
+        self.history = SeriesHistory()  # the charts' figures, live and from the daemon's store
         self.chart_range_s = 300.0
-        self.chart_pick = "pid"          # the chart a short terminal shows (g switches)
+        self.chart_pick = "pid"  # the chart a short terminal shows (g switches)
         self.log_view = LogView()
-        self.clock = time.monotonic      # tests fix it, so a pictured progress bar holds still
+        self.clock = time.monotonic  # tests fix it, so a pictured progress bar holds still
         self._switching: dict[str, _Switching] = {}
         self._fetching: set[str] = set()
         self.specs = SpecMemory()
         self.logs: dict[str, LogChunk] = {}
         self.polls_applied = 0  # polls that brought a status
-        self.polls_done = 0     # polls that finished, whatever they brought
-        self.fetches_done = 0   # answers (or failures) of the daemon's stored history
+        self.polls_done = 0  # polls that finished, whatever they brought
+        self.fetches_done = 0  # answers (or failures) of the daemon's stored history
         self._timer: Timer | None = None
         self._polling = False
         self._poll_again = False
@@ -143,8 +149,7 @@ class ConsoleApp(ConsoleActions, App[str]):
             name, offset, max_bytes = log_request
             try:
                 d = self.source.logs(name, offset=offset, max_bytes=max_bytes)
-                chunk = LogChunk(name, str(d.get("text", "")), int(d.get("offset", 0)),
-                                 int(d.get("size", 0)), offset)
+                chunk = LogChunk(name, str(d.get("text", "")), int(d.get("offset", 0)), int(d.get("size", 0)), offset)
             except Exception:
                 chunk = None  # the log is a nicety; the next poll tries again
         self.post_message(StatusPolled(snapshot, chunk))
@@ -194,8 +199,13 @@ class ConsoleApp(ConsoleActions, App[str]):
     def refresh_bindings_if_changed(self) -> None:
         """The footer recomposes on refresh_bindings: do it only when what keys may do changed."""
         e = self.selected_engine()
-        key = (type(self.screen).__name__, e.name if e else None, e.state if e else None,
-               self.lost_reason is None, bool(self.snapshot and self.snapshot.serving))
+        key = (
+            type(self.screen).__name__,
+            e.name if e else None,
+            e.state if e else None,
+            self.lost_reason is None,
+            bool(self.snapshot and self.snapshot.serving),
+        )
         if key != self._bindings_key:
             self._bindings_key = key
             self.refresh_bindings()
@@ -227,8 +237,9 @@ class ConsoleApp(ConsoleActions, App[str]):
         if command.verb == "mode" and command.engine is not None and (command.spec or {}).get("mode") != "auto":
             e = self.snapshot.engine(command.engine) if self.snapshot else None
             last = e.last_start_s if e is not None else None
-            self._switching[command.engine] = _Switching(str((command.spec or {}).get("mode")), self.clock(),
-                                                         None if last is None else last + SWITCH_EXTRA_S)
+            self._switching[command.engine] = _Switching(
+                str((command.spec or {}).get("mode")), self.clock(), None if last is None else last + SWITCH_EXTRA_S
+            )
         self._send(command)
 
     @work(thread=True, group="commands", exit_on_error=False)

@@ -16,9 +16,23 @@ Kind = str  # line | points | step | errorbars
 
 # One palette for plotext's lines and the legend's swatches (Rich), as RGB so both draw the same
 # colour whatever the terminal's ANSI palette or the app's theme; readable on dark and light.
-COLOURS = {"window": "#29b6f6", "measured": "#ec407a", "target": "#ffca28", "kv": "#29b6f6", "queue": "#ab47bc",
-           "tok": "#66bb6a", "front": "#29b6f6", "points": "#bdbdbd", "knee": "#ec407a", "slo": "#ef5350",
-           "best": "#66bb6a", "pruned": "#ffca28", "failed": "#ef5350", "complete": "#29b6f6", "running": "#bdbdbd"}
+COLOURS = {
+    "window": "#29b6f6",
+    "measured": "#ec407a",
+    "target": "#ffca28",
+    "kv": "#29b6f6",
+    "queue": "#ab47bc",
+    "tok": "#66bb6a",
+    "front": "#29b6f6",
+    "points": "#bdbdbd",
+    "knee": "#ec407a",
+    "slo": "#ef5350",
+    "best": "#66bb6a",
+    "pruned": "#ffca28",
+    "failed": "#ef5350",
+    "complete": "#29b6f6",
+    "running": "#bdbdbd",
+}
 
 
 def rgb(colour: str) -> tuple[int, int, int]:
@@ -28,29 +42,29 @@ def rgb(colour: str) -> tuple[int, int, int]:
 
 @dataclass(frozen=True)
 class Series:
-    label: str                           # the legend: what, and its unit
+    label: str  # the legend: what, and its unit
     x: tuple[float, ...]
-    y: tuple[float | None, ...]          # None: a gap
+    y: tuple[float | None, ...]  # None: a gap
     colour: str
     kind: Kind = "line"
-    right: bool = False                  # on the right-hand y axis
-    err: tuple[float, ...] = ()          # errorbars: half-heights, one per point
-    glyph: str = "─"                     # the legend's swatch
-    marker: str = "braille"              # plotext's marker for points ("x", "o", "•", ...)
+    right: bool = False  # on the right-hand y axis
+    err: tuple[float, ...] = ()  # errorbars: half-heights, one per point
+    glyph: str = "─"  # the legend's swatch
+    marker: str = "braille"  # plotext's marker for points ("x", "o", "•", ...)
 
 
 @dataclass(frozen=True)
 class ChartSpec:
     title: str
     series: tuple[Series, ...]
-    y_label: str                          # the left axis' unit
+    y_label: str  # the left axis' unit
     x_label: str = ""
-    y2_label: str = ""                    # the right axis' unit, if a series is on it
+    y2_label: str = ""  # the right axis' unit, if a series is on it
     x_lim: tuple[float, float] | None = None
     y_lim: tuple[float, float] | None = None
     y2_lim: tuple[float, float] | None = None
     x_ticks: tuple[tuple[float, str], ...] = ()
-    empty: str = ""                       # said in place of the plot when there is nothing to draw
+    empty: str = ""  # said in place of the plot when there is nothing to draw
 
     @property
     def has_data(self) -> bool:
@@ -78,8 +92,9 @@ def segments(x: Sequence[float], y: Sequence[float | None]) -> list[tuple[list[f
 GAP_BINS = 3  # fewer empty bins in a row than this are a late sample, not a gap
 
 
-def downsample(x: Sequence[float], y: Sequence[float | None], lo: float, hi: float, bins: int,
-               hold: bool = False) -> tuple[tuple[float, ...], tuple[float | None, ...]]:
+def downsample(
+    x: Sequence[float], y: Sequence[float | None], lo: float, hi: float, bins: int, hold: bool = False
+) -> tuple[tuple[float, ...], tuple[float | None, ...]]:
     """One point per bin of [lo, hi] from the first bin with a figure to the last: the bin's mean,
     so a 60-minute line costs what a 5-minute one does. A bin without a figure is a gap (None),
     so a line does not bridge an engine's restart; with `hold` it keeps the value before it

@@ -23,8 +23,9 @@ def range_text(range_s: float) -> str:
     return f"last {range_s / 60:g} min"
 
 
-def _axis(history: SeriesHistory, name: str, key: str, range_s: float, width: int, scale: float = 1.0,
-          hold: bool = False) -> tuple[tuple[float, ...], tuple[float | None, ...]]:
+def _axis(
+    history: SeriesHistory, name: str, key: str, range_s: float, width: int, scale: float = 1.0, hold: bool = False
+) -> tuple[tuple[float, ...], tuple[float | None, ...]]:
     """A series on the time axis, in minutes before now, one point per half column of the plot."""
     now = history.now_s or 0.0
     t, v = history.series(name, key, now - range_s)
@@ -60,11 +61,17 @@ def pid_chart(history: SeriesHistory, engine: EngineView | None, range_s: float,
     lo, hi = 0.0, _top(tuple(seen), floor=4.0)
     return ChartSpec(
         title,
-        (Series("window (req)", x, window, COLOURS["window"]),
-         Series(measured_label, mx, measured, COLOURS["measured"], right=True),
-         Series("target (ms)", tx, target, COLOURS["target"], right=True, glyph="┄")),
-        y_label="req", y2_label="ms", x_lim=(-range_s / 60.0, 0.0), y_lim=(lo, hi),
-        y2_lim=(0.0, _top(measured, target, floor=c.target_ms or 1.0)), x_ticks=minutes_ticks(range_s, width),
+        (
+            Series("window (req)", x, window, COLOURS["window"]),
+            Series(measured_label, mx, measured, COLOURS["measured"], right=True),
+            Series("target (ms)", tx, target, COLOURS["target"], right=True, glyph="┄"),
+        ),
+        y_label="req",
+        y2_label="ms",
+        x_lim=(-range_s / 60.0, 0.0),
+        y_lim=(lo, hi),
+        y2_lim=(0.0, _top(measured, target, floor=c.target_ms or 1.0)),
+        x_ticks=minutes_ticks(range_s, width),
         empty="" if x else "no controller steps yet",
     )
 
@@ -78,11 +85,16 @@ def usage_chart(history: SeriesHistory, engine: EngineView | None, range_s: floa
     gx, tok = _axis(history, engine.name, "generation_tok_s", range_s, width)
     return ChartSpec(
         title,
-        (Series("KV used (%)", x, kv, COLOURS["kv"]),
-         Series("queue (req)", qx, queue, COLOURS["queue"]),
-         Series("generated (tok/s)", gx, tok, COLOURS["tok"], right=True)),
-        y_label="% · req", y2_label="tok/s", x_lim=(-range_s / 60.0, 0.0),
-        y_lim=(0.0, max(100.0, _top(queue))), y2_lim=(0.0, _top(tok, floor=1.0)),
+        (
+            Series("KV used (%)", x, kv, COLOURS["kv"]),
+            Series("queue (req)", qx, queue, COLOURS["queue"]),
+            Series("generated (tok/s)", gx, tok, COLOURS["tok"], right=True),
+        ),
+        y_label="% · req",
+        y2_label="tok/s",
+        x_lim=(-range_s / 60.0, 0.0),
+        y_lim=(0.0, max(100.0, _top(queue))),
+        y2_lim=(0.0, _top(tok, floor=1.0)),
         x_ticks=minutes_ticks(range_s, width),
         empty="" if x else "no samples yet: figures come once the engine serves",
     )

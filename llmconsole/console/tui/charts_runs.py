@@ -21,8 +21,11 @@ from llmconsole.engine.tune.space import TrialOutcome
 
 def sweep_chart(plan: SweepPlan, points: Sequence[PointResult]) -> ChartSpec:
     title = "throughput against p99 latency"
-    pts = [(i, p) for i, p in enumerate(points) if p.measured and p.p99_e2e_ms is not None
-           and p.throughput_req_s is not None]
+    pts = [
+        (i, p)
+        for i, p in enumerate(points)
+        if p.measured and p.p99_e2e_ms is not None and p.throughput_req_s is not None
+    ]
     limit = plan.slo.as_dict().get("p99_e2e_ms")
     if not pts:
         return ChartSpec(title, (), "req/s", "p99 end-to-end (ms)", empty="no point measured yet")
@@ -36,21 +39,41 @@ def sweep_chart(plan: SweepPlan, points: Sequence[PointResult]) -> ChartSpec:
     y_top = nice_max(max(thr.values()) * 1.15)
     series: list[Series] = []
     if len(front) > 1:
-        series.append(Series("Pareto front", tuple(lat[i] for i in front), tuple(thr[i] for i in front),
-                             COLOURS["front"]))
+        series.append(
+            Series("Pareto front", tuple(lat[i] for i in front), tuple(thr[i] for i in front), COLOURS["front"])
+        )
     spread = [(i, (p.spread.get("throughput_req_s") or 0.0) * thr[i]) for i, p in pts if p.repeats > 1]
     if any(e > 0 for _, e in spread):
-        series.append(Series(f"spread of {plan.repeats} repeats", tuple(lat[i] for i, _ in spread),
-                             tuple(thr[i] for i, _ in spread), COLOURS["points"], kind="errorbars",
-                             err=tuple(e for _, e in spread), glyph="┼"))
-    series.append(Series("points (req/s at p99 ms)", tuple(lat.values()), tuple(thr.values()), COLOURS["points"],
-                         kind="points", marker="•", glyph="•"))
+        series.append(
+            Series(
+                f"spread of {plan.repeats} repeats",
+                tuple(lat[i] for i, _ in spread),
+                tuple(thr[i] for i, _ in spread),
+                COLOURS["points"],
+                kind="errorbars",
+                err=tuple(e for _, e in spread),
+                glyph="┼",
+            )
+        )
+    series.append(
+        Series(
+            "points (req/s at p99 ms)",
+            tuple(lat.values()),
+            tuple(thr.values()),
+            COLOURS["points"],
+            kind="points",
+            marker="•",
+            glyph="•",
+        )
+    )
     if k is not None and k in lat:
-        series.append(Series(f"knee: {points[k].label}", (lat[k],), (thr[k],), COLOURS["knee"], kind="points",
-                             marker="◆", glyph="◆"))
+        series.append(
+            Series(
+                f"knee: {points[k].label}", (lat[k],), (thr[k],), COLOURS["knee"], kind="points", marker="◆", glyph="◆"
+            )
+        )
     if limit is not None:
-        series.append(Series(f"SLO p99 e2e {limit:g} ms", (limit, limit), (0.0, y_top), COLOURS["slo"],
-                             glyph="│"))
+        series.append(Series(f"SLO p99 e2e {limit:g} ms", (limit, limit), (0.0, y_top), COLOURS["slo"], glyph="│"))
     else:
         series.append(Series("no p99 end-to-end SLO given", (), (), COLOURS["slo"], glyph=" "))
     return ChartSpec(title, tuple(series), "req/s", "p99 end-to-end (ms)", x_lim=(0.0, x_top), y_lim=(0.0, y_top))
@@ -60,13 +83,24 @@ def _marks(trials: Sequence[TrialOutcome], x_of: Any) -> list[Series]:
     """Complete trials as dots; pruned ones (stopped early: the goodput of their short run) and
     infeasible ones (did not start, failed requests, missed the SLO: drawn at 0) as crosses."""
     out = []
-    for state, label, colour, marker in (("complete", "trial (req/s)", COLOURS["complete"], "•"),
-                                         ("pruned", "pruned early", COLOURS["pruned"], "x"),
-                                         ("infeasible", "infeasible (at 0)", COLOURS["failed"], "x")):
+    for state, label, colour, marker in (
+        ("complete", "trial (req/s)", COLOURS["complete"], "•"),
+        ("pruned", "pruned early", COLOURS["pruned"], "x"),
+        ("infeasible", "infeasible (at 0)", COLOURS["failed"], "x"),
+    ):
         chosen = [t for t in trials if t.state == state and x_of(t) is not None]
         if chosen:
-            out.append(Series(label, tuple(x_of(t) for t in chosen), tuple(t.goodput_req_s or 0.0 for t in chosen),
-                              colour, kind="points", marker=marker, glyph=marker))
+            out.append(
+                Series(
+                    label,
+                    tuple(x_of(t) for t in chosen),
+                    tuple(t.goodput_req_s or 0.0 for t in chosen),
+                    colour,
+                    kind="points",
+                    marker=marker,
+                    glyph=marker,
+                )
+            )
     return out
 
 
@@ -89,12 +123,21 @@ def tune_chart(trials: Sequence[TrialOutcome]) -> ChartSpec:
             step_y.append(best[i - 1])
         step_x.append(x)
         step_y.append(y)
-    series = [Series("best so far", tuple(step_x), tuple(step_y), COLOURS["best"]),  # under the marks
-              *_marks(done, lambda t: float(t.number))]
+    series = [
+        Series("best so far", tuple(step_x), tuple(step_y), COLOURS["best"]),  # under the marks
+        *_marks(done, lambda t: float(t.number)),
+    ]
     y_top = nice_max(max([t.goodput_req_s or 0.0 for t in done] + [0.1]) * 1.15)
     lo, hi = min(xs), max(xs)
-    return ChartSpec(title, tuple(series), "req/s", "trial", x_lim=(lo - 0.5, hi + 0.5), y_lim=(0.0, y_top),
-                     x_ticks=tuple((float(n), str(n)) for n in range(int(lo), int(hi) + 1)))
+    return ChartSpec(
+        title,
+        tuple(series),
+        "req/s",
+        "trial",
+        x_lim=(lo - 0.5, hi + 0.5),
+        y_lim=(0.0, y_top),
+        x_ticks=tuple((float(n), str(n)) for n in range(int(lo), int(hi) + 1)),
+    )
 
 
 def knobs_of(trials: Sequence[TrialOutcome]) -> list[str]:
@@ -113,8 +156,10 @@ def knob_chart(trials: Sequence[TrialOutcome], knob: str | None) -> ChartSpec:
     numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
     ticks: tuple[tuple[float, str], ...] = ()
     if numeric:
+
         def x_of(t: TrialOutcome) -> float:
             return float(t.params[knob])
+
         xs = [float(v) for v in values]
         pad = max(0.5, (max(xs) - min(xs)) * 0.05)
         x_lim = (min(xs) - pad, max(xs) + pad)
@@ -123,8 +168,10 @@ def knob_chart(trials: Sequence[TrialOutcome], knob: str | None) -> ChartSpec:
 
         def x_of(t: TrialOutcome) -> float:
             return float(names.index(str(t.params[knob])))
+
         x_lim, ticks = (-0.5, len(names) - 0.5), tuple((float(i), n) for i, n in enumerate(names))
     y_top = nice_max(max([t.goodput_req_s or 0.0 for t in done] + [0.1]) * 1.15)
     knob_label = f"{knob} (o: next knob)"
-    return ChartSpec(title, tuple(_marks(done, x_of)), "req/s", knob_label, x_lim=x_lim, y_lim=(0.0, y_top),
-                     x_ticks=ticks)
+    return ChartSpec(
+        title, tuple(_marks(done, x_of)), "req/s", knob_label, x_lim=x_lim, y_lim=(0.0, y_top), x_ticks=ticks
+    )

@@ -88,10 +88,14 @@ def tune_text(settings: TuneSettings, engine: EngineView | None) -> str:
     per = request_s(engine, typical_len(settings.plan.output_len))
     remeasure = settings.top_k * settings.repeats
     if per is None:
-        return (f"It takes at least {fmt_duration((trials + remeasure) * restart_s)}: up to {trials} trials and "
-                f"{remeasure} re-measurement runs, each a restart ({restart_why}) and a load run whose length it "
-                "cannot tell (the engine served nothing lately).")
+        return (
+            f"It takes at least {fmt_duration((trials + remeasure) * restart_s)}: up to {trials} trials and "
+            f"{remeasure} re-measurement runs, each a restart ({restart_why}) and a load run whose length it "
+            "cannot tell (the engine served nothing lately)."
+        )
     run = run_s(settings.load, settings.plan.num_requests + settings.plan.warmup_requests, per)
     total = (trials + remeasure) * (restart_s + run)
-    return (f"It takes about {fmt_duration(total)}: up to {trials} trials and {remeasure} re-measurement runs, "
-            f"each a restart ({restart_why}) and a load run of ~{fmt_duration(run)} at its recent latency.")
+    return (
+        f"It takes about {fmt_duration(total)}: up to {trials} trials and {remeasure} re-measurement runs, "
+        f"each a restart ({restart_why}) and a load run of ~{fmt_duration(run)} at its recent latency."
+    )

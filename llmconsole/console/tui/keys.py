@@ -24,8 +24,15 @@ from textual.binding import Binding, BindingType
 # Where each binding lives. Bindings of "app" stay live on the dashboard, detail and log screens
 # (which add "screen"); the modal screens see only their own.
 CONTEXTS = ("app", "screen", "history", "confirm", "form", "help", "mode", "alerts", "run")
-_LIVE_TOGETHER = (("app", "screen", "history"), ("confirm",), ("form",), ("help",), ("mode",), ("alerts",),
-                  ("app", "run"))
+_LIVE_TOGETHER = (
+    ("app", "screen", "history"),
+    ("confirm",),
+    ("form",),
+    ("help",),
+    ("mode",),
+    ("alerts",),
+    ("app", "run"),
+)
 
 
 @dataclass(frozen=True)
@@ -37,10 +44,10 @@ class KeySpec:
     contexts: tuple[str, ...] = ("app",)
     show: bool = True
     priority: bool = False
-    palette: bool = True   # listed in the command palette
+    palette: bool = True  # listed in the command palette
     key_display: str | None = None
-    title: str = ""        # the longer name the palette and the help use
-    where: str = ""        # where it acts, when narrower than its context (the help and the README say)
+    title: str = ""  # the longer name the palette and the help use
+    where: str = ""  # where it acts, when narrower than its context (the help and the README say)
 
     @property
     def long_name(self) -> str:
@@ -56,37 +63,92 @@ KEYS: tuple[KeySpec, ...] = (
     KeySpec("history", "h", "show_history", "History", title="Config history and rollback"),
     KeySpec("new_engine", "n", "new_engine", "New", title="New engine"),
     KeySpec("stop_all", "K", "stop_all", "Stop all", key_display="K", title="Stop all engines"),
-    KeySpec("window_freeze", "f", "toggle_window_freeze", "Freeze",
-            title="Freeze or resume the batch-window controller"),
-    KeySpec("window_up", "plus", "nudge_window(1)", "Window", key_display="+",
-            title="Batch window one larger, by hand (freezes the controller)"),
-    KeySpec("window_down", "minus", "nudge_window(-1)", "Window", key_display="-",
-            title="Batch window one smaller, by hand (freezes the controller)"),
-    KeySpec("mode", "m", "choose_mode", "Mode",
-            title="Memory mode: performance, balanced, aggressive or auto"),
-    KeySpec("alerts", "A", "show_alerts", "Alerts", key_display="A",
-            title="Alerts and automated responses (undo one)"),
-    KeySpec("sweep", "S", "sweep_engine", "Sweep", key_display="S",
-            title="Mini sweep of the selected engine: configs x loads, live table, picks"),
-    KeySpec("tune", "T", "tune_engine", "Tune", key_display="T",
-            title="Auto-tune the selected engine: trials, best so far, recommendation"),
-    KeySpec("chart_range", "t", "cycle_range", "Range", title="Charts: the last 5, 15 or 60 minutes",
-            where="the dashboard"),
-    KeySpec("chart_pick", "g", "switch_chart", "Chart",
-            title="Charts: the PID trace, or KV cache, queue and tok/s (where one fits at a time)",
-            where="the dashboard"),
-    KeySpec("full_log", "v", "toggle_full_log", "Full log",
-            title="Log: the engine's own lines, or every line (requests, health and metrics polls)",
-            where="the dashboard and the log screen"),
-    KeySpec("search_log", "slash", "search_log", "Search", key_display="/", title="Search the log",
-            where="the dashboard and the log screen"),
+    KeySpec(
+        "window_freeze", "f", "toggle_window_freeze", "Freeze", title="Freeze or resume the batch-window controller"
+    ),
+    KeySpec(
+        "window_up",
+        "plus",
+        "nudge_window(1)",
+        "Window",
+        key_display="+",
+        title="Batch window one larger, by hand (freezes the controller)",
+    ),
+    KeySpec(
+        "window_down",
+        "minus",
+        "nudge_window(-1)",
+        "Window",
+        key_display="-",
+        title="Batch window one smaller, by hand (freezes the controller)",
+    ),
+    KeySpec("mode", "m", "choose_mode", "Mode", title="Memory mode: performance, balanced, aggressive or auto"),
+    KeySpec("alerts", "A", "show_alerts", "Alerts", key_display="A", title="Alerts and automated responses (undo one)"),
+    KeySpec(
+        "sweep",
+        "S",
+        "sweep_engine",
+        "Sweep",
+        key_display="S",
+        title="Mini sweep of the selected engine: configs x loads, live table, picks",
+    ),
+    KeySpec(
+        "tune",
+        "T",
+        "tune_engine",
+        "Tune",
+        key_display="T",
+        title="Auto-tune the selected engine: trials, best so far, recommendation",
+    ),
+    KeySpec(
+        "chart_range", "t", "cycle_range", "Range", title="Charts: the last 5, 15 or 60 minutes", where="the dashboard"
+    ),
+    KeySpec(
+        "chart_pick",
+        "g",
+        "switch_chart",
+        "Chart",
+        title="Charts: the PID trace, or KV cache, queue and tok/s (where one fits at a time)",
+        where="the dashboard",
+    ),
+    KeySpec(
+        "full_log",
+        "v",
+        "toggle_full_log",
+        "Full log",
+        title="Log: the engine's own lines, or every line (requests, health and metrics polls)",
+        where="the dashboard and the log screen",
+    ),
+    KeySpec(
+        "search_log",
+        "slash",
+        "search_log",
+        "Search",
+        key_display="/",
+        title="Search the log",
+        where="the dashboard and the log screen",
+    ),
     KeySpec("help", "question_mark", "show_help", "Help", key_display="?", title="Help: every key"),
-    KeySpec("palette", "ctrl+p", "command_palette", "palette", priority=True, palette=False, show=False,
-            title="Command palette"),
+    KeySpec(
+        "palette",
+        "ctrl+p",
+        "command_palette",
+        "palette",
+        priority=True,
+        palette=False,
+        show=False,
+        title="Command palette",
+    ),
     KeySpec("quit", "q", "quit", "Quit", title="Quit (engines keep serving)"),
     KeySpec("back", "escape", "back", "Back", contexts=("screen", "help", "run"), palette=False),
-    KeySpec("rollback", "b", "app.rollback_selected", "Roll back", contexts=("history",),
-            title="Roll back to the selected version"),
+    KeySpec(
+        "rollback",
+        "b",
+        "app.rollback_selected",
+        "Roll back",
+        contexts=("history",),
+        title="Roll back to the selected version",
+    ),
     KeySpec("yes", "y", "answer(True)", "Yes", contexts=("confirm",), palette=False),
     KeySpec("no", "n,escape", "answer(False)", "No", contexts=("confirm",), palette=False),
     KeySpec("submit", "ctrl+s", "submit", "Start engine", contexts=("form",), palette=False),
@@ -98,14 +160,42 @@ KEYS: tuple[KeySpec, ...] = (
     KeySpec("mode_cancel", "escape", "cancel_mode", "Cancel", contexts=("mode",), palette=False),
     KeySpec("undo_response", "u", "undo_selected", "Undo", contexts=("alerts",), palette=False),
     KeySpec("alerts_close", "escape", "close_alerts", "Close", contexts=("alerts",), palette=False),
-    KeySpec("run_start", "ctrl+s", "start_run", "Run", contexts=("run",), palette=False,
-            title="Run the sweep or tune the form describes (asks first)"),
-    KeySpec("run_cancel", "c", "cancel_run", "Cancel run", contexts=("run",), palette=False,
-            title="Cancel: the run under way stops and the engine's config is put back"),
-    KeySpec("apply_winner", "a", "apply_winner", "Apply winner", contexts=("run",), palette=False,
-            title="Apply the tune's recommended config through the guarded apply (asks first)"),
-    KeySpec("next_knob", "o", "next_knob", "Next knob", contexts=("run",), palette=False,
-            title="The tune's knob chart: the next knob against goodput"),
+    KeySpec(
+        "run_start",
+        "ctrl+s",
+        "start_run",
+        "Run",
+        contexts=("run",),
+        palette=False,
+        title="Run the sweep or tune the form describes (asks first)",
+    ),
+    KeySpec(
+        "run_cancel",
+        "c",
+        "cancel_run",
+        "Cancel run",
+        contexts=("run",),
+        palette=False,
+        title="Cancel: the run under way stops and the engine's config is put back",
+    ),
+    KeySpec(
+        "apply_winner",
+        "a",
+        "apply_winner",
+        "Apply winner",
+        contexts=("run",),
+        palette=False,
+        title="Apply the tune's recommended config through the guarded apply (asks first)",
+    ),
+    KeySpec(
+        "next_knob",
+        "o",
+        "next_knob",
+        "Next knob",
+        contexts=("run",),
+        palette=False,
+        title="The tune's knob chart: the next knob against goodput",
+    ),
 )
 
 BY_ID: Mapping[str, KeySpec] = {k.id: k for k in KEYS}
@@ -129,9 +219,9 @@ class KeymapError(ValueError):
 
 def bindings_for(context: str) -> list[BindingType]:
     return [
-        Binding(k.key, k.action, k.description, show=k.show, key_display=k.key_display,
-                priority=k.priority, id=k.id)
-        for k in KEYS if context in k.contexts
+        Binding(k.key, k.action, k.description, show=k.show, key_display=k.key_display, priority=k.priority, id=k.id)
+        for k in KEYS
+        if context in k.contexts
     ]
 
 
@@ -157,7 +247,7 @@ def check_keymap(keymap: Mapping[str, object], source: str = "keymap") -> dict[s
             known = ", ".join(sorted(BY_ID))
             raise KeymapError(f"{source}: [keys] has an unknown key id {kid!r}; known ids: {known}")
         if not isinstance(key, str) or not key.strip() or any(c.isspace() for c in key):
-            raise KeymapError(f"{source}: [keys] {kid} must be a key such as \"x\" or \"ctrl+x\", got {key!r}")
+            raise KeymapError(f'{source}: [keys] {kid} must be a key such as "x" or "ctrl+x", got {key!r}')
         out[kid] = key
     for together in _LIVE_TOGETHER:
         owner: dict[str, str] = {}
@@ -168,8 +258,10 @@ def check_keymap(keymap: Mapping[str, object], source: str = "keymap") -> dict[s
                 key = _normalize(key.strip())
                 other = owner.get(key)
                 if other is not None and other != spec.id:
-                    raise KeymapError(f"{source}: key {key!r} would do both {other} and {spec.id}; "
-                                      "give one of them another key in [keys]")
+                    raise KeymapError(
+                        f"{source}: key {key!r} would do both {other} and {spec.id}; "
+                        "give one of them another key in [keys]"
+                    )
                 owner[key] = spec.id
     return out
 

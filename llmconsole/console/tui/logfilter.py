@@ -33,8 +33,8 @@ def kind(line: str) -> str:
 
 @dataclass(frozen=True)
 class LogView:
-    full: bool = False         # every line, or the engine's own only
-    search: str = ""           # keep lines containing this (any case)
+    full: bool = False  # every line, or the engine's own only
+    search: str = ""  # keep lines containing this (any case)
 
     def keep(self, line: str) -> bool:
         if not self.full and kind(line) != "own":

@@ -57,6 +57,7 @@ class CommandFailed(Message):
 
 # --- a sweep or tune the daemon runs (screens/run_base.py) -----------------------------------
 
+
 class RunProgressed(Message):
     def __init__(self, event: Any) -> None:
         super().__init__()

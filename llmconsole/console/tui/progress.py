@@ -29,8 +29,9 @@ def left_text(elapsed_s: float | None, expected_s: float | None) -> str:
     return f"longer than last time ({fmt_duration(expected_s)})"
 
 
-def timed(label: str, elapsed_s: float | None, expected_s: float | None, bar_width: int = 16,
-          room: int | None = None) -> Text:
+def timed(
+    label: str, elapsed_s: float | None, expected_s: float | None, bar_width: int = 16, room: int | None = None
+) -> Text:
     """`[bar] label · 12 s elapsed · ~38 s left` for a wait whose length is known from before. With
     `room` (cells) the bar shrinks (to 4) so that the words fit, and then the words shorten."""
     fraction = None if elapsed_s is None or not expected_s else min(0.99, elapsed_s / expected_s)
@@ -42,8 +43,9 @@ def timed(label: str, elapsed_s: float | None, expected_s: float | None, bar_wid
     return Text.assemble(bar(fraction, bar_width), words)
 
 
-def counted(done: int, total: int | None, label: str, elapsed_s: float, left_s: float | None,
-            bar_width: int = 16) -> Text:
+def counted(
+    done: int, total: int | None, label: str, elapsed_s: float, left_s: float | None, bar_width: int = 16
+) -> Text:
     """`[bar] 2 of 4 points · 1 min 01 s elapsed · ~20 s left` for work counted in steps."""
     fraction = None if not total else done / total
     left = "time left after the first one" if left_s is None else f"~{fmt_duration(left_s)} left"

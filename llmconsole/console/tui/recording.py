@@ -59,8 +59,11 @@ def record(frames: int, interval_s: float, load_url: str | None, load_model: str
     from llmconsole.paths import resolve
 
     stop = threading.Event()
-    loaders = [threading.Thread(target=_send_load, args=(load_url, load_model, stop), daemon=True)
-               for _ in range(2)] if load_url else []
+    loaders = (
+        [threading.Thread(target=_send_load, args=(load_url, load_model, stop), daemon=True) for _ in range(2)]
+        if load_url
+        else []
+    )
     for t in loaders:
         t.start()
     out: list[dict[str, Any]] = []

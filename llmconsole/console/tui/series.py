@@ -17,8 +17,16 @@ from typing import Any
 from llmconsole.console.tui.view import Snapshot
 
 SPAN_S = 3600.0
-METRICS = ("kv_cache_usage", "waiting", "running", "generation_tok_s", "prompt_tok_s",
-           "p99_ttft_s", "p99_e2e_s", "p99_tpot_s")
+METRICS = (
+    "kv_cache_usage",
+    "waiting",
+    "running",
+    "generation_tok_s",
+    "prompt_tok_s",
+    "p99_ttft_s",
+    "p99_e2e_s",
+    "p99_tpot_s",
+)
 STEP_FIELDS = ("window", "target_ms", "measured_ms")
 
 Row = tuple[float | None, ...]
@@ -72,13 +80,13 @@ class EngineHistory:
         self.metrics = Timeline(METRICS)
         self.steps = Timeline(STEP_FIELDS)
         self.last_scrape: float | None = None
-        self.filled_s = 0.0       # how far back the daemon's stored history was asked for
+        self.filled_s = 0.0  # how far back the daemon's stored history was asked for
 
 
 class SeriesHistory:
     def __init__(self) -> None:
         self.engines: dict[str, EngineHistory] = {}
-        self.now_s: float | None = None   # the daemon's clock at the newest poll
+        self.now_s: float | None = None  # the daemon's clock at the newest poll
 
     def of(self, name: str) -> EngineHistory:
         return self.engines.setdefault(name, EngineHistory())

@@ -23,7 +23,7 @@ VERBS = ("start", "stop", "restart", "stop_all", "window", "rollback", "mode", "
 
 @dataclass(frozen=True)
 class Command:
-    verb: str                          # one of VERBS
+    verb: str  # one of VERBS
     engine: str | None = None
     spec: dict[str, Any] | None = field(default=None, compare=True, hash=False)
 
@@ -177,7 +177,7 @@ class RecordedSource:
         text = frame.get("logs", {}).get(name, "")
         data = text.encode()
         start = max(0, len(data) - max_bytes) if offset is None else min(offset, len(data))
-        piece = data[start:start + max_bytes]
+        piece = data[start : start + max_bytes]
         return {"text": piece.decode(errors="replace"), "offset": start + len(piece), "size": len(data)}
 
     def history(self, name: str) -> dict[str, Any]:
@@ -203,8 +203,9 @@ class RecordedSource:
     def alerts(self) -> dict[str, Any]:
         with self._lock:
             frame = self._frame()
-        alerts: dict[str, Any] = frame.get("alerts", {"active": [], "alerts": [], "responses": [],
-                                                      "settings": {"responses": {}}})
+        alerts: dict[str, Any] = frame.get(
+            "alerts", {"active": [], "alerts": [], "responses": [], "settings": {"responses": {}}}
+        )
         return alerts
 
     def send(self, command: Command) -> dict[str, Any]:

@@ -44,11 +44,15 @@ def sweep_request(engine: str, form: Mapping[str, str]) -> SweepRequest:
         raise ValueError("give at least one load level, e.g. concurrency=1,2")
     slo = form.get("slo", "").strip()
     request = SweepRequest(
-        engine=engine, grid=split_items(form.get("grid", "")), loads=loads, slo=[slo] if slo else [],
+        engine=engine,
+        grid=split_items(form.get("grid", "")),
+        loads=loads,
+        slo=[slo] if slo else [],
         repeats=whole_number(form.get("repeats", ""), "repeats per point"),
         num_requests=whole_number(form.get("num_requests", ""), "requests per run"),
         input_len=length(form.get("input_len", ""), "input length"),
-        output_len=length(form.get("output_len", ""), "output length"))
+        output_len=length(form.get("output_len", ""), "output length"),
+    )
     request.plan()  # ValueError for what only the plan can tell (an unknown grid field, a bad SLO)
     return request
 
@@ -69,17 +73,21 @@ def confirm_question(engine: str, plan: SweepPlan, spec: Mapping[str, Any], view
     load = f"{n} point(s), {plan.repeats} run(s) of {plan.num_requests} requests each"
     took = sweep_text(plan, spec, view)
     if restarts_engine(plan, spec):
-        return (f"Sweep engine {engine}: {load}. {took} It RESTARTS the engine on each server config "
-                f"({len(plan.server_points())}); clients get errors or waits meanwhile. The original config "
-                "is restored at the end, also after a failure or a cancel.")
-    return (f"Sweep engine {engine} at its running config: {load}. {took} No restart; the sweep's load "
-            "competes with the engine's other clients while it runs.")
+        return (
+            f"Sweep engine {engine}: {load}. {took} It RESTARTS the engine on each server config "
+            f"({len(plan.server_points())}); clients get errors or waits meanwhile. The original config "
+            "is restored at the end, also after a failure or a cancel."
+        )
+    return (
+        f"Sweep engine {engine} at its running config: {load}. {took} No restart; the sweep's load "
+        "competes with the engine's other clients while it runs."
+    )
 
 
 @dataclass(frozen=True)
 class SweepView:
     total: int
-    index: int = 0                                  # the point under way (1-based; 0 before the first)
+    index: int = 0  # the point under way (1-based; 0 before the first)
     params: dict[str, Any] = field(default_factory=dict)
     message: str = "starting: reading the engine's config"
     elapsed_s: float = 0.0
@@ -120,8 +128,11 @@ def headline(view: SweepView, since_s: float = 0.0) -> str:
 def current_text(view: SweepView) -> str:
     params = params_text(view.params)
     now = f"{params}: {view.message}" if params and not view.restoring else view.message
-    return ("cancelling: the run under way stops, then the original config is restored. " if view.cancelling
-            and not view.restoring else "") + now
+    return (
+        "cancelling: the run under way stops, then the original config is restored. "
+        if view.cancelling and not view.restoring
+        else ""
+    ) + now
 
 
 def table(plan: SweepPlan, points: tuple[PointResult, ...]) -> tuple[tuple[str, ...], list[list[str]], list[str]]:
@@ -133,8 +144,11 @@ def table(plan: SweepPlan, points: tuple[PointResult, ...]) -> tuple[tuple[str, 
 
 def outcome_lines(result: SweepResult, files: Mapping[str, Any]) -> list[str]:
     """After the end: how it ended, whether the config is back, and where the results are."""
-    head = {"done": "sweep done", "cancelled": "sweep cancelled: points not measured are marked so",
-            "failed": f"sweep failed: {result.error}"}.get(result.status, result.status)
+    head = {
+        "done": "sweep done",
+        "cancelled": "sweep cancelled: points not measured are marked so",
+        "failed": f"sweep failed: {result.error}",
+    }.get(result.status, result.status)
     lines = [head]
     if result.restored:
         lines.append(f"the engine runs its original config {result.original.config_id}")

@@ -49,13 +49,17 @@ def tune_request(engine: str, form: Mapping[str, str]) -> TuneRequest:
         raise ValueError("give the workload, e.g. concurrency=2")
     slo = form.get("slo", "").strip()
     request = TuneRequest(
-        engine=engine, workload=workload, slo=[slo] if slo else [], budget=form.get("budget", "").strip(),
+        engine=engine,
+        workload=workload,
+        slo=[slo] if slo else [],
+        budget=form.get("budget", "").strip(),
         knobs=split_items(form.get("knobs", "")),
         input_len=length(form.get("input_len", ""), "input length"),
         output_len=length(form.get("output_len", ""), "output length"),
         num_requests=whole_number(form.get("num_requests", ""), "requests per trial"),
         top_k=whole_number(form.get("top_k", ""), "re-measured candidates"),
-        repeats=whole_number(form.get("repeats", ""), "re-measurements"))
+        repeats=whole_number(form.get("repeats", ""), "re-measurements"),
+    )
     request.check()
     return request
 
@@ -68,22 +72,24 @@ def tune_settings(engine: str, facts: EngineFacts, form: Mapping[str, str]) -> t
 
 def confirm_question(engine: str, settings: TuneSettings, view: EngineView | None = None) -> str:
     knobs = "; ".join(k.describe() for k in settings.knobs)
-    return (f"Tune engine {engine} for {settings.budget.describe()} over {knobs}, at {settings.load.label} "
-            f"({settings.search} search). {tune_text(settings, view)} "
-            "Each trial may RESTART the engine on another config; clients get errors or waits meanwhile. "
-            "The engine's knobs are put back at the end; a cancel keeps the study to resume.")
+    return (
+        f"Tune engine {engine} for {settings.budget.describe()} over {knobs}, at {settings.load.label} "
+        f"({settings.search} search). {tune_text(settings, view)} "
+        "Each trial may RESTART the engine on another config; clients get errors or waits meanwhile. "
+        "The engine's knobs are put back at the end; a cancel keeps the study to resume."
+    )
 
 
 @dataclass(frozen=True)
 class TuneView:
     budget: Budget
-    trial: int | None = None                  # the study's number of the trial under way
+    trial: int | None = None  # the study's number of the trial under way
     params: dict[str, Any] = field(default_factory=dict)
     message: str = "starting: opening the study"
     elapsed_s: float = 0.0
     best_req_s: float | None = None
-    trials: tuple[TrialOutcome, ...] = ()     # by trial number; earlier runs of the study too
-    phase: str = "searching"                  # searching | re-measuring | restored
+    trials: tuple[TrialOutcome, ...] = ()  # by trial number; earlier runs of the study too
+    phase: str = "searching"  # searching | re-measuring | restored
     cancelling: bool = False
 
     @property
@@ -112,8 +118,13 @@ def with_prior(view: TuneView, prior: Iterable[TrialOutcome]) -> TuneView:
 def fold_tune(view: TuneView, ev: TuneProgress) -> TuneView:
     v = dataclasses.replace(view, message=ev.message, elapsed_s=ev.elapsed_s, best_req_s=ev.best_req_s)
     if ev.event == "trial_started" and ev.trial is not None:
-        v = dataclasses.replace(v, trial=ev.trial, params=dict(ev.params), phase="searching",
-                                trials=_upsert(v.trials, TrialOutcome(ev.trial, dict(ev.params), "running", None, 0)))
+        v = dataclasses.replace(
+            v,
+            trial=ev.trial,
+            params=dict(ev.params),
+            phase="searching",
+            trials=_upsert(v.trials, TrialOutcome(ev.trial, dict(ev.params), "running", None, 0)),
+        )
     elif ev.event == "trial_finished" and ev.outcome is not None:
         v = dataclasses.replace(v, trials=_upsert(v.trials, ev.outcome))
     elif ev.event == "remeasuring":
@@ -137,8 +148,9 @@ def headline(view: TuneView, since_s: float = 0.0) -> str:
     if view.budget.minutes is not None:
         return f"{where} · {fmt_duration(elapsed)} of {fmt_duration(view.budget.minutes * 60)}"
     left = left_s(view, since_s)
-    return f"{where} · {fmt_duration(elapsed)} elapsed" + (f" · ~{fmt_duration(left)} left of the search"
-                                                           if left is not None else "")
+    return f"{where} · {fmt_duration(elapsed)} elapsed" + (
+        f" · ~{fmt_duration(left)} left of the search" if left is not None else ""
+    )
 
 
 def budget_fraction(view: TuneView, since_s: float = 0.0) -> float | None:
@@ -171,11 +183,17 @@ def best_text(view: TuneView) -> str:
 
 
 def current_text(view: TuneView) -> str:
-    prefix = "cancelling: the trial under way stops, the knobs go back, the study stays resumable. " \
-        if view.cancelling and view.phase != "restored" else ""
+    prefix = (
+        "cancelling: the trial under way stops, the knobs go back, the study stays resumable. "
+        if view.cancelling and view.phase != "restored"
+        else ""
+    )
     params = params_text(view.params)
-    return prefix + (f"trial {view.trial} ({params}): {view.message}" if view.trial is not None and params
-                     and view.phase != "restored" else view.message)
+    return prefix + (
+        f"trial {view.trial} ({params}): {view.message}"
+        if view.trial is not None and params and view.phase != "restored"
+        else view.message
+    )
 
 
 TRIAL_HEADERS = ("#", "state", "goodput (req/s)", "requests", "params", "why")
@@ -187,27 +205,43 @@ def trial_rows(view: TuneView) -> list[list[str]]:
     rows = []
     for t in view.trials:
         mark = "*" if best is not None and t.number == best.number else ""
-        rows.append([f"{t.number}{mark}", t.state, "-" if t.goodput_req_s is None else f"{t.goodput_req_s:.2f}",
-                     str(t.requests) if t.requests else "-", params_text(t.params), t.reason or ""])
+        rows.append(
+            [
+                f"{t.number}{mark}",
+                t.state,
+                "-" if t.goodput_req_s is None else f"{t.goodput_req_s:.2f}",
+                str(t.requests) if t.requests else "-",
+                params_text(t.params),
+                t.reason or "",
+            ]
+        )
     return rows
 
 
 def outcome_lines(result: TuneResult) -> list[str]:
     """The end: the re-measured candidates, the recommendation, and whether the knobs are back."""
-    head = {"done": f"study {result.study}: done", "failed": f"study {result.study}: failed",
-            "cancelled": f"study {result.study}: cancelled; the same settings resume it"}.get(result.status, result.status)
+    head = {
+        "done": f"study {result.study}: done",
+        "failed": f"study {result.study}: failed",
+        "cancelled": f"study {result.study}: cancelled; the same settings resume it",
+    }.get(result.status, result.status)
     lines = [f"{head} ({len(result.trials)} trials, {result.new_trials} this run)"]
     for m in result.remeasured:
         spread = f" ±{m.spread / 2:.0%}" if m.spread is not None else ""
-        lines.append(f"re-measured trial {m.number}: mean {m.mean_req_s:.2f} req/s{spread} over "
-                     f"{len(m.goodputs_req_s)} runs · {params_text(m.params)}")
+        lines.append(
+            f"re-measured trial {m.number}: mean {m.mean_req_s:.2f} req/s{spread} over "
+            f"{len(m.goodputs_req_s)} runs · {params_text(m.params)}"
+        )
     w = result.winner
     if w is not None:
         lines.append(f"recommended: {params_text(w.params)} ({w.mean_req_s:.2f} req/s goodput)")
     elif result.status == "done":
         lines.append("no config met the constraints")
-    lines.append(f"the engine's knobs are back on config {result.original.config_id}" if result.restored
-                 else f"the engine's original config was NOT restored: {result.restore_error}")
+    lines.append(
+        f"the engine's knobs are back on config {result.original.config_id}"
+        if result.restored
+        else f"the engine's original config was NOT restored: {result.restore_error}"
+    )
     return lines
 
 

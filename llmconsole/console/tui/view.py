@@ -45,6 +45,7 @@ def _dict(value: Any) -> Mapping[str, Any]:
 
 # --- text -----------------------------------------------------------------------------------
 
+
 def na(value: Any, fmt: str = "{}") -> str:
     return NA if value is None else fmt.format(value)
 
@@ -110,22 +111,31 @@ class ControllerView:
     queued: int | None = None
     # The controller's newest steps, oldest first: (at_s wall clock, window, target ms, measured ms).
     steps: tuple[tuple[float, int, float | None, float | None], ...] = ()
-    recent_ok: int | None = None        # of the group's newest requests, those that succeeded,
+    recent_ok: int | None = None  # of the group's newest requests, those that succeeded,
     recent_streamed: int | None = None  # and of them those streamed (a TTFT comes only from streams)
-    action: str | None = None           # what the newest step did (step, hold-idle, frozen, ...)
+    action: str | None = None  # what the newest step did (step, hold-idle, frozen, ...)
 
     @classmethod
     def parse(cls, d: Any) -> ControllerView | None:
         if not isinstance(d, dict):
             return None
         trace = [t for t in d.get("trace") or () if isinstance(t, dict)]
-        steps = tuple((at, w, _num(t.get("target_ms")), _num(t.get("measured_ms"))) for t in trace
-                      if (at := _num(t.get("at_s"))) is not None and (w := _int(t.get("window"))) is not None)
+        steps = tuple(
+            (at, w, _num(t.get("target_ms")), _num(t.get("measured_ms")))
+            for t in trace
+            if (at := _num(t.get("at_s"))) is not None and (w := _int(t.get("window"))) is not None
+        )
         return cls(
-            window=_int(d.get("window")), frozen=d.get("frozen") is True, signal=_str(d.get("signal")),
-            target_ms=_num(d.get("target_ms")), min_window=_int(d.get("min_window")),
-            max_window=_int(d.get("max_window")), in_flight=_int(d.get("in_flight")),
-            queued=_int(d.get("queued")), steps=steps, recent_ok=_int(d.get("recent_ok")),
+            window=_int(d.get("window")),
+            frozen=d.get("frozen") is True,
+            signal=_str(d.get("signal")),
+            target_ms=_num(d.get("target_ms")),
+            min_window=_int(d.get("min_window")),
+            max_window=_int(d.get("max_window")),
+            in_flight=_int(d.get("in_flight")),
+            queued=_int(d.get("queued")),
+            steps=steps,
+            recent_ok=_int(d.get("recent_ok")),
             recent_streamed=_int(d.get("recent_streamed")),
             action=_str(trace[-1].get("action")) if trace else None,
         )
@@ -148,14 +158,19 @@ class StartupView:
     step: int
     steps: int
     elapsed_s: float | None
-    expected_s: float | None     # how long its last start took; None for a first start
+    expected_s: float | None  # how long its last start took; None for a first start
 
     @classmethod
     def parse(cls, d: Any) -> StartupView | None:
         if not isinstance(d, dict) or not _str(d.get("phase")):
             return None
-        return cls(str(d["phase"]), _int(d.get("step")) or 0, _int(d.get("steps")) or 1,
-                   _num(d.get("elapsed_s")), _num(d.get("expected_s")))
+        return cls(
+            str(d["phase"]),
+            _int(d.get("step")) or 0,
+            _int(d.get("steps")) or 1,
+            _num(d.get("elapsed_s")),
+            _num(d.get("expected_s")),
+        )
 
 
 @dataclass(frozen=True)
@@ -169,8 +184,8 @@ class EngineView:
     uptime_s: float | None = None
     url: str | None = None
     pid: int | None = None
-    kernel: str = "stock"              # what the engine reports it runs; "-" while it has not said
-    kernel_note: str | None = None      # why that differs from the spec's kernel
+    kernel: str = "stock"  # what the engine reports it runs; "-" while it has not said
+    kernel_note: str | None = None  # why that differs from the spec's kernel
     last_error: str | None = None
     last_exit_code: int | None = None
     next_restart_in_s: float | None = None
@@ -183,9 +198,9 @@ class EngineView:
     spec: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     gateway_url: str | None = None
     controller: ControllerView | None = None
-    mode: str | None = None             # memory mode (performance|balanced|aggressive), None if set by hand
+    mode: str | None = None  # memory mode (performance|balanced|aggressive), None if set by hand
     mode_auto: bool = False
-    started_at_s: float | None = None   # wall clock of the current run's launch, and of its ready
+    started_at_s: float | None = None  # wall clock of the current run's launch, and of its ready
     ready_at_s: float | None = None
     startup: StartupView | None = None
 
@@ -263,7 +278,7 @@ class Snapshot:
 
     daemon_pid: int | None = None
     daemon_version: str | None = None
-    time_s: float | None = None          # the daemon's wall clock when it answered: charts' "now"
+    time_s: float | None = None  # the daemon's wall clock when it answered: charts' "now"
     host: HostView = field(default_factory=HostView)
     engines: tuple[EngineView, ...] = ()
 
@@ -294,7 +309,7 @@ class LogChunk:
 
     name: str
     text: str
-    offset: int          # where the next read should start
+    offset: int  # where the next read should start
     size: int
     from_offset: int | None  # None: this is the tail, not a continuation
 

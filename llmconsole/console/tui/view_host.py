@@ -36,8 +36,13 @@ class GpuView:
     @classmethod
     def parse(cls, d: Any) -> GpuView:
         d = _dict(d)
-        return cls(_int(d.get("index")), _str(d.get("name")), _num(d.get("memory_used_bytes")),
-                   _num(d.get("memory_total_bytes")), _num(d.get("utilization_gpu_pct")))
+        return cls(
+            _int(d.get("index")),
+            _str(d.get("name")),
+            _num(d.get("memory_used_bytes")),
+            _num(d.get("memory_total_bytes")),
+            _num(d.get("utilization_gpu_pct")),
+        )
 
 
 @dataclass(frozen=True)
@@ -69,8 +74,11 @@ class HostView:
     @property
     def gpu_memory(self) -> tuple[float | None, float | None]:
         """(used, total) bytes over every GPU that reports both."""
-        pairs = [(g.memory_used_bytes, g.memory_total_bytes) for g in self.gpus
-                 if g.memory_used_bytes is not None and g.memory_total_bytes]
+        pairs = [
+            (g.memory_used_bytes, g.memory_total_bytes)
+            for g in self.gpus
+            if g.memory_used_bytes is not None and g.memory_total_bytes
+        ]
         if not pairs:
             return None, None
         return sum(p[0] for p in pairs), sum(p[1] for p in pairs)

@@ -48,8 +48,13 @@ async def get_history(request: web.Request) -> web.Response:
 async def post_rollback(request: web.Request) -> web.Response:
     body = await json_body(request)
     to = body.get("to")
-    result = await rollback(context_of(request), request.match_info["name"], actor=peer_user(request),
-                            to_config_id=str(to) if to else None, session_id=session_of(request))
+    result = await rollback(
+        context_of(request),
+        request.match_info["name"],
+        actor=peer_user(request),
+        to_config_id=str(to) if to else None,
+        session_id=session_of(request),
+    )
     return web.json_response(result, status=202)
 
 

@@ -79,14 +79,16 @@ def _spec_from_body(fleet: Fleet, name: str, body: dict[str, Any]) -> EngineSpec
 
 async def get_daemon(request: web.Request) -> web.Response:
     fleet = context_of(request).fleet
-    return web.json_response({
-        "pid": os.getpid(),
-        "version": __version__,
-        "data_dir": str(fleet.paths.data_dir),
-        "socket": str(fleet.paths.socket),
-        "uptime_s": time.time() - request.app[STARTED_AT],
-        "engines": len(fleet.engines),
-    })
+    return web.json_response(
+        {
+            "pid": os.getpid(),
+            "version": __version__,
+            "data_dir": str(fleet.paths.data_dir),
+            "socket": str(fleet.paths.socket),
+            "uptime_s": time.time() - request.app[STARTED_AT],
+            "engines": len(fleet.engines),
+        }
+    )
 
 
 async def post_daemon_stop(request: web.Request) -> web.Response:
@@ -107,11 +109,13 @@ async def get_status(request: web.Request) -> web.Response:
     progress = request.app[STARTUP]
     for e in engines:  # a starting engine: its phase, time since launch and its last start's length
         e["startup"] = progress.of(e, now)
-    return web.json_response({
-        "daemon": {"pid": os.getpid(), "version": __version__, "time_s": now},
-        "host": dataclasses.asdict(host),
-        "engines": engines,
-    })
+    return web.json_response(
+        {
+            "daemon": {"pid": os.getpid(), "version": __version__, "time_s": now},
+            "host": dataclasses.asdict(host),
+            "engines": engines,
+        }
+    )
 
 
 @contextlib.asynccontextmanager
@@ -137,14 +141,17 @@ def _engine_handler(action: str) -> Callable[[web.Request], Awaitable[web.Respon
         before = fleet.engines[name].spec if name in fleet.engines else None
         spec = None
         if action in ("start", "restart"):
-            spec = None if name not in fleet.engines and body.get("spec") is None else _spec_from_body(fleet, name, body)
+            spec = (
+                None if name not in fleet.engines and body.get("spec") is None else _spec_from_body(fleet, name, body)
+            )
             if name not in fleet.engines and spec is None:
                 return error_response(400, f"engine {name} is new: give it a spec (at least a model)")
         after = spec if spec is not None else (before if action != "stop" else None)
         if after is not None and action != "stop":
             after = fleet.launch_spec(after)  # what the fleet will run (a CPU engine's default KV size)
-        action_id = actions.begin(action, name, peer_user(request), session_id=session_of(request),
-                                  from_spec=before, to_spec=after)
+        action_id = actions.begin(
+            action, name, peer_user(request), session_id=session_of(request), from_spec=before, to_spec=after
+        )
         try:
             raw_drain = body.get("drain_timeout_s")
             drain = float(raw_drain) if raw_drain is not None else None
@@ -197,7 +204,9 @@ async def get_logs(request: web.Request) -> web.Response:
     with open(path, "rb") as f:
         f.seek(start)
         data = f.read(max_bytes)
-    return web.json_response({"text": data.decode("utf-8", errors="replace"), "offset": start + len(data), "size": size})
+    return web.json_response(
+        {"text": data.decode("utf-8", errors="replace"), "offset": start + len(data), "size": size}
+    )
 
 
 def add_routes(app: web.Application) -> None:

@@ -37,9 +37,14 @@ async def post_mode(request: web.Request) -> web.Response:
         return error_response(400, "give a mode: performance, balanced, aggressive or auto")
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0):
         return error_response(400, "budget_bytes must be a positive integer")
-    result = await services_of(request).modes.set_mode(request.match_info["name"], mode, actor=peer_user(request),
-                                                       force=bool(body.get("force")), budget_bytes=budget,
-                                                       session_id=session_of(request))
+    result = await services_of(request).modes.set_mode(
+        request.match_info["name"],
+        mode,
+        actor=peer_user(request),
+        force=bool(body.get("force")),
+        budget_bytes=budget,
+        session_id=session_of(request),
+    )
     return web.json_response(result)
 
 
@@ -48,14 +53,30 @@ async def get_alerts(request: web.Request) -> web.Response:
     since = time.time() - float(request.query.get("since_s", 86400))
     alerts = await asyncio.to_thread(svc.store.alerts, since=since)
     actions = await asyncio.to_thread(svc.store.actions, since=since)
-    return web.json_response({
-        "active": svc.alert_states(),
-        "alerts": [{"id": a.id, "at": a.at, "engine": a.engine, "rule": a.rule, "severity": a.severity,
-                    "state": a.state, "resolved_at": a.resolved_at, "detail": a.detail} for a in alerts],
-        "responses": [{"id": a.id, "at": a.at, "engine": a.engine, "kind": a.kind, "outcome": a.outcome,
-                       "detail": a.detail} for a in actions if a.kind.startswith("response:")],
-        "settings": svc.settings,
-    })
+    return web.json_response(
+        {
+            "active": svc.alert_states(),
+            "alerts": [
+                {
+                    "id": a.id,
+                    "at": a.at,
+                    "engine": a.engine,
+                    "rule": a.rule,
+                    "severity": a.severity,
+                    "state": a.state,
+                    "resolved_at": a.resolved_at,
+                    "detail": a.detail,
+                }
+                for a in alerts
+            ],
+            "responses": [
+                {"id": a.id, "at": a.at, "engine": a.engine, "kind": a.kind, "outcome": a.outcome, "detail": a.detail}
+                for a in actions
+                if a.kind.startswith("response:")
+            ],
+            "settings": svc.settings,
+        }
+    )
 
 
 async def get_response_config(request: web.Request) -> web.Response:
@@ -65,9 +86,9 @@ async def get_response_config(request: web.Request) -> web.Response:
 async def post_response_config(request: web.Request) -> web.Response:
     body = await json_body(request)
     responses = services_of(request).responses
-    with ActionLog(context_of(request).store).change("responses", None, peer_user(request),
-                                                     session_id=session_of(request),
-                                                     before=copy.deepcopy(responses.settings)) as done:
+    with ActionLog(context_of(request).store).change(
+        "responses", None, peer_user(request), session_id=session_of(request), before=copy.deepcopy(responses.settings)
+    ) as done:
         done["to"] = responses.configure(body)
     return web.json_response(responses.settings)
 

@@ -28,13 +28,25 @@ from llmconsole.daemon.context import DaemonContext, context_of
 from llmconsole.daemon.http import error_response
 
 MAX_SINCE_S = 3600.0
-METRIC_SERIES = ("running", "waiting", "kv_cache_usage", "generation_tok_s", "prompt_tok_s",
-                 "p99_ttft_s", "p99_e2e_s", "p99_tpot_s")
+METRIC_SERIES = (
+    "running",
+    "waiting",
+    "kv_cache_usage",
+    "generation_tok_s",
+    "prompt_tok_s",
+    "p99_ttft_s",
+    "p99_e2e_s",
+    "p99_tpot_s",
+)
 WINDOW_SERIES = (("window", "window"), ("target_ms", "target"), ("measured_ms", "measured"))
 
 
-def binned(at_s: Sequence[float], columns: dict[str, list[float | None]], start_s: float, bin_s: float,
-           ) -> tuple[list[float], dict[str, list[float | None]]]:
+def binned(
+    at_s: Sequence[float],
+    columns: dict[str, list[float | None]],
+    start_s: float,
+    bin_s: float,
+) -> tuple[list[float], dict[str, list[float | None]]]:
     """Rows averaged into bins of `bin_s` from `start_s`: each bin's mean time and, per column, the
     mean of its non-null values (null where it has none)."""
     if bin_s <= 0 or not at_s:
@@ -59,18 +71,26 @@ def history(ctx: DaemonContext, name: str, since_s: float, points: int, now_s: f
     start = now_s - since_s
     bin_s = since_s / points if since_s / points > 1.0 else 0.0  # the store keeps 1 s: no bins below it
     rows = store.metric_samples(name, since_s=start, until_s=now_s)
-    at, cols = binned([r.at_s for r in rows], {k: [getattr(r, k) for r in rows] for k in METRIC_SERIES},
-                      start, bin_s)
+    at, cols = binned([r.at_s for r in rows], {k: [getattr(r, k) for r in rows] for k in METRIC_SERIES}, start, bin_s)
     window = None
     group = ctx.gateway.group_of(name) if ctx.gateway is not None else None
     if group is not None:
         trace = store.window_trace(group.name, since_s=start, until_s=now_s)
-        w_at, w_cols = binned([t.at_s for t in trace],
-                              {key: [getattr(t, column) for t in trace] for key, column in WINDOW_SERIES},
-                              start, bin_s)
+        w_at, w_cols = binned(
+            [t.at_s for t in trace],
+            {key: [getattr(t, column) for t in trace] for key, column in WINDOW_SERIES},
+            start,
+            bin_s,
+        )
         window = {"group": group.name, "signal": str(group.controller.settings.signal), "at_s": w_at, **w_cols}
-    return {"engine": name, "now_s": now_s, "since_s": since_s, "bin_s": bin_s, "metrics": {"at_s": at, **cols},
-            "window": window}
+    return {
+        "engine": name,
+        "now_s": now_s,
+        "since_s": since_s,
+        "bin_s": bin_s,
+        "metrics": {"at_s": at, **cols},
+        "window": window,
+    }
 
 
 async def get_samples(request: web.Request) -> web.Response:

@@ -29,9 +29,14 @@ async def post_apply(request: web.Request) -> web.Response:
     body = await json_body(request)
     slo = Slo.parse([f"{k}={v}" for k, v in (body.get("slo") or {}).items()])
     guard = GuardSettings(**(body.get("guard") or {}))
-    result = await services_of(request).tune.apply(request.match_info["name"], dict(body.get("overrides") or {}), slo,
-                                                   actor=peer_user(request), guard=guard,
-                                                   detail={"study": body.get("study")})
+    result = await services_of(request).tune.apply(
+        request.match_info["name"],
+        dict(body.get("overrides") or {}),
+        slo,
+        actor=peer_user(request),
+        guard=guard,
+        detail={"study": body.get("study")},
+    )
     return web.json_response(result)
 
 
@@ -44,8 +49,12 @@ async def post_schedule(request: web.Request) -> web.Response:
     tune = services_of(request).tune
     engine = str(body.get("engine") or "")
     with ActionLog(context_of(request).store).change(
-            "tune_schedule", engine or None, peer_user(request), session_id=session_of(request),
-            before={"schedule": copy.deepcopy(tune.schedule.get(engine))}) as done:
+        "tune_schedule",
+        engine or None,
+        peer_user(request),
+        session_id=session_of(request),
+        before={"schedule": copy.deepcopy(tune.schedule.get(engine))},
+    ) as done:
         state = tune.set_schedule(body)
         done["to"] = {"schedule": state["schedule"].get(engine)}
     return web.json_response(state)

@@ -66,10 +66,16 @@ async def post_window(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     before = gateway.window_state(name, trace_points=0)  # an unknown name: 404, nothing recorded
     with ActionLog(context_of(request).store).change(
-            "window", name, peer_user(request), session_id=session_of(request), before=window_facts(before),
-            detail={"group": before["group"], "asked": body}) as done:
-        state = gateway.change_window(name, settings={k: body[k] for k in _SETTINGS if k in body},
-                                      freeze=freeze, window=window)
+        "window",
+        name,
+        peer_user(request),
+        session_id=session_of(request),
+        before=window_facts(before),
+        detail={"group": before["group"], "asked": body},
+    ) as done:
+        state = gateway.change_window(
+            name, settings={k: body[k] for k in _SETTINGS if k in body}, freeze=freeze, window=window
+        )
         done["to"] = window_facts(state)
     return web.json_response(state)
 
@@ -91,8 +97,9 @@ async def put_group(request: web.Request) -> web.Response:
     if not isinstance(engines, list) or not all(isinstance(e, str) for e in engines):
         return error_response(400, 'request body must be {"engines": ["name", ...]}')
     name = request.match_info["name"]
-    with ActionLog(ctx.store).change("group", name, peer_user(request), session_id=session_of(request),
-                                     before={"engines": _members(gateway, name)}) as done:
+    with ActionLog(ctx.store).change(
+        "group", name, peer_user(request), session_id=session_of(request), before={"engines": _members(gateway, name)}
+    ) as done:
         state = gateway.set_group(name, engines)
         done["to"] = {"engines": _members(gateway, name)}
     return web.json_response(state)
@@ -104,8 +111,9 @@ async def delete_group(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     if _members(gateway, name) is None:
         raise UnknownGroup(name)  # 404, nothing recorded
-    with ActionLog(ctx.store).change("group", name, peer_user(request), session_id=session_of(request),
-                                     before={"engines": _members(gateway, name)}) as done:
+    with ActionLog(ctx.store).change(
+        "group", name, peer_user(request), session_id=session_of(request), before={"engines": _members(gateway, name)}
+    ) as done:
         engines = gateway.remove_group(name)
         done["to"] = {"engines": None}
     return web.json_response({"removed": name, "engines": engines})

@@ -47,8 +47,7 @@ _MODES = [m.value for m in FRACTIONS]
 
 
 class DaemonCollector:
-    def __init__(self, ctx: DaemonContext, responses: ResponseService | None = None,
-                 modes: ModeService | None = None):
+    def __init__(self, ctx: DaemonContext, responses: ResponseService | None = None, modes: ModeService | None = None):
         self.fleet = ctx.fleet
         self.gateway = ctx.gateway
         self.responses = responses
@@ -59,22 +58,30 @@ class DaemonCollector:
         e = ["engine"]
         state = StateSetMetricFamily("llmconsole_engine_state", "The engine's supervision state", labels=e)
         restarts = CounterMetricFamily("llmconsole_engine_restarts", "Restarts after crashes", labels=e)
-        looping = GaugeMetricFamily("llmconsole_engine_crash_looping", "1 while the engine's config is crash-looping",
-                                    labels=e)
+        looping = GaugeMetricFamily(
+            "llmconsole_engine_crash_looping", "1 while the engine's config is crash-looping", labels=e
+        )
         config = InfoMetricFamily("llmconsole_engine_config", "The engine's config version", labels=e)
         mode = StateSetMetricFamily("llmconsole_engine_mode", "The engine's memory mode", labels=e)
         mode_auto = GaugeMetricFamily("llmconsole_engine_mode_auto", "1 when the auto policy picks the mode", labels=e)
         seqs = GaugeMetricFamily("llmconsole_engine_max_num_seqs", "The engine's max_num_seqs", labels=e)
-        kv_tokens = GaugeMetricFamily("llmconsole_engine_kv_cache_tokens", "KV cache size in tokens at start-up",
-                                      labels=e)
+        kv_tokens = GaugeMetricFamily(
+            "llmconsole_engine_kv_cache_tokens", "KV cache size in tokens at start-up", labels=e
+        )
         kv_usage = GaugeMetricFamily("llmconsole_engine_kv_cache_usage_ratio", "KV cache in use, 0..1", labels=e)
         for st in statuses:
             state.add_metric([st.name], {s: s == str(st.state) for s in _STATES})
             restarts.add_metric([st.name], st.restarts)
             looping.add_metric([st.name], 1.0 if st.crash_looping else 0.0)
-            config.add_metric([st.name], {"config_id": st.config_id, "model": st.served_model_name,
-                                          "kernel": st.spec.get("kernel", "stock"),
-                                          "kv_cache_dtype": str(st.spec.get("kv_cache_dtype", "auto"))})
+            config.add_metric(
+                [st.name],
+                {
+                    "config_id": st.config_id,
+                    "model": st.served_model_name,
+                    "kernel": st.spec.get("kernel", "stock"),
+                    "kv_cache_dtype": str(st.spec.get("kv_cache_dtype", "auto")),
+                },
+            )
             current = getattr(st, "mode", None)
             mode.add_metric([st.name], {m: m == current for m in _MODES})
             mode_auto.add_metric([st.name], 1.0 if getattr(st, "mode_auto", False) else 0.0)
@@ -101,8 +108,9 @@ class DaemonCollector:
                 gpu.add_metric([str(g.index)], g.memory_used_bytes / g.memory_total_bytes)
         yield mem
         yield gpu
-        pressure = GaugeMetricFamily("llmconsole_memory_pressure_ratio",
-                                     "What the auto mode policy reads: the fullest GPU, else host memory")
+        pressure = GaugeMetricFamily(
+            "llmconsole_memory_pressure_ratio", "What the auto mode policy reads: the fullest GPU, else host memory"
+        )
         frac = used_fraction(host)
         if frac is not None:
             pressure.add_metric([], frac)
@@ -112,29 +120,35 @@ class DaemonCollector:
         if self.gateway is None:
             return
         e = ["engine"]
-        g = {name: GaugeMetricFamily(f"llmconsole_{name}", doc, labels=e) for name, doc in (
-            ("gateway_window", "Requests the group admits at once"),
-            ("gateway_in_flight", "Requests in flight through the gateway"),
-            ("gateway_queued", "Requests waiting in the group's queue"),
-            ("gateway_held", "1 while the group's queue is held for a restart"),
-            ("controller_target_seconds", "The window controller's latency target"),
-            ("controller_measured_seconds", "The latency the controller measured at its last step"),
-            ("controller_error", "Relative error at the last step: (target - measured) / target"),
-            ("controller_p", "Proportional term at the last step"),
-            ("controller_i", "Integral term at the last step"),
-            ("controller_d", "Derivative term at the last step"),
-            ("controller_frozen", "1 while the controller is frozen"),
-            ("slo_attainment_ratio", f"Requests within the latency target over the last {ar.SLO_WINDOW_S:.0f} s"),
-            ("slo_objective_ratio", "The latency SLO's objective"),
-            ("slo_burn_rate", "How fast the SLO's error budget burns (1 = exactly on budget)"),
-        )}
+        g = {
+            name: GaugeMetricFamily(f"llmconsole_{name}", doc, labels=e)
+            for name, doc in (
+                ("gateway_window", "Requests the group admits at once"),
+                ("gateway_in_flight", "Requests in flight through the gateway"),
+                ("gateway_queued", "Requests waiting in the group's queue"),
+                ("gateway_held", "1 while the group's queue is held for a restart"),
+                ("controller_target_seconds", "The window controller's latency target"),
+                ("controller_measured_seconds", "The latency the controller measured at its last step"),
+                ("controller_error", "Relative error at the last step: (target - measured) / target"),
+                ("controller_p", "Proportional term at the last step"),
+                ("controller_i", "Integral term at the last step"),
+                ("controller_d", "Derivative term at the last step"),
+                ("controller_frozen", "1 while the controller is frozen"),
+                ("slo_attainment_ratio", f"Requests within the latency target over the last {ar.SLO_WINDOW_S:.0f} s"),
+                ("slo_objective_ratio", "The latency SLO's objective"),
+                ("slo_burn_rate", "How fast the SLO's error budget burns (1 = exactly on budget)"),
+            )
+        }
         admitted = CounterMetricFamily("llmconsole_gateway_admitted", "Requests admitted", labels=e)
-        rejected = CounterMetricFamily("llmconsole_gateway_rejected",
-                                       "Requests and connections turned away, by reason; the door's own "
-                                       "(before a request reaches a group) have an empty engine label",
-                                       labels=["engine", "reason"])
-        requests = CounterMetricFamily("llmconsole_gateway_requests", "Requests finished, by how they ended",
-                                       labels=["engine", "outcome"])
+        rejected = CounterMetricFamily(
+            "llmconsole_gateway_rejected",
+            "Requests and connections turned away, by reason; the door's own "
+            "(before a request reaches a group) have an empty engine label",
+            labels=["engine", "reason"],
+        )
+        requests = CounterMetricFamily(
+            "llmconsole_gateway_requests", "Requests finished, by how they ended", labels=["engine", "outcome"]
+        )
         door = self.gateway.gateway.door
         for reason, count in sorted(door.rejected.items()):
             rejected.add_metric(["", reason], count)
@@ -180,8 +194,9 @@ class DaemonCollector:
     def _alerts(self) -> Iterator[Metric]:
         if self.responses is None:
             return
-        alert = GaugeMetricFamily("llmconsole_alert_state",
-                                  "The daemon's own alerts: 1 pending, 2 firing", labels=["rule", "engine"])
+        alert = GaugeMetricFamily(
+            "llmconsole_alert_state", "The daemon's own alerts: 1 pending, 2 firing", labels=["rule", "engine"]
+        )
         for a in self.responses.tracker.active.values():
             alert.add_metric([a.rule, a.engine], 2.0 if a.state == "firing" else 1.0)
         yield alert
@@ -225,8 +240,11 @@ class Exporter:
             self._runner = None
             if self.port == 0:
                 raise
-            how = (f"set {PORT_ENV} to a free port" if os.environ.get(PORT_ENV) else
-                   f"remove {self._file} (a free port is then chosen and saved) or set {PORT_ENV}")
+            how = (
+                f"set {PORT_ENV} to a free port"
+                if os.environ.get(PORT_ENV)
+                else f"remove {self._file} (a free port is then chosen and saved) or set {PORT_ENV}"
+            )
             raise port_taken("metrics", self.host, self.port, e, how) from None
         self.port = int(self._runner.addresses[0][1])  # the port bound, when 0 asked for a free one
         self._file.write_text(json.dumps({"port": self.port}))

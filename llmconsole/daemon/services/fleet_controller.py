@@ -21,8 +21,7 @@ from llmconsole.engine.tune.ranges import EngineFacts
 class FleetController:
     """Restarts through the fleet, the window bounds through the gateway service."""
 
-    def __init__(self, fleet: Fleet, name: str, ready_timeout_s: float = 900.0,
-                 gateway: GatewayService | None = None):
+    def __init__(self, fleet: Fleet, name: str, ready_timeout_s: float = 900.0, gateway: GatewayService | None = None):
         self.fleet, self.name, self.ready_timeout_s, self.gateway = fleet, name, ready_timeout_s, gateway
 
     def _gateway(self) -> GatewayService:
@@ -47,17 +46,22 @@ class FleetController:
         sup = self.fleet.get(self.name)
         window = await self.window() if with_window else None
         st = sup.status()
-        return EngineFacts(model=str(sup.spec.model), device=str(st.device or "cpu"),
-                           spec=sup.spec.public_dict(), window=window,
-                           custom_kernel_refusal=st.custom_kernel_refusal)
+        return EngineFacts(
+            model=str(sup.spec.model),
+            device=str(st.device or "cpu"),
+            spec=sup.spec.public_dict(),
+            window=window,
+            custom_kernel_refusal=st.custom_kernel_refusal,
+        )
 
     def _target(self) -> EngineTarget:
         sup = self.fleet.get(self.name)
         st = sup.status()
         # An engine that is not serving (after a failed start, say) has no URL: the target still
         # says which config it is on, which is what the runners compare before a restart.
-        return EngineTarget(st.url or "", st.served_model_name, sup.spec.model, sup.spec.config_id,
-                            sup.spec.public_dict())
+        return EngineTarget(
+            st.url or "", st.served_model_name, sup.spec.model, sup.spec.config_id, sup.spec.public_dict()
+        )
 
     async def current(self) -> EngineTarget:
         return self._target()
@@ -74,8 +78,10 @@ class FleetController:
         while time.monotonic() < deadline:
             if sup.state == EngineState.READY and sup.status().url:
                 return self._target()
-            if sup.state in (EngineState.FAILED, EngineState.STOPPED, EngineState.CRASHED) \
-                    or sup.spec.config_id != spec.config_id:
+            if (
+                sup.state in (EngineState.FAILED, EngineState.STOPPED, EngineState.CRASHED)
+                or sup.spec.config_id != spec.config_id
+            ):
                 raise EngineStartFailed(sup.last_error or str(sup.state))
             await asyncio.sleep(0.5)
         raise EngineStartFailed(f"not ready within {self.ready_timeout_s:.0f} s")

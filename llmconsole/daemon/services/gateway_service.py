@@ -62,14 +62,22 @@ class PortTaken(RuntimeError):
 
 
 def port_taken(what: str, host: str, port: int, error: OSError, how_to_move: str) -> PortTaken:
-    return PortTaken(f"the {what} port {host}:{port} is taken by another process ({error.strerror or error}); "
-                     f"stop that process, or {how_to_move}. The daemon does not move to another port on its own: "
-                     f"clients would send their requests and keys to whatever holds this one.")
+    return PortTaken(
+        f"the {what} port {host}:{port} is taken by another process ({error.strerror or error}); "
+        f"stop that process, or {how_to_move}. The daemon does not move to another port on its own: "
+        f"clients would send their requests and keys to whatever holds this one."
+    )
 
 
 class GatewayService:
-    def __init__(self, fleet: Fleet, host: str | None = None, port: int | None = None, store: Store | None = None,
-                 limits: DoorLimits | None = None):
+    def __init__(
+        self,
+        fleet: Fleet,
+        host: str | None = None,
+        port: int | None = None,
+        store: Store | None = None,
+        limits: DoorLimits | None = None,
+    ):
         self.fleet = fleet
         self.store = store  # None: the trace then lives in memory only
         self.host = host or os.environ.get(HOST_ENV) or "127.0.0.1"
@@ -77,7 +85,9 @@ class GatewayService:
         self.key_file = fleet.paths.data_dir / "gateway.key"
         saved = self._read_file()
         env_port = os.environ.get(PORT_ENV)
-        self._port_from = "given" if port is not None else PORT_ENV if env_port else "saved" if saved.get("port") else ""
+        self._port_from = (
+            "given" if port is not None else PORT_ENV if env_port else "saved" if saved.get("port") else ""
+        )
         self._port = port if port is not None else int(env_port) if env_port else int(saved.get("port") or 0)
         self._saved_groups: dict[str, dict[str, Any]] = saved.get("groups", {})
         self._saved_limits = saved.get("limits")
@@ -100,8 +110,11 @@ class GatewayService:
         except OSError as e:
             if self._port == 0:
                 raise
-            how = (f"set {PORT_ENV} to a free port" if self._port_from == PORT_ENV else
-                   f"remove \"port\" from {self._file} (a free one is then chosen and saved) or set {PORT_ENV}")
+            how = (
+                f"set {PORT_ENV} to a free port"
+                if self._port_from == PORT_ENV
+                else f'remove "port" from {self._file} (a free one is then chosen and saved) or set {PORT_ENV}'
+            )
             raise port_taken("gateway", self.host, self._port, e, how) from None
         self.sync()
         self._save()
@@ -250,13 +263,16 @@ class GatewayService:
                 await asyncio.sleep(_DRAIN_POLL_S)
             left = self.outstanding(engine)
             if left:
-                log.warning("engine %s still has %d requests in flight after %.0f s of drain; they are cut",
-                            engine, left, drain_timeout_s)
+                log.warning(
+                    "engine %s still has %d requests in flight after %.0f s of drain; they are cut",
+                    engine,
+                    left,
+                    drain_timeout_s,
+                )
             yield left
         finally:
             self.sync()
             self.hold_engine(engine, False)
-
 
     def _holding(self, engine: str) -> list[EngineGroup]:
         """Every group that routes to `engine`: its own or named group, a retired group still
@@ -298,14 +314,20 @@ class GatewayService:
         if group is None:
             return status
         return dataclasses.replace(
-            status, gateway_url=self.gateway.group_url(group.name), window=group.admission.window,
+            status,
+            gateway_url=self.gateway.group_url(group.name),
+            window=group.admission.window,
             controller=group.state_json(trace_points=60),
         )
 
     def window_state(self, name: str, trace_points: int = 600) -> dict[str, Any]:
         group = self.group(name)
-        return {"engine": name, "group": group.name, "gateway_url": self.gateway.group_url(group.name),
-                **group.state_json(trace_points)}
+        return {
+            "engine": name,
+            "group": group.name,
+            "gateway_url": self.gateway.group_url(group.name),
+            **group.state_json(trace_points),
+        }
 
     # --- named groups ---------------------------------------------------------------------
 
@@ -317,10 +339,19 @@ class GatewayService:
         served = [(name, g, False) for name, g in sorted(self.gateway.groups.items())]
         for name, g, retired in [*served, *((g.name, g, True) for g in self._draining)]:
             st = g.admission.stats()
-            out.append({"group": name, "named": not retired and name in self.membership.groups,
-                        "retired": retired, "engines": list(g.upstreams),
-                        "gateway_url": None if retired else self.gateway.group_url(name), "window": st.window,
-                        "frozen": g.controller.frozen, "in_flight": st.in_flight, "queued": st.queued})
+            out.append(
+                {
+                    "group": name,
+                    "named": not retired and name in self.membership.groups,
+                    "retired": retired,
+                    "engines": list(g.upstreams),
+                    "gateway_url": None if retired else self.gateway.group_url(name),
+                    "window": st.window,
+                    "frozen": g.controller.frozen,
+                    "in_flight": st.in_flight,
+                    "queued": st.queued,
+                }
+            )
         return out
 
     def set_group(self, name: str, engines: list[str]) -> dict[str, Any]:
@@ -343,14 +374,20 @@ class GatewayService:
         self.membership = self.membership.without_group(name)
         group = self.gateway.groups.get(name)
         if group is not None and name in self.fleet.engines:  # the group was named after one of its
-            for other in [e for e in members if e != name]:   # engines: it goes on as that one's own
+            for other in [e for e in members if e != name]:  # engines: it goes on as that one's own
                 group.remove_upstream(other)
         self.sync()
         self._save()
         return members
 
-    def change_window(self, name: str, *, settings: dict[str, Any] | None = None,
-                      freeze: bool | None = None, window: int | None = None) -> dict[str, Any]:
+    def change_window(
+        self,
+        name: str,
+        *,
+        settings: dict[str, Any] | None = None,
+        freeze: bool | None = None,
+        window: int | None = None,
+    ) -> dict[str, Any]:
         """Apply an operator's change; bad input raises ValueError and changes nothing."""
         group = self.group(name)
         settings = {k: v for k, v in (settings or {}).items() if v is not None}
@@ -389,8 +426,12 @@ class GatewayService:
         groups = dict(self._saved_groups)
         for name, g in self.gateway.groups.items():
             s = g.controller.settings
-            groups[name] = {**{k: getattr(s, k) for k in _SETTING_KEYS}, "signal": str(s.signal),
-                            "frozen": g.controller.frozen, "window": g.controller.window}
+            groups[name] = {
+                **{k: getattr(s, k) for k in _SETTING_KEYS},
+                "signal": str(s.signal),
+                "frozen": g.controller.frozen,
+                "window": g.controller.window,
+            }
         groups = {n: v for n, v in groups.items() if n in self.fleet.engines or n in self.membership.groups}
         self._saved_groups = groups
         saved: dict[str, Any] = {"port": self.gateway.port, "groups": groups, "members": self.membership.to_json()}
@@ -405,11 +446,22 @@ class GatewayService:
 
 def write_trace(store: Store, samples: list[tuple[str, TraceSample]]) -> int:
     """Controller steps as rows of the store's window_trace table (group, time, terms, window)."""
-    return store.add_window_trace([
-        {"group_name": g, "at_s": s.at_s, "target": s.target_ms, "measured": s.measured_ms,
-         "error": s.error, "p": s.p, "i": s.i, "d": s.d, "window": float(s.window)}
-        for g, s in samples
-    ])
+    return store.add_window_trace(
+        [
+            {
+                "group_name": g,
+                "at_s": s.at_s,
+                "target": s.target_ms,
+                "measured": s.measured_ms,
+                "error": s.error,
+                "p": s.p,
+                "i": s.i,
+                "d": s.d,
+                "window": float(s.window),
+            }
+            for g, s in samples
+        ]
+    )
 
 
 def read_key_file(path: Path) -> str | None:

@@ -69,21 +69,35 @@ class ModeService:
     def state(self, name: str, budget_bytes: int | None = None) -> dict[str, Any]:
         sup = self.fleet.get(name)
         device = self.device_of(name)
-        return {"engine": name, "mode": mode_of(sup.spec, device), "auto": name in self.auto, "device": device,
-                "budget_bytes": (budget_bytes or cpu_kv_budget_bytes()) if device == "cpu" else None,
-                "gpu_memory_utilization": sup.spec.gpu_memory_utilization,
-                "kv_cache_memory_bytes": sup.spec.kv_cache_memory_bytes,
-                "kv_cache_tokens": sup.status().kv_cache_tokens}
+        return {
+            "engine": name,
+            "mode": mode_of(sup.spec, device),
+            "auto": name in self.auto,
+            "device": device,
+            "budget_bytes": (budget_bytes or cpu_kv_budget_bytes()) if device == "cpu" else None,
+            "gpu_memory_utilization": sup.spec.gpu_memory_utilization,
+            "kv_cache_memory_bytes": sup.spec.kv_cache_memory_bytes,
+            "kv_cache_tokens": sup.status().kv_cache_tokens,
+        }
 
-    async def set_mode(self, name: str, mode_text: str, *, actor: str, force: bool = False,
-                       budget_bytes: int | None = None, automatic: bool = False,
-                       session_id: int | None = None) -> dict[str, Any]:
+    async def set_mode(
+        self,
+        name: str,
+        mode_text: str,
+        *,
+        actor: str,
+        force: bool = False,
+        budget_bytes: int | None = None,
+        automatic: bool = False,
+        session_id: int | None = None,
+    ) -> dict[str, Any]:
         sup = self.fleet.get(name)
         if mode_text.strip().lower() == AUTO:
             # Enabling the policy counts as a switch: its first restart waits a full interval.
             was = name in self.auto
-            self.auto[name] = PolicyState(Mode(mode_of(sup.spec, self.device_of(name)) or Mode.PERFORMANCE),
-                                          time.monotonic())
+            self.auto[name] = PolicyState(
+                Mode(mode_of(sup.spec, self.device_of(name)) or Mode.PERFORMANCE), time.monotonic()
+            )
             self._save()
             self._record_auto(name, actor, session_id, was, True)
             return {**self.state(name), "applied": None}
@@ -100,9 +114,18 @@ class ModeService:
         self._busy.add(name)
         try:
             gate = GroupGate(self.gateway) if self.gateway is not None else None
-            result = await guarded_apply(self.fleet, name, new, store=self.store, gate=gate, actor=actor,
-                                         kind="mode", automatic=automatic, force=force,
-                                         detail={"mode": mode.value, "budget_bytes": budget})
+            result = await guarded_apply(
+                self.fleet,
+                name,
+                new,
+                store=self.store,
+                gate=gate,
+                actor=actor,
+                kind="mode",
+                automatic=automatic,
+                force=force,
+                detail={"mode": mode.value, "budget_bytes": budget},
+            )
         finally:
             self._busy.discard(name)
         return {**self.state(name, budget), "applied": result.to_json()}
@@ -112,9 +135,15 @@ class ModeService:
         if self.store is None:
             return
         config_id = self.fleet.get(name).spec.config_id
-        action_id = self.store.record_action("mode", engine=name, actor=actor, session_id=session_id,
-                                             from_config_id=config_id, to_config_id=config_id,
-                                             detail={"mode": AUTO if now else "set by hand", "from": {"auto": was}})
+        action_id = self.store.record_action(
+            "mode",
+            engine=name,
+            actor=actor,
+            session_id=session_id,
+            from_config_id=config_id,
+            to_config_id=config_id,
+            detail={"mode": AUTO if now else "set by hand", "from": {"auto": was}},
+        )
         self.store.update_action_outcome(action_id, "done", {"to": {"auto": now}})
 
     async def start(self) -> None:
@@ -154,8 +183,9 @@ class ModeService:
                 continue
             if self.fleet.get(name).state != EngineState.READY:
                 continue
-            log.warning("auto mode: %s memory at %.0f%%: %s -> %s", name, frac * 100, decision.from_mode,
-                        decision.to_mode)
+            log.warning(
+                "auto mode: %s memory at %.0f%%: %s -> %s", name, frac * 100, decision.from_mode, decision.to_mode
+            )
             asyncio.create_task(self._auto_apply(name, decision.to_mode))
 
     async def _auto_apply(self, name: str, mode: Mode) -> None:

@@ -58,9 +58,9 @@ class ResponseService:
         self.settings = self._read_settings()
         self.tracker = ar.AlertTracker()
         self._apply_for_s()
-        self.members: dict[str, str] = {}       # standby engine -> the group it serves in
+        self.members: dict[str, str] = {}  # standby engine -> the group it serves in
         self._alert_ids: dict[tuple[str, str], int] = {}
-        self._busy: set[str] = set()            # engines with a response under way
+        self._busy: set[str] = set()  # engines with a response under way
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
         self.last_facts: dict[str, ar.EngineFacts] = {}
@@ -133,9 +133,13 @@ class ResponseService:
                 s = group.controller.settings
                 slo = ar.slo_figures(list(group.records), s.target_ms, str(s.signal))
             out[st.name] = ar.EngineFacts(
-                st.name, kv_cache_usage=getattr(st.metrics, "kv_cache_usage", None),
-                max_num_seqs=st.spec.get("max_num_seqs"), gpu_memory_used_ratio=gpu_ratio,
-                crash_looping=st.crash_looping, slo=slo)
+                st.name,
+                kv_cache_usage=getattr(st.metrics, "kv_cache_usage", None),
+                max_num_seqs=st.spec.get("max_num_seqs"),
+                gpu_memory_used_ratio=gpu_ratio,
+                crash_looping=st.crash_looping,
+                slo=slo,
+            )
         return out
 
     async def evaluate_once(self) -> list[ar.Transition]:
@@ -147,11 +151,15 @@ class ResponseService:
             if t.to == "firing":
                 rule = self.tracker.rules[t.rule]
                 f = facts.get(t.engine)
-                detail = {"summary": rule.summary, "kv_cache_usage": getattr(f, "kv_cache_usage", None),
-                          "gpu_memory_used_ratio": getattr(f, "gpu_memory_used_ratio", None),
-                          "slo_attainment": f.slo.attainment if f and f.slo else None}
+                detail = {
+                    "summary": rule.summary,
+                    "kv_cache_usage": getattr(f, "kv_cache_usage", None),
+                    "gpu_memory_used_ratio": getattr(f, "gpu_memory_used_ratio", None),
+                    "slo_attainment": f.slo.attainment if f and f.slo else None,
+                }
                 self._alert_ids[key] = await asyncio.to_thread(
-                    self.store.alert_fired, t.rule, rule.severity, engine=t.engine, detail=detail)
+                    self.store.alert_fired, t.rule, rule.severity, engine=t.engine, detail=detail
+                )
                 log.warning("alert %s firing on %s", t.rule, t.engine)
                 actions = self.settings["responses"].get(t.rule, [])
                 if actions:
@@ -180,8 +188,9 @@ class ResponseService:
         if action not in ACTIONS:
             raise ResponseRefused(f"unknown response {action!r}: choose from {', '.join(ACTIONS)}")
         detail = {"trigger": trigger, "alert_id": alert_id}
-        action_id = self.store.record_action(f"response:{action}", engine=engine, actor="llmconsole",
-                                             automatic=True, detail=detail)
+        action_id = self.store.record_action(
+            f"response:{action}", engine=engine, actor="llmconsole", automatic=True, detail=detail
+        )
         if engine in self._busy:
             self.store.update_action_outcome(action_id, "refused", {"error": f"a response on {engine} is under way"})
             return {"action_id": action_id, "outcome": "refused"}
@@ -207,10 +216,22 @@ class ResponseService:
     async def _apply(self, engine: str, spec: EngineSpec, trigger: str) -> tuple[str, dict[str, Any]]:
         sup = self.fleet.get(engine)
         before = sup.spec
-        result = await guarded_apply(self.fleet, engine, spec, store=self.store, gate=self._gate(),
-                                     actor="llmconsole", kind="apply", automatic=True, detail={"trigger": trigger})
-        return "applied", {"from_config_id": before.config_id, "to_config_id": result.to_config_id,
-                           "undo": {"rollback_to": before.config_id}}
+        result = await guarded_apply(
+            self.fleet,
+            engine,
+            spec,
+            store=self.store,
+            gate=self._gate(),
+            actor="llmconsole",
+            kind="apply",
+            automatic=True,
+            detail={"trigger": trigger},
+        )
+        return "applied", {
+            "from_config_id": before.config_id,
+            "to_config_id": result.to_config_id,
+            "undo": {"rollback_to": before.config_id},
+        }
 
     async def _do_mode(self, engine: str, trigger: str) -> tuple[str, dict[str, Any]]:
         sup = self.fleet.get(engine)
@@ -238,8 +259,13 @@ class ResponseService:
         if lowered >= before["window"]:
             raise ResponseRefused(f"the window of {engine} is already at its minimum ({before['window']})")
         self.gateway.change_window(engine, window=lowered)
-        return "applied", {"window_before": before["window"], "window_after": lowered, "undo": {"window": before},
-                           "from": before, "to": {"window": lowered, "frozen": True}}
+        return "applied", {
+            "window_before": before["window"],
+            "window_after": lowered,
+            "undo": {"window": before},
+            "from": before,
+            "to": {"window": lowered, "frozen": True},
+        }
 
     async def _do_standby(self, engine: str, trigger: str) -> tuple[str, dict[str, Any]]:
         if self.gateway is None:
@@ -293,8 +319,9 @@ class ResponseService:
         if detail.get("undone_by"):
             raise ResponseRefused(f"response {action_id} was already undone (action {detail['undone_by']})")
         undo = detail.get("undo") or {}
-        undo_id = self.store.record_action("undo", engine=action.engine, actor=actor,
-                                           detail={"undoes": action_id, **undo})
+        undo_id = self.store.record_action(
+            "undo", engine=action.engine, actor=actor, detail={"undoes": action_id, **undo}
+        )
         try:
             result = await self._undo(action.engine, undo)
         except Exception as e:
@@ -314,8 +341,11 @@ class ResponseService:
             self.gateway.change_window(engine, window=int(before["window"]))
             if not before["frozen"]:
                 self.gateway.change_window(engine, freeze=False)
-            return {"window": before["window"], "from": now, "to": {"window": before["window"],
-                                                                     "frozen": bool(before["frozen"])}}
+            return {
+                "window": before["window"],
+                "from": now,
+                "to": {"window": before["window"], "frozen": bool(before["frozen"])},
+            }
         if "stop_standby" in undo:
             name = undo["stop_standby"]
             if name in self.fleet.engines:
@@ -327,12 +357,19 @@ class ResponseService:
                 group.remove_upstream(name)
             return {"stopped": name}
         if "rollback_to" in undo:
-            return await rollback(self.ctx, engine, actor="operator", to_config_id=undo["rollback_to"],
-                                  reason="undo of an automated response")
+            return await rollback(
+                self.ctx,
+                engine,
+                actor="operator",
+                to_config_id=undo["rollback_to"],
+                reason="undo of an automated response",
+            )
         raise ResponseRefused("this response records no way to undo it")
 
     # --- what status, /metrics and the console read ---------------------------------------
 
     def alert_states(self) -> list[dict[str, Any]]:
-        return [{"rule": a.rule, "engine": a.engine, "state": a.state,
-                 "for_s": round(time.monotonic() - a.since_s, 1)} for a in self.tracker.active.values()]
+        return [
+            {"rule": a.rule, "engine": a.engine, "state": a.state, "for_s": round(time.monotonic() - a.since_s, 1)}
+            for a in self.tracker.active.values()
+        ]

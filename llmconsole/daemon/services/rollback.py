@@ -29,33 +29,56 @@ class ActionLog:
     def __init__(self, store: Store | None):
         self.store = store
 
-    def begin(self, kind: str, engine: str | None, actor: str, *, session_id: int | None = None,
-              from_spec: EngineSpec | None = None, to_spec: EngineSpec | None = None,
-              automatic: bool = False, detail: dict[str, Any] | None = None) -> int | None:
+    def begin(
+        self,
+        kind: str,
+        engine: str | None,
+        actor: str,
+        *,
+        session_id: int | None = None,
+        from_spec: EngineSpec | None = None,
+        to_spec: EngineSpec | None = None,
+        automatic: bool = False,
+        detail: dict[str, Any] | None = None,
+    ) -> int | None:
         if self.store is None:
             return None
         for spec in (from_spec, to_spec):  # an action names configs the store must hold
             if spec is not None:
                 self.store.record_config(spec.config_id, spec.public_dict())
         return self.store.record_action(
-            kind, engine=engine, actor=actor, session_id=session_id,
+            kind,
+            engine=engine,
+            actor=actor,
+            session_id=session_id,
             from_config_id=from_spec.config_id if from_spec else None,
             to_config_id=to_spec.config_id if to_spec else None,
-            automatic=automatic, detail=detail)
+            automatic=automatic,
+            detail=detail,
+        )
 
     def end(self, action_id: int | None, outcome: str, detail: dict[str, Any] | None = None) -> None:
         if self.store is not None and action_id is not None:
             self.store.update_action_outcome(action_id, outcome, detail)
 
     @contextlib.contextmanager
-    def change(self, kind: str, engine: str | None, actor: str, *, before: dict[str, Any],
-               session_id: int | None = None, automatic: bool = False,
-               detail: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+    def change(
+        self,
+        kind: str,
+        engine: str | None,
+        actor: str,
+        *,
+        before: dict[str, Any],
+        session_id: int | None = None,
+        automatic: bool = False,
+        detail: dict[str, Any] | None = None,
+    ) -> Iterator[dict[str, Any]]:
         """An action that is no config change (a window, a group, a setting): recorded with what
         it changes `from` before the block runs; the block puts what it changed `to` in the dict
         it is given. Bad input (ValueError, LookupError) ends it refused, anything else failed."""
-        action_id = self.begin(kind, engine, actor, session_id=session_id, automatic=automatic,
-                               detail={**(detail or {}), "from": before})
+        action_id = self.begin(
+            kind, engine, actor, session_id=session_id, automatic=automatic, detail={**(detail or {}), "from": before}
+        )
         outcome: dict[str, Any] = {}
         try:
             yield outcome
@@ -68,9 +91,16 @@ class ActionLog:
         self.end(action_id, "done", outcome)
 
 
-async def rollback(ctx: DaemonContext, name: str, *, actor: str, to_config_id: str | None = None,
-                   automatic: bool = False, session_id: int | None = None,
-                   reason: str | None = None) -> dict[str, Any]:
+async def rollback(
+    ctx: DaemonContext,
+    name: str,
+    *,
+    actor: str,
+    to_config_id: str | None = None,
+    automatic: bool = False,
+    session_id: int | None = None,
+    reason: str | None = None,
+) -> dict[str, Any]:
     """Restart `name` on a stored version. Raises RollbackError (nothing changed) when there is
     no such version or it cannot run any more."""
     store = ctx.need_store()
@@ -82,22 +112,41 @@ async def rollback(ctx: DaemonContext, name: str, *, actor: str, to_config_id: s
         # A version stored before CPU engines were always given a KV size launches with one.
         spec = ctx.fleet.launch_spec(spec_from_version(target, current, ctx.fleet.secret_env(name)))
     except (RollbackError, ValueError) as e:
-        action_id = actions.begin("rollback", name, actor, session_id=session_id, automatic=automatic,
-                                  from_spec=current, detail={"reason": reason})
+        action_id = actions.begin(
+            "rollback",
+            name,
+            actor,
+            session_id=session_id,
+            automatic=automatic,
+            from_spec=current,
+            detail={"reason": reason},
+        )
         actions.end(action_id, "refused", {"error": str(e)})
         raise
-    action_id = actions.begin("rollback", name, actor, session_id=session_id, automatic=automatic,
-                              from_spec=current, to_spec=spec, detail={"reason": reason} if reason else None)
+    action_id = actions.begin(
+        "rollback",
+        name,
+        actor,
+        session_id=session_id,
+        automatic=automatic,
+        from_spec=current,
+        to_spec=spec,
+        detail={"reason": reason} if reason else None,
+    )
     try:
         await ctx.fleet.restart(name, spec)
     except Exception as e:
         actions.end(action_id, "failed", {"error": str(e)})
         raise
     actions.end(action_id, "applied")
-    log.info("rolled %s back from %s to %s (%s)", name, current.config_id, target.config_id,
-             "automatic" if automatic else actor)
-    return {"engine": name, "from_config_id": current.config_id, "to_config_id": spec.config_id,
-            "action_id": action_id}
+    log.info(
+        "rolled %s back from %s to %s (%s)",
+        name,
+        current.config_id,
+        target.config_id,
+        "automatic" if automatic else actor,
+    )
+    return {"engine": name, "from_config_id": current.config_id, "to_config_id": spec.config_id, "action_id": action_id}
 
 
 def on_config_failed(ctx: DaemonContext) -> Callable[[str], None]:
@@ -115,8 +164,13 @@ def on_config_failed(ctx: DaemonContext) -> Callable[[str], None]:
                 log.warning("engine %s failed on config %s and stays down: %s", name, sup.spec.config_id, e)
                 return
             try:
-                await rollback(ctx, name, actor="llmconsole", automatic=True,
-                               reason=f"config {sup.spec.config_id} failed: {reason}")
+                await rollback(
+                    ctx,
+                    name,
+                    actor="llmconsole",
+                    automatic=True,
+                    reason=f"config {sup.spec.config_id} failed: {reason}",
+                )
             except Exception:
                 log.exception("automatic rollback of %s failed", name)
 

@@ -99,20 +99,30 @@ class Run:
     request: dict[str, Any]
     actor: str
     started_at: float
-    state: str = "running"                     # running | done | cancelled | failed
+    state: str = "running"  # running | done | cancelled | failed
     events: list[dict[str, Any]] = field(default_factory=list)
     outcome: dict[str, Any] | None = None
     error: str | None = None
     finished_at: float | None = None
     cancel_requested: bool = False
-    _stop: asyncio.Event | None = None         # in the run's own loop
+    _stop: asyncio.Event | None = None  # in the run's own loop
     _loop: asyncio.AbstractEventLoop | None = None
     _done: asyncio.Event = field(default_factory=asyncio.Event)
 
     def summary(self) -> dict[str, Any]:
-        return {"id": self.id, "kind": self.kind, "engine": self.engine, "state": self.state, "actor": self.actor,
-                "started_at": self.started_at, "finished_at": self.finished_at, "request": self.request,
-                "events": len(self.events), "cancel_requested": self.cancel_requested, "error": self.error}
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "engine": self.engine,
+            "state": self.state,
+            "actor": self.actor,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "request": self.request,
+            "events": len(self.events),
+            "cancel_requested": self.cancel_requested,
+            "error": self.error,
+        }
 
     def to_json(self, since: int = 0) -> dict[str, Any]:
         return {**self.summary(), "events_from": since, "new_events": self.events[since:], "outcome": self.outcome}
@@ -164,19 +174,26 @@ class RunService:
             raise EngineBusy(f"a {busy.kind} of {engine} is under way (run {busy.id}); cancel it first")
         run = Run(next(self._ids), "sweep" if kind == "sweep" else "tune", engine, dict(request), actor, time.time())
         self.runs[run.id] = run
-        ctl = BridgedController(FleetController(self.ctx.fleet, engine, gateway=self.ctx.gateway),
-                                asyncio.get_running_loop())
+        ctl = BridgedController(
+            FleetController(self.ctx.fleet, engine, gateway=self.ctx.gateway), asyncio.get_running_loop()
+        )
         daemon_loop = asyncio.get_running_loop()
-        thread = threading.Thread(target=self._thread, args=(run, body, ctl, daemon_loop),
-                                  name=f"run-{run.id}-{kind}-{engine}", daemon=True)
+        thread = threading.Thread(
+            target=self._thread, args=(run, body, ctl, daemon_loop), name=f"run-{run.id}-{kind}-{engine}", daemon=True
+        )
         self._threads[run.id] = thread
         thread.start()
         self._forget_old()
         log.info("%s of %s started by %s (run %d)", kind, engine, actor, run.id)
         return run
 
-    def _thread(self, run: Run, body: Callable[[Run, BridgedController], Awaitable[dict[str, Any]]],
-                ctl: BridgedController, daemon_loop: asyncio.AbstractEventLoop) -> None:
+    def _thread(
+        self,
+        run: Run,
+        body: Callable[[Run, BridgedController], Awaitable[dict[str, Any]]],
+        ctl: BridgedController,
+        daemon_loop: asyncio.AbstractEventLoop,
+    ) -> None:
         async def main() -> dict[str, Any]:
             run._stop = asyncio.Event()
             run._loop = asyncio.get_running_loop()
@@ -208,19 +225,24 @@ class RunService:
             run.emit(ev.to_json())
 
         assert run._stop is not None
-        result = await SweepRunner(request.plan(), ctl, on_progress=progressed, stop=run._stop,
-                                   store=self.ctx.store).run()
+        result = await SweepRunner(
+            request.plan(), ctl, on_progress=progressed, stop=run._stop, store=self.ctx.store
+        ).run()
         out = self.ctx.data_dir / "sweeps" / time.strftime("%Y%m%d-%H%M%S", time.localtime(run.started_at))
         files = await asyncio.to_thread(write_results, result, out)
-        return {**to_json(result), "picks": picks_text(result, analyse(result)),
-                "files": {k: str(v) for k, v in files.items()}}
+        return {
+            **to_json(result),
+            "picks": picks_text(result, analyse(result)),
+            "files": {k: str(v) for k, v in files.items()},
+        }
 
     async def _tune(self, run: Run, request: TuneRequest, ctl: BridgedController) -> dict[str, Any]:
         facts = await ctl.facts(with_window=request.wants_window())
         settings, space = await asyncio.to_thread(request.settings, facts)
         storage = self.ctx.data_dir / "tuning" / "studies.journal"
         prior = await asyncio.to_thread(
-            lambda: outcomes(open_study(storage, settings.name, settings.seed, settings.budget)))
+            lambda: outcomes(open_study(storage, settings.name, settings.seed, settings.budget))
+        )
         run.emit({"event": "prior", "trials": [dataclasses.asdict(t) for t in prior], "space": space.describe()})
 
         def progressed(ev: TuneProgress) -> None:
@@ -283,4 +305,3 @@ def _validated(model: type[R], request: dict[str, Any]) -> R:
 class UnknownRun(NotFound):
     def __str__(self) -> str:
         return f"no run {self.args[0]} (finished runs are kept only for the last {KEEP_FINISHED})"
-

@@ -34,8 +34,11 @@ class StartupProgress:
         if self.store is None:
             return None
         try:
-            runs = [r for r in self.store.runs(engine, limit=20)
-                    if r.ready_at is not None and r.started_at < launched_at_s - 1.0]
+            runs = [
+                r
+                for r in self.store.runs(engine, limit=20)
+                if r.ready_at is not None and r.started_at < launched_at_s - 1.0
+            ]
         except Exception:  # a busy or damaged store costs the estimate, never the status
             return None
         same = [r for r in runs if r.config_id == config_id]
@@ -51,8 +54,11 @@ class StartupProgress:
         text = read_tail(Path(log_path), TAIL_BYTES) if log_path else ""
         phase = start_phase(text, engine.get("pid"))
         return {
-            "phase": phase.name, "step": phase.step, "steps": phase.steps,
+            "phase": phase.name,
+            "step": phase.step,
+            "steps": phase.steps,
             "elapsed_s": None if launched is None else max(0.0, now_s - launched),
-            "expected_s": None if launched is None else self.expected_s(engine["name"], engine.get("config_id", ""),
-                                                                        launched),
+            "expected_s": None
+            if launched is None
+            else self.expected_s(engine["name"], engine.get("config_id", ""), launched),
         }

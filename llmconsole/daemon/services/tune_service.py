@@ -79,40 +79,82 @@ class TuneService:
         group = self.gateway.group_of(name) if self.gateway is not None else None
         return list(group.records) if group is not None else []
 
-    async def apply(self, name: str, overrides: dict[str, Any], slo: Slo, *, actor: str, automatic: bool = False,
-                    guard: GuardSettings | None = None, detail: dict[str, Any] | None = None) -> dict[str, Any]:
+    async def apply(
+        self,
+        name: str,
+        overrides: dict[str, Any],
+        slo: Slo,
+        *,
+        actor: str,
+        automatic: bool = False,
+        guard: GuardSettings | None = None,
+        detail: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         sup = self.fleet.get(name)
         spec_over, window = split_params(overrides)
         ctl = FleetController(self.fleet, name, gateway=self.gateway)
         window_before = None
         if window:  # checked before anything moves: a bad bound changes nothing
             window_before = await ctl.window()
-            lo, hi = window.get("min_window", window_before["min_window"]), window.get("max_window",
-                                                                                      window_before["max_window"])
+            lo, hi = (
+                window.get("min_window", window_before["min_window"]),
+                window.get("max_window", window_before["max_window"]),
+            )
             if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
                 raise ValueError(f"window bounds {lo}..{hi} are not 1 <= min_window <= max_window")
         new = type(sup.spec).model_validate({**sup.spec.model_dump(), **spec_over})
         gate = GroupGate(self.gateway) if self.gateway is not None else None
-        result = await guarded_apply(self.fleet, name, new, store=self.store, gate=gate, actor=actor, kind="tune",
-                                     automatic=automatic, detail={"overrides": overrides, **(detail or {})})
+        result = await guarded_apply(
+            self.fleet,
+            name,
+            new,
+            store=self.store,
+            gate=gate,
+            actor=actor,
+            kind="tune",
+            automatic=automatic,
+            detail={"overrides": overrides, **(detail or {})},
+        )
         if window and result.action_id is None:  # no restart, so no action yet: the window is the change
-            with ActionLog(self.store).change("tune", name, actor, automatic=automatic, before=window_before or {},
-                                              detail={"overrides": overrides, **(detail or {})}) as done:
+            with ActionLog(self.store).change(
+                "tune",
+                name,
+                actor,
+                automatic=automatic,
+                before=window_before or {},
+                detail={"overrides": overrides, **(detail or {})},
+            ) as done:
                 await ctl.set_window(window)
                 done["to"] = await ctl.window()
         elif window:
             await ctl.set_window(window)
         g = guard or GuardSettings()
         if result.from_config_id != result.to_config_id or window:
-            self.watches[name] = {"from_config_id": result.from_config_id, "to_config_id": result.to_config_id,
-                                  "since_s": time.time(), "slo": slo.as_dict(), "state": "watching", "reason": None,
-                                  "window": window or None, "window_before": window_before}
-            self._spawn(self._watch(name, result.from_config_id, result.to_config_id, slo, g, window_before),
-                        f"tune-guard-{name}")
+            self.watches[name] = {
+                "from_config_id": result.from_config_id,
+                "to_config_id": result.to_config_id,
+                "since_s": time.time(),
+                "slo": slo.as_dict(),
+                "state": "watching",
+                "reason": None,
+                "window": window or None,
+                "window_before": window_before,
+            }
+            self._spawn(
+                self._watch(name, result.from_config_id, result.to_config_id, slo, g, window_before),
+                f"tune-guard-{name}",
+            )
         return {**result.to_json(), "watch_s": g.watch_s, "window": window or None}
 
-    async def _watch(self, name: str, before_id: str, applied_id: str, slo: Slo, g: GuardSettings,
-                     window_before: dict[str, int] | None = None) -> None:
+    async def _watch(
+        self,
+        name: str,
+        before_id: str,
+        applied_id: str,
+        slo: Slo,
+        g: GuardSettings,
+        window_before: dict[str, int] | None = None,
+    ) -> None:
         began = time.time()
         checks: list[tuple[float, str | None]] = []
         w = self.watches[name]
@@ -133,13 +175,20 @@ class TuneService:
                 try:
                     if window_before:
                         ctl = FleetController(self.fleet, name, gateway=self.gateway)
-                        with ActionLog(self.store).change("window", name, "llmconsole", automatic=True,
-                                                          before=await ctl.window(), detail={"reason": reason}) as done:
+                        with ActionLog(self.store).change(
+                            "window",
+                            name,
+                            "llmconsole",
+                            automatic=True,
+                            before=await ctl.window(),
+                            detail={"reason": reason},
+                        ) as done:
                             await ctl.set_window(window_before)
                             done["to"] = window_before
                     if before_id != applied_id:
-                        await rollback(self.ctx, name, actor="llmconsole", to_config_id=before_id,
-                                       automatic=True, reason=reason)
+                        await rollback(
+                            self.ctx, name, actor="llmconsole", to_config_id=before_id, automatic=True, reason=reason
+                        )
                 except Exception as e:
                     w.update(state="rollback failed", reason=f"{reason}; rollback failed: {e}")
                     log.exception("automatic rollback of %s failed", name)
@@ -170,12 +219,17 @@ class TuneService:
         lookback = float(cfg.get("lookback_s", 3600))
         recent = [r for r in self._records(name) if r.finished_at_s >= now - lookback and r.outcome == "ok"]
         if len(recent) < 4:
-            return LoadLevel("concurrency", float(cfg.get("concurrency", 4))), LengthDist.parse(cfg.get("output_len", "64"))
+            return LoadLevel("concurrency", float(cfg.get("concurrency", 4))), LengthDist.parse(
+                cfg.get("output_len", "64")
+            )
         span = max(1.0, max(r.finished_at_s for r in recent) - min(r.finished_at_s - r.e2e_s for r in recent))
         rate = round(len(recent) / span, 2)
         outs = [r.output_len for r in recent if r.output_len]
-        out_len = LengthDist.fixed(max(1, int(statistics.median(outs)))) if outs else LengthDist.parse(
-            cfg.get("output_len", "64"))
+        out_len = (
+            LengthDist.fixed(max(1, int(statistics.median(outs))))
+            if outs
+            else LengthDist.parse(cfg.get("output_len", "64"))
+        )
         return LoadLevel("rate", max(rate, 0.1)), out_len
 
     async def scheduled_run(self, name: str, cfg: dict[str, Any]) -> dict[str, Any]:
@@ -187,35 +241,73 @@ class TuneService:
         slo = Slo.parse([f"{k}={v}" for k, v in cfg["slo"].items()])
         load, out_len = self.traffic_shape(name, cfg)
         in_len = LengthDist.parse(str(cfg.get("input_len", "64")))
-        plan = SweepPlan(engine=name, grid={}, loads=(load,), slo=slo, repeats=1,
-                         num_requests=int(cfg.get("num_requests", 16)), input_len=in_len, output_len=out_len,
-                         warmup_requests=1, max_run_s=float(cfg.get("max_run_s", 120)))
+        plan = SweepPlan(
+            engine=name,
+            grid={},
+            loads=(load,),
+            slo=slo,
+            repeats=1,
+            num_requests=int(cfg.get("num_requests", 16)),
+            input_len=in_len,
+            output_len=out_len,
+            warmup_requests=1,
+            max_run_s=float(cfg.get("max_run_s", 120)),
+        )
         spec = sup.spec.public_dict()
-        knobs = tuple(parse_knob(k) for k in cfg.get("knobs") or ()) or (Knob("max_num_seqs"),
-                                                                          Knob("max_num_batched_tokens"))
+        knobs = tuple(parse_knob(k) for k in cfg.get("knobs") or ()) or (
+            Knob("max_num_seqs"),
+            Knob("max_num_batched_tokens"),
+        )
         ctl = FleetController(self.fleet, name, gateway=self.gateway)
         facts = await ctl.facts(with_window=self.gateway is not None)
         window = facts.window
-        space = await asyncio.to_thread(derive_space, knobs, facts, input_len=in_len.value, output_len=out_len.value,
-                                        concurrency=int(load.value) if load.kind == "concurrency" else None)
+        space = await asyncio.to_thread(
+            derive_space,
+            knobs,
+            facts,
+            input_len=in_len.value,
+            output_len=out_len.value,
+            concurrency=int(load.value) if load.kind == "concurrency" else None,
+        )
         knobs = clamp_to_workload(space.knobs, in_len.value + out_len.value)
-        settings = TuneSettings(plan, knobs, Budget(trials=int(cfg.get("budget_trials", 4))),
-                                top_k=int(cfg.get("top_k", 1)), repeats=int(cfg.get("repeats", 1)),
-                                start=space.start)
+        settings = TuneSettings(
+            plan,
+            knobs,
+            Budget(trials=int(cfg.get("budget_trials", 4))),
+            top_k=int(cfg.get("top_k", 1)),
+            repeats=int(cfg.get("repeats", 1)),
+            start=space.start,
+        )
         storage = self.fleet.paths.data_dir / "tuning" / "studies.journal"
         base_spec = {k: spec.get(k) for k in (k.name for k in knobs)}
         if window:
             base_spec.update({k: window[k.removeprefix("gateway_")] for k in base_spec if k.startswith("gateway_")})
         result = await Tuner(settings, ctl, storage).run()
-        run = {"engine": name, "at_s": time.time(), "status": result.status, "study": result.study,
-               "load": load.label, "output_len": out_len.describe(), "trials": len(result.trials),
-               "new_trials": result.new_trials, "running": base_spec, "ranges": space.sources,
-               "proposal": result.winner.params if result.winner else None,
-               "proposal_req_s": result.winner.mean_req_s if result.winner else None, "applied": None}
+        run = {
+            "engine": name,
+            "at_s": time.time(),
+            "status": result.status,
+            "study": result.study,
+            "load": load.label,
+            "output_len": out_len.describe(),
+            "trials": len(result.trials),
+            "new_trials": result.new_trials,
+            "running": base_spec,
+            "ranges": space.sources,
+            "proposal": result.winner.params if result.winner else None,
+            "proposal_req_s": result.winner.mean_req_s if result.winner else None,
+            "applied": None,
+        }
         if result.winner and cfg.get("apply") and result.winner.params != base_spec:
             try:
-                run["applied"] = await self.apply(name, result.winner.params, slo, actor="llmconsole schedule",
-                                                  automatic=True, detail={"study": result.study})
+                run["applied"] = await self.apply(
+                    name,
+                    result.winner.params,
+                    slo,
+                    actor="llmconsole schedule",
+                    automatic=True,
+                    detail={"study": result.study},
+                )
             except (ApplyRefused, ApplyFailed) as e:
                 run["applied"] = {"error": str(e)}
         self.runs.append(run)
@@ -233,13 +325,27 @@ class TuneService:
                 raise ValueError("interval_s must be at least 10 s")
             slo = Slo.parse([f"{k}={v}" for k, v in (body.get("slo") or {}).items()])
             if not slo:
-                raise ValueError("a scheduled tune needs an SLO ({\"p99_e2e_ms\": 2000, ...})")
+                raise ValueError('a scheduled tune needs an SLO ({"p99_e2e_ms": 2000, ...})')
             for k in body.get("knobs") or ():
                 parse_knob(k)
-            keep = ("budget_trials", "apply", "knobs", "input_len", "output_len", "num_requests", "concurrency",
-                    "lookback_s", "max_run_s", "top_k", "repeats")
-            self.schedule[name] = {"interval_s": interval, "slo": slo.as_dict(),
-                                   **{k: body[k] for k in keep if k in body}}
+            keep = (
+                "budget_trials",
+                "apply",
+                "knobs",
+                "input_len",
+                "output_len",
+                "num_requests",
+                "concurrency",
+                "lookback_s",
+                "max_run_s",
+                "top_k",
+                "repeats",
+            )
+            self.schedule[name] = {
+                "interval_s": interval,
+                "slo": slo.as_dict(),
+                **{k: body[k] for k in keep if k in body},
+            }
             self._last_run_s[name] = time.monotonic()
         self.path.write_text(json.dumps(self.schedule, indent=2))
         return self.state()

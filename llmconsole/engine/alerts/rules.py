@@ -24,10 +24,10 @@ SLO_BURNING = "LlmconsoleLatencySloBurning"
 KV_USAGE_ABOVE = 0.90
 GPU_MEMORY_ABOVE = 0.85
 MAX_NUM_SEQS_ABOVE = 16
-SLO_OBJECTIVE = 0.99      # of requests within the latency target
-SLO_BURN_ABOVE = 10.0     # error budget spent 10x faster than the objective allows
+SLO_OBJECTIVE = 0.99  # of requests within the latency target
+SLO_BURN_ABOVE = 10.0  # error budget spent 10x faster than the objective allows
 SLO_WINDOW_S = 300.0
-SLO_MIN_REQUESTS = 10     # fewer requests in the window say nothing about the SLO
+SLO_MIN_REQUESTS = 10  # fewer requests in the window say nothing about the SLO
 
 
 @dataclass(frozen=True)
@@ -38,13 +38,20 @@ class Rule:
     summary: str
 
 
-DEFAULT_RULES: dict[str, Rule] = {r.name: r for r in (
-    Rule(KV_CACHE_HIGH, "warning", 300.0, f"KV cache usage above {KV_USAGE_ABOVE:.0%}"),
-    Rule(GPU_MEMORY_HIGH, "warning", 120.0,
-         f"GPU memory above {GPU_MEMORY_ABOVE:.0%} while max_num_seqs is above {MAX_NUM_SEQS_ABOVE}"),
-    Rule(CRASH_LOOPING, "critical", 0.0, "the engine is crash-looping"),
-    Rule(SLO_BURNING, "critical", 120.0, f"the latency SLO's error budget burns over {SLO_BURN_ABOVE:g}x"),
-)}
+DEFAULT_RULES: dict[str, Rule] = {
+    r.name: r
+    for r in (
+        Rule(KV_CACHE_HIGH, "warning", 300.0, f"KV cache usage above {KV_USAGE_ABOVE:.0%}"),
+        Rule(
+            GPU_MEMORY_HIGH,
+            "warning",
+            120.0,
+            f"GPU memory above {GPU_MEMORY_ABOVE:.0%} while max_num_seqs is above {MAX_NUM_SEQS_ABOVE}",
+        ),
+        Rule(CRASH_LOOPING, "critical", 0.0, "the engine is crash-looping"),
+        Rule(SLO_BURNING, "critical", 120.0, f"the latency SLO's error budget burns over {SLO_BURN_ABOVE:g}x"),
+    )
+}
 
 
 @dataclass(frozen=True)
@@ -63,8 +70,13 @@ class SloFigures:
         return None if a is None else (1.0 - a) / (1.0 - self.objective)
 
 
-def slo_figures(records: Iterable[RequestRecord], target_ms: float, signal: str, now_wall_s: float | None = None,
-                window_s: float = SLO_WINDOW_S) -> SloFigures:
+def slo_figures(
+    records: Iterable[RequestRecord],
+    target_ms: float,
+    signal: str,
+    now_wall_s: float | None = None,
+    window_s: float = SLO_WINDOW_S,
+) -> SloFigures:
     """Gateway request records of the last `window_s`: how many, and how many met the target.
     A request the engine failed counts against the SLO; what clients did (left, read too slowly,
     sent a bad request) and admission refusals (a full queue) do not count at all."""
@@ -98,8 +110,12 @@ def conditions(f: EngineFacts) -> dict[str, bool]:
     burn = f.slo.burn_rate if f.slo is not None and f.slo.requests >= SLO_MIN_REQUESTS else None
     return {
         KV_CACHE_HIGH: f.kv_cache_usage is not None and f.kv_cache_usage > KV_USAGE_ABOVE,
-        GPU_MEMORY_HIGH: (f.gpu_memory_used_ratio is not None and f.gpu_memory_used_ratio > GPU_MEMORY_ABOVE
-                          and f.max_num_seqs is not None and f.max_num_seqs > MAX_NUM_SEQS_ABOVE),
+        GPU_MEMORY_HIGH: (
+            f.gpu_memory_used_ratio is not None
+            and f.gpu_memory_used_ratio > GPU_MEMORY_ABOVE
+            and f.max_num_seqs is not None
+            and f.max_num_seqs > MAX_NUM_SEQS_ABOVE
+        ),
         CRASH_LOOPING: f.crash_looping,
         SLO_BURNING: burn is not None and burn > SLO_BURN_ABOVE,
     }
@@ -109,8 +125,8 @@ def conditions(f: EngineFacts) -> dict[str, bool]:
 class AlertState:
     rule: str
     engine: str
-    state: str                 # pending | firing
-    since_s: float             # when the condition began to hold (monotonic)
+    state: str  # pending | firing
+    since_s: float  # when the condition began to hold (monotonic)
     fired_at_s: float | None = None
 
 
@@ -118,7 +134,7 @@ class AlertState:
 class Transition:
     rule: str
     engine: str
-    to: str                    # firing | resolved
+    to: str  # firing | resolved
     at_s: float
 
 

@@ -49,13 +49,13 @@ class Admission:
         self.queue_timeout_s = float(queue_timeout_s)
         self._in_flight = 0
         self._open = True
-        self._queue: dict[int, asyncio.Future[None]] = {}   # arrival number -> waiter, oldest first
+        self._queue: dict[int, asyncio.Future[None]] = {}  # arrival number -> waiter, oldest first
         self._arrivals = itertools.count()
         self._admitted = 0
         self._rejected_full = 0
         self._timed_out = 0
         self._max_in_flight_seen = 0
-        self._saturated = False   # full at some point since take_saturated() last asked
+        self._saturated = False  # full at some point since take_saturated() last asked
 
     # --- live settings --------------------------------------------------------------------
 
@@ -88,8 +88,16 @@ class Admission:
         return len(self._queue)
 
     def stats(self) -> AdmissionStats:
-        return AdmissionStats(self._window, self._in_flight, self.queued, self._open, self._admitted,
-                              self._rejected_full, self._timed_out, self._max_in_flight_seen)
+        return AdmissionStats(
+            self._window,
+            self._in_flight,
+            self.queued,
+            self._open,
+            self._admitted,
+            self._rejected_full,
+            self._timed_out,
+            self._max_in_flight_seen,
+        )
 
     # --- slots ----------------------------------------------------------------------------
 
@@ -145,7 +153,7 @@ class Admission:
 
     def _pump(self) -> None:
         while self._open and self._in_flight < self._window and self._queue:
-            key = next(iter(self._queue))   # the oldest waiter
+            key = next(iter(self._queue))  # the oldest waiter
             fut = self._queue.pop(key)
             self._take()
             fut.set_result(None)

@@ -56,8 +56,8 @@ from aiohttp.web_protocol import RequestHandler
 log = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
-SMALL_BODY_BYTES = 64 * 1024   # bodies up to this size never wait for the body budget
-_ACCEPT_BATCH = 64             # connections accepted per wake-up of the listening socket
+SMALL_BODY_BYTES = 64 * 1024  # bodies up to this size never wait for the body budget
+_ACCEPT_BATCH = 64  # connections accepted per wake-up of the listening socket
 _SWEEP_S = 1.0
 _DESCRIPTOR_RETRY_S = 0.5
 # A connection idle for less than this is not closed to make room: a client that has just
@@ -75,27 +75,33 @@ LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]", "ip6-local
 class DoorLimits:
     """The door's settings. `max_connections` None sizes the cap from the descriptor limit."""
 
-    max_body_bytes: int = 16 * MiB        # a 128K-token prompt is under 1 MiB of JSON; room for images
-    body_budget_bytes: int = 64 * MiB     # bodies over 64 KiB held at once
+    max_body_bytes: int = 16 * MiB  # a 128K-token prompt is under 1 MiB of JSON; room for images
+    body_budget_bytes: int = 64 * MiB  # bodies over 64 KiB held at once
     max_connections: int | None = None
-    reserved_fds: int = 256               # kept for supervision, whatever clients do
-    upstream_connections: int = 256       # the gateway's own connections to its engines
+    reserved_fds: int = 256  # kept for supervision, whatever clients do
+    upstream_connections: int = 256  # the gateway's own connections to its engines
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     write_timeout_s: float = 30.0
-    client_buffer_bytes: int = 1 * MiB    # a stream's bytes held for a slow client before it waits
-    allowed_hosts: tuple[str, ...] = ()   # Host names accepted beside loopback's
+    client_buffer_bytes: int = 1 * MiB  # a stream's bytes held for a slow client before it waits
+    allowed_hosts: tuple[str, ...] = ()  # Host names accepted beside loopback's
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "body_budget_bytes", "reserved_fds", "upstream_connections",
-                     "client_buffer_bytes"):
+        for name in (
+            "max_body_bytes",
+            "body_budget_bytes",
+            "reserved_fds",
+            "upstream_connections",
+            "client_buffer_bytes",
+        ):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, not {getattr(self, name)!r}")
         if self.body_budget_bytes < self.max_body_bytes:
-            raise ValueError(f"body_budget_bytes ({self.body_budget_bytes}) must hold at least one body of "
-                             f"max_body_bytes ({self.max_body_bytes})")
-        if self.max_connections is not None and (not isinstance(self.max_connections, int)
-                                                 or self.max_connections < 1):
+            raise ValueError(
+                f"body_budget_bytes ({self.body_budget_bytes}) must hold at least one body of "
+                f"max_body_bytes ({self.max_body_bytes})"
+            )
+        if self.max_connections is not None and (not isinstance(self.max_connections, int) or self.max_connections < 1):
             raise ValueError(f"max_connections must be a positive integer or null, not {self.max_connections!r}")
         for name in ("header_timeout_s", "body_timeout_s", "write_timeout_s"):
             value = getattr(self, name)
@@ -129,6 +135,7 @@ class DoorLimits:
 
 # --- descriptors ----------------------------------------------------------------------------
 
+
 def descriptor_limit() -> int:
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     return 1 << 20 if soft == resource.RLIM_INFINITY else int(soft)
@@ -155,6 +162,7 @@ def connection_cap(limits: DoorLimits, nofile: int | None = None) -> int:
 
 # --- Host ---------------------------------------------------------------------------------------
 
+
 def is_loopback(host: str) -> bool:
     return host.lower() in LOOPBACK_NAMES or host.startswith("127.")
 
@@ -164,7 +172,7 @@ def host_name(header: str) -> str:
     h = header.strip().lower()
     if h.startswith("["):
         end = h.find("]")
-        return h[:end + 1] if end > 0 else h
+        return h[: end + 1] if end > 0 else h
     if h.count(":") == 1:
         h = h.split(":", 1)[0]
     return h.rstrip(".")
@@ -187,6 +195,7 @@ def allowed_hosts(bound_host: str, limits: DoorLimits) -> frozenset[str] | None:
 
 
 # --- the body budget ----------------------------------------------------------------------------
+
 
 class BodyTooLarge(Exception):
     pass
@@ -240,18 +249,19 @@ class BodyBudget:
 
 # --- connections ----------------------------------------------------------------------------
 
+
 @dataclass(eq=False)
 class Connection:
     """One client connection as the door keeps it."""
 
     transport: asyncio.Transport
     opened_at: float
-    idle_since: float | None       # None while a request is being handled or answered
+    idle_since: float | None  # None while a request is being handled or answered
     requests: int = 0
     body_since: float | None = None
     paused_at: float | None = None
-    draining: bool = False         # the handler is done; its answer still sits in the buffer
-    cut: str | None = None         # why the door closed it, once it did
+    draining: bool = False  # the handler is done; its answer still sits in the buffer
+    cut: str | None = None  # why the door closed it, once it did
 
 
 class _DoorServer(web.Server):
@@ -277,7 +287,7 @@ class Door:
         self.limits = limits or DoorLimits()
         self.rejected: collections.Counter[str] = collections.Counter()
         self.conns: dict[RequestHandler, Connection] = {}
-        self._idle: dict[RequestHandler, None] = {}    # oldest idle first
+        self._idle: dict[RequestHandler, None] = {}  # oldest idle first
         self._busy: set[RequestHandler] = set()
         self.budget = BodyBudget(self.limits.body_budget_bytes)
         self.cap = 0
@@ -285,8 +295,8 @@ class Door:
         self.server: _DoorServer | None = None
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._pending = 0          # accepted, not yet handed to the server
-        self._cutting = 0          # closed by the door, not yet gone
+        self._pending = 0  # accepted, not yet handed to the server
+        self._cutting = 0  # closed by the door, not yet gone
         self._paused = False
         self._out_of_descriptors = False
         self._retry: asyncio.TimerHandle | None = None
@@ -300,8 +310,14 @@ class Door:
         lim = self.limits
         # aiohttp's own keep-alive timer stays as a backstop behind the sweep's; no lingering
         # read of a body the gateway refused.
-        self.server = _DoorServer(handler, self, handler_cancellation=True, access_log=None,
-                                  keepalive_timeout=lim.header_timeout_s + 5.0, lingering_time=0.0)
+        self.server = _DoorServer(
+            handler,
+            self,
+            handler_cancellation=True,
+            access_log=None,
+            keepalive_timeout=lim.header_timeout_s + 5.0,
+            lingering_time=0.0,
+        )
         return self.server
 
     async def listen(self, host: str, port: int, backlog: int = 4096) -> int:
@@ -363,7 +379,7 @@ class Door:
             full = len(self.conns) + self._pending - self._cutting >= self.cap
             if full:
                 wait_s = self._evictable_in()
-                if wait_s:   # nothing to make room with yet: new clients wait in the backlog
+                if wait_s:  # nothing to make room with yet: new clients wait in the backlog
                     self._pause(wait_s)
                     return
             try:
@@ -373,8 +389,11 @@ class Door:
             except OSError as e:
                 if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                     self.rejected["descriptors"] += 1
-                    log.warning("the gateway ran out of descriptors accepting a connection (%s); "
-                                "pausing accepts for %.1f s", e, _DESCRIPTOR_RETRY_S)
+                    log.warning(
+                        "the gateway ran out of descriptors accepting a connection (%s); pausing accepts for %.1f s",
+                        e,
+                        _DESCRIPTOR_RETRY_S,
+                    )
                     self._pause(_DESCRIPTOR_RETRY_S, out_of_descriptors=True)
                     return
                 if e.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EPERM):
@@ -494,7 +513,7 @@ class Door:
         self._idle.pop(h, None)
         self._busy.discard(h)
         if c.transport.get_write_buffer_size() or reason in ("write_timeout", "body_timeout"):
-            c.transport.abort()   # what is buffered will never be read: drop it with the socket
+            c.transport.abort()  # what is buffered will never be read: drop it with the socket
         else:
             c.transport.close()
 
@@ -585,12 +604,18 @@ class Door:
             elif now - c.paused_at > lim.write_timeout_s:
                 self._cut(h, c, "write_timeout")
         elif c.draining:
-            self.end(h, c)   # the answer went out since
+            self.end(h, c)  # the answer went out since
         else:
             c.paused_at = None
 
     def state_json(self) -> dict[str, Any]:
-        return {"connections": len(self.conns), "connection_cap": self.cap, "peak_connections": self.peak_connections,
-                "descriptor_limit": descriptor_limit(), "body_budget_used": self.budget.used,
-                "loop_lag_max_s": round(self.loop_lag_max_s, 4),
-                "rejected": dict(self.rejected), "limits": self.limits.to_json()}
+        return {
+            "connections": len(self.conns),
+            "connection_cap": self.cap,
+            "peak_connections": self.peak_connections,
+            "descriptor_limit": descriptor_limit(),
+            "body_budget_used": self.budget.used,
+            "loop_lag_max_s": round(self.loop_lag_max_s, 4),
+            "rejected": dict(self.rejected),
+            "limits": self.limits.to_json(),
+        }

@@ -30,12 +30,12 @@ class Upstream:
     `ready` and `url` as the engine restarts; `outstanding` counts requests sent to it."""
 
     name: str
-    url: str                     # http://127.0.0.1:PORT, no trailing slash
+    url: str  # http://127.0.0.1:PORT, no trailing slash
     api_key: str | None = None
     ready: bool = True
     outstanding: int = 0
-    held: bool = False           # taken out of routing for a restart; set apart from `ready`,
-                                 # which the daemon copies from the engine's state
+    held: bool = False  # taken out of routing for a restart; set apart from `ready`,
+    # which the daemon copies from the engine's state
 
     @property
     def routable(self) -> bool:
@@ -47,17 +47,26 @@ class Upstream:
 # slowly, send bad requests) and how many of them come at once (a full queue) says nothing about
 # the engine, and any local user could otherwise force a rollback by flooding the door.
 OK = "ok"
-ENGINE_ERROR = "engine_error"            # the engine answered 5xx, or could not be reached in time
-UPSTREAM_DIED = "upstream_died"          # the engine's answer was cut off mid-way (it died)
-CLIENT_ERROR = "client_error"            # the engine refused the request as invalid (4xx)
+ENGINE_ERROR = "engine_error"  # the engine answered 5xx, or could not be reached in time
+UPSTREAM_DIED = "upstream_died"  # the engine's answer was cut off mid-way (it died)
+CLIENT_ERROR = "client_error"  # the engine refused the request as invalid (4xx)
 QUEUE_FULL = "queue_full"
 QUEUE_TIMEOUT = "queue_timeout"
 CLIENT_DISCONNECTED = "client_disconnected"
-CLIENT_TIMEOUT = "client_timeout"        # the gateway cut a client that stopped reading
+CLIENT_TIMEOUT = "client_timeout"  # the gateway cut a client that stopped reading
 UNAUTHORIZED = "unauthorized"
 ENGINE_FAULTS = frozenset({ENGINE_ERROR, UPSTREAM_DIED})
-OUTCOMES = (OK, ENGINE_ERROR, UPSTREAM_DIED, CLIENT_ERROR, QUEUE_FULL, QUEUE_TIMEOUT, CLIENT_DISCONNECTED,
-            CLIENT_TIMEOUT, UNAUTHORIZED)
+OUTCOMES = (
+    OK,
+    ENGINE_ERROR,
+    UPSTREAM_DIED,
+    CLIENT_ERROR,
+    QUEUE_FULL,
+    QUEUE_TIMEOUT,
+    CLIENT_DISCONNECTED,
+    CLIENT_TIMEOUT,
+    UNAUTHORIZED,
+)
 
 
 @dataclass(frozen=True)
@@ -69,12 +78,12 @@ class RequestRecord:
     engine: str | None
     path: str
     status: int
-    outcome: str                 # one of OUTCOMES
+    outcome: str  # one of OUTCOMES
     streamed: bool
-    finished_at_s: float         # wall clock
+    finished_at_s: float  # wall clock
     queue_s: float
-    ttft_s: float | None         # arrival -> first streamed chunk
-    e2e_s: float                 # arrival -> last byte (or the failure)
+    ttft_s: float | None  # arrival -> first streamed chunk
+    e2e_s: float  # arrival -> last byte (or the failure)
     engine_ttft_s: float | None
     engine_e2e_s: float | None
     output_chunks: int = 0
@@ -106,16 +115,24 @@ class EngineGroup:
     an engine that restarts (a mode switch, a sweep point, a rollback): minutes on a CPU host
     or a big model. A saturated group still answers at once: a full queue is a 503."""
 
-    def __init__(self, name: str, upstreams: list[Upstream] | None = None, *,
-                 settings: PidSettings | None = None, controlled: bool = True,
-                 max_queue: int = 256, queue_timeout_s: float = 300.0, records_len: int = 2048) -> None:
+    def __init__(
+        self,
+        name: str,
+        upstreams: list[Upstream] | None = None,
+        *,
+        settings: PidSettings | None = None,
+        controlled: bool = True,
+        max_queue: int = 256,
+        queue_timeout_s: float = 300.0,
+        records_len: int = 2048,
+    ) -> None:
         self.name = name
         self.upstreams: dict[str, Upstream] = {u.name: u for u in (upstreams or [])}
         self.controller = PidController(settings)
-        self.controlled = controlled          # False: a static window (the controller never steps)
+        self.controlled = controlled  # False: a static window (the controller never steps)
         self.admission = Admission(self.controller.window, max_queue, queue_timeout_s)
         self.records: collections.deque[RequestRecord] = collections.deque(maxlen=records_len)
-        self.outcomes: collections.Counter[str] = collections.Counter()   # since start, for /metrics
+        self.outcomes: collections.Counter[str] = collections.Counter()  # since start, for /metrics
         self.model_names: set[str] = set()
         self.refresh_open()
 
@@ -182,10 +199,16 @@ class EngineGroup:
         self.records.append(rec)
         self.outcomes[rec.outcome] += 1
         if rec.outcome == OK and rec.engine_e2e_s is not None:
-            self.controller.observe(LatencySample(
-                at_s=time.monotonic(), ttft_s=rec.engine_ttft_s, e2e_s=rec.engine_e2e_s,
-                output_chunks=rec.output_chunks, output_tokens=rec.output_tokens, count_ttft=False,
-            ))
+            self.controller.observe(
+                LatencySample(
+                    at_s=time.monotonic(),
+                    ttft_s=rec.engine_ttft_s,
+                    e2e_s=rec.engine_e2e_s,
+                    output_chunks=rec.output_chunks,
+                    output_tokens=rec.output_tokens,
+                    count_ttft=False,
+                )
+            )
 
     def step(self, now_s: float | None = None) -> TraceSample | None:
         """One controller step; the admission gate takes the new window at once."""
@@ -220,13 +243,23 @@ class EngineGroup:
         # only from streams, so a client can say why such a signal has no samples.
         ok = [r for r in itertools.islice(reversed(self.records), 64) if r.outcome == "ok"]
         return {
-            "recent_ok": len(ok), "recent_streamed": sum(1 for r in ok if r.streamed),
-            **self.controller.state_json(trace_points), "group": self.name,
-            "window": st.window, "controlled": self.controlled,
-            "in_flight": st.in_flight, "queued": st.queued, "open": st.open,
-            "max_queue": self.admission.max_queue, "queue_timeout_s": self.admission.queue_timeout_s,
-            "admitted_total": st.admitted_total, "rejected_full_total": st.rejected_full_total,
-            "timed_out_total": st.timed_out_total, "max_in_flight_seen": st.max_in_flight_seen,
-            "engines": {u.name: {"url": u.url, "ready": u.ready, "held": u.held, "outstanding": u.outstanding}
-                        for u in self.upstreams.values()},
+            "recent_ok": len(ok),
+            "recent_streamed": sum(1 for r in ok if r.streamed),
+            **self.controller.state_json(trace_points),
+            "group": self.name,
+            "window": st.window,
+            "controlled": self.controlled,
+            "in_flight": st.in_flight,
+            "queued": st.queued,
+            "open": st.open,
+            "max_queue": self.admission.max_queue,
+            "queue_timeout_s": self.admission.queue_timeout_s,
+            "admitted_total": st.admitted_total,
+            "rejected_full_total": st.rejected_full_total,
+            "timed_out_total": st.timed_out_total,
+            "max_in_flight_seen": st.max_in_flight_seen,
+            "engines": {
+                u.name: {"url": u.url, "ready": u.ready, "held": u.held, "outstanding": u.outstanding}
+                for u in self.upstreams.values()
+            },
         }

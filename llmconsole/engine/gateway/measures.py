@@ -10,9 +10,9 @@ from typing import Any
 
 
 class Signal(StrEnum):
-    TTFT = "ttft"   # p99 time to first token
-    E2E = "e2e"     # p99 end-to-end latency
-    TPOT = "tpot"   # p99 time per output token
+    TTFT = "ttft"  # p99 time to first token
+    E2E = "e2e"  # p99 end-to-end latency
+    TPOT = "tpot"  # p99 time per output token
 
 
 @dataclass(frozen=True)
@@ -23,11 +23,11 @@ class LatencySample:
     the request finishes (`count_ttft` False): waiting for the end would delay the TTFT signal
     by a whole generation, which on long answers is longer than the loop can afford."""
 
-    at_s: float                  # monotonic time of the measurement
-    ttft_s: float | None         # None when not streamed (the first token is not visible)
-    e2e_s: float | None = None   # None: the request is still generating
-    output_chunks: int = 0       # streamed events carrying output (about one token each)
-    count_ttft: bool = True      # False when this request's TTFT was reported on its own
+    at_s: float  # monotonic time of the measurement
+    ttft_s: float | None  # None when not streamed (the first token is not visible)
+    e2e_s: float | None = None  # None: the request is still generating
+    output_chunks: int = 0  # streamed events carrying output (about one token each)
+    count_ttft: bool = True  # False when this request's TTFT was reported on its own
     output_tokens: int | None = None  # the stream's usage frame's count, where it had one
 
     @property
@@ -51,18 +51,18 @@ class LatencySample:
 class TraceSample:
     """One controller step, as the console's trace panel and the store see it."""
 
-    at_s: float                  # wall clock (time.time) of the step
+    at_s: float  # wall clock (time.time) of the step
     target_ms: float
     measured_ms: float | None
-    error: float | None          # relative: (target - measured) / target
+    error: float | None  # relative: (target - measured) / target
     p: float
     i: float
     d: float
-    output: float                # unclamped controller output
-    window: int                  # what the admission gate uses now
+    output: float  # unclamped controller output
+    window: int  # what the admission gate uses now
     samples: int
-    action: str                  # step, clamped, capped, hold-band, hold-settling, hold-unsure, hold-samples, hold-idle,
-                                 # hold-unsaturated, frozen, manual
+    action: str  # step, clamped, capped, hold-band, hold-settling, hold-unsure, hold-samples, hold-idle,
+    # hold-unsaturated, frozen, manual
 
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -75,7 +75,7 @@ def tail_chance(n: int, over: int, share: float) -> float:
         return 1.0
     if share <= 0:
         return 0.0
-    below = sum(math.comb(n, k) * share ** k * (1 - share) ** (n - k) for k in range(min(over, n + 1)))
+    below = sum(math.comb(n, k) * share**k * (1 - share) ** (n - k) for k in range(min(over, n + 1)))
     return max(0.0, 1.0 - below)
 
 

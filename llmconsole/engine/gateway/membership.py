@@ -102,8 +102,10 @@ class Membership:
             if other != m and other != name:
                 problems.append(f"engine {m} is already in group {other} (change or remove that group first)")
         if name in engines and name not in members:
-            problems.append(f"the name {name!r} is taken by an engine outside the group: its own group "
-                            f"has that route; choose another name or include {name}")
+            problems.append(
+                f"the name {name!r} is taken by an engine outside the group: its own group "
+                f"has that route; choose another name or include {name}"
+            )
         if problems:
             raise GroupError("; ".join(problems))
         groups = dict(self.groups)

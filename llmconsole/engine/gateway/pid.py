@@ -69,19 +69,19 @@ class PidSettings:
     min_window: int = 4
     max_window: int = 32
     start_window: int = 8
-    kp: float = 1.0            # window units per unit of relative error
-    ki: float = 3.0            # window units per acting step per unit of relative error
-    kd: float = 0.25           # window units per relative change of the measurement between steps
+    kp: float = 1.0  # window units per unit of relative error
+    ki: float = 3.0  # window units per acting step per unit of relative error
+    kd: float = 0.25  # window units per relative change of the measurement between steps
     percentile: float = 99.0
     # The sliding window: the newest `max_samples` samples (two per streamed request), none
     # older than `horizon_s`, each counted for the window it was sent under. A busy engine gives
     # a decision in a second or two; a window that stands still gathers a real p99.
     horizon_s: float = 30.0
     max_samples: int = 512
-    min_samples: int = 8       # fewer samples of the window in force than this: hold
-    interval_s: float = 1.0    # how often the daemon steps the controller
-    deadband: float = 0.05     # |relative error| within this: the window stays, the integral rests
-    max_step_up: float = 2.0   # seats per step, at most, up
+    min_samples: int = 8  # fewer samples of the window in force than this: hold
+    interval_s: float = 1.0  # how often the daemon steps the controller
+    deadband: float = 0.05  # |relative error| within this: the window stays, the integral rests
+    max_step_up: float = 2.0  # seats per step, at most, up
     max_step_down: float = 8.0  # and down
     # A cut, and a cap on later raises, need a tail this unlikely (or less) to come from a window
     # whose p99 is on the target: so many samples over it that chance hardly explains them.
@@ -115,9 +115,14 @@ class PidSettings:
 
 
 class PidController:
-    def __init__(self, settings: PidSettings | None = None, *,
-                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
-                 trace_len: int = 600) -> None:
+    def __init__(
+        self,
+        settings: PidSettings | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        trace_len: int = 600,
+    ) -> None:
         self.settings = settings or PidSettings()
         self._clock = clock
         self._wall = wall
@@ -131,7 +136,7 @@ class PidController:
         # When the window took each value, newest last: a sample counts for the window it was
         # sent under, so a window visited again keeps what was learnt about it last time.
         self._moves: collections.deque[tuple[float, int]] = collections.deque([(-math.inf, self.window)])
-        self._seen = 0            # samples observed in total: "nothing new" means idle
+        self._seen = 0  # samples observed in total: "nothing new" means idle
         self._seen_at_step = 0
 
     # --- inputs ---------------------------------------------------------------------------
@@ -232,8 +237,12 @@ class PidController:
         over = []
         for w, xs in by_window.items():
             values = [v for _, v in xs]
-            if (w <= self.window or len(values) < s.min_samples
-                    or percentile(values, s.percentile) <= s.target_ms * (1 + s.deadband) or not self.over_target(values)):
+            if (
+                w <= self.window
+                or len(values) < s.min_samples
+                or percentile(values, s.percentile) <= s.target_ms * (1 + s.deadband)
+                or not self.over_target(values)
+            ):
                 continue
             measured_until = max(d for d, _ in xs)
             if sum(1 for d in here if d > measured_until) < self.samples_to_raise(0.0):
@@ -330,11 +339,21 @@ class PidController:
                 return window
         return -1  # before anything remembered: counts for no window
 
-    def _sample(self, measured: float | None, error: float | None, p: float, d: float, action: str,
-                n: int) -> TraceSample:
+    def _sample(
+        self, measured: float | None, error: float | None, p: float, d: float, action: str, n: int
+    ) -> TraceSample:
         return TraceSample(
-            at_s=self._wall(), target_ms=self.settings.target_ms, measured_ms=measured, error=error,
-            p=p, i=self._integral, d=d, output=self._output, window=self.window, samples=n, action=action,
+            at_s=self._wall(),
+            target_ms=self.settings.target_ms,
+            measured_ms=measured,
+            error=error,
+            p=p,
+            i=self._integral,
+            d=d,
+            output=self._output,
+            window=self.window,
+            samples=n,
+            action=action,
         )
 
     def _record(self, sample: TraceSample) -> TraceSample:
@@ -345,8 +364,16 @@ class PidController:
         """Settings, state and the newest trace points, for `status --json` and the console."""
         s = self.settings
         return {
-            "window": self.window, "frozen": self.frozen, "signal": str(s.signal),
-            "target_ms": s.target_ms, "min_window": s.min_window, "max_window": s.max_window,
-            "start_window": s.start_window, "kp": s.kp, "ki": s.ki, "kd": s.kd, "deadband": s.deadband,
+            "window": self.window,
+            "frozen": self.frozen,
+            "signal": str(s.signal),
+            "target_ms": s.target_ms,
+            "min_window": s.min_window,
+            "max_window": s.max_window,
+            "start_window": s.start_window,
+            "kp": s.kp,
+            "ki": s.ki,
+            "kd": s.kd,
+            "deadband": s.deadband,
             "trace": [t.to_json() for t in list(self.trace)[-trace_points:]],
         }

@@ -76,14 +76,29 @@ def completion_tokens(tail: bytes) -> int | None:
 
 # Hop-by-hop and framing headers are the gateway's own business, and the client's key is not the
 # engine's; everything else passes.
-_DROP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "host", "server",
-                           "date", "upgrade", "proxy-connection", "te", "trailer", "authorization"})
+_DROP_HEADERS = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "content-length",
+        "host",
+        "server",
+        "date",
+        "upgrade",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "authorization",
+    }
+)
 _DROP_RESPONSE_HEADERS = _DROP_HEADERS - {"authorization"}
 _NOT_READY_RETRY_S = 0.2
 
 
-def error_response(status: int, message: str, kind: str, headers: dict[str, str] | None = None,
-                   **extra: object) -> web.Response:
+def error_response(
+    status: int, message: str, kind: str, headers: dict[str, str] | None = None, **extra: object
+) -> web.Response:
     """Errors in the OpenAI shape that clients already parse."""
     body = {"error": {"message": message, "type": kind, "code": status, **extra}}
     return web.json_response(body, status=status, headers=headers)
@@ -95,13 +110,19 @@ def _closing(resp: web.Response) -> web.Response:
 
 
 class Gateway:
-    def __init__(self, host: str = "127.0.0.1", port: int = 0,
-                 on_record: Callable[[RequestRecord], None] | None = None, *,
-                 limits: DoorLimits | None = None, key: str | None = None) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        on_record: Callable[[RequestRecord], None] | None = None,
+        *,
+        limits: DoorLimits | None = None,
+        key: str | None = None,
+    ) -> None:
         self.host = host
         self.port = port
         self.groups: dict[str, EngineGroup] = {}
-        self.key = key                      # the gateway's own key; None: see the module docstring
+        self.key = key  # the gateway's own key; None: see the module docstring
         self.door = Door(limits)
         self._hosts = allowed_hosts(host, self.door.limits)
         self._on_record = on_record
@@ -183,8 +204,13 @@ class Gateway:
     async def _route(self, request: web.BaseRequest, conn: Connection | None) -> web.StreamResponse:
         if not host_allowed(request.headers.get("Host"), self._hosts):
             self.door.reject("host")
-            return _closing(error_response(403, "the Host header does not name this gateway (it answers to "
-                                           "loopback names only)", "forbidden_host"))
+            return _closing(
+                error_response(
+                    403,
+                    "the Host header does not name this gateway (it answers to loopback names only)",
+                    "forbidden_host",
+                )
+            )
         path = request.path
         group: EngineGroup | None = None
         if path.startswith("/g/"):
@@ -192,8 +218,9 @@ class Gateway:
             api = "/" + rest
             group = self.groups.get(name)
             if group is None:
-                return error_response(404, f"no engine group named {name!r}; groups: {sorted(self.groups)}",
-                                      "not_found")
+                return error_response(
+                    404, f"no engine group named {name!r}; groups: {sorted(self.groups)}", "not_found"
+                )
         else:
             api = path
             if api == "/health" and request.method == "GET":
@@ -220,15 +247,25 @@ class Gateway:
             cl = request.content_length
             if cl is not None and cl > self.limits.max_body_bytes:
                 self.door.reject("too_large")
-                return _closing(error_response(413, f"the request body is over the gateway's limit of "
-                                               f"{self.limits.max_body_bytes} bytes", "request_too_large"))
+                return _closing(
+                    error_response(
+                        413,
+                        f"the request body is over the gateway's limit of {self.limits.max_body_bytes} bytes",
+                        "request_too_large",
+                    )
+                )
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits for it before a body
         try:
             body, held = await self.door.read_body(request, conn)
         except BodyTooLarge:
             self.door.reject("too_large")
-            return _closing(error_response(413, f"the request body is over the gateway's limit of "
-                                           f"{self.limits.max_body_bytes} bytes", "request_too_large"))
+            return _closing(
+                error_response(
+                    413,
+                    f"the request body is over the gateway's limit of {self.limits.max_body_bytes} bytes",
+                    "request_too_large",
+                )
+            )
         except BodyBusy as e:
             self.door.reject("body_budget")
             return _closing(error_response(503, f"{e}; retry later", "body_budget", headers={"Retry-After": "1"}))
@@ -244,8 +281,12 @@ class Gateway:
                         return error_response(400, "request body is not a JSON object", "invalid_request_error")
                 group = self._group_for_model(model)
                 if group is None:
-                    return error_response(404, f"no engine group serves model {model!r}; use /g/<group>/v1/... "
-                                          f"with one of {sorted(self.groups)}", "not_found")
+                    return error_response(
+                        404,
+                        f"no engine group serves model {model!r}; use /g/<group>/v1/... "
+                        f"with one of {sorted(self.groups)}",
+                        "not_found",
+                    )
                 if not self._key_ok(auth, [group]):
                     return self._unauthorized(group, api)
             return await self.proxy(request, group, api, body, conn)
@@ -278,8 +319,15 @@ class Gateway:
 
     # --- the proxy ------------------------------------------------------------------------
 
-    async def proxy(self, request: web.BaseRequest, group: EngineGroup, path: str, body: bytes,
-                    conn: Connection | None = None, admit: bool = True) -> web.StreamResponse:
+    async def proxy(
+        self,
+        request: web.BaseRequest,
+        group: EngineGroup,
+        path: str,
+        body: bytes,
+        conn: Connection | None = None,
+        admit: bool = True,
+    ) -> web.StreamResponse:
         arrived = time.monotonic()
         deadline = arrived + group.admission.queue_timeout_s
         queue_s = 0.0
@@ -290,8 +338,9 @@ class Gateway:
                 except QueueFull as e:
                     return self._refuse(group, None, path, 503, outcomes.QUEUE_FULL, arrived, 0.0, str(e))
                 except QueueTimeout as e:
-                    return self._refuse(group, None, path, 503, outcomes.QUEUE_TIMEOUT, arrived,
-                                        time.monotonic() - arrived, str(e))
+                    return self._refuse(
+                        group, None, path, 503, outcomes.QUEUE_TIMEOUT, arrived, time.monotonic() - arrived, str(e)
+                    )
                 except asyncio.CancelledError:
                     self._finish(group, None, path, 499, _client_gone(conn), arrived, time.monotonic() - arrived)
                     raise
@@ -300,8 +349,16 @@ class Gateway:
             try:
                 if up is None:  # admitted in the instant the last engine went down
                     if time.monotonic() >= deadline:
-                        return self._refuse(group, None, path, 503, outcomes.QUEUE_TIMEOUT, arrived, queue_s,
-                                            "no engine of the group became ready in time")
+                        return self._refuse(
+                            group,
+                            None,
+                            path,
+                            503,
+                            outcomes.QUEUE_TIMEOUT,
+                            arrived,
+                            queue_s,
+                            "no engine of the group became ready in time",
+                        )
                     await asyncio.sleep(_NOT_READY_RETRY_S)
                     continue
                 try:
@@ -309,8 +366,16 @@ class Gateway:
                 except _EngineRefused:
                     group.mark_down(up)  # it restarts: wait for it in the queue, within the bound
                     if time.monotonic() >= deadline:
-                        return self._refuse(group, up.name, path, 503, outcomes.ENGINE_ERROR, arrived, queue_s,
-                                            f"engine {up.name} is not accepting connections")
+                        return self._refuse(
+                            group,
+                            up.name,
+                            path,
+                            503,
+                            outcomes.ENGINE_ERROR,
+                            arrived,
+                            queue_s,
+                            f"engine {up.name} is not accepting connections",
+                        )
                     await asyncio.sleep(_NOT_READY_RETRY_S)
             finally:
                 if admit:
@@ -328,13 +393,17 @@ class Gateway:
             addr = self._addrs[up.url] = (host, port, f"{name}:{port}")
         return addr
 
-    async def _send(self, up: Upstream, method: str, path: str, query: str, headers: list[str],
-                    body: bytes) -> UpstreamResponse:
+    async def _send(
+        self, up: Upstream, method: str, path: str, query: str, headers: list[str], body: bytes
+    ) -> UpstreamResponse:
         """One request to an engine: the client's headers (less hop-by-hop ones and its key),
         the engine's own key, the body as read."""
         host, port, host_header = self._address(up)
-        lines = [f"{method} {path}?{query} HTTP/1.1" if query else f"{method} {path} HTTP/1.1", f"Host: {host_header}",
-                 *headers]
+        lines = [
+            f"{method} {path}?{query} HTTP/1.1" if query else f"{method} {path} HTTP/1.1",
+            f"Host: {host_header}",
+            *headers,
+        ]
         if up.api_key:
             lines.append(f"Authorization: Bearer {up.api_key}")
         if body or method == "POST":
@@ -342,8 +411,17 @@ class Gateway:
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
         return await self._upstreams().request(host, port, head, body)
 
-    async def _forward(self, request: web.BaseRequest, group: EngineGroup, up: Upstream, path: str,
-                       body: bytes, arrived: float, queue_s: float, conn: Connection | None) -> web.StreamResponse:
+    async def _forward(
+        self,
+        request: web.BaseRequest,
+        group: EngineGroup,
+        up: Upstream,
+        path: str,
+        body: bytes,
+        arrived: float,
+        queue_s: float,
+        conn: Connection | None,
+    ) -> web.StreamResponse:
         headers = [f"{k}: {v}" for k, v in request.headers.items() if k.lower() not in _DROP_HEADERS]
         dispatched = time.monotonic()
         up.outstanding += 1
@@ -385,23 +463,61 @@ class Gateway:
             finally:
                 r.close()  # an unfinished answer: its connection closes and vLLM aborts the request
         except asyncio.CancelledError:
-            self._finish(group, up.name, path, 499, _client_gone(conn), arrived, queue_s, dispatched=dispatched,
-                         first_s=first_s, chunks=chunks)
+            self._finish(
+                group,
+                up.name,
+                path,
+                499,
+                _client_gone(conn),
+                arrived,
+                queue_s,
+                dispatched=dispatched,
+                first_s=first_s,
+                chunks=chunks,
+            )
             raise
         except ConnectionError:
             # The client's connection went away under a write (before the server noticed).
-            self._finish(group, up.name, path, 499, _client_gone(conn), arrived, queue_s, dispatched=dispatched,
-                         first_s=first_s, chunks=chunks)
+            self._finish(
+                group,
+                up.name,
+                path,
+                499,
+                _client_gone(conn),
+                arrived,
+                queue_s,
+                dispatched=dispatched,
+                first_s=first_s,
+                chunks=chunks,
+            )
             return resp if resp is not None else web.Response(status=499)
         except UpstreamError as e:
             if resp is not None and resp.prepared:
-                self._finish(group, up.name, path, 502, outcomes.UPSTREAM_DIED, arrived, queue_s,
-                             dispatched=dispatched, first_s=first_s, chunks=chunks)
+                self._finish(
+                    group,
+                    up.name,
+                    path,
+                    502,
+                    outcomes.UPSTREAM_DIED,
+                    arrived,
+                    queue_s,
+                    dispatched=dispatched,
+                    first_s=first_s,
+                    chunks=chunks,
+                )
                 await self._abort_stream(request, up, e)
                 return resp
             died = r is not None and r.status != 0  # the answer had begun
-            return self._refuse(group, up.name, path, 502, outcomes.UPSTREAM_DIED if died else outcomes.ENGINE_ERROR,
-                                arrived, queue_s, f"engine {up.name}: {e}")
+            return self._refuse(
+                group,
+                up.name,
+                path,
+                502,
+                outcomes.UPSTREAM_DIED if died else outcomes.ENGINE_ERROR,
+                arrived,
+                queue_s,
+                f"engine {up.name}: {e}",
+            )
         finally:
             up.outstanding -= 1
         if r.status >= 500:
@@ -412,55 +528,110 @@ class Gateway:
             outcome = outcomes.OK
         done = first_s is not None and _DONE in last
         tail = last[-_TAIL_BYTES:] if len(last) >= _TAIL_BYTES else (prev + last)[-_TAIL_BYTES:]
-        self._finish(group, up.name, path, r.status, outcome, arrived, queue_s, dispatched=dispatched,
-                     first_s=first_s, chunks=max(0, chunks - int(done)),
-                     tokens=completion_tokens(tail) if first_s is not None else None)
+        self._finish(
+            group,
+            up.name,
+            path,
+            r.status,
+            outcome,
+            arrived,
+            queue_s,
+            dispatched=dispatched,
+            first_s=first_s,
+            chunks=max(0, chunks - int(done)),
+            tokens=completion_tokens(tail) if first_s is not None else None,
+        )
         return resp
 
     async def _abort_stream(self, request: web.BaseRequest, up: Upstream, e: BaseException) -> None:
         """End a stream whose engine died: an error event the OpenAI clients raise, then the
         connection closes without the body's end, so no client can take the text for whole."""
-        event = {"error": {"message": f"engine {up.name} stopped answering mid-stream "
-                                      f"({type(e).__name__}: {e}); the answer is incomplete",
-                           "type": outcomes.UPSTREAM_DIED, "code": 502}}
+        event = {
+            "error": {
+                "message": f"engine {up.name} stopped answering mid-stream "
+                f"({type(e).__name__}: {e}); the answer is incomplete",
+                "type": outcomes.UPSTREAM_DIED,
+                "code": 502,
+            }
+        }
         try:
-            await cast(StreamWriter, request.writer).write(b"data: " + json.dumps(event).encode() + b"\n\n",
-                                                           drain=False)
+            await cast(StreamWriter, request.writer).write(
+                b"data: " + json.dumps(event).encode() + b"\n\n", drain=False
+            )
         except ConnectionError:
             pass
         transport = request.transport
         if transport is not None:
             transport.close()  # after what is buffered: the event goes out, the chunked end does not
 
-    def _finish(self, group: EngineGroup, engine: str | None, path: str, status: int, outcome: str,
-                arrived: float, queue_s: float, *, dispatched: float | None = None,
-                first_s: float | None = None, chunks: int = 0, tokens: int | None = None) -> None:
+    def _finish(
+        self,
+        group: EngineGroup,
+        engine: str | None,
+        path: str,
+        status: int,
+        outcome: str,
+        arrived: float,
+        queue_s: float,
+        *,
+        dispatched: float | None = None,
+        first_s: float | None = None,
+        chunks: int = 0,
+        tokens: int | None = None,
+    ) -> None:
         """Record the request with its group (and whoever listens for records)."""
         now = time.monotonic()
         rec = RequestRecord(
-            group=group.name, engine=engine, path=path, status=status, outcome=outcome,
-            streamed=first_s is not None, finished_at_s=time.time(), queue_s=queue_s,
-            ttft_s=None if first_s is None else first_s - arrived, e2e_s=now - arrived,
+            group=group.name,
+            engine=engine,
+            path=path,
+            status=status,
+            outcome=outcome,
+            streamed=first_s is not None,
+            finished_at_s=time.time(),
+            queue_s=queue_s,
+            ttft_s=None if first_s is None else first_s - arrived,
+            e2e_s=now - arrived,
             engine_ttft_s=None if first_s is None or dispatched is None else first_s - dispatched,
-            engine_e2e_s=None if dispatched is None else now - dispatched, output_chunks=chunks,
+            engine_e2e_s=None if dispatched is None else now - dispatched,
+            output_chunks=chunks,
             output_tokens=tokens,
         )
         group.record(rec)
         if self._on_record is not None:
             self._on_record(rec)
 
-    def _refuse(self, group: EngineGroup, engine: str | None, path: str, status: int, outcome: str,
-                arrived: float, queue_s: float, message: str) -> web.Response:
+    def _refuse(
+        self,
+        group: EngineGroup,
+        engine: str | None,
+        path: str,
+        status: int,
+        outcome: str,
+        arrived: float,
+        queue_s: float,
+        message: str,
+    ) -> web.Response:
         """Record a request that failed before an answer began, and the error its client gets."""
         self._finish(group, engine, path, status, outcome, arrived, queue_s)
         if outcome == outcomes.QUEUE_FULL:
-            return error_response(503, f"engine group {group.name} is saturated: {message}; retry later",
-                                  "queue_full", headers={"Retry-After": str(group.retry_after_s())},
-                                  window=group.admission.window, queued=group.admission.queued)
+            return error_response(
+                503,
+                f"engine group {group.name} is saturated: {message}; retry later",
+                "queue_full",
+                headers={"Retry-After": str(group.retry_after_s())},
+                window=group.admission.window,
+                queued=group.admission.queued,
+            )
         if outcome == outcomes.QUEUE_TIMEOUT:
-            return error_response(503, f"engine group {group.name}: {message}", "queue_timeout",
-                                  headers={"Retry-After": str(group.retry_after_s())},
-                                  window=group.admission.window, queued=group.admission.queued)
+            return error_response(
+                503,
+                f"engine group {group.name}: {message}",
+                "queue_timeout",
+                headers={"Retry-After": str(group.retry_after_s())},
+                window=group.admission.window,
+                queued=group.admission.queued,
+            )
         return error_response(status, message, outcome)
 
 
@@ -477,5 +648,8 @@ def _client_gone(conn: Connection | None) -> str:
 
 def state_of(gateway: Gateway) -> dict[str, Any]:
     """The door as the control API shows it."""
-    return {"url": gateway.url, "key_required": gateway.key is not None
-            or any(g.api_keys() for g in gateway.groups.values()), **gateway.door.state_json()}
+    return {
+        "url": gateway.url,
+        "key_required": gateway.key is not None or any(g.api_keys() for g in gateway.groups.values()),
+        **gateway.door.state_json(),
+    }

@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator
 
 _MAX_HEAD_BYTES = 64 * 1024
-_PAUSE_BYTES = 256 * 1024      # an answer buffered this far ahead of its reader pauses the socket
+_PAUSE_BYTES = 256 * 1024  # an answer buffered this far ahead of its reader pauses the socket
 _RESUME_BYTES = 64 * 1024
 _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILER, _UNTIL_CLOSE, _DONE = range(8)
 
@@ -137,7 +137,7 @@ class _Conn(asyncio.Protocol):
         self.state = _DONE
         self.remaining = 0
         self.keep_alive = True
-        self.received = False      # any byte of the current answer
+        self.received = False  # any byte of the current answer
         self.closed = False
         self.idle_since = 0.0
         self._paused = False
@@ -232,16 +232,16 @@ class _Conn(asyncio.Protocol):
                 if size == 0:
                     self.state = _TRAILER
                 elif n - pos >= size + 2:  # the whole chunk is here (the usual case)
-                    if buf[pos + size:pos + size + 2] != b"\r\n":
+                    if buf[pos + size : pos + size + 2] != b"\r\n":
                         raise ValueError("a chunk does not end in CRLF")
-                    out.append(bytes(buf[pos:pos + size]))
+                    out.append(bytes(buf[pos : pos + size]))
                     pos += size + 2
                 else:
                     self.state, self.remaining = _CHUNK_DATA, size
             elif state == _CHUNK_DATA or state == _LENGTH:
                 take = min(n - pos, self.remaining)
                 if take:
-                    out.append(bytes(buf[pos:pos + take]))
+                    out.append(bytes(buf[pos : pos + take]))
                 pos += take
                 self.remaining -= take
                 if self.remaining == 0:
@@ -252,7 +252,7 @@ class _Conn(asyncio.Protocol):
             elif state == _CHUNK_END:
                 if n - pos < 2:
                     break
-                if buf[pos:pos + 2] != b"\r\n":
+                if buf[pos : pos + 2] != b"\r\n":
                     raise ValueError("a chunk does not end in CRLF")
                 pos += 2
                 self.state = _CHUNK_SIZE
@@ -286,7 +286,7 @@ class _Conn(asyncio.Protocol):
                     raise ValueError("its header is over 64 KiB")
                 return False
             head = bytes(buf[:end]).decode("latin-1").split("\r\n")
-            del buf[:end + 4]
+            del buf[: end + 4]
             version, _, rest = head[0].partition(" ")
             if not version.startswith("HTTP/1."):
                 raise ValueError(f"status line {head[0][:80]!r}")

@@ -35,8 +35,8 @@ ProgressFn = Callable[[int, int], None]  # (finished measured requests, measured
 class RequestRecord:
     index: int
     warmup: bool
-    status: str                      # "ok", or the error's kind (http_503, connect, timeout, ...)
-    start_s: float                   # since the measured phase began (negative for warm-up)
+    status: str  # "ok", or the error's kind (http_503, connect, timeout, ...)
+    start_s: float  # since the measured phase began (negative for warm-up)
     prompt_tokens: int | None = None
     output_tokens: int | None = None
     ttft_s: float | None = None
@@ -51,15 +51,20 @@ class RequestRecord:
     @property
     def tpot_s(self) -> float | None:
         """Decode time per output token after the first, as vLLM defines it."""
-        if (not self.ok or self.output_tokens is None or self.output_tokens < 2 or self.ttft_s is None
-                or self.e2e_s is None):
+        if (
+            not self.ok
+            or self.output_tokens is None
+            or self.output_tokens < 2
+            or self.ttft_s is None
+            or self.e2e_s is None
+        ):
             return None
         return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
 
 
 @dataclass(frozen=True)
 class LoadSummary:
-    requests: int                    # measured requests that were sent
+    requests: int  # measured requests that were sent
     completed: int
     failed: int
     cancelled: int
@@ -77,8 +82,8 @@ class LoadSummary:
     slo: dict[str, float] = field(default_factory=dict)
     good_requests: int | None = None
     goodput_req_s: float | None = None
-    slo_attainment: float | None = None   # good / completed
-    slo_broken: tuple[str, ...] = ()      # the run-level targets missed
+    slo_attainment: float | None = None  # good / completed
+    slo_broken: tuple[str, ...] = ()  # the run-level targets missed
 
     @property
     def error_rate(self) -> float:
@@ -97,14 +102,15 @@ class LoadResult:
     workload: Workload
     records: tuple[RequestRecord, ...]
     summary: LoadSummary
-    stopped_early: str | None = None      # None, "time limit" or "interrupted"
+    stopped_early: str | None = None  # None, "time limit" or "interrupted"
 
 
 _NO_SLO = Slo()
 
 
-def summarize(records: list[RequestRecord] | tuple[RequestRecord, ...], duration_s: float,
-              slo: Slo = _NO_SLO) -> LoadSummary:
+def summarize(
+    records: list[RequestRecord] | tuple[RequestRecord, ...], duration_s: float, slo: Slo = _NO_SLO
+) -> LoadSummary:
     """The figures of a run's measured requests (warm-up records are ignored)."""
     measured = [r for r in records if not r.warmup]
     ok = [r for r in measured if r.ok]
@@ -130,12 +136,26 @@ def summarize(records: list[RequestRecord] | tuple[RequestRecord, ...], duration
         attainment = good / len(ok) if ok else 0.0
         broken = tuple(slo.broken_by(stats))
     return LoadSummary(
-        requests=len(measured), completed=len(ok), failed=len(failed), cancelled=len(cancelled),
-        duration_s=duration_s, request_throughput_req_s=len(ok) / d, output_throughput_tok_s=n_out / d,
-        total_token_throughput_tok_s=(n_in + n_out) / d, input_tokens=n_in, output_tokens=n_out,
-        errors_by_kind=errors, slo=slo.as_dict(), good_requests=good, goodput_req_s=goodput,
-        slo_attainment=attainment, slo_broken=broken,
-        ttft=stats["ttft"], tpot=stats["tpot"], itl=stats["itl"], e2e=stats["e2e"],
+        requests=len(measured),
+        completed=len(ok),
+        failed=len(failed),
+        cancelled=len(cancelled),
+        duration_s=duration_s,
+        request_throughput_req_s=len(ok) / d,
+        output_throughput_tok_s=n_out / d,
+        total_token_throughput_tok_s=(n_in + n_out) / d,
+        input_tokens=n_in,
+        output_tokens=n_out,
+        errors_by_kind=errors,
+        slo=slo.as_dict(),
+        good_requests=good,
+        goodput_req_s=goodput,
+        slo_attainment=attainment,
+        slo_broken=broken,
+        ttft=stats["ttft"],
+        tpot=stats["tpot"],
+        itl=stats["itl"],
+        e2e=stats["e2e"],
     )
 
 
@@ -157,8 +177,7 @@ def _has_choices(payload: bytes) -> bool:
 class _Sender:
     """One HTTP session and the bookkeeping shared by every request of a run."""
 
-    def __init__(self, url: str, model: str, ignore_eos: bool, api_key: str | None,
-                 request_timeout_s: float) -> None:
+    def __init__(self, url: str, model: str, ignore_eos: bool, api_key: str | None, request_timeout_s: float) -> None:
         self.endpoint = url.rstrip("/") + "/v1/completions"
         self.model = model
         self.ignore_eos = ignore_eos
@@ -168,7 +187,7 @@ class _Sender:
         self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=request_timeout_s)
         self.session: aiohttp.ClientSession | None = None
         self.records: list[RequestRecord] = []
-        self.t0 = 0.0   # the measured phase's start, perf_counter seconds
+        self.t0 = 0.0  # the measured phase's start, perf_counter seconds
         self.done_measured = 0
 
     async def __aenter__(self) -> _Sender:
@@ -185,8 +204,14 @@ class _Sender:
         return self.session
 
     async def send(self, req: PlannedRequest) -> RequestRecord:
-        body = {"model": self.model, "prompt": req.prompt, "max_tokens": req.max_tokens, "stream": True,
-                "stream_options": {"include_usage": True}, "ignore_eos": self.ignore_eos}
+        body = {
+            "model": self.model,
+            "prompt": req.prompt,
+            "max_tokens": req.max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "ignore_eos": self.ignore_eos,
+        }
         payload = json.dumps(body).encode()
         start = time.perf_counter()
         ttft: float | None = None
@@ -237,17 +262,25 @@ class _Sender:
         if ttft is None or usage is None:
             what = "no tokens" if ttft is None else "no usage (stream_options unsupported?)"
             return self._keep(record(status="bad_stream", error=what))
-        return self._keep(record(
-            status="ok", prompt_tokens=usage.get("prompt_tokens"), output_tokens=usage.get("completion_tokens"),
-            ttft_s=ttft, e2e_s=last - start, itl_s=tuple(gaps)))
+        return self._keep(
+            record(
+                status="ok",
+                prompt_tokens=usage.get("prompt_tokens"),
+                output_tokens=usage.get("completion_tokens"),
+                ttft_s=ttft,
+                e2e_s=last - start,
+                itl_s=tuple(gaps),
+            )
+        )
 
     def _keep(self, rec: RequestRecord) -> RequestRecord:
         self.records.append(rec)
         return rec
 
 
-async def _closed(sender: _Sender, plan: list[PlannedRequest], streams: int,
-                  on_done: Callable[[RequestRecord], None]) -> None:
+async def _closed(
+    sender: _Sender, plan: list[PlannedRequest], streams: int, on_done: Callable[[RequestRecord], None]
+) -> None:
     queue = iter(plan)
 
     async def stream() -> None:
@@ -257,8 +290,13 @@ async def _closed(sender: _Sender, plan: list[PlannedRequest], streams: int,
     await asyncio.gather(*(stream() for _ in range(min(streams, len(plan)))))
 
 
-async def _open(sender: _Sender, plan: list[PlannedRequest], offsets_s: list[float], cap: int | None,
-                on_done: Callable[[RequestRecord], None]) -> None:
+async def _open(
+    sender: _Sender,
+    plan: list[PlannedRequest],
+    offsets_s: list[float],
+    cap: int | None,
+    on_done: Callable[[RequestRecord], None],
+) -> None:
     gate = asyncio.Semaphore(cap) if cap else None
     tasks: list[asyncio.Future[None]] = []
 
@@ -284,10 +322,19 @@ async def _open(sender: _Sender, plan: list[PlannedRequest], offsets_s: list[flo
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def run_load(url: str, model: str, workload: Workload, *, tokenizer_source: str | None = None,
-                   plan: list[PlannedRequest] | None = None, slo: Slo = _NO_SLO,
-                   stop: asyncio.Event | None = None, on_progress: ProgressFn | None = None,
-                   api_key: str | None = None, request_timeout_s: float = 300.0) -> LoadResult:
+async def run_load(
+    url: str,
+    model: str,
+    workload: Workload,
+    *,
+    tokenizer_source: str | None = None,
+    plan: list[PlannedRequest] | None = None,
+    slo: Slo = _NO_SLO,
+    stop: asyncio.Event | None = None,
+    on_progress: ProgressFn | None = None,
+    api_key: str | None = None,
+    request_timeout_s: float = 300.0,
+) -> LoadResult:
     """Run `workload` against the OpenAI-compatible server at `url` serving `model`.
 
     `plan` (from plan_requests) can be built once and reused across runs; otherwise the
@@ -343,4 +390,3 @@ async def run_load(url: str, model: str, workload: Workload, *, tokenizer_source
         duration = time.perf_counter() - sender.t0
         records = tuple(sorted(sender.records, key=lambda r: r.index))
     return LoadResult(url, model, workload, records, summarize(records, duration, slo), stopped)
-

@@ -23,9 +23,9 @@ class LengthDist:
     """A length in tokens: fixed, uniform in [low, high], or lognormal around a median."""
 
     kind: Literal["fixed", "uniform", "lognormal"]
-    value: int                # fixed: the length; uniform: low; lognormal: the median
-    high: int | None = None   # uniform only
-    sigma: float = 0.5        # lognormal only: the spread of log(length)
+    value: int  # fixed: the length; uniform: low; lognormal: the median
+    high: int | None = None  # uniform only
+    sigma: float = 0.5  # lognormal only: the spread of log(length)
     max_value: int | None = None
 
     @classmethod
@@ -90,12 +90,12 @@ class Workload:
     input_len: LengthDist
     output_len: LengthDist
     arrival: Arrival = "closed"
-    concurrency: int | None = None     # closed loop: the streams; open loop: an optional cap
-    rate_req_s: float | None = None    # open loop only
-    burstiness: float = 1.0            # gamma shape: 1 is Poisson, < 1 burstier, > 1 smoother
-    warmup_requests: int = 0           # sent first, left out of every figure
+    concurrency: int | None = None  # closed loop: the streams; open loop: an optional cap
+    rate_req_s: float | None = None  # open loop only
+    burstiness: float = 1.0  # gamma shape: 1 is Poisson, < 1 burstier, > 1 smoother
+    warmup_requests: int = 0  # sent first, left out of every figure
     max_duration_s: float | None = None
-    ignore_eos: bool = True            # fixed output lengths, whatever the model would say
+    ignore_eos: bool = True  # fixed output lengths, whatever the model would say
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -118,21 +118,42 @@ class Workload:
 
     # `kw`: any other field (warmup_requests, seed, ...), passed through to the constructor.
     @classmethod
-    def closed(cls, concurrency: int, num_requests: int, input_len: int | LengthDist,
-               output_len: int | LengthDist, **kw: Any) -> Workload:
+    def closed(
+        cls, concurrency: int, num_requests: int, input_len: int | LengthDist, output_len: int | LengthDist, **kw: Any
+    ) -> Workload:
         return cls(num_requests, _dist(input_len), _dist(output_len), "closed", concurrency=concurrency, **kw)
 
     @classmethod
-    def open(cls, rate_req_s: float, num_requests: int, input_len: int | LengthDist,
-             output_len: int | LengthDist, burstiness: float = 1.0, **kw: Any) -> Workload:
+    def open(
+        cls,
+        rate_req_s: float,
+        num_requests: int,
+        input_len: int | LengthDist,
+        output_len: int | LengthDist,
+        burstiness: float = 1.0,
+        **kw: Any,
+    ) -> Workload:
         arrival: Arrival = "poisson" if burstiness == 1.0 else "gamma"
-        return cls(num_requests, _dist(input_len), _dist(output_len), arrival, rate_req_s=rate_req_s,
-                   burstiness=burstiness, **kw)
+        return cls(
+            num_requests,
+            _dist(input_len),
+            _dist(output_len),
+            arrival,
+            rate_req_s=rate_req_s,
+            burstiness=burstiness,
+            **kw,
+        )
 
     def describe(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"num_requests": self.num_requests, "input_len": self.input_len.describe(),
-             "output_len": self.output_len.describe(), "arrival": self.arrival,
-             "warmup_requests": self.warmup_requests, "ignore_eos": self.ignore_eos, "seed": self.seed}
+        d: dict[str, Any] = {
+            "num_requests": self.num_requests,
+            "input_len": self.input_len.describe(),
+            "output_len": self.output_len.describe(),
+            "arrival": self.arrival,
+            "warmup_requests": self.warmup_requests,
+            "ignore_eos": self.ignore_eos,
+            "seed": self.seed,
+        }
         if self.concurrency is not None:
             d["concurrency"] = self.concurrency
         if self.arrival != "closed":

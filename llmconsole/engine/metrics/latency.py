@@ -50,8 +50,7 @@ class LatencyStats:
         ms = [v * 1000.0 for v in values_s]
         if not ms:
             return cls(0, None, None, None, None, None)
-        return cls(len(ms), statistics.fmean(ms), percentile(ms, 50), percentile(ms, 90),
-                   percentile(ms, 99), max(ms))
+        return cls(len(ms), statistics.fmean(ms), percentile(ms, 50), percentile(ms, 90), percentile(ms, 99), max(ms))
 
     def at(self, q: float) -> float | None:
         """The stored percentile q (50, 90, 99 or 100)."""
@@ -61,7 +60,7 @@ class LatencyStats:
 
 @dataclass(frozen=True)
 class SloTarget:
-    metric: str          # ttft | tpot | itl | e2e
+    metric: str  # ttft | tpot | itl | e2e
     limit_ms: float
     percentile: float = 99.0
 
@@ -88,8 +87,10 @@ class Slo:
             key, sep, value = part.partition("=")
             m = _TARGET.match(key.strip())
             if not sep or m is None:
-                raise ValueError(f"SLO target {part!r} is not KEY=MS with KEY like p99_e2e_ms, "
-                                 f"ttft_ms or p50_tpot_ms (metrics: {', '.join(METRICS)})")
+                raise ValueError(
+                    f"SLO target {part!r} is not KEY=MS with KEY like p99_e2e_ms, "
+                    f"ttft_ms or p50_tpot_ms (metrics: {', '.join(METRICS)})"
+                )
             pct = float(m.group(1)) if m.group(1) else 99.0
             if pct not in (50.0, 90.0, 99.0, 100.0):
                 raise ValueError(f"SLO target {part!r}: percentile must be p50, p90, p99 or p100")
@@ -108,8 +109,9 @@ class Slo:
     def __bool__(self) -> bool:
         return bool(self.targets)
 
-    def request_is_good(self, ttft_s: float | None, tpot_s: float | None, e2e_s: float | None,
-                        max_itl_s: float | None) -> bool:
+    def request_is_good(
+        self, ttft_s: float | None, tpot_s: float | None, e2e_s: float | None, max_itl_s: float | None
+    ) -> bool:
         """Whether one successful request met every limit (a limit on a missing value fails)."""
         values = {"ttft": ttft_s, "tpot": tpot_s, "e2e": e2e_s, "itl": max_itl_s}
         for t in self.targets:

@@ -67,7 +67,7 @@ class CacheInfo:
     kv_cache_memory_bytes: int | None = None
     cache_dtype: str | None = None
     gpu_memory_utilization: float | None = None
-    labels: tuple[tuple[str, str], ...] = ()   # every label as scraped, for facts not named above
+    labels: tuple[tuple[str, str], ...] = ()  # every label as scraped, for facts not named above
 
     def label(self, name: str) -> str | None:
         return dict(self.labels).get(name)
@@ -80,9 +80,9 @@ class ScrapeSample:
     taken_at_s: float
     num_requests_running: float | None = None
     num_requests_waiting: float | None = None
-    num_requests_swapped: float | None = None   # releases before 0.10 only (V0 CPU swap)
-    kv_cache_usage: float | None = None         # fraction 0..1 of KV blocks in use
-    cpu_cache_usage: float | None = None        # V0's CPU swap space in use, not the KV cache
+    num_requests_swapped: float | None = None  # releases before 0.10 only (V0 CPU swap)
+    kv_cache_usage: float | None = None  # fraction 0..1 of KV blocks in use
+    cpu_cache_usage: float | None = None  # V0's CPU swap space in use, not the KV cache
     preemptions_total: float | None = None
     prompt_tokens_total: float | None = None
     generation_tokens_total: float | None = None
@@ -370,8 +370,9 @@ def parse_metrics(text: str, taken_at_s: float) -> ScrapeSample:
     )
 
 
-def histogram_quantile(q: float, upper_bounds: tuple[float, ...] | list[float],
-                       cumulative_counts: tuple[float, ...] | list[float]) -> float | None:
+def histogram_quantile(
+    q: float, upper_bounds: tuple[float, ...] | list[float], cumulative_counts: tuple[float, ...] | list[float]
+) -> float | None:
     """The q-quantile of a bucketed distribution, the way PromQL's histogram_quantile does it.
 
     Observations are assumed spread evenly inside their bucket, so the answer is a linear

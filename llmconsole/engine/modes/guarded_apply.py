@@ -62,8 +62,11 @@ class ApplyFailed(RuntimeError):
     """A step after the restart failed; the engine was put back on `restored_config_id`."""
 
     def __init__(self, reason: str, restored_config_id: str | None, restore_error: str | None = None):
-        msg = f"{reason}; rolled back to config {restored_config_id}" if restore_error is None else \
-            f"{reason}; and going back to the previous config failed too: {restore_error}"
+        msg = (
+            f"{reason}; rolled back to config {restored_config_id}"
+            if restore_error is None
+            else f"{reason}; and going back to the previous config failed too: {restore_error}"
+        )
         super().__init__(msg)
         self.reason = reason
         self.restored_config_id = restored_config_id
@@ -91,26 +94,53 @@ class ApplyResult:
         return dict(self.__dict__)
 
 
-def _record_begin(store: AuditStore | None, kind: str, name: str, actor: str, before: EngineSpec,
-                  after: EngineSpec, automatic: bool, detail: dict[str, Any] | None) -> int | None:
+def _record_begin(
+    store: AuditStore | None,
+    kind: str,
+    name: str,
+    actor: str,
+    before: EngineSpec,
+    after: EngineSpec,
+    automatic: bool,
+    detail: dict[str, Any] | None,
+) -> int | None:
     if store is None:
         return None
     for spec in (before, after):
         store.record_config(spec.config_id, spec.public_dict())
-    return store.record_action(kind, engine=name, actor=actor, from_config_id=before.config_id,
-                               to_config_id=after.config_id, automatic=automatic, detail=detail)
+    return store.record_action(
+        kind,
+        engine=name,
+        actor=actor,
+        from_config_id=before.config_id,
+        to_config_id=after.config_id,
+        automatic=automatic,
+        detail=detail,
+    )
 
 
-def _record_end(store: AuditStore | None, action_id: int | None, outcome: str,
-                detail: dict[str, Any] | None = None) -> None:
+def _record_end(
+    store: AuditStore | None, action_id: int | None, outcome: str, detail: dict[str, Any] | None = None
+) -> None:
     if store is not None and action_id is not None:
         store.update_action_outcome(action_id, outcome, detail)
 
 
-async def guarded_apply(fleet: Fleet, name: str, new_spec: EngineSpec, *, store: AuditStore | None = None,
-                        gate: Gate | None = None, actor: str = "llmconsole", kind: str = "apply",
-                        automatic: bool = False, detail: dict[str, Any] | None = None, force: bool = False,
-                        ready_timeout_s: float = 600.0, drain_timeout_s: float = 120.0) -> ApplyResult:
+async def guarded_apply(
+    fleet: Fleet,
+    name: str,
+    new_spec: EngineSpec,
+    *,
+    store: AuditStore | None = None,
+    gate: Gate | None = None,
+    actor: str = "llmconsole",
+    kind: str = "apply",
+    automatic: bool = False,
+    detail: dict[str, Any] | None = None,
+    force: bool = False,
+    ready_timeout_s: float = 600.0,
+    drain_timeout_s: float = 120.0,
+) -> ApplyResult:
     """Restart `name` on `new_spec` with a way back. See the module docstring."""
     began = time.monotonic()
     sup = fleet.get(name)
@@ -145,8 +175,9 @@ async def guarded_apply(fleet: Fleet, name: str, new_spec: EngineSpec, *, store:
             why = _exit_reason(store, name, new_spec.config_id) if isinstance(e, _MovedAway) else None
             if why:
                 reason = f"config {new_spec.config_id} did not start: {why}"
-            log.warning("apply of %s to %s failed (%s); going back to %s", new_spec.config_id, name, reason,
-                        before.config_id)
+            log.warning(
+                "apply of %s to %s failed (%s); going back to %s", new_spec.config_id, name, reason, before.config_id
+            )
             try:
                 restored = await _restore(fleet, sup, name, before, new_spec, ready_timeout_s)
             except Exception as restore_error:
@@ -183,8 +214,10 @@ async def _wait_ready(sup: EngineSupervisor, config_id: str, timeout_s: float) -
     deadline = time.monotonic() + timeout_s
     while True:
         if sup.spec.config_id != config_id:
-            raise _MovedAway(f"engine {sup.name} was moved to config {sup.spec.config_id} meanwhile "
-                              f"({sup.last_error or 'an automatic rollback'})")
+            raise _MovedAway(
+                f"engine {sup.name} was moved to config {sup.spec.config_id} meanwhile "
+                f"({sup.last_error or 'an automatic rollback'})"
+            )
         if sup.state == EngineState.READY:
             return
         if sup.state in (EngineState.FAILED, EngineState.CRASHED, EngineState.STOPPED):
@@ -207,11 +240,12 @@ async def _smoke(sup: EngineSupervisor) -> None:
                 raise _StepFailed(f"smoke request answered {r.status}: {(await r.text())[:200]}")
 
 
-async def _restore(fleet: Fleet, sup: EngineSupervisor, name: str, before: EngineSpec, failed: EngineSpec, timeout_s: float) -> str:
+async def _restore(
+    fleet: Fleet, sup: EngineSupervisor, name: str, before: EngineSpec, failed: EngineSpec, timeout_s: float
+) -> str:
     """Put the engine back on `before` (or wait for the fleet's own rollback that already did)."""
     grace_end = time.monotonic() + _AUTO_ROLLBACK_GRACE_S
-    while sup.spec.config_id == failed.config_id and sup.state == EngineState.FAILED \
-            and time.monotonic() < grace_end:
+    while sup.spec.config_id == failed.config_id and sup.state == EngineState.FAILED and time.monotonic() < grace_end:
         await asyncio.sleep(_POLL_S)
     if sup.spec.config_id == failed.config_id:
         await fleet.restart(name, before, force=True)

@@ -25,7 +25,7 @@ _LEVELS = (Mode.PERFORMANCE, Mode.BALANCED, Mode.AGGRESSIVE)
 class PolicySettings:
     balanced_above: float = 0.60
     aggressive_above: float = 0.80
-    hysteresis: float = 0.05            # relax only this far (a fraction of total) below a threshold
+    hysteresis: float = 0.05  # relax only this far (a fraction of total) below a threshold
     min_switch_interval_s: float = 120.0  # a switch costs a restart: at most one per interval
 
     def __post_init__(self) -> None:
@@ -95,8 +95,9 @@ def wanted_mode(used_fraction: float, current: Mode, settings: PolicySettings = 
     return current
 
 
-def step(state: PolicyState, used_fraction: float, now_s: float,
-         settings: PolicySettings = PolicySettings()) -> tuple[PolicyState, Decision | None]:
+def step(
+    state: PolicyState, used_fraction: float, now_s: float, settings: PolicySettings = PolicySettings()
+) -> tuple[PolicyState, Decision | None]:
     """One sample: the next state and the switch to make now, if any."""
     want = wanted_mode(used_fraction, state.mode, settings)
     if want == state.mode:
@@ -106,8 +107,9 @@ def step(state: PolicyState, used_fraction: float, now_s: float,
     return PolicyState(want, now_s), Decision(now_s, used_fraction, state.mode, want)
 
 
-def replay(samples: Iterable[tuple[float, float]], start: Mode = Mode.PERFORMANCE,
-           settings: PolicySettings = PolicySettings()) -> list[Decision]:
+def replay(
+    samples: Iterable[tuple[float, float]], start: Mode = Mode.PERFORMANCE, settings: PolicySettings = PolicySettings()
+) -> list[Decision]:
     """Every switch the policy makes over (time_s, used_fraction) samples."""
     state, out = PolicyState(start), []
     for at_s, fraction in samples:
@@ -120,8 +122,11 @@ def replay(samples: Iterable[tuple[float, float]], start: Mode = Mode.PERFORMANC
 def used_fraction(host: HostSample) -> float | None:
     """Memory in use on the device engines fill: the fullest GPU, else host memory (a CPU host).
     None when nothing is known."""
-    gpus = [g.memory_used_bytes / g.memory_total_bytes for g in host.gpus
-            if g.memory_used_bytes is not None and g.memory_total_bytes]
+    gpus = [
+        g.memory_used_bytes / g.memory_total_bytes
+        for g in host.gpus
+        if g.memory_used_bytes is not None and g.memory_total_bytes
+    ]
     if gpus:
         return max(gpus)
     used, total = host.memory_used_bytes, host.memory_total_bytes

@@ -56,8 +56,14 @@ def tco_per_gpu_usd(device: DeviceProfile, inputs: CostInputs) -> float:
     return hardware + energy_kwh * inputs.electricity_usd_per_kwh + inputs.ops_usd_per_gpu_year * inputs.years
 
 
-def estimate_cost(device: DeviceProfile, num_gpus: int, replica_requests_s: float, target_qps: float,
-                  tokens_per_request: int, inputs: CostInputs) -> CostEstimate:
+def estimate_cost(
+    device: DeviceProfile,
+    num_gpus: int,
+    replica_requests_s: float,
+    target_qps: float,
+    tokens_per_request: int,
+    inputs: CostInputs,
+) -> CostEstimate:
     replicas = max(1, math.ceil(target_qps / replica_requests_s)) if replica_requests_s > 0 else 0
     per_gpu = tco_per_gpu_usd(device, inputs)
     tco = per_gpu * num_gpus * replicas
@@ -65,7 +71,12 @@ def estimate_cost(device: DeviceProfile, num_gpus: int, replica_requests_s: floa
     tokens_s = target_qps * tokens_per_request
     per_million = tco / seconds / tokens_s * 1e6 if tokens_s > 0 else None
     return CostEstimate(
-        num_gpus=num_gpus, replicas=replicas, hardware_usd=(device.price_usd or 0) * num_gpus * replicas,
-        tco_usd=tco, years=inputs.years, target_qps=target_qps, replica_requests_s=replica_requests_s,
+        num_gpus=num_gpus,
+        replicas=replicas,
+        hardware_usd=(device.price_usd or 0) * num_gpus * replicas,
+        tco_usd=tco,
+        years=inputs.years,
+        target_qps=target_qps,
+        replica_requests_s=replica_requests_s,
         usd_per_million_tokens=per_million,
     )

@@ -55,7 +55,9 @@ class DeviceProfile:
 
 @lru_cache(maxsize=1)
 def _data() -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(resources.files("llmconsole.engine.plan").joinpath("data/devices.json").read_text())
+    data: dict[str, Any] = json.loads(
+        resources.files("llmconsole.engine.plan").joinpath("data/devices.json").read_text()
+    )
     return data
 
 
@@ -78,11 +80,17 @@ def gpu_profile(name: str) -> DeviceProfile:
         raise ValueError(f"unknown device {name!r}; known: {', '.join(device_names())}")
     d = devices[key]
     return DeviceProfile(
-        name=key, kind="cuda", memory_bytes=int(d["memory_bytes"]), fp16_flop_s=float(d["fp16_flop_s"]),
+        name=key,
+        kind="cuda",
+        memory_bytes=int(d["memory_bytes"]),
+        fp16_flop_s=float(d["fp16_flop_s"]),
         bf16_flop_s=None if d["bf16_flop_s"] is None else float(d["bf16_flop_s"]),
-        memory_bandwidth_bytes_s=float(d["memory_bandwidth_bytes_s"]), interconnect=d["interconnect"],
-        interconnect_bytes_s=float(d["interconnect_bytes_s"]), price_usd=d.get("price_usd"),
-        power_w=d.get("power_w"), source="datasheet (llmconsole/engine/plan/data/devices.json)",
+        memory_bandwidth_bytes_s=float(d["memory_bandwidth_bytes_s"]),
+        interconnect=d["interconnect"],
+        interconnect_bytes_s=float(d["interconnect_bytes_s"]),
+        price_usd=d.get("price_usd"),
+        power_w=d.get("power_w"),
+        source="datasheet (llmconsole/engine/plan/data/devices.json)",
     )
 
 
@@ -126,18 +134,33 @@ def cpu_profile(measure_bandwidth: bool = False) -> DeviceProfile:
     bandwidth = measured or _CPU_ASSUMED_BANDWIDTH_BYTES_S
     peak = cores * hz * _CPU_FLOP_PER_CYCLE
     return DeviceProfile(
-        name=CPU_DEVICE, kind="cpu", memory_bytes=psutil.virtual_memory().total, fp16_flop_s=peak,
-        bf16_flop_s=peak, memory_bandwidth_bytes_s=bandwidth, interconnect="none (one host)",
-        interconnect_bytes_s=None, price_usd=None, power_w=None,
-        step_overhead_s=CPU_STEP_OVERHEAD_S, seq_overhead_s=CPU_SEQ_OVERHEAD_S,
+        name=CPU_DEVICE,
+        kind="cpu",
+        memory_bytes=psutil.virtual_memory().total,
+        fp16_flop_s=peak,
+        bf16_flop_s=peak,
+        memory_bandwidth_bytes_s=bandwidth,
+        interconnect="none (one host)",
+        interconnect_bytes_s=None,
+        price_usd=None,
+        power_w=None,
+        step_overhead_s=CPU_STEP_OVERHEAD_S,
+        seq_overhead_s=CPU_SEQ_OVERHEAD_S,
         source=f"this host: {cores} cores at {hz / 1e9:.1f} GHz (psutil), bandwidth "
-               + ("measured" if measured else "assumed (pass --measure-bandwidth to measure)"),
+        + ("measured" if measured else "assumed (pass --measure-bandwidth to measure)"),
     )
 
 
 # NVML names (e.g. "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3") to profiles, most specific first.
-_NVML_NAMES = ((r"\bH200\b", "H200-141GB"), (r"\bH100\b", "H100-80GB"), (r"\bA100\b", "80GB", "A100-80GB"),
-               (r"\bA100\b", "A100-40GB"), (r"\bA10G?\b", "A10G"), (r"\bL4\b", "L4"), (r"\bV100", "V100S-32GB"))
+_NVML_NAMES = (
+    (r"\bH200\b", "H200-141GB"),
+    (r"\bH100\b", "H100-80GB"),
+    (r"\bA100\b", "80GB", "A100-80GB"),
+    (r"\bA100\b", "A100-40GB"),
+    (r"\bA10G?\b", "A10G"),
+    (r"\bL4\b", "L4"),
+    (r"\bV100", "V100S-32GB"),
+)
 
 
 def profile_for_gpu_name(nvml_name: str) -> str | None:
@@ -154,5 +177,6 @@ def profile(name: str, measure_bandwidth: bool = False) -> DeviceProfile:
 
 
 def with_price(p: DeviceProfile, price_usd: float | None = None, power_w: float | None = None) -> DeviceProfile:
-    return replace(p, price_usd=p.price_usd if price_usd is None else price_usd,
-                   power_w=p.power_w if power_w is None else power_w)
+    return replace(
+        p, price_usd=p.price_usd if price_usd is None else price_usd, power_w=p.power_w if power_w is None else power_w
+    )

@@ -47,8 +47,15 @@ class KvLayout:
         return cdiv(max_model_len, self.block_size)
 
 
-def layout_for(shape: ModelShape, *, device: str, block_size: int | None = None, kv_cache_dtype: str = "auto",
-               dtype: str = "auto", tensor_parallel_size: int = 1) -> KvLayout:
+def layout_for(
+    shape: ModelShape,
+    *,
+    device: str,
+    block_size: int | None = None,
+    kv_cache_dtype: str = "auto",
+    dtype: str = "auto",
+    tensor_parallel_size: int = 1,
+) -> KvLayout:
     default = CPU_BLOCK_SIZE if device == "cpu" else CUDA_BLOCK_SIZE
     kv_bytes = shape.kv_bytes_per_token(shape.kv_dtype_bytes(kv_cache_dtype, dtype), tensor_parallel_size)
     return KvLayout(block_size=block_size or default, kv_bytes_per_token=kv_bytes)
@@ -74,8 +81,9 @@ class KvCapacity:
         return asdict(self)
 
 
-def kv_capacity(layout: KvLayout, kv_cache_bytes: int, max_model_len: int,
-                num_blocks_override: int | None = None) -> KvCapacity:
+def kv_capacity(
+    layout: KvLayout, kv_cache_bytes: int, max_model_len: int, num_blocks_override: int | None = None
+) -> KvCapacity:
     bpb = layout.bytes_per_block
     if num_blocks_override is not None:
         num_blocks = num_blocks_override
@@ -119,16 +127,24 @@ def blocks_for(layout: KvLayout, max_model_len: int, concurrency: int = 1) -> in
 RUNTIME_RESERVE_BYTES = 1_500_000_000
 
 
-def activation_bytes(shape: ModelShape, max_num_batched_tokens: int, max_num_seqs: int,
-                     dtype_bytes: int = 2, tensor_parallel_size: int = 1) -> int:
+def activation_bytes(
+    shape: ModelShape,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    dtype_bytes: int = 2,
+    tensor_parallel_size: int = 1,
+) -> int:
     """Peak activation memory of vLLM's profiling forward pass (an estimate).
 
     The profile runs `max_num_batched_tokens` tokens at once: the widest live tensors are the
     MLP's gate and up projections, the residual stream and the QKV output; the sampler holds
     float32 logits for each running sequence.
     """
-    per_token = (2 * shape.intermediate_size // tensor_parallel_size + 4 * shape.hidden_size
-                 + (shape.num_attention_heads + 2 * shape.num_kv_heads) * shape.head_dim // tensor_parallel_size)
+    per_token = (
+        2 * shape.intermediate_size // tensor_parallel_size
+        + 4 * shape.hidden_size
+        + (shape.num_attention_heads + 2 * shape.num_kv_heads) * shape.head_dim // tensor_parallel_size
+    )
     logits = max_num_seqs * shape.vocab_size * 4
     return max_num_batched_tokens * per_token * dtype_bytes + logits
 
@@ -144,7 +160,12 @@ class GpuBudget:
     @property
     def kv_bytes(self) -> int:
         """total x utilization - weights - activations - runtime reserve, per rank."""
-        return int(self.total_bytes * self.utilization) - self.weight_bytes - self.activation_bytes - self.runtime_reserve_bytes
+        return (
+            int(self.total_bytes * self.utilization)
+            - self.weight_bytes
+            - self.activation_bytes
+            - self.runtime_reserve_bytes
+        )
 
     @property
     def kv_bytes_upper_bound(self) -> int:

@@ -16,9 +16,14 @@ from typing import Any
 
 # Bytes per element of the dtypes vLLM runs weights and KV caches in.
 DTYPE_BYTES = {
-    "float32": 4, "float": 4,
-    "float16": 2, "half": 2, "bfloat16": 2,
-    "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
+    "float32": 4,
+    "float": 4,
+    "float16": 2,
+    "half": 2,
+    "bfloat16": 2,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
 }
 
 
@@ -70,8 +75,12 @@ class ModelShape:
     def param_count(self) -> int:
         """Every resident parameter: embeddings, attention, all experts' MLPs, norms."""
         router = self.hidden_size * self.num_experts if self.num_experts > 1 else 0
-        per_layer = (self.attention_params_per_layer + self.num_experts * self.mlp_params_per_expert
-                     + router + 2 * self.hidden_size)
+        per_layer = (
+            self.attention_params_per_layer
+            + self.num_experts * self.mlp_params_per_expert
+            + router
+            + 2 * self.hidden_size
+        )
         return self.embedding_params + self.num_layers * per_layer + self.hidden_size
 
     @property
@@ -124,8 +133,17 @@ def _first(cfg: dict[str, Any], *keys: str) -> Any:
 
 # The keys vLLM reads a model's length limit from; it takes the smallest present, except that
 # Cohere's model_max_length wins outright (vllm/transformers_utils/model_arch_config_convertor.py).
-_MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
-                 "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
+_MAX_LEN_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "model_max_length",
+    "max_target_positions",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
 
 
 def _default_max_model_len(c: dict[str, Any]) -> int | None:
@@ -143,8 +161,11 @@ def shape_from_config(cfg: dict[str, Any]) -> ModelShape:
     layers = _first(c, "num_hidden_layers", "n_layer", "num_layers")
     hidden = _first(c, "hidden_size", "n_embd", "d_model")
     heads = _first(c, "num_attention_heads", "n_head")
-    missing = [n for n, v in (("num_hidden_layers", layers), ("hidden_size", hidden),
-                              ("num_attention_heads", heads)) if v is None]
+    missing = [
+        n
+        for n, v in (("num_hidden_layers", layers), ("hidden_size", hidden), ("num_attention_heads", heads))
+        if v is None
+    ]
     if missing:
         raise ModelShapeError(f"config.json lacks {', '.join(missing)}")
     kv_heads = _first(c, "num_key_value_heads", "num_kv_heads", "n_head_kv") or heads
@@ -205,6 +226,7 @@ def local_config_dir(model: str) -> Path | None:
     if ref.is_file():
         snap = repo / "snapshots" / ref.read_text().strip()
         return snap if (snap / "config.json").is_file() else None
-    snaps = sorted((d for d in (repo / "snapshots").glob("*") if (d / "config.json").is_file()),
-                   key=lambda d: d.stat().st_mtime)
+    snaps = sorted(
+        (d for d in (repo / "snapshots").glob("*") if (d / "config.json").is_file()), key=lambda d: d.stat().st_mtime
+    )
     return snaps[-1] if snaps else None

@@ -99,8 +99,9 @@ class Plan:
         }
 
 
-def _kv_pool(spec: EngineSpec, shape: ModelShape, device: DeviceProfile, weights: int, layout: KvLayout) -> tuple[
-        int | None, bool, GpuBudget | None]:
+def _kv_pool(
+    spec: EngineSpec, shape: ModelShape, device: DeviceProfile, weights: int, layout: KvLayout
+) -> tuple[int | None, bool, GpuBudget | None]:
     """(KV bytes per rank, whether that figure is exact, the estimated budget behind it)."""
     if spec.num_gpu_blocks_override is not None:
         return spec.num_gpu_blocks_override * layout.bytes_per_block, True, None
@@ -112,14 +113,21 @@ def _kv_pool(spec: EngineSpec, shape: ModelShape, device: DeviceProfile, weights
         budget = GpuBudget(device.memory_bytes, util, weights, 0, CPU_RUNTIME_RESERVE_BYTES)
     else:
         batched = spec.max_num_batched_tokens or max(8192, spec.max_model_len or 0)
-        act = activation_bytes(shape, batched, spec.max_num_seqs or 256, shape.dtype_bytes(spec.dtype),
-                               spec.tensor_parallel_size)
+        act = activation_bytes(
+            shape, batched, spec.max_num_seqs or 256, shape.dtype_bytes(spec.dtype), spec.tensor_parallel_size
+        )
         budget = GpuBudget(device.memory_bytes, util, weights, act, RUNTIME_RESERVE_BYTES)
     return max(0, budget.kv_bytes), False, budget
 
 
-def make_plan(spec: EngineSpec, device: DeviceProfile, workload: Workload, *, topology: Topology | None = None,
-              cost_inputs: CostInputs | None = None) -> Plan:
+def make_plan(
+    spec: EngineSpec,
+    device: DeviceProfile,
+    workload: Workload,
+    *,
+    topology: Topology | None = None,
+    cost_inputs: CostInputs | None = None,
+) -> Plan:
     notes: list[str] = []
     tp = spec.tensor_parallel_size
     shape = None
@@ -130,23 +138,51 @@ def make_plan(spec: EngineSpec, device: DeviceProfile, workload: Workload, *, to
         except ModelShapeError as e:
             notes.append(f"model shape unknown: {e}")
     else:
-        notes.append(f"{spec.model}: no local config.json (nor in the Hugging Face cache), so no arithmetic; "
-                     "recommendations only")
+        notes.append(
+            f"{spec.model}: no local config.json (nor in the Hugging Face cache), so no arithmetic; "
+            "recommendations only"
+        )
 
-    findings = [f for f in (check_batch_without_target(spec, workload), check_pcie_tensor_parallel(spec, topology))
-                if f]
+    findings = [
+        f for f in (check_batch_without_target(spec, workload), check_pcie_tensor_parallel(spec, topology)) if f
+    ]
     if shape is None:
         recs = recommend(workload, device_bf16=device.supports_bf16)
-        return Plan(spec.model, device, tp, workload, None, None, None, None, None, None, None, False, None, (),
-                    None, None, tuple(recs), tuple(findings), tuple(notes))
+        return Plan(
+            spec.model,
+            device,
+            tp,
+            workload,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            False,
+            None,
+            (),
+            None,
+            None,
+            tuple(recs),
+            tuple(findings),
+            tuple(notes),
+        )
 
     dtype = spec.dtype
     model_dtype = shape.config_dtype if dtype == "auto" else {"half": "float16", "float": "float32"}.get(dtype, dtype)
     if model_dtype in ("bfloat16",) and not device.supports_bf16:
         notes.append(f"{device.name} cannot run bfloat16: vLLM will run this model in float16")
         model_dtype = "float16"
-    layout = layout_for(shape, device=device.kind, block_size=spec.block_size, kv_cache_dtype=spec.kv_cache_dtype,
-                        dtype=dtype, tensor_parallel_size=tp)
+    layout = layout_for(
+        shape,
+        device=device.kind,
+        block_size=spec.block_size,
+        kv_cache_dtype=spec.kv_cache_dtype,
+        dtype=dtype,
+        tensor_parallel_size=tp,
+    )
     weights = shape.weight_bytes(dtype) // (tp * spec.pipeline_parallel_size)
     swap = psutil.swap_memory().total if device.kind == "cpu" else 0  # as the daemon's check counts it
     verdict = validate(spec, HostMemory(device.kind, device.memory_bytes, swap), shape)
@@ -156,9 +192,16 @@ def make_plan(spec: EngineSpec, device: DeviceProfile, workload: Workload, *, to
     # GPU block sizes depend on the attention backend vLLM picks: exact only when given.
     kv_exact = kv_exact and (device.kind == "cpu" or spec.block_size is not None)
 
-    step = StepModel(device, shape, tp, shape.dtype_bytes(dtype), layout.kv_bytes_per_token,
-                     "bfloat16" if model_dtype == "bfloat16" else "float16",
-                     step_overhead_s=device.step_overhead_s, seq_overhead_s=device.seq_overhead_s)
+    step = StepModel(
+        device,
+        shape,
+        tp,
+        shape.dtype_bytes(dtype),
+        layout.kv_bytes_per_token,
+        "bfloat16" if model_dtype == "bfloat16" else "float16",
+        step_overhead_s=device.step_overhead_s,
+        seq_overhead_s=device.seq_overhead_s,
+    )
     per_request_kv = layout.kv_bytes_per_token * (workload.prompt_tokens + workload.output_tokens)
     batches = tuple(b for b in _BATCHES if not kv_bytes or b * per_request_kv <= kv_bytes) or (1,)
     if kv_bytes and len(batches) < len(_BATCHES):
@@ -177,11 +220,35 @@ def make_plan(spec: EngineSpec, device: DeviceProfile, workload: Workload, *, to
         target = workload.qps if workload.qps is not None else chosen.requests_s
         if workload.qps is None:
             notes.append("cost at one replica's full load (give --workload qps=N for a target)")
-        cost = estimate_cost(device, tp * spec.pipeline_parallel_size, chosen.requests_s, target,
-                             workload.prompt_tokens + workload.output_tokens, inputs)
+        cost = estimate_cost(
+            device,
+            tp * spec.pipeline_parallel_size,
+            chosen.requests_s,
+            target,
+            workload.prompt_tokens + workload.output_tokens,
+            inputs,
+        )
     elif device.kind == "cpu":
         notes.append("no cost estimate for the CPU host: give --price-usd and --power-w")
 
-    return Plan(spec.model, device, tp, workload, shape, weights, layout.kv_bytes_per_token, layout.block_size,
-                layout.bytes_per_block, verdict, capacity, kv_exact, budget, points, chosen, cost, tuple(recs),
-                tuple(findings), tuple(notes))
+    return Plan(
+        spec.model,
+        device,
+        tp,
+        workload,
+        shape,
+        weights,
+        layout.kv_bytes_per_token,
+        layout.block_size,
+        layout.bytes_per_block,
+        verdict,
+        capacity,
+        kv_exact,
+        budget,
+        points,
+        chosen,
+        cost,
+        tuple(recs),
+        tuple(findings),
+        tuple(notes),
+    )

@@ -45,8 +45,13 @@ def parse_workload(text: str | None) -> Workload:
     """`prompt=300,output=128,goal=throughput,p99=2.5,qps=4` (any subset, any order)."""
     if not text:
         return Workload()
-    keys = {"prompt": ("prompt_tokens", int), "output": ("output_tokens", int), "goal": ("goal", str),
-            "p99": ("p99_target_s", float), "qps": ("qps", float)}
+    keys = {
+        "prompt": ("prompt_tokens", int),
+        "output": ("output_tokens", int),
+        "goal": ("goal", str),
+        "p99": ("p99_target_s", float),
+        "qps": ("qps", float),
+    }
     fields: dict[str, Any] = {}
     for part in text.split(","):
         key, sep, value = part.strip().partition("=")
@@ -96,8 +101,9 @@ def prompt_preset(prompt_tokens: int) -> tuple[str, tuple[int, int]]:
 GOAL_BATCH = {"real-time": (4, 8), "throughput": (12, 16)}
 
 
-def recommend(w: Workload, *, model_dtype: str = "bfloat16", device_bf16: bool = True,
-              kv_capacity: KvCapacity | None = None) -> list[Recommendation]:
+def recommend(
+    w: Workload, *, model_dtype: str = "bfloat16", device_bf16: bool = True, kv_capacity: KvCapacity | None = None
+) -> list[Recommendation]:
     preset, batch = prompt_preset(w.prompt_tokens)
     out: list[Recommendation] = []
     batch_rule = {
@@ -117,21 +123,49 @@ def recommend(w: Workload, *, model_dtype: str = "bfloat16", device_bf16: bool =
 
     sixteen_bit = "float16" if model_dtype in ("float16", "float32") or not device_bf16 else "bfloat16"
     if preset == "short":
-        out.append(Recommendation("kv_cache_dtype", "auto", batch_rule if w.goal is None else
-                                  f"prompts under {SHORT_PROMPT_TOKENS} tokens: full-precision KV",
-                                  "KV is small next to the weights here; keep the model's precision"))
+        out.append(
+            Recommendation(
+                "kv_cache_dtype",
+                "auto",
+                batch_rule if w.goal is None else f"prompts under {SHORT_PROMPT_TOKENS} tokens: full-precision KV",
+                "KV is small next to the weights here; keep the model's precision",
+            )
+        )
     elif preset == "medium":
-        out.append(Recommendation("kv_cache_dtype", sixteen_bit,
-                                  f"prompts of {SHORT_PROMPT_TOKENS}-{LONG_PROMPT_TOKENS} tokens: fp16 KV",
-                                  "16-bit KV, no fp8: accuracy holds and the pool still carries the batch"))
-        out.append(Recommendation("p99_watch", True, f"prompts of {SHORT_PROMPT_TOKENS}-{LONG_PROMPT_TOKENS} "
-                                  "tokens: watch p99", "long prefills stall decodes; alert on p99 TTFT and ITL"))
+        out.append(
+            Recommendation(
+                "kv_cache_dtype",
+                sixteen_bit,
+                f"prompts of {SHORT_PROMPT_TOKENS}-{LONG_PROMPT_TOKENS} tokens: fp16 KV",
+                "16-bit KV, no fp8: accuracy holds and the pool still carries the batch",
+            )
+        )
+        out.append(
+            Recommendation(
+                "p99_watch",
+                True,
+                f"prompts of {SHORT_PROMPT_TOKENS}-{LONG_PROMPT_TOKENS} tokens: watch p99",
+                "long prefills stall decodes; alert on p99 TTFT and ITL",
+            )
+        )
     else:
-        out.append(Recommendation("enable_chunked_prefill", True, f"prompts over {LONG_PROMPT_TOKENS} tokens: "
-                                  "chunked prefill", "long prompts are split so decodes keep flowing between chunks"))
+        out.append(
+            Recommendation(
+                "enable_chunked_prefill",
+                True,
+                f"prompts over {LONG_PROMPT_TOKENS} tokens: chunked prefill",
+                "long prompts are split so decodes keep flowing between chunks",
+            )
+        )
     if not device_bf16 and model_dtype == "bfloat16":
-        out.append(Recommendation("dtype", "float16", "V100-class parts cannot run bfloat16",
-                                  "the checkpoint is bfloat16; vLLM casts it to float16 here"))
+        out.append(
+            Recommendation(
+                "dtype",
+                "float16",
+                "V100-class parts cannot run bfloat16",
+                "the checkpoint is bfloat16; vLLM casts it to float16 here",
+            )
+        )
     return out
 
 
@@ -141,15 +175,16 @@ def check_batch_without_target(spec: EngineSpec, w: Workload) -> Finding | None:
     return Finding(
         check="batch raised without a latency target",
         problem=f"max_num_seqs is {spec.max_num_seqs} and no p99 target is set: throughput rises while "
-                "every request waits longer, and nothing says when to stop",
+        "every request waits longer, and nothing says when to stop",
         fix=f"cap max_num_seqs at {BATCH_CAP_WITHOUT_TARGET} (a hard cap), or set a p99 target "
-            "(--workload p99=S) and let the window find the batch",
+        "(--workload p99=S) and let the window find the batch",
         suggested={"max_num_seqs": BATCH_CAP_WITHOUT_TARGET},
     )
 
 
-def check_static_kv_on_short_prompts(spec: EngineSpec, w: Workload, layout: KvLayout,
-                                     capacity: KvCapacity | None) -> Finding | None:
+def check_static_kv_on_short_prompts(
+    spec: EngineSpec, w: Workload, layout: KvLayout, capacity: KvCapacity | None
+) -> Finding | None:
     static = spec.kv_cache_memory_bytes is not None or spec.gpu_memory_utilization is not None
     if not static or capacity is None or w.prompt_tokens >= SHORT_PROMPT_TOKENS:
         return None
@@ -161,10 +196,10 @@ def check_static_kv_on_short_prompts(spec: EngineSpec, w: Workload, layout: KvLa
     return Finding(
         check="static KV share on a short-prompt workload",
         problem=f"a fixed KV pool of {capacity.kv_cache_bytes:,} bytes, but {seqs} requests of "
-                f"{w.prompt_tokens + w.output_tokens} tokens use at most {needed:,}: "
-                f"{capacity.kv_cache_bytes - needed:,} bytes sit idle",
+        f"{w.prompt_tokens + w.output_tokens} tokens use at most {needed:,}: "
+        f"{capacity.kv_cache_bytes - needed:,} bytes sit idle",
         fix=f"size KV to the workload: --kv-cache-memory-bytes {sized:,} (twice the batch's need) and give "
-            "the rest to a larger batch or another engine",
+        "the rest to a larger batch or another engine",
         suggested={"kv_cache_memory_bytes": sized, "gpu_memory_utilization": None},
     )
 
@@ -184,8 +219,10 @@ def check_pcie_tensor_parallel(spec: EngineSpec, topology: Topology | None) -> F
         fix = f"place the engine on NVLink-joined GPUs {visible}: env CUDA_VISIBLE_DEVICES={visible}"
         suggested: dict[str, Any] = {"env": {"CUDA_VISIBLE_DEVICES": visible}}
     else:
-        fix = ("no NVLink-joined group of that size here: use fewer, larger GPUs (one that holds the model "
-               "needs no all-reduce), or pipeline parallelism, which sends far less between GPUs")
+        fix = (
+            "no NVLink-joined group of that size here: use fewer, larger GPUs (one that holds the model "
+            "needs no all-reduce), or pipeline parallelism, which sends far less between GPUs"
+        )
         suggested = {"tensor_parallel_size": 1}
     return Finding(
         check="GPUs joined only by PCIe",

@@ -23,9 +23,15 @@ from llmconsole.engine.plan.model_shape import ModelShape, shape_from_config
 
 # Llama-2-7B's config (meta-llama/Llama-2-7b-hf), so the check needs no download.
 LLAMA2_7B_CONFIG = {
-    "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 11008,
-    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
-    "vocab_size": 32000, "max_position_embeddings": 4096, "tie_word_embeddings": False,
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 32,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
     "torch_dtype": "float16",
 }
 
@@ -45,8 +51,9 @@ class Efficiency:
 
 def _linear_params(shape: ModelShape) -> int:
     """Parameters of the decoder layers' matrices (what Vidur's non-attention profile times)."""
-    return shape.num_layers * (shape.attention_params_per_layer
-                               + shape.num_experts_per_token * shape.mlp_params_per_expert)
+    return shape.num_layers * (
+        shape.attention_params_per_layer + shape.num_experts_per_token * shape.mlp_params_per_expert
+    )
 
 
 def fit_efficiencies(device: DeviceProfile, shape: ModelShape | None = None) -> Efficiency:
@@ -63,8 +70,9 @@ def fit_efficiencies(device: DeviceProfile, shape: ModelShape | None = None) -> 
 FITTED = Efficiency(memory=0.683, compute=0.644)
 
 
-def non_attention_step_s(device: DeviceProfile, shape: ModelShape, num_tokens: int,
-                         eff: Efficiency = FITTED, dtype_bytes: int = 2) -> float:
+def non_attention_step_s(
+    device: DeviceProfile, shape: ModelShape, num_tokens: int, eff: Efficiency = FITTED, dtype_bytes: int = 2
+) -> float:
     """Vidur's quantity: the decoder layers' matrix work for one step of `num_tokens` tokens."""
     params = _linear_params(shape)
     memory_s = params * dtype_bytes / (device.memory_bandwidth_bytes_s * eff.memory)
@@ -115,15 +123,19 @@ class StepModel:
 
     def prefill_s(self, prompt_tokens: int) -> float:
         """One request's prompt in one step (causal attention: on average half the prompt)."""
-        flops = (2 * self.shape.active_params_per_token / self.tensor_parallel_size * prompt_tokens
-                 + self._attn_flops_per_token(prompt_tokens / 2) * prompt_tokens)
+        flops = (
+            2 * self.shape.active_params_per_token / self.tensor_parallel_size * prompt_tokens
+            + self._attn_flops_per_token(prompt_tokens / 2) * prompt_tokens
+        )
         bytes_moved = self._weights_read_bytes + prompt_tokens * self.kv_bytes_per_token
         return self._time_s(bytes_moved, flops, prompt_tokens)
 
     def decode_step_s(self, batch: int, context_tokens: float) -> float:
         """One decode step for `batch` requests, each attending to `context_tokens` of KV."""
-        flops = batch * (2 * self.shape.active_params_per_token / self.tensor_parallel_size
-                         + self._attn_flops_per_token(context_tokens))
+        flops = batch * (
+            2 * self.shape.active_params_per_token / self.tensor_parallel_size
+            + self._attn_flops_per_token(context_tokens)
+        )
         bytes_moved = self._weights_read_bytes + batch * context_tokens * self.kv_bytes_per_token
         return self._time_s(bytes_moved, flops, batch, batch)
 
@@ -151,11 +163,16 @@ def operating_point(model: StepModel, batch: int, prompt_tokens: int, output_tok
     cycle = output_tokens * step + batch * prefill  # time for `batch` requests to pass through
     itl = cycle / output_tokens
     return OperatingPoint(
-        batch=batch, ttft_s=prefill, itl_s=itl, e2e_s=prefill + output_tokens * itl,
-        output_tok_s=batch * output_tokens / cycle, requests_s=batch / cycle,
+        batch=batch,
+        ttft_s=prefill,
+        itl_s=itl,
+        e2e_s=prefill + output_tokens * itl,
+        output_tok_s=batch * output_tokens / cycle,
+        requests_s=batch / cycle,
     )
 
 
-def curve(model: StepModel, prompt_tokens: int, output_tokens: int,
-          batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)) -> list[OperatingPoint]:
+def curve(
+    model: StepModel, prompt_tokens: int, output_tokens: int, batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+) -> list[OperatingPoint]:
     return [operating_point(model, b, prompt_tokens, output_tokens) for b in batches]

@@ -62,8 +62,10 @@ class Topology:
 
 def topology_from_json(data: dict[str, Any], source: str = "recorded") -> Topology:
     names = tuple(g["name"] for g in sorted(data["gpus"], key=lambda g: g["index"]))
-    links = tuple(GpuLink(int(link["a"]), int(link["b"]), bool(link["nvlink"]), str(link.get("path", "N/A")))
-                  for link in data["links"])
+    links = tuple(
+        GpuLink(int(link["a"]), int(link["b"]), bool(link["nvlink"]), str(link.get("path", "N/A")))
+        for link in data["links"]
+    )
     return Topology(names, links, data.get("source", source))
 
 

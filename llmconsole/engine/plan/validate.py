@@ -56,7 +56,7 @@ class Verdict:
             out.append("or: " + _fmt_fields(alt))
         out.extend(self.notes)
         if not self.ok:
-            out.append("start anyway with --force (the API's \"force\": true)")
+            out.append('start anyway with --force (the API\'s "force": true)')
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -66,8 +66,9 @@ class Verdict:
 
 
 def _fmt_fields(fields: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v:,}" if isinstance(v, int) and not isinstance(v, bool) else f"{k}={v}"
-                     for k, v in fields.items())
+    return ", ".join(
+        f"{k}={v:,}" if isinstance(v, int) and not isinstance(v, bool) else f"{k}={v}" for k, v in fields.items()
+    )
 
 
 class ConfigDoesNotFit(ValueError):
@@ -83,9 +84,9 @@ class Neighbour:
     """An engine running on the same host, as the fit check counts it."""
 
     name: str
-    kv_bytes: int | None   # its KV cache size, where explicit
+    kv_bytes: int | None  # its KV cache size, where explicit
     rss_bytes: int | None  # its processes' resident memory now
-    kv_allocated: bool     # once ready, vLLM has allocated (and zeroed) its KV cache: the RSS holds it
+    kv_allocated: bool  # once ready, vLLM has allocated (and zeroed) its KV cache: the RSS holds it
 
     @property
     def footprint_bytes(self) -> int:
@@ -158,25 +159,40 @@ def explicit_kv_bytes(spec: EngineSpec, device: str) -> tuple[int | None, str]:
     return spec.kv_cache_memory_bytes, "--kv-cache-memory-bytes"
 
 
-def validate(spec: EngineSpec, mem: HostMemory | None = None, shape: ModelShape | None = None,
-             beside: Sequence[Neighbour] = ()) -> Verdict:
+def validate(
+    spec: EngineSpec, mem: HostMemory | None = None, shape: ModelShape | None = None, beside: Sequence[Neighbour] = ()
+) -> Verdict:
     """Check `spec` against vLLM's KV rules and the device's memory, beside the engines already
     running on a CPU host (`beside`); never raises for a misfit."""
     mem = mem or host_memory(spec)
     if shape is None:
         config_dir = local_config_dir(spec.model)
         if config_dir is None:
-            return Verdict(True, False, False, mem.device, "not checked",
-                           notes=(f"{spec.model} has no local config.json (a hub name not in the Hugging Face "
-                                  "cache?): the fit is not checked",))
+            return Verdict(
+                True,
+                False,
+                False,
+                mem.device,
+                "not checked",
+                notes=(
+                    f"{spec.model} has no local config.json (a hub name not in the Hugging Face "
+                    "cache?): the fit is not checked",
+                ),
+            )
         try:
             shape = read_shape(config_dir)
         except ModelShapeError as e:
             return Verdict(True, False, False, mem.device, "not checked", notes=(f"model shape unknown: {e}",))
 
     tp = spec.tensor_parallel_size
-    layout = layout_for(shape, device=mem.device, block_size=spec.block_size, kv_cache_dtype=spec.kv_cache_dtype,
-                        dtype=spec.dtype, tensor_parallel_size=tp)
+    layout = layout_for(
+        shape,
+        device=mem.device,
+        block_size=spec.block_size,
+        kv_cache_dtype=spec.kv_cache_dtype,
+        dtype=spec.dtype,
+        tensor_parallel_size=tp,
+    )
     weights = shape.weight_bytes(spec.dtype) // (tp * spec.pipeline_parallel_size)
     max_len = spec.max_model_len or shape.default_max_model_len
     notes = list(mem.notes)
@@ -200,25 +216,44 @@ def validate(spec: EngineSpec, mem: HostMemory | None = None, shape: ModelShape 
         cap = kv_capacity(layout, kv_bytes or 0, max_len, override)
         exact = mem.device == "cpu" or spec.block_size is not None
         fits = cap.fits if exact else _fits_any_block_size(layout, cap.kv_cache_bytes, max_len)
-        if mem.device == "cpu" and kv_bytes is not None and mem.total_bytes is not None \
-                and kv_bytes + weights > mem.total_bytes + mem.swap_bytes:
-            return Verdict(False, True, True, mem.device,
-                           f"{kv_source} ({kv_bytes:,}) plus the weights ({weights:,}) exceed this host's "
-                           f"memory and swap ({mem.total_bytes + mem.swap_bytes:,} bytes)",
-                           needed_bytes=kv_bytes + weights, available_bytes=mem.total_bytes + mem.swap_bytes,
-                           nearest=_largest_kv_that_fits(layout, mem.total_bytes + mem.swap_bytes - weights, max_len),
-                           notes=tuple(notes), capacity=cap)
+        if (
+            mem.device == "cpu"
+            and kv_bytes is not None
+            and mem.total_bytes is not None
+            and kv_bytes + weights > mem.total_bytes + mem.swap_bytes
+        ):
+            return Verdict(
+                False,
+                True,
+                True,
+                mem.device,
+                f"{kv_source} ({kv_bytes:,}) plus the weights ({weights:,}) exceed this host's "
+                f"memory and swap ({mem.total_bytes + mem.swap_bytes:,} bytes)",
+                needed_bytes=kv_bytes + weights,
+                available_bytes=mem.total_bytes + mem.swap_bytes,
+                nearest=_largest_kv_that_fits(layout, mem.total_bytes + mem.swap_bytes - weights, max_len),
+                notes=tuple(notes),
+                capacity=cap,
+            )
         if mem.device == "cpu" and kv_bytes is not None and mem.total_bytes is not None and beside:
             crowded = _beside_refusal(layout, cap, kv_bytes, kv_source, weights, mem.total_bytes, beside, notes)
             if crowded is not None:
                 return crowded
         if fits:
-            return Verdict(True, True, exact, mem.device,
-                           f"fits: {cap.tokens:,} KV tokens, {cap.max_concurrency:.2f} requests of {max_len:,} tokens",
-                           needed_bytes=cap.needed_bytes, available_bytes=cap.kv_cache_bytes,
-                           notes=tuple(notes), capacity=cap)
-        return _kv_refusal(spec, layout, cap, kv_source if override is None else "--num-gpu-blocks-override",
-                           mem.device, exact, notes)
+            return Verdict(
+                True,
+                True,
+                exact,
+                mem.device,
+                f"fits: {cap.tokens:,} KV tokens, {cap.max_concurrency:.2f} requests of {max_len:,} tokens",
+                needed_bytes=cap.needed_bytes,
+                available_bytes=cap.kv_cache_bytes,
+                notes=tuple(notes),
+                capacity=cap,
+            )
+        return _kv_refusal(
+            spec, layout, cap, kv_source if override is None else "--num-gpu-blocks-override", mem.device, exact, notes
+        )
 
     # 3. No explicit size: vLLM sizes KV at start-up. Use the most favourable bound.
     if mem.total_bytes is None:
@@ -226,25 +261,51 @@ def validate(spec: EngineSpec, mem: HostMemory | None = None, shape: ModelShape 
     util = spec.gpu_memory_utilization or _DEFAULT_UTILIZATION
     upper = int(mem.total_bytes * util) - weights  # activations and the runtime counted as free
     needed = layout.kv_bytes_per_token * max_len
-    notes.append("KV is sized by vLLM at start-up; checked against an upper bound "
-                 f"(memory x {util} - weights, activations counted as free)")
+    notes.append(
+        "KV is sized by vLLM at start-up; checked against an upper bound "
+        f"(memory x {util} - weights, activations counted as free)"
+    )
     if needed <= upper:
-        return Verdict(True, True, False, mem.device, "fits (upper bound)", needed_bytes=needed,
-                       available_bytes=upper, notes=tuple(notes))
+        return Verdict(
+            True,
+            True,
+            False,
+            mem.device,
+            "fits (upper bound)",
+            needed_bytes=needed,
+            available_bytes=upper,
+            notes=tuple(notes),
+        )
     fit_len = max(0, upper // layout.kv_bytes_per_token)
     nearest = {"max_model_len": fit_len} if fit_len >= _MIN_MODEL_LEN else None
     alts: tuple[dict[str, Any], ...] = ()
     if util < 0.95 and needed <= int(mem.total_bytes * 0.95) - weights:
         alts = ({"gpu_memory_utilization": 0.95},)
-    return Verdict(False, True, False, mem.device,
-                   f"one request of max_model_len {max_len:,} needs {needed:,} bytes of KV; at most {upper:,} "
-                   f"can be left after the weights ({weights:,} bytes)",
-                   needed_bytes=needed, available_bytes=upper, nearest=nearest or (alts[0] if alts else None),
-                   alternatives=alts if nearest else (), notes=tuple(notes))
+    return Verdict(
+        False,
+        True,
+        False,
+        mem.device,
+        f"one request of max_model_len {max_len:,} needs {needed:,} bytes of KV; at most {upper:,} "
+        f"can be left after the weights ({weights:,} bytes)",
+        needed_bytes=needed,
+        available_bytes=upper,
+        nearest=nearest or (alts[0] if alts else None),
+        alternatives=alts if nearest else (),
+        notes=tuple(notes),
+    )
 
 
-def _beside_refusal(layout: KvLayout, cap: KvCapacity, kv_bytes: int, kv_source: str, weights: int,
-                    total_bytes: int, beside: Sequence[Neighbour], notes: list[str]) -> Verdict | None:
+def _beside_refusal(
+    layout: KvLayout,
+    cap: KvCapacity,
+    kv_bytes: int,
+    kv_source: str,
+    weights: int,
+    total_bytes: int,
+    beside: Sequence[Neighbour],
+    notes: list[str],
+) -> Verdict | None:
     """The refusal of a KV size that fits the host alone but not beside the engines running on it
     (vLLM compares it with the memory available then, swap not counted), or None."""
     taken = sum(n.footprint_bytes for n in beside)
@@ -253,14 +314,27 @@ def _beside_refusal(layout: KvLayout, cap: KvCapacity, kv_bytes: int, kv_source:
     if needed <= room:
         return None
     engines = "; ".join(n.describe() for n in beside)
-    reason = (f"{kv_source} ({kv_bytes:,}) plus the weights ({weights:,}) need {needed:,} bytes, and beside the "
-              f"engines running here ({engines}) this host's {total_bytes:,} bytes of memory leave "
-              f"{max(room, 0):,}")
-    return Verdict(False, True, True, "cpu", reason, needed_bytes=needed, available_bytes=max(room, 0),
-                   nearest=_largest_kv_that_fits(layout, room - weights, cap.max_model_len),
-                   notes=(*notes, "running engines counted: " + engines,
-                          "stop one of them, or give this engine a smaller KV size"),
-                   capacity=cap)
+    reason = (
+        f"{kv_source} ({kv_bytes:,}) plus the weights ({weights:,}) need {needed:,} bytes, and beside the "
+        f"engines running here ({engines}) this host's {total_bytes:,} bytes of memory leave "
+        f"{max(room, 0):,}"
+    )
+    return Verdict(
+        False,
+        True,
+        True,
+        "cpu",
+        reason,
+        needed_bytes=needed,
+        available_bytes=max(room, 0),
+        nearest=_largest_kv_that_fits(layout, room - weights, cap.max_model_len),
+        notes=(
+            *notes,
+            "running engines counted: " + engines,
+            "stop one of them, or give this engine a smaller KV size",
+        ),
+        capacity=cap,
+    )
 
 
 def _largest_kv_that_fits(layout: KvLayout, room_bytes: int, max_len: int) -> dict[str, Any] | None:
@@ -275,8 +349,9 @@ def _fits_any_block_size(layout: KvLayout, pool_bytes: int, max_len: int) -> boo
     return pool_bytes >= layout.kv_bytes_per_token * max_len
 
 
-def _kv_refusal(spec: EngineSpec, layout: KvLayout, cap: KvCapacity, source: str, device: str, exact: bool,
-                notes: list[str]) -> Verdict:
+def _kv_refusal(
+    spec: EngineSpec, layout: KvLayout, cap: KvCapacity, source: str, device: str, exact: bool, notes: list[str]
+) -> Verdict:
     max_len = cap.max_model_len
     by_bytes = {"kv_cache_memory_bytes": kv_bytes_for(layout, max_len, 1)}
     by_blocks = {"num_gpu_blocks_override": blocks_for(layout, max_len, 1)}
@@ -285,11 +360,24 @@ def _kv_refusal(spec: EngineSpec, layout: KvLayout, cap: KvCapacity, source: str
         nearest, others = by_blocks, [by_len]
     else:
         nearest, others = by_bytes, [by_len]
-    reason = (f"{source}: {cap.num_blocks:,} blocks of {layout.block_size} tokens ({cap.kv_cache_bytes:,} bytes) "
-              f"cannot hold one request of max_model_len {max_len:,}, which needs {cap.blocks_per_request:,} "
-              f"blocks plus the null block ({cap.needed_bytes:,} bytes)")
-    return Verdict(False, True, exact, device, reason, needed_bytes=cap.needed_bytes, available_bytes=cap.kv_cache_bytes, nearest=nearest,
-                   alternatives=tuple(o for o in others if o), notes=tuple(notes), capacity=cap)
+    reason = (
+        f"{source}: {cap.num_blocks:,} blocks of {layout.block_size} tokens ({cap.kv_cache_bytes:,} bytes) "
+        f"cannot hold one request of max_model_len {max_len:,}, which needs {cap.blocks_per_request:,} "
+        f"blocks plus the null block ({cap.needed_bytes:,} bytes)"
+    )
+    return Verdict(
+        False,
+        True,
+        exact,
+        device,
+        reason,
+        needed_bytes=cap.needed_bytes,
+        available_bytes=cap.kv_cache_bytes,
+        nearest=nearest,
+        alternatives=tuple(o for o in others if o),
+        notes=tuple(notes),
+        capacity=cap,
+    )
 
 
 def _weights_refusal(spec: EngineSpec, shape: ModelShape, mem: HostMemory, weights: int, room: int) -> Verdict:
@@ -298,18 +386,30 @@ def _weights_refusal(spec: EngineSpec, shape: ModelShape, mem: HostMemory, weigh
         total = shape.weight_bytes(spec.dtype) // spec.pipeline_parallel_size
         util = spec.gpu_memory_utilization or _DEFAULT_UTILIZATION
         for tp in (2, 4, 8):
-            if tp > spec.tensor_parallel_size and shape.num_attention_heads % tp == 0 \
-                    and total // tp < int(mem.total_bytes * util):
+            if (
+                tp > spec.tensor_parallel_size
+                and shape.num_attention_heads % tp == 0
+                and total // tp < int(mem.total_bytes * util)
+            ):
                 nearest = {"tensor_parallel_size": tp}
                 break
     where = "the GPU's memory x utilization" if mem.device == "cuda" else "this host's memory and swap"
-    return Verdict(False, True, True, mem.device,
-                   f"the weights ({weights:,} bytes per rank) exceed {where} ({room:,} bytes)",
-                   needed_bytes=weights, available_bytes=room, nearest=nearest, notes=mem.notes)
+    return Verdict(
+        False,
+        True,
+        True,
+        mem.device,
+        f"the weights ({weights:,} bytes per rank) exceed {where} ({room:,} bytes)",
+        needed_bytes=weights,
+        available_bytes=room,
+        nearest=nearest,
+        notes=mem.notes,
+    )
 
 
-def enforce(spec: EngineSpec, force: bool = False, mem: HostMemory | None = None,
-            beside: Sequence[Neighbour] = ()) -> Verdict | None:
+def enforce(
+    spec: EngineSpec, force: bool = False, mem: HostMemory | None = None, beside: Sequence[Neighbour] = ()
+) -> Verdict | None:
     """Refuse (ConfigDoesNotFit) a config that cannot fit, unless `force`. Returns the verdict."""
     if force:
         return None

@@ -31,12 +31,27 @@ class LoadLevel:
 
     def workload(self, plan: SweepPlan, seed: int) -> Workload:
         if self.kind == "concurrency":
-            return Workload.closed(int(self.value), plan.num_requests, plan.input_len, plan.output_len,
-                                   warmup_requests=plan.warmup_requests, max_duration_s=plan.max_run_s,
-                                   seed=seed, ignore_eos=plan.ignore_eos)
-        return Workload.open(self.value, plan.num_requests, plan.input_len, plan.output_len,
-                             burstiness=plan.burstiness, warmup_requests=plan.warmup_requests,
-                             max_duration_s=plan.max_run_s, seed=seed, ignore_eos=plan.ignore_eos)
+            return Workload.closed(
+                int(self.value),
+                plan.num_requests,
+                plan.input_len,
+                plan.output_len,
+                warmup_requests=plan.warmup_requests,
+                max_duration_s=plan.max_run_s,
+                seed=seed,
+                ignore_eos=plan.ignore_eos,
+            )
+        return Workload.open(
+            self.value,
+            plan.num_requests,
+            plan.input_len,
+            plan.output_len,
+            burstiness=plan.burstiness,
+            warmup_requests=plan.warmup_requests,
+            max_duration_s=plan.max_run_s,
+            seed=seed,
+            ignore_eos=plan.ignore_eos,
+        )
 
 
 def parse_grid(items: list[str], fields: set[str]) -> dict[str, tuple[Any, ...]]:
@@ -51,8 +66,10 @@ def parse_grid(items: list[str], fields: set[str]) -> dict[str, tuple[Any, ...]]
         if not sep or not values.strip():
             raise ValueError(f"grid item {item!r} is not FIELD=V1,V2,...")
         if key not in fields:
-            raise ValueError(f"grid field {key!r} is not an engine spec field "
-                             f"(e.g. max_num_seqs, max_model_len, max_num_batched_tokens, kv_cache_memory_bytes)")
+            raise ValueError(
+                f"grid field {key!r} is not an engine spec field "
+                f"(e.g. max_num_seqs, max_model_len, max_num_batched_tokens, kv_cache_memory_bytes)"
+            )
         if key in grid:
             raise ValueError(f"grid field {key!r} is given twice")
         grid[key] = tuple(_scalar(v.strip()) for v in values.split(",") if v.strip())
@@ -82,7 +99,9 @@ def parse_loads(items: list[str]) -> tuple[LoadLevel, ...]:
             except ValueError:
                 raise ValueError(f"load {item!r}: {v!r} is not a number") from None
             if not x > 0 or (kind == "concurrency" and x != int(x)):
-                raise ValueError(f"load {item!r}: {v!r} must be a positive {'whole ' if kind == 'concurrency' else ''}number")
+                raise ValueError(
+                    f"load {item!r}: {v!r} must be a positive {'whole ' if kind == 'concurrency' else ''}number"
+                )
             levels.append(LoadLevel(kind, x))  # type: ignore[arg-type]
     if not levels:
         raise ValueError("give at least one load level, e.g. concurrency=4,16")
@@ -104,11 +123,11 @@ class SweepPlan:
     burstiness: float = 1.0
     warmup_requests: int = 2
     ignore_eos: bool = True
-    max_run_s: float | None = 300.0      # one load run's time bound
-    max_error_rate: float = 0.05         # stop rule: more failed requests than this
-    saturation_gain: float = 0.05        # stop rule: throughput rose less than this (relative) ...
+    max_run_s: float | None = 300.0  # one load run's time bound
+    max_error_rate: float = 0.05  # stop rule: more failed requests than this
+    saturation_gain: float = 0.05  # stop rule: throughput rose less than this (relative) ...
     saturation_latency_rise: float = 0.20  # ... while p99 rose more than this
-    spread_limit: float = 0.15           # flag a point whose repeats spread more than this
+    spread_limit: float = 0.15  # flag a point whose repeats spread more than this
     knee_threshold: float = 2.5
     knee_units: KneeUnits = "relative"
     # The load goes to the engine's own port (a config's own figures) unless asked to pass the
@@ -133,26 +152,36 @@ class SweepPlan:
         return len(self.server_points()) * len(self.loads)
 
     def describe(self) -> dict[str, Any]:
-        return {"engine": self.engine, "grid": {k: list(v) for k, v in self.grid.items()},
-                "loads": [lv.label for lv in self.loads], "slo": self.slo.as_dict(), "repeats": self.repeats,
-                "num_requests": self.num_requests, "input_len": self.input_len.describe(),
-                "output_len": self.output_len.describe(), "warmup_requests": self.warmup_requests,
-                "ignore_eos": self.ignore_eos,
-                "max_error_rate": self.max_error_rate, "saturation_gain": self.saturation_gain,
-                "saturation_latency_rise": self.saturation_latency_rise, "spread_limit": self.spread_limit,
-                "knee_threshold": self.knee_threshold, "knee_units": self.knee_units,
-                "through_gateway": self.through_gateway}
+        return {
+            "engine": self.engine,
+            "grid": {k: list(v) for k, v in self.grid.items()},
+            "loads": [lv.label for lv in self.loads],
+            "slo": self.slo.as_dict(),
+            "repeats": self.repeats,
+            "num_requests": self.num_requests,
+            "input_len": self.input_len.describe(),
+            "output_len": self.output_len.describe(),
+            "warmup_requests": self.warmup_requests,
+            "ignore_eos": self.ignore_eos,
+            "max_error_rate": self.max_error_rate,
+            "saturation_gain": self.saturation_gain,
+            "saturation_latency_rise": self.saturation_latency_rise,
+            "spread_limit": self.spread_limit,
+            "knee_threshold": self.knee_threshold,
+            "knee_units": self.knee_units,
+            "through_gateway": self.through_gateway,
+        }
 
 
 @dataclass(frozen=True)
 class PointResult:
     """One (server params, load) point: medians over its repeats, or why it has none."""
 
-    index: int                         # 1-based, in plan order
+    index: int  # 1-based, in plan order
     server: dict[str, Any]
     load: LoadLevel
-    status: str                        # ok | slo_missed | failed | skipped
-    reason: str | None = None          # why failed / skipped / which SLO targets were missed
+    status: str  # ok | slo_missed | failed | skipped
+    reason: str | None = None  # why failed / skipped / which SLO targets were missed
     config_id: str | None = None
     repeats: int = 0
     throughput_req_s: float | None = None
@@ -161,7 +190,7 @@ class PointResult:
     slo_attainment: float | None = None
     error_rate: float | None = None
     latency_ms: dict[str, float | None] = field(default_factory=dict)  # p50_ttft, p99_e2e, ...
-    spread: dict[str, float | None] = field(default_factory=dict)      # (max - min) / median
+    spread: dict[str, float | None] = field(default_factory=dict)  # (max - min) / median
     flags: tuple[str, ...] = ()
     peak_kv_usage: float | None = None
     preemptions: int | None = None
@@ -209,22 +238,36 @@ class PointResult:
 class SweepProgress:
     """One step of a running sweep, for a progress line or view. Named as what happened."""
 
-    event: str                 # engine_restarting | point_started | point_finished | point_skipped | restored | finished
-    index: int                 # 1-based point index (0 before the first)
+    event: str  # engine_restarting | point_started | point_finished | point_skipped | restored | finished
+    index: int  # 1-based point index (0 before the first)
     total: int
     params: dict[str, Any]
     elapsed_s: float
-    eta_s: float | None        # None until a point has been measured
+    eta_s: float | None  # None until a point has been measured
     message: str = ""
     result: PointResult | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"event": self.event, "index": self.index, "total": self.total, "params": self.params,
-                "elapsed_s": self.elapsed_s, "eta_s": self.eta_s, "message": self.message,
-                "result": None if self.result is None else self.result.to_json()}
+        return {
+            "event": self.event,
+            "index": self.index,
+            "total": self.total,
+            "params": self.params,
+            "elapsed_s": self.elapsed_s,
+            "eta_s": self.eta_s,
+            "message": self.message,
+            "result": None if self.result is None else self.result.to_json(),
+        }
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> SweepProgress:
-        return cls(d["event"], int(d["index"]), int(d["total"]), dict(d["params"]), float(d["elapsed_s"]),
-                   d.get("eta_s"), d.get("message", ""),
-                   None if d.get("result") is None else PointResult.from_json(d["result"]))
+        return cls(
+            d["event"],
+            int(d["index"]),
+            int(d["total"]),
+            dict(d["params"]),
+            float(d["elapsed_s"]),
+            d.get("eta_s"),
+            d.get("message", ""),
+            None if d.get("result") is None else PointResult.from_json(d["result"]),
+        )

@@ -23,7 +23,7 @@ from llmconsole.engine.metrics.page import MetricsParseError, parse_metrics
 @dataclass(frozen=True)
 class ResourceSample:
     memory_bytes: int | None
-    memory_source: str                 # "host RSS of the engine's processes", "GPU memory (NVML)"
+    memory_source: str  # "host RSS of the engine's processes", "GPU memory (NVML)"
     compute_util: float | None = None  # 0..1
     bandwidth_util: float | None = None
     util_na_reason: str | None = None  # why the utilizations are None
@@ -39,26 +39,33 @@ def resource_sample(engine: dict[str, Any], host: dict[str, Any]) -> ResourceSam
         used = [g["memory_used_bytes"] for g in gpus if g.get("memory_used_bytes") is not None]
         comp = [g["utilization_gpu_pct"] for g in gpus if g.get("utilization_gpu_pct") is not None]
         bw = [g["utilization_memory_pct"] for g in gpus if g.get("utilization_memory_pct") is not None]
-        return ResourceSample(sum(used) if used else None, "GPU memory in use (NVML, all GPUs)",
-                              sum(comp) / len(comp) / 100 if comp else None,
-                              sum(bw) / len(bw) / 100 if bw else None,
-                              None if comp else "NVML gave no utilization rates",
-                              None if used else "NVML gave no memory figures")
+        return ResourceSample(
+            sum(used) if used else None,
+            "GPU memory in use (NVML, all GPUs)",
+            sum(comp) / len(comp) / 100 if comp else None,
+            sum(bw) / len(bw) / 100 if bw else None,
+            None if comp else "NVML gave no utilization rates",
+            None if used else "NVML gave no memory figures",
+        )
     proc = engine.get("process") or {}
     why = host.get("nvml_error") or "no NVIDIA GPU"
-    return ResourceSample(proc.get("rss_bytes"), "host RSS of the engine's processes", None, None,
-                          f"CPU engine: NVML reports compute and memory-bandwidth utilization only for "
-                          f"GPUs ({why})", None if proc.get("rss_bytes") is not None else
-                          "the daemon has no process sample for the engine")
+    return ResourceSample(
+        proc.get("rss_bytes"),
+        "host RSS of the engine's processes",
+        None,
+        None,
+        f"CPU engine: NVML reports compute and memory-bandwidth utilization only for GPUs ({why})",
+        None if proc.get("rss_bytes") is not None else "the daemon has no process sample for the engine",
+    )
 
 
 @dataclass(frozen=True)
 class ProbeFigures:
     peak_kv_usage: float | None
     preemptions: int | None
-    memory_bytes: int | None            # the peak seen during the run
+    memory_bytes: int | None  # the peak seen during the run
     memory_source: str | None
-    compute_util: float | None          # the mean over the run
+    compute_util: float | None  # the mean over the run
     bandwidth_util: float | None
     util_na_reason: str | None
     memory_na_reason: str | None
@@ -67,8 +74,13 @@ class ProbeFigures:
 class RunProbe:
     """Samples /metrics and resources until stopped; `figures()` sums them up for one run."""
 
-    def __init__(self, url: str, resources: Callable[[], Awaitable[ResourceSample]] | None,
-                 metrics_period_s: float = 0.5, resources_period_s: float = 1.0):
+    def __init__(
+        self,
+        url: str,
+        resources: Callable[[], Awaitable[ResourceSample]] | None,
+        metrics_period_s: float = 0.5,
+        resources_period_s: float = 1.0,
+    ):
         self.url = url.rstrip("/") + "/metrics"
         self.resources = resources
         self.metrics_period_s = metrics_period_s

@@ -33,9 +33,9 @@ class EngineTarget:
 
     url: str
     served_model_name: str
-    model: str                 # the model directory or hub name: its tokenizer builds the prompts
+    model: str  # the model directory or hub name: its tokenizer builds the prompts
     config_id: str
-    spec: dict[str, Any]       # the public config (no secrets)
+    spec: dict[str, Any]  # the public config (no secrets)
 
 
 class EngineStartFailed(RuntimeError):
@@ -64,7 +64,7 @@ class SweepResult:
     plan: SweepPlan
     points: tuple[PointResult, ...]
     original: EngineTarget
-    status: str                        # done | failed | cancelled
+    status: str  # done | failed | cancelled
     started_at_s: float
     finished_at_s: float
     restored: bool
@@ -94,8 +94,15 @@ def _latencies(s: LoadSummary) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for k in _LAT_KEYS:
         st = s.latency(k)
-        out.update({f"mean_{k}": st.mean_ms, f"p50_{k}": st.median_ms, f"p90_{k}": st.p90_ms,
-                    f"p99_{k}": st.p99_ms, f"p100_{k}": st.max_ms})
+        out.update(
+            {
+                f"mean_{k}": st.mean_ms,
+                f"p50_{k}": st.median_ms,
+                f"p90_{k}": st.p90_ms,
+                f"p99_{k}": st.p99_ms,
+                f"p100_{k}": st.max_ms,
+            }
+        )
     return out
 
 
@@ -110,8 +117,15 @@ def slo_misses(slo: Slo, latency_ms: dict[str, float | None]) -> list[str]:
     return out
 
 
-def aggregate(plan: SweepPlan, index: int, server: dict[str, Any], load: LoadLevel, config_id: str | None,
-              runs: list[tuple[LoadSummary, ProbeFigures]], note: str | None = None) -> PointResult:
+def aggregate(
+    plan: SweepPlan,
+    index: int,
+    server: dict[str, Any],
+    load: LoadLevel,
+    config_id: str | None,
+    runs: list[tuple[LoadSummary, ProbeFigures]],
+    note: str | None = None,
+) -> PointResult:
     """Medians over the repeats of one point, its spread and flags, and its status by the rules."""
     sums = [s for s, _ in runs]
     probes = [p for _, p in runs]
@@ -119,8 +133,11 @@ def aggregate(plan: SweepPlan, index: int, server: dict[str, Any], load: LoadLev
     latency = {k: _median([r[k] for r in lat_runs]) for k in lat_runs[0]}
     thr = [s.request_throughput_req_s for s in sums]
     spread = {"throughput_req_s": _spread(thr), "p99_e2e_ms": _spread([r["p99_e2e"] for r in lat_runs])}
-    flags = [f"wide spread: {k} varies {v:.0%} between repeats (limit {plan.spread_limit:.0%})"
-             for k, v in spread.items() if v is not None and v > plan.spread_limit]
+    flags = [
+        f"wide spread: {k} varies {v:.0%} between repeats (limit {plan.spread_limit:.0%})"
+        for k, v in spread.items()
+        if v is not None and v > plan.spread_limit
+    ]
     if note:
         flags.append(note)
     errors: dict[str, int] = {}
@@ -137,12 +154,21 @@ def aggregate(plan: SweepPlan, index: int, server: dict[str, Any], load: LoadLev
         status, reason = "slo_missed", "; ".join(misses)
     util_reason = next((p.util_na_reason for p in probes if p.util_na_reason), None)
     return PointResult(
-        index=index, server=server, load=load, status=status, reason=reason, config_id=config_id,
-        repeats=len(runs), throughput_req_s=_median(thr),
+        index=index,
+        server=server,
+        load=load,
+        status=status,
+        reason=reason,
+        config_id=config_id,
+        repeats=len(runs),
+        throughput_req_s=_median(thr),
         throughput_tok_s=_median([s.output_throughput_tok_s for s in sums]),
         goodput_req_s=_median([s.goodput_req_s for s in sums]),
-        slo_attainment=_median([s.slo_attainment for s in sums]), error_rate=error_rate,
-        latency_ms=latency, spread=spread, flags=tuple(flags),
+        slo_attainment=_median([s.slo_attainment for s in sums]),
+        error_rate=error_rate,
+        latency_ms=latency,
+        spread=spread,
+        flags=tuple(flags),
         peak_kv_usage=max((p.peak_kv_usage for p in probes if p.peak_kv_usage is not None), default=None),
         preemptions=_int(_median([p.preemptions for p in probes])),
         memory_bytes=_int(_median([p.memory_bytes for p in probes])),
@@ -179,33 +205,44 @@ def saturation(plan: SweepPlan, prev: PointResult, now: PointResult) -> str | No
 class SweepRunner:
     """Runs one plan. `stop` (set from a Ctrl-C handler) ends it early; the engine is restored."""
 
-    def __init__(self, plan: SweepPlan, controller: EngineController, *, on_progress: ProgressFn | None = None,
-                 stop: asyncio.Event | None = None, store: AuditStore | None = None, api_key: str | None = None):
+    def __init__(
+        self,
+        plan: SweepPlan,
+        controller: EngineController,
+        *,
+        on_progress: ProgressFn | None = None,
+        stop: asyncio.Event | None = None,
+        store: AuditStore | None = None,
+        api_key: str | None = None,
+    ):
         self.plan = plan
         self.ctl = controller
         self.on_progress = on_progress or (lambda ev: None)
         self.stop = stop or asyncio.Event()
-        self.store = store            # where the sweep and its points are recorded, if anywhere
+        self.store = store  # where the sweep and its points are recorded, if anywhere
         self.api_key = api_key
         self.points: list[PointResult] = []
         self._t0 = time.monotonic()
         self._measured_s: list[float] = []
         self._sweep_id: int | None = None
 
-    def _emit(self, event: str, index: int, params: dict[str, Any], message: str = "",
-              result: PointResult | None = None) -> None:
+    def _emit(
+        self, event: str, index: int, params: dict[str, Any], message: str = "", result: PointResult | None = None
+    ) -> None:
         total = self.plan.total_points
         eta = None
         done = len(self.points)
         if self._measured_s and done:
             eta = (time.monotonic() - self._t0) / done * (total - done)
-        self.on_progress(SweepProgress(event, index, total, dict(params), time.monotonic() - self._t0, eta,
-                                       message, result))
+        self.on_progress(
+            SweepProgress(event, index, total, dict(params), time.monotonic() - self._t0, eta, message, result)
+        )
 
     def _finish_point(self, p: PointResult) -> None:
         self.points.append(p)
-        self._emit("point_skipped" if p.status == "skipped" else "point_finished", p.index, p.params,
-                   p.reason or p.status, p)
+        self._emit(
+            "point_skipped" if p.status == "skipped" else "point_finished", p.index, p.params, p.reason or p.status, p
+        )
 
     async def run(self) -> SweepResult:
         started = time.time()
@@ -222,8 +259,12 @@ class SweepRunner:
                     self._skip_all(first, server, "interrupted")
                     continue
                 if any(current.spec.get(k) != v for k, v in server.items()):
-                    self._emit("engine_restarting", first, server, "restarting the engine on " +
-                               ", ".join(f"{k}={v}" for k, v in server.items()))
+                    self._emit(
+                        "engine_restarting",
+                        first,
+                        server,
+                        "restarting the engine on " + ", ".join(f"{k}={v}" for k, v in server.items()),
+                    )
                     try:
                         current = await self.ctl.apply(server)
                     except EngineStartFailed as e:
@@ -244,8 +285,18 @@ class SweepRunner:
         finally:
             restored, restore_error = await self._restore(original, current)
             self._close_store(status)
-            self.result = SweepResult(self.plan, tuple(self.points), original, status, started, time.time(),
-                                      restored, restore_error, error, self._sweep_id)
+            self.result = SweepResult(
+                self.plan,
+                tuple(self.points),
+                original,
+                status,
+                started,
+                time.time(),
+                restored,
+                restore_error,
+                error,
+                self._sweep_id,
+            )
         return self.result
 
     async def _restore(self, original: EngineTarget, current: EngineTarget) -> tuple[bool, str | None]:
@@ -293,8 +344,15 @@ class SweepRunner:
                 wl = lv.workload(self.plan, seed=r)
                 planned = await asyncio.to_thread(plan_requests, wl, tok)
                 async with RunProbe(target.url, self.ctl.resources) as probe:
-                    res = await run_load(url, target.served_model_name, wl, plan=planned, slo=self.plan.slo,
-                                         stop=self.stop, api_key=self.api_key)
+                    res = await run_load(
+                        url,
+                        target.served_model_name,
+                        wl,
+                        plan=planned,
+                        slo=self.plan.slo,
+                        stop=self.stop,
+                        api_key=self.api_key,
+                    )
                 if res.stopped_early == "interrupted":
                     note = f"interrupted after {r} of {self.plan.repeats} repeats"
                     break
@@ -323,9 +381,13 @@ class SweepRunner:
             return
         self.store.record_config(original.config_id, original.spec)
         grid = {k: list(v) for k, v in self.plan.grid.items()}
-        self._sweep_id = self.store.create_sweep(self.plan.engine, grid, {"levels": [lv.label for lv in self.plan.loads],
-                                                 **self.plan.describe()}, self.plan.slo.as_dict(),
-                                                 config_id=original.config_id)
+        self._sweep_id = self.store.create_sweep(
+            self.plan.engine,
+            grid,
+            {"levels": [lv.label for lv in self.plan.loads], **self.plan.describe()},
+            self.plan.slo.as_dict(),
+            config_id=original.config_id,
+        )
         self.store.set_sweep_status(self._sweep_id, "running")
 
     def _record_config(self, target: EngineTarget) -> None:
@@ -338,21 +400,37 @@ class SweepRunner:
             return
         flags = list(p.flags) + ([p.reason] if p.reason else [])
         figures: dict[str, float | int | None] = dict(
-            peak_kv_usage=p.peak_kv_usage, preemptions=p.preemptions, memory_bytes=p.memory_bytes,
-            compute_util=p.compute_util, bandwidth_util=p.bandwidth_util)
+            peak_kv_usage=p.peak_kv_usage,
+            preemptions=p.preemptions,
+            memory_bytes=p.memory_bytes,
+            compute_util=p.compute_util,
+            bandwidth_util=p.bandwidth_util,
+        )
         if not summaries:
-            self.store.add_sweep_point(self._sweep_id, p.params, repeat=0, status=p.status, flags=flags,
-                                       config_id=p.config_id, **figures)
+            self.store.add_sweep_point(
+                self._sweep_id, p.params, repeat=0, status=p.status, flags=flags, config_id=p.config_id, **figures
+            )
             return
         for r, s in enumerate(summaries):
             self.store.add_sweep_point(
-                self._sweep_id, p.params, repeat=r, throughput_req_s=s.request_throughput_req_s,
+                self._sweep_id,
+                p.params,
+                repeat=r,
+                throughput_req_s=s.request_throughput_req_s,
                 throughput_tok_s=s.output_throughput_tok_s,
-                p50_ttft_s=_seconds(s.ttft.median_ms), p99_ttft_s=_seconds(s.ttft.p99_ms),
-                p50_itl_s=_seconds(s.itl.median_ms), p99_itl_s=_seconds(s.itl.p99_ms),
-                p50_tpot_s=_seconds(s.tpot.median_ms), p99_tpot_s=_seconds(s.tpot.p99_ms),
-                p50_e2e_s=_seconds(s.e2e.median_ms), p99_e2e_s=_seconds(s.e2e.p99_ms),
-                status=p.status, flags=flags, config_id=p.config_id, **figures)
+                p50_ttft_s=_seconds(s.ttft.median_ms),
+                p99_ttft_s=_seconds(s.ttft.p99_ms),
+                p50_itl_s=_seconds(s.itl.median_ms),
+                p99_itl_s=_seconds(s.itl.p99_ms),
+                p50_tpot_s=_seconds(s.tpot.median_ms),
+                p99_tpot_s=_seconds(s.tpot.p99_ms),
+                p50_e2e_s=_seconds(s.e2e.median_ms),
+                p99_e2e_s=_seconds(s.e2e.p99_ms),
+                status=p.status,
+                flags=flags,
+                config_id=p.config_id,
+                **figures,
+            )
 
     def _close_store(self, status: str) -> None:
         if self.store is not None and self._sweep_id is not None:

@@ -50,13 +50,13 @@ class TradeoffPoint:
 class KneeStep:
     from_index: int
     to_index: int
-    ratio: float          # in the units of the pick; inf when latency did not rise
+    ratio: float  # in the units of the pick; inf when latency did not rise
     accepted: bool
 
 
 @dataclass(frozen=True)
 class KneePick:
-    index: int | None     # None: no measured point
+    index: int | None  # None: no measured point
     threshold: float
     units: KneeUnits
     steps: tuple[KneeStep, ...]

@@ -17,12 +17,12 @@ from llmconsole.engine.metrics.latency import Slo
 
 @dataclass(frozen=True)
 class GuardSettings:
-    watch_s: float = 600.0          # how long after an apply the engine is watched
-    window_s: float = 30.0          # a breach must last this long
+    watch_s: float = 600.0  # how long after an apply the engine is watched
+    window_s: float = 30.0  # a breach must last this long
     check_s: float = 2.0
-    min_attainment: float = 0.8     # share of requests within the SLO
+    min_attainment: float = 0.8  # share of requests within the SLO
     max_error_rate: float = 0.05
-    min_requests: int = 5           # fewer requests in a window say nothing
+    min_requests: int = 5  # fewer requests in a window say nothing
 
 
 @dataclass(frozen=True)
@@ -70,8 +70,10 @@ def breach(fig: WindowFigures, g: GuardSettings) -> str | None:
     if fig.error_rate > g.max_error_rate:
         return f"error rate {fig.error_rate:.0%} over {g.max_error_rate:.0%} ({fig.errors} of {fig.requests})"
     if fig.attainment < g.min_attainment:
-        return f"SLO met by {fig.attainment:.0%} of requests, under {g.min_attainment:.0%} ({fig.good} of " \
-               f"{fig.requests - fig.errors})"
+        return (
+            f"SLO met by {fig.attainment:.0%} of requests, under {g.min_attainment:.0%} ({fig.good} of "
+            f"{fig.requests - fig.errors})"
+        )
     return None
 
 
@@ -91,5 +93,7 @@ def applied_text(applied: dict[str, Any]) -> str:
     """What an applied tuned config did, from the daemon's answer to the apply."""
     if applied["to_config_id"] == applied["from_config_id"]:
         return f"applied: the engine already runs the winner (config {applied['to_config_id']}); nothing restarted"
-    return (f"applied: config {applied['to_config_id']} (was {applied['from_config_id']}); "
-            f"the daemon watches the SLO for {applied['watch_s']:.0f} s and rolls back if it degrades")
+    return (
+        f"applied: config {applied['to_config_id']} (was {applied['from_config_id']}); "
+        f"the daemon watches the SLO for {applied['watch_s']:.0f} s and rolls back if it degrades"
+    )

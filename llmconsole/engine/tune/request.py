@@ -24,9 +24,9 @@ class TuneRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     engine: str
-    workload: str                                   # one load level: concurrency=N or rate=R
-    slo: list[str] = Field(default_factory=list)    # goodput counts requests within it
-    budget: str                                     # trials (12) or minutes (30m)
+    workload: str  # one load level: concurrency=N or rate=R
+    slo: list[str] = Field(default_factory=list)  # goodput counts requests within it
+    budget: str  # trials (12) or minutes (30m)
     knobs: list[str] = Field(default_factory=list)  # FIELD[=LOW:HIGH|V1,V2]; none: batch size and token budget
     input_len: str = "64"
     output_len: str = "64"
@@ -66,27 +66,51 @@ class TuneRequest(BaseModel):
         if not slo:
             raise ValueError("give an SLO (e.g. p99_e2e_ms=2000): goodput is measured against it")
         lin, lout = LengthDist.parse(self.input_len), LengthDist.parse(self.output_len)
-        plan = SweepPlan(engine=self.engine, grid={}, loads=loads, slo=slo, repeats=1, num_requests=self.num_requests,
-                         input_len=lin, output_len=lout, warmup_requests=self.warmup, ignore_eos=self.ignore_eos,
-                         max_run_s=self.max_run_s)
+        plan = SweepPlan(
+            engine=self.engine,
+            grid={},
+            loads=loads,
+            slo=slo,
+            repeats=1,
+            num_requests=self.num_requests,
+            input_len=lin,
+            output_len=lout,
+            warmup_requests=self.warmup,
+            ignore_eos=self.ignore_eos,
+            max_run_s=self.max_run_s,
+        )
         knobs = tuple(parse_knob(k) for k in self.knobs) or default_knobs(facts.spec)
         if len({k.name for k in knobs}) != len(knobs):
             raise ValueError("each knob once")
         need = workload_len_tokens(longest(lin), longest(lout))
         closed = loads[0].kind == "concurrency"
-        space = derive_space(knobs, facts, input_len=longest(lin), output_len=longest(lout),
-                             concurrency=int(loads[0].value) if closed else None)
-        settings = TuneSettings(plan, clamp_to_workload(space.knobs, need), parse_budget(self.budget), seed=self.seed,
-                                eta=self.eta, top_k=self.top_k, repeats=self.repeats, start=space.start,
-                                search=self.search)
+        space = derive_space(
+            knobs,
+            facts,
+            input_len=longest(lin),
+            output_len=longest(lout),
+            concurrency=int(loads[0].value) if closed else None,
+        )
+        settings = TuneSettings(
+            plan,
+            clamp_to_workload(space.knobs, need),
+            parse_budget(self.budget),
+            seed=self.seed,
+            eta=self.eta,
+            top_k=self.top_k,
+            repeats=self.repeats,
+            start=space.start,
+            search=self.search,
+        )
         return settings, space
 
 
 def default_knobs(spec: dict[str, object]) -> tuple[Knob, ...]:
     """Batch size and token budget (the two knobs that move goodput most on any device), and the
     KV size when the engine runs with an explicit one; their ranges come from derive_space."""
-    names = ["max_num_seqs", "max_num_batched_tokens"] + (["kv_cache_memory_bytes"]
-                                                          if spec.get("kv_cache_memory_bytes") else [])
+    names = ["max_num_seqs", "max_num_batched_tokens"] + (
+        ["kv_cache_memory_bytes"] if spec.get("kv_cache_memory_bytes") else []
+    )
     return tuple(Knob(n) for n in names)
 
 

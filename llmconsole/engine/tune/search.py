@@ -38,7 +38,7 @@ _RANGE_POINTS = 10  # a range knob is walked on about this many log-spaced value
 # Configs within this share of the best count as tied with it: about one standard deviation of
 # the difference between two single runs at 8% noise each, the least a shared host shows.
 LEADER_TIE = 0.12
-RUNNERS_UP = 1      # configs after the best whose neighbours are checked before TPE
+RUNNERS_UP = 1  # configs after the best whose neighbours are checked before TPE
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def lattice(knob: Knob) -> tuple[Any, ...]:
     if hi - lo + 1 <= _RANGE_POINTS:
         return tuple(range(lo, hi + 1))
     ratio = (hi / lo) ** (1 / (_RANGE_POINTS - 1))
-    return tuple(sorted({lo, hi, *(int(round(lo * ratio ** i)) for i in range(1, _RANGE_POINTS - 1))}))
+    return tuple(sorted({lo, hi, *(int(round(lo * ratio**i)) for i in range(1, _RANGE_POINTS - 1))}))
 
 
 def snap(knob: Knob, value: Any) -> Any:
@@ -112,8 +112,13 @@ def _axis_order(knobs: Sequence[Knob]) -> list[Knob]:
     return main + [k for k in knobs if k not in main]
 
 
-def next_config(history: Sequence[Probe], knobs: Sequence[Knob], start: dict[str, Any],
-                main_only: bool = False, tie: float = LEADER_TIE) -> dict[str, Any] | None:
+def next_config(
+    history: Sequence[Probe],
+    knobs: Sequence[Knob],
+    start: dict[str, Any],
+    main_only: bool = False,
+    tie: float = LEADER_TIE,
+) -> dict[str, Any] | None:
     """The pattern search's next config, or None when every knob is settled at the best config
     (or every config was probed): the caller then asks TPE. Configs measured within `tie` of
     the best are tied with it (tie=0: the best alone leads)."""
@@ -153,7 +158,7 @@ def next_config(history: Sequence[Probe], knobs: Sequence[Knob], start: dict[str
             return cand
     # Settled around the best. One measurement misleads on a shared host, so the runner-up
     # (within reach of the best) gets the same neighbourhood check before TPE takes over.
-    for other in ranked[1:RUNNERS_UP + 1]:
+    for other in ranked[1 : RUNNERS_UP + 1]:
         for knob in axes:
             cand = _next_on_axis(knob, dict(other), seen, local=True, feasible=True)
             if cand is not None:
@@ -182,14 +187,19 @@ def _searched(history: Sequence[Probe], knob: Knob) -> bool:
     return any(len(line) >= 2 and line_next(line, len(values)) is None for line in lines.values())
 
 
-def _next_on_axis(knob: Knob, incumbent: dict[str, Any], seen: dict[str, float], *, local: bool,
-                  feasible: bool) -> dict[str, Any] | None:
+def _next_on_axis(
+    knob: Knob, incumbent: dict[str, Any], seen: dict[str, float], *, local: bool, feasible: bool
+) -> dict[str, Any] | None:
     values = lattice(knob)
     if not is_ordered(knob):
-        return next(({**incumbent, knob.name: v} for v in values if _key({**incumbent, knob.name: v}) not in seen),
-                    None)
-    line = {i: seen[_key({**incumbent, knob.name: v})] for i, v in enumerate(values)
-            if _key({**incumbent, knob.name: v}) in seen}
+        return next(
+            ({**incumbent, knob.name: v} for v in values if _key({**incumbent, knob.name: v}) not in seen), None
+        )
+    line = {
+        i: seen[_key({**incumbent, knob.name: v})]
+        for i, v in enumerate(values)
+        if _key({**incumbent, knob.name: v}) in seen
+    }
     if not feasible and knob.name == MAIN_KNOB:
         # Nothing has run yet: a config that did not start is most often too large, so halve
         # towards the small end.

@@ -49,7 +49,7 @@ class Remeasured:
     number: int
     params: dict[str, Any]
     goodputs_req_s: tuple[float, ...]
-    failed: str | None = None       # it no longer started on re-measuring: out of the race
+    failed: str | None = None  # it no longer started on re-measuring: out of the race
 
     @property
     def median_req_s(self) -> float:
@@ -61,7 +61,6 @@ class Remeasured:
         if len(g) < 2 or not self.median_req_s:
             return None
         return (max(g) - min(g)) / self.median_req_s
-
 
     @property
     def mean_req_s(self) -> float:
@@ -86,8 +85,11 @@ def remeasure_candidates(outcomes: Sequence[TrialOutcome], k: int) -> list[Trial
 
 def start_race(outcomes: Sequence[TrialOutcome], k: int) -> list[Remeasured]:
     """The candidates, best first, each holding its trial's own full-length run."""
-    return [Remeasured(o.number, o.params, (o.goodput_req_s,))
-            for o in remeasure_candidates(outcomes, k) if o.goodput_req_s is not None]  # every candidate has one
+    return [
+        Remeasured(o.number, o.params, (o.goodput_req_s,))
+        for o in remeasure_candidates(outcomes, k)
+        if o.goodput_req_s is not None
+    ]  # every candidate has one
 
 
 def _rel_sd(cands: Sequence[Remeasured]) -> float:

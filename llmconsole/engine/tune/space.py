@@ -24,8 +24,14 @@ from typing import Any
 from llmconsole.engine.tune.select import Remeasured, pick_winner, remeasure_candidates  # noqa: F401 (moved there)
 
 # Spec fields the tuner may move. Anything else (the model, ports, secrets) stays as it is.
-SPEC_KNOBS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "kv_cache_memory_bytes",
-              "gpu_memory_utilization", "kernel")
+SPEC_KNOBS = (
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "kv_cache_memory_bytes",
+    "gpu_memory_utilization",
+    "kernel",
+)
 # The gateway's window bounds: set at the gateway (no restart), and the trial's load then goes
 # through the gateway, where the window acts. Knob name -> the window setting it moves.
 WINDOW_KNOBS = {"gateway_min_window": "min_window", "gateway_max_window": "max_window"}
@@ -34,19 +40,23 @@ TUNABLE = SPEC_KNOBS + tuple(WINDOW_KNOBS)
 
 def split_params(params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, int]]:
     """(spec fields, window settings) of a trial's config."""
-    return ({k: v for k, v in params.items() if k not in WINDOW_KNOBS},
-            {WINDOW_KNOBS[k]: v for k, v in params.items() if k in WINDOW_KNOBS})
+    return (
+        {k: v for k, v in params.items() if k not in WINDOW_KNOBS},
+        {WINDOW_KNOBS[k]: v for k, v in params.items() if k in WINDOW_KNOBS},
+    )
 
 
 @dataclass(frozen=True)
 class Knob:
     name: str
-    choices: tuple[Any, ...] = ()       # categorical, or
-    low: int | None = None              # an integer range, searched on a log scale
+    choices: tuple[Any, ...] = ()  # categorical, or
+    low: int | None = None  # an integer range, searched on a log scale
     high: int | None = None
 
     def describe(self) -> str:
-        return f"{self.name}={','.join(map(str, self.choices))}" if self.choices else f"{self.name}={self.low}:{self.high}"
+        return (
+            f"{self.name}={','.join(map(str, self.choices))}" if self.choices else f"{self.name}={self.low}:{self.high}"
+        )
 
     @property
     def open(self) -> bool:
@@ -141,8 +151,9 @@ def default_space(spec: dict[str, Any], concurrency_hint: int) -> tuple[Knob, ..
     knobs = [Knob("max_num_seqs", low=1, high=top)]
     mbt = spec.get("max_num_batched_tokens")
     base = int(mbt) if mbt else 2048
-    knobs.append(Knob("max_num_batched_tokens", choices=tuple(sorted({max(64, base // 4), max(64, base // 2),
-                                                                      base, base * 2}))))
+    knobs.append(
+        Knob("max_num_batched_tokens", choices=tuple(sorted({max(64, base // 4), max(64, base // 2), base, base * 2})))
+    )
     kv = spec.get("kv_cache_memory_bytes")
     if kv:
         knobs.append(Knob("kv_cache_memory_bytes", choices=(int(kv) // 2, int(kv), int(kv) * 2)))
@@ -189,6 +200,7 @@ def study_name(engine: str, workload: dict[str, Any], slo: dict[str, float], kno
 
 # --- successive halving ---------------------------------------------------------------------------
 
+
 def halving_rungs(full_requests: int, eta: int = 3, min_requests: int = 8) -> tuple[int, ...]:
     """Request counts of the rungs, shortest first, ending at the full count: each rung is
     `eta` times shorter than the next. A trial is measured at a rung, and only goes on to the
@@ -199,8 +211,7 @@ def halving_rungs(full_requests: int, eta: int = 3, min_requests: int = 8) -> tu
     return tuple(rungs)
 
 
-def keep_going(value: float, peers: Sequence[float], eta: int = 3, min_peers: int = 2,
-               margin: float = 0.0) -> bool:
+def keep_going(value: float, peers: Sequence[float], eta: int = 3, min_peers: int = 2, margin: float = 0.0) -> bool:
     """Whether a trial's goodput at a rung earns the next rung: it must reach the value that
     marks the top 1/eta of the earlier trials at that rung, less `margin` (a share of it). A
     short rung is a few requests, and on a shared host their goodput varies by a quarter or
@@ -215,15 +226,16 @@ def keep_going(value: float, peers: Sequence[float], eta: int = 3, min_peers: in
 
 # --- constraints ----------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class TrialOutcome:
     """One trial as the study keeps it: its params, its objective and whether it was feasible."""
 
     number: int
     params: dict[str, Any]
-    state: str                    # complete | pruned | infeasible | interrupted
+    state: str  # complete | pruned | infeasible | interrupted
     goodput_req_s: float | None
-    requests: int                 # at the last rung it reached
+    requests: int  # at the last rung it reached
     reason: str | None = None
 
 

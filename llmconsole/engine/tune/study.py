@@ -34,29 +34,43 @@ DEFAULT_BUDGET = Budget(trials=12)
 def open_study(storage_path: Path, name: str, seed: int, budget: Budget = DEFAULT_BUDGET) -> optuna.Study:
     storage_path.parent.mkdir(parents=True, exist_ok=True)
     storage = JournalStorage(JournalFileBackend(str(storage_path)))
-    return optuna.create_study(study_name=name, storage=storage, sampler=make_sampler(seed, budget),
-                               direction="maximize", load_if_exists=True)
+    return optuna.create_study(
+        study_name=name, storage=storage, sampler=make_sampler(seed, budget), direction="maximize", load_if_exists=True
+    )
 
 
 def outcomes(study: optuna.Study) -> list[TrialOutcome]:
     out = []
     for t in study.get_trials(deepcopy=False):
         state = t.user_attrs.get("outcome") or {TrialState.RUNNING: "running", TrialState.FAIL: "interrupted"}.get(
-            t.state, t.state.name.lower())
-        out.append(TrialOutcome(t.number, dict(t.user_attrs.get("config", t.params)), state, t.user_attrs.get("goodput_req_s"),
-                                int(t.user_attrs.get("requests", 0)), t.user_attrs.get("reason")))
+            t.state, t.state.name.lower()
+        )
+        out.append(
+            TrialOutcome(
+                t.number,
+                dict(t.user_attrs.get("config", t.params)),
+                state,
+                t.user_attrs.get("goodput_req_s"),
+                int(t.user_attrs.get("requests", 0)),
+                t.user_attrs.get("reason"),
+            )
+        )
     return out
 
 
 def history(study: optuna.Study) -> list[Probe]:
     """What the pattern search learns from: every judged trial (a pruned one by its goodput at
     the rung it reached, an infeasible one as such); interrupted ones judged nothing."""
-    return [Probe(o.params, (o.goodput_req_s or 0.0) if o.state in ("complete", "pruned") else None)
-            for o in outcomes(study) if o.state in ("complete", "pruned", "infeasible")]
+    return [
+        Probe(o.params, (o.goodput_req_s or 0.0) if o.state in ("complete", "pruned") else None)
+        for o in outcomes(study)
+        if o.state in ("complete", "pruned", "infeasible")
+    ]
 
 
-def ask_next(study: optuna.Study, knobs: Sequence[Knob], start: dict[str, Any],
-             search: str = "pattern", tie: float = LEADER_TIE) -> tuple[optuna.Trial, dict[str, Any]]:
+def ask_next(
+    study: optuna.Study, knobs: Sequence[Knob], start: dict[str, Any], search: str = "pattern", tie: float = LEADER_TIE
+) -> tuple[optuna.Trial, dict[str, Any]]:
     """The next trial and its config. The pattern search's choice is queued into the study, so
     the sampler and the journal see it as any trial; with nothing left to it, TPE chooses. The
     tuner and the benchmark's replay both ask here."""

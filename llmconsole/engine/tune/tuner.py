@@ -69,18 +69,18 @@ class WindowController(Protocol):
 
 @dataclass(frozen=True)
 class TuneSettings:
-    plan: SweepPlan                 # engine, SLO, lengths, full request count, one load level
+    plan: SweepPlan  # engine, SLO, lengths, full request count, one load level
     knobs: tuple[Knob, ...]
     budget: Budget
     seed: int = 0
-    eta: int = 3                    # successive halving: keep the top 1/eta at each rung
+    eta: int = 3  # successive halving: keep the top 1/eta at each rung
     min_rung_requests: int = 8
     # A short rung must fall this share below the cut to stop a trial: measured on a real engine,
     # the grid's best config made 71% of its full goodput over its first 10 requests.
     prune_margin: float = 0.3
-    bad_attainment: float = 0.5     # below this share of requests in SLO, a config is infeasible
-    top_k: int = 4                  # candidates re-measured (raced: select.py)
-    repeats: int = 3                # re-measurements of each, on average: top_k x repeats runs at most
+    bad_attainment: float = 0.5  # below this share of requests in SLO, a config is infeasible
+    top_k: int = 4  # candidates re-measured (raced: select.py)
+    repeats: int = 3  # re-measurements of each, on average: top_k x repeats runs at most
     # The first trial's config (the planner's batch size, the running config's other values;
     # ranges.py), and how the trials after it are chosen: "pattern" (search.py,
     # TPE once it has settled) or "tpe" throughout.
@@ -93,14 +93,18 @@ class TuneSettings:
 
     @property
     def name(self) -> str:
-        wl = {"load": self.load.label, "input_len": self.plan.input_len.describe(),
-              "output_len": self.plan.output_len.describe(), "requests": self.plan.num_requests}
+        wl = {
+            "load": self.load.label,
+            "input_len": self.plan.input_len.describe(),
+            "output_len": self.plan.output_len.describe(),
+            "requests": self.plan.num_requests,
+        }
         return study_name(self.plan.engine, wl, self.plan.slo.as_dict(), self.knobs)
 
 
 @dataclass(frozen=True)
 class TuneProgress:
-    event: str                      # trial_started | trial_finished | remeasuring | restored | resumed
+    event: str  # trial_started | trial_finished | remeasuring | restored | resumed
     trial: int | None
     params: dict[str, Any]
     message: str
@@ -109,13 +113,23 @@ class TuneProgress:
     outcome: TrialOutcome | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "outcome": None if self.outcome is None else dataclasses.asdict(self.outcome)}
+        return {
+            **dataclasses.asdict(self),
+            "outcome": None if self.outcome is None else dataclasses.asdict(self.outcome),
+        }
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> TuneProgress:
         outcome = d.get("outcome")
-        return cls(d["event"], d.get("trial"), dict(d.get("params") or {}), d.get("message", ""), d.get("best_req_s"),
-                   float(d.get("elapsed_s", 0.0)), None if outcome is None else TrialOutcome(**outcome))
+        return cls(
+            d["event"],
+            d.get("trial"),
+            dict(d.get("params") or {}),
+            d.get("message", ""),
+            d.get("best_req_s"),
+            float(d.get("elapsed_s", 0.0)),
+            None if outcome is None else TrialOutcome(**outcome),
+        )
 
 
 @dataclass(frozen=True)
@@ -127,39 +141,68 @@ class TuneResult:
     original: EngineTarget
     restored: bool
     restore_error: str | None
-    status: str                     # done | cancelled | failed
+    status: str  # done | cancelled | failed
     new_trials: int
 
     def to_json(self) -> dict[str, Any]:
         def rm(m: Remeasured) -> dict[str, Any]:
-            return {"trial": m.number, "params": m.params, "goodputs_req_s": list(m.goodputs_req_s),
-                    "mean_req_s": m.mean_req_s, "median_req_s": m.median_req_s, "spread": m.spread,
-                    "failed": m.failed}
-        return {"study": self.study, "status": self.status, "new_trials": self.new_trials,
-                "trials": [dataclasses.asdict(t) for t in self.trials],
-                "remeasured": [rm(m) for m in self.remeasured],
-                "winner": rm(self.winner) if self.winner else None,
-                "original_config_id": self.original.config_id, "restored": self.restored,
-                "restore_error": self.restore_error}
+            return {
+                "trial": m.number,
+                "params": m.params,
+                "goodputs_req_s": list(m.goodputs_req_s),
+                "mean_req_s": m.mean_req_s,
+                "median_req_s": m.median_req_s,
+                "spread": m.spread,
+                "failed": m.failed,
+            }
+
+        return {
+            "study": self.study,
+            "status": self.status,
+            "new_trials": self.new_trials,
+            "trials": [dataclasses.asdict(t) for t in self.trials],
+            "remeasured": [rm(m) for m in self.remeasured],
+            "winner": rm(self.winner) if self.winner else None,
+            "original_config_id": self.original.config_id,
+            "restored": self.restored,
+            "restore_error": self.restore_error,
+        }
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> TuneResult:
         """The inverse of to_json, for a client that watched the study run elsewhere."""
+
         def rm(m: dict[str, Any]) -> Remeasured:
             return Remeasured(int(m["trial"]), dict(m["params"]), tuple(m["goodputs_req_s"]), m.get("failed"))
+
         original = EngineTarget("", "", "", str(d.get("original_config_id") or ""), {})
-        return cls(str(d["study"]), tuple(TrialOutcome(**t) for t in d.get("trials") or ()),
-                   tuple(rm(m) for m in d.get("remeasured") or ()), rm(d["winner"]) if d.get("winner") else None,
-                   original, bool(d["restored"]), d.get("restore_error"), str(d["status"]), int(d.get("new_trials", 0)))
+        return cls(
+            str(d["study"]),
+            tuple(TrialOutcome(**t) for t in d.get("trials") or ()),
+            tuple(rm(m) for m in d.get("remeasured") or ()),
+            rm(d["winner"]) if d.get("winner") else None,
+            original,
+            bool(d["restored"]),
+            d.get("restore_error"),
+            str(d["status"]),
+            int(d.get("new_trials", 0)),
+        )
 
 
 class Tuner:
     """Runs one study to its budget. `stop` ends it after the trial in progress (the engine is
     restored and the study is left resumable)."""
 
-    def __init__(self, settings: TuneSettings, controller: EngineController, storage_path: Path, *,
-                 on_progress: Callable[[TuneProgress], None] | None = None, stop: asyncio.Event | None = None,
-                 api_key: str | None = None):
+    def __init__(
+        self,
+        settings: TuneSettings,
+        controller: EngineController,
+        storage_path: Path,
+        *,
+        on_progress: Callable[[TuneProgress], None] | None = None,
+        stop: asyncio.Event | None = None,
+        api_key: str | None = None,
+    ):
         self.s = settings
         self.ctl = controller
         self.storage_path = storage_path
@@ -168,13 +211,21 @@ class Tuner:
         self.api_key = api_key
         self._t0 = time.monotonic()
         self._tok: Tokenizer | None = None
-        self._gateway: WindowController | None = None   # set when a knob moves the window
+        self._gateway: WindowController | None = None  # set when a knob moves the window
         self._window0: dict[str, int] | None = None
 
-    def _emit(self, event: str, trial: int | None, params: dict[str, Any], message: str,
-              study: optuna.Study, outcome: TrialOutcome | None = None) -> None:
-        best = max((o.goodput_req_s for o in outcomes(study) if o.state == "complete" and o.goodput_req_s),
-                   default=None)
+    def _emit(
+        self,
+        event: str,
+        trial: int | None,
+        params: dict[str, Any],
+        message: str,
+        study: optuna.Study,
+        outcome: TrialOutcome | None = None,
+    ) -> None:
+        best = max(
+            (o.goodput_req_s for o in outcomes(study) if o.state == "complete" and o.goodput_req_s), default=None
+        )
         self.on_progress(TuneProgress(event, trial, params, message, best, time.monotonic() - self._t0, outcome))
 
     async def run(self) -> TuneResult:
@@ -183,12 +234,20 @@ class Tuner:
         for n in stale:  # a tune killed mid-trial: that trial's figures are lost, its config is not bad
             study.tell(n, state=TrialState.FAIL)
         if study.trials:
-            self._emit("resumed", None, {}, f"resuming study {study.study_name}: {len(study.trials)} trials so far"
-                       + (f", {len(stale)} interrupted" if stale else ""), study)
+            self._emit(
+                "resumed",
+                None,
+                {},
+                f"resuming study {study.study_name}: {len(study.trials)} trials so far"
+                + (f", {len(stale)} interrupted" if stale else ""),
+                study,
+            )
         if self._through_gateway:
             if not isinstance(self.ctl, WindowController):
-                raise ValueError("window knobs need a controller that sets the gateway's window "
-                                 "(window, set_window, gateway_url), such as the tune command's TuneController")
+                raise ValueError(
+                    "window knobs need a controller that sets the gateway's window "
+                    "(window, set_window, gateway_url), such as the tune command's TuneController"
+                )
             self._gateway = self.ctl
         original = await self.ctl.current()
         current = original
@@ -218,8 +277,17 @@ class Tuner:
             raise
         finally:
             restored, restore_error = await self._restore(original, current, study)
-            self.result = TuneResult(study.study_name, tuple(outcomes(study)), tuple(remeasured),
-                                     pick_winner(remeasured), original, restored, restore_error, status, new_trials)
+            self.result = TuneResult(
+                study.study_name,
+                tuple(outcomes(study)),
+                tuple(remeasured),
+                pick_winner(remeasured),
+                original,
+                restored,
+                restore_error,
+                status,
+                new_trials,
+            )
         return self.result
 
     @property
@@ -232,8 +300,9 @@ class Tuner:
         spec, window = split_params(params)
         if self._window0 and window:  # one bound tuned: the other gives way rather than cross it
             high = window.get("max_window")
-            window.setdefault("min_window", self._window0["min_window"] if high is None
-                              else min(self._window0["min_window"], high))
+            window.setdefault(
+                "min_window", self._window0["min_window"] if high is None else min(self._window0["min_window"], high)
+            )
             window.setdefault("max_window", max(self._window0["max_window"], window["min_window"]))
         if window.get("min_window", 0) > window.get("max_window", math.inf):
             raise ValueError(f"min_window {window['min_window']} is above max_window {window['max_window']}")
@@ -248,8 +317,9 @@ class Tuner:
             raise ValueError("no window knob is tuned: the gateway's window stays as it is")
         return self._gateway
 
-    async def _measure(self, target: EngineTarget, n_requests: int, params: dict[str, Any],
-                       seed: int) -> PointResult | None:
+    async def _measure(
+        self, target: EngineTarget, n_requests: int, params: dict[str, Any], seed: int
+    ) -> PointResult | None:
         """One load run of `n_requests` aggregated as a sweep point; None when it was interrupted."""
         plan = dataclasses.replace(self.s.plan, num_requests=n_requests)
         wl = self.s.load.workload(plan, seed=seed)
@@ -259,8 +329,9 @@ class Tuner:
         # With the window as a knob the load must pass the gateway, where the window acts.
         url = await self._gateway.gateway_url() if self._gateway is not None else target.url
         async with RunProbe(target.url, self.ctl.resources) as probe:
-            res = await run_load(url, target.served_model_name, wl, plan=planned, slo=plan.slo,
-                                 stop=self.stop, api_key=self.api_key)
+            res = await run_load(
+                url, target.served_model_name, wl, plan=planned, slo=plan.slo, stop=self.stop, api_key=self.api_key
+            )
         if res.stopped_early == "interrupted":
             return None
         return aggregate(plan, 0, params, self.s.load, target.config_id, [(res.summary, probe.figures())])
@@ -285,26 +356,45 @@ class Tuner:
                 study.tell(trial, state=TrialState.FAIL)
                 return current
             good, reason = point.goodput_req_s or 0.0, point.reason
-            c = constraint_value("failed" if point.status == "failed" else point.status, point.slo_attainment,
-                                 self.s.bad_attainment)
+            c = constraint_value(
+                "failed" if point.status == "failed" else point.status, point.slo_attainment, self.s.bad_attainment
+            )
             if c > 0:
                 self._finish(study, trial, params, "infeasible", good, n, point.reason or "SLO broken badly", c)
                 return current
             trial.report(good, step=n)
             last = i == len(rungs) - 1
             if not last:
-                peers = [t.intermediate_values[n] for t in study.get_trials(deepcopy=False)
-                         if t.number != trial.number and n in t.intermediate_values]
+                peers = [
+                    t.intermediate_values[n]
+                    for t in study.get_trials(deepcopy=False)
+                    if t.number != trial.number and n in t.intermediate_values
+                ]
                 if not keep_going(good, peers, self.s.eta, margin=self.s.prune_margin):
-                    self._finish(study, trial, params, "pruned", good, n,
-                                 f"stopped early after {n} requests: {good:.2f} req/s, clearly below the top "
-                                 f"1/{self.s.eta}")
+                    self._finish(
+                        study,
+                        trial,
+                        params,
+                        "pruned",
+                        good,
+                        n,
+                        f"stopped early after {n} requests: {good:.2f} req/s, clearly below the top 1/{self.s.eta}",
+                    )
                     return current
         self._finish(study, trial, params, "complete", good, rungs[-1], reason)
         return current
 
-    def _finish(self, study: optuna.Study, trial: optuna.Trial, params: dict[str, Any], state: str,
-                goodput: float | None, requests: int, reason: str | None, constraint: float = 0.0) -> None:
+    def _finish(
+        self,
+        study: optuna.Study,
+        trial: optuna.Trial,
+        params: dict[str, Any],
+        state: str,
+        goodput: float | None,
+        requests: int,
+        reason: str | None,
+        constraint: float = 0.0,
+    ) -> None:
         for k, v in (("outcome", state), ("goodput_req_s", goodput), ("requests", requests), ("reason", reason)):
             trial.set_user_attr(k, v)
         # The sampler's constraint (<= 0 feasible): TPE then keeps away from known-bad regions.
@@ -316,14 +406,21 @@ class Tuner:
         outcome = TrialOutcome(trial.number, params, state, goodput, requests, reason)
         self._emit("trial_finished", trial.number, params, state + (f": {reason}" if reason else ""), study, outcome)
 
-    async def _remeasure(self, study: optuna.Study, original: EngineTarget,
-                         current: EngineTarget) -> tuple[EngineTarget, list[Remeasured]]:
+    async def _remeasure(
+        self, study: optuna.Study, original: EngineTarget, current: EngineTarget
+    ) -> tuple[EngineTarget, list[Remeasured]]:
         """The best few configs raced in rounds (select.py): at most top_k x repeats runs,
         each pooled with the trial's own run; one that no longer starts is out."""
         cands = start_race(outcomes(study), self.s.top_k)
         runs_left = self.s.top_k * self.s.repeats
-        last = next((i for i, c in enumerate(cands)
-                     if all(current.spec.get(k) == v for k, v in split_params(c.params)[0].items())), None)
+        last = next(
+            (
+                i
+                for i, c in enumerate(cands)
+                if all(current.spec.get(k) == v for k, v in split_params(c.params)[0].items())
+            ),
+            None,
+        )
         while runs_left > 0 and not self.stop.is_set():
             i = next_remeasure(cands, self.s.repeats, last)
             if i is None:
@@ -354,8 +451,9 @@ class Tuner:
         except Exception:
             return dataclasses.replace(original, spec={}, config_id="(failed start)")
 
-    async def _restore(self, original: EngineTarget, current: EngineTarget,
-                       study: optuna.Study) -> tuple[bool, str | None]:
+    async def _restore(
+        self, original: EngineTarget, current: EngineTarget, study: optuna.Study
+    ) -> tuple[bool, str | None]:
         try:
             if self._window0 is not None:  # the window bounds as they were (no restart)
                 await asyncio.shield(self._window_control().set_window(self._window0))

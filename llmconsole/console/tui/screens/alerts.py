@@ -79,13 +79,23 @@ class AlertsScreen(ModalScreen[int | None]):
         for r in self.responses:
             d = r.get("detail", {})
             outcome = f"undone (#{d['undone_by']})" if d.get("undone_by") else r.get("outcome", "?")
-            t.add_row(str(r["id"]), time.strftime("%H:%M:%S", time.localtime(r["at"])),
-                      r["kind"].removeprefix("response:"), r.get("engine") or "-", d.get("trigger") or "-",
-                      outcome, key=str(r["id"]))
+            t.add_row(
+                str(r["id"]),
+                time.strftime("%H:%M:%S", time.localtime(r["at"])),
+                r["kind"].removeprefix("response:"),
+                r.get("engine") or "-",
+                d.get("trigger") or "-",
+                outcome,
+                key=str(r["id"]),
+            )
         enabled = message.data.get("settings", {}).get("responses", {})
         self.query_one("#alerts-note", Static).update(
-            "responses enabled: " + ("; ".join(f"{k}: {', '.join(v)}" for k, v in enabled.items())
-                                     or "none (llmconsole alerts --enable RULE=ACTION)"))
+            "responses enabled: "
+            + (
+                "; ".join(f"{k}: {', '.join(v)}" for k, v in enabled.items())
+                or "none (llmconsole alerts --enable RULE=ACTION)"
+            )
+        )
 
     def selected(self) -> dict[str, Any] | None:
         t = self.query_one(DataTable)

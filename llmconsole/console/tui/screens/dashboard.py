@@ -21,7 +21,7 @@ from llmconsole.console.tui.widgets.panels import AlertStrip, DaemonBanner, Stat
 if TYPE_CHECKING:
     from llmconsole.console.tui.app import ConsoleApp
 
-SHORT_HEIGHT = 30       # below this the panel keeps three rows and one chart shows at a time (g switches)
+SHORT_HEIGHT = 30  # below this the panel keeps three rows and one chart shows at a time (g switches)
 TAIL_BYTES = 32 * 1024  # enough of the log that the quiet view still has lines between the polls
 
 

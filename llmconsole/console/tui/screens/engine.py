@@ -68,8 +68,12 @@ class DetailScreen(EngineScreen):
         yield ConsoleFooter()
 
     def on_mount(self) -> None:
-        for sid, title in (("startup", "startup"), ("restarts", "restart history"),
-                           ("changes", "changes from the previous version"), ("spec", "spec")):
+        for sid, title in (
+            ("startup", "startup"),
+            ("restarts", "restart history"),
+            ("changes", "changes from the previous version"),
+            ("spec", "spec"),
+        ):
             self.query_one(f"#detail-{sid}").border_title = title
 
     def on_screen_resume(self) -> None:
@@ -87,8 +91,11 @@ class DetailScreen(EngineScreen):
         if e is None:
             title.update(Text(f"engine {self.engine_name}: not known to the daemon any more", style="bold red"))
             return
-        title.update(Text.assemble(("engine ", "bold"), (e.name, "bold"),
-                                   f"  ·  {e.state_text}  ·  config {e.config_id}  ·  {na(e.url)}"))
+        title.update(
+            Text.assemble(
+                ("engine ", "bold"), (e.name, "bold"), f"  ·  {e.state_text}  ·  config {e.config_id}  ·  {na(e.url)}"
+            )
+        )
         self.query_one("#detail-startup", Static).update(self._startup(e))
         self.query_one("#detail-restarts", Static).update(self._restarts(e))
         self.query_one("#detail-changes", Static).update(self._changes(e, prev))
@@ -100,10 +107,18 @@ class DetailScreen(EngineScreen):
         if e.max_concurrency is not None:
             conc = f"{e.max_concurrency:.2f}x at {na(e.max_concurrency_len, '{:,}')} tokens per request"
         return Text.assemble(
-            ("KV cache          ", "bold"), na(e.kv_cache_tokens, "{:,} tokens"), "\n",
-            ("max concurrency   ", "bold"), conc, "\n",
-            ("pid               ", "bold"), na(e.pid), "\n",
-            ("uptime            ", "bold"), fmt_uptime(e.uptime_s) if e.running else "-", "\n",
+            ("KV cache          ", "bold"),
+            na(e.kv_cache_tokens, "{:,} tokens"),
+            "\n",
+            ("max concurrency   ", "bold"),
+            conc,
+            "\n",
+            ("pid               ", "bold"),
+            na(e.pid),
+            "\n",
+            ("uptime            ", "bold"),
+            fmt_uptime(e.uptime_s) if e.running else "-",
+            "\n",
             ("kernel            ", "bold"),
             {"custom": "custom (llmconsole decode)", "stock": "stock (vLLM)"}.get(e.kernel, e.kernel),
             f"\n                  ({e.kernel_note})" if e.kernel_note else "",
@@ -112,10 +127,15 @@ class DetailScreen(EngineScreen):
     @staticmethod
     def _restarts(e: EngineView) -> Text:
         out = Text.assemble(
-            ("restarts          ", "bold"), na(e.restarts),
-            "  (crash loop: the daemon stopped restarting it)" if e.crash_looping else "", "\n",
-            ("last exit code    ", "bold"), na(e.last_exit_code), "\n",
-            ("last error        ", "bold"), e.last_error or "N/A",
+            ("restarts          ", "bold"),
+            na(e.restarts),
+            "  (crash loop: the daemon stopped restarting it)" if e.crash_looping else "",
+            "\n",
+            ("last exit code    ", "bold"),
+            na(e.last_exit_code),
+            "\n",
+            ("last error        ", "bold"),
+            e.last_error or "N/A",
         )
         if e.next_restart_in_s is not None:
             out.append(f"\nnext restart in {e.next_restart_in_s:.0f} s")
@@ -173,8 +193,11 @@ class LogsScreen(EngineScreen):
         self._title()
 
     def _title(self) -> None:
-        self.query_one("#logs-title", Static).update(Text.assemble(
-            ("log of ", "bold"), (self.engine_name, "bold"), f"  ·  {self.app.log_view.describe(self._hidden)}"))
+        self.query_one("#logs-title", Static).update(
+            Text.assemble(
+                ("log of ", "bold"), (self.engine_name, "bold"), f"  ·  {self.app.log_view.describe(self._hidden)}"
+            )
+        )
 
     def log_request(self) -> tuple[str, int | None, int]:
         return (self.engine_name, self.log_offset, self.FIRST_BYTES if self.log_offset is None else 1024 * 1024)

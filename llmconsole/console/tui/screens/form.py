@@ -28,7 +28,7 @@ from llmconsole.engine.spec import EngineSpec, validation_messages
 class FormField:
     name: str
     label: str
-    kind: str          # text | int | bytes | float | bool | tristate
+    kind: str  # text | int | bytes | float | bool | tristate
     placeholder: str = ""
 
 
@@ -138,8 +138,13 @@ class EngineFormScreen(ModalScreen[tuple[str, dict[str, Any]] | None]):
                         if f.kind == "bool":
                             yield Checkbox("", value=False, id=f"f-{f.name}", compact=True)
                         elif f.kind == "tristate":
-                            yield Select([("vLLM default", "default"), ("on", "on"), ("off", "off")],
-                                         value="default", allow_blank=False, compact=True, id=f"f-{f.name}")
+                            yield Select(
+                                [("vLLM default", "default"), ("on", "on"), ("off", "off")],
+                                value="default",
+                                allow_blank=False,
+                                compact=True,
+                                id=f"f-{f.name}",
+                            )
                         else:
                             inp = Input(placeholder=f.placeholder, compact=True, id=f"f-{f.name}")
                             inp.cursor_blink = blink

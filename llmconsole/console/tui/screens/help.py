@@ -60,8 +60,10 @@ class HelpScreen(ModalScreen[None]):
     def _key_text(self, spec: KeySpec) -> str:
         keymap = getattr(self.app, "keymap", {})
         display = spec.key_display if spec.id not in keymap else None
-        return ", ".join(self.app.get_key_display(Binding(k.strip(), spec.action, key_display=display))
-                         for k in effective_key(spec, keymap).split(","))
+        return ", ".join(
+            self.app.get_key_display(Binding(k.strip(), spec.action, key_display=display))
+            for k in effective_key(spec, keymap).split(",")
+        )
 
     def _tables(self) -> Group:
         tables = []
@@ -69,8 +71,16 @@ class HelpScreen(ModalScreen[None]):
             specs = [k for k in KEYS if k.contexts[0] == context]
             if not specs:
                 continue
-            t = Table(title=f"on {CONTEXT_TITLES[context]}", title_justify="left", title_style="bold",
-                      box=None, pad_edge=False, show_edge=False, show_header=False, expand=True)
+            t = Table(
+                title=f"on {CONTEXT_TITLES[context]}",
+                title_justify="left",
+                title_style="bold",
+                box=None,
+                pad_edge=False,
+                show_edge=False,
+                show_header=False,
+                expand=True,
+            )
             t.add_column("key", style="bold cyan", no_wrap=True, width=10)
             t.add_column("id", style="dim", no_wrap=True, width=14)
             t.add_column("does", ratio=1)
@@ -90,8 +100,10 @@ def markdown_key_table() -> str:
     rows = ["| key | id | where | does |", "| --- | --- | --- | --- |"]
     for spec in KEYS:
         keys = ", ".join(f"`{spec.key_display or names.get(k, k)}`" for k in spec.key.split(","))
-        rows.append(f"| {keys} | {spec.id} | {spec.where or CONTEXT_TITLES[spec.contexts[0]]} | "
-                    f"{_MORE.get(spec.id, spec.long_name)} |")
+        rows.append(
+            f"| {keys} | {spec.id} | {spec.where or CONTEXT_TITLES[spec.contexts[0]]} | "
+            f"{_MORE.get(spec.id, spec.long_name)} |"
+        )
     return "\n".join(rows)
 
 

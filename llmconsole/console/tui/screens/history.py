@@ -53,16 +53,21 @@ class HistoryScreen(EngineScreen):
 
     def compose(self) -> ComposeResult:
         yield DaemonBanner()
-        yield Static(Text.assemble(("config history of ", "bold"), (self.engine_name, "bold")),
-                     id="history-title")
+        yield Static(Text.assemble(("config history of ", "bold"), (self.engine_name, "bold")), id="history-title")
         yield DataTable(id="history-table", cursor_type="row", zebra_stripes=True)
         yield Static(id="history-note")
         yield ConsoleFooter()
 
     def on_mount(self) -> None:
         t = self.query_one(DataTable)
-        for label, key in (("", "mark"), ("config", "config"), ("verdict", "verdict"), ("runs", "runs"),
-                           ("last used", "used"), ("change from the version before", "diff")):
+        for label, key in (
+            ("", "mark"),
+            ("config", "config"),
+            ("verdict", "verdict"),
+            ("runs", "runs"),
+            ("last used", "used"),
+            ("change from the version before", "diff"),
+        ):
             t.add_column(label, key=key)
 
     def on_screen_resume(self) -> None:
@@ -95,13 +100,23 @@ class HistoryScreen(EngineScreen):
         t = self.query_one(DataTable)
         t.clear()
         for v in self.versions:
-            t.add_row("*" if v.get("in_use") else "", v["config_id"],
-                      Text(v["verdict"], style=_VERDICT_STYLE.get(v["verdict"], "")),
-                      str(v.get("runs", 0)),
-                      time.strftime("%m-%d %H:%M", time.localtime(v["last_used_at"])),
-                      diff_text(v.get("diff_from_previous", [])), key=v["config_id"])
-        note.update(Text("* in use  ·  b rolls the engine back to the selected version (asks first)"
-                         if self.versions else "no recorded versions yet", style="dim"))
+            t.add_row(
+                "*" if v.get("in_use") else "",
+                v["config_id"],
+                Text(v["verdict"], style=_VERDICT_STYLE.get(v["verdict"], "")),
+                str(v.get("runs", 0)),
+                time.strftime("%m-%d %H:%M", time.localtime(v["last_used_at"])),
+                diff_text(v.get("diff_from_previous", [])),
+                key=v["config_id"],
+            )
+        note.update(
+            Text(
+                "* in use  ·  b rolls the engine back to the selected version (asks first)"
+                if self.versions
+                else "no recorded versions yet",
+                style="dim",
+            )
+        )
         self.app.refresh_bindings()
 
     def selected_version(self) -> dict[str, Any] | None:

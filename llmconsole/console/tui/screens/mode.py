@@ -38,8 +38,11 @@ class ModeScreen(ModalScreen[str | None]):
         with Vertical(id="mode-box"):
             yield Static(f"Memory mode of {self.engine} (now: {now})", id="mode-title")
             yield OptionList(*(Option(text, id=mode) for mode, text in CHOICES), id="mode-options")
-            yield Static("A switch restarts the engine; the gateway holds its requests meanwhile, and a "
-                         "config that does not come up is rolled back by itself.", id="mode-note")
+            yield Static(
+                "A switch restarts the engine; the gateway holds its requests meanwhile, and a "
+                "config that does not come up is rolled back by itself.",
+                id="mode-note",
+            )
         yield ConsoleFooter()
 
     def on_mount(self) -> None:

@@ -42,8 +42,8 @@ POLL_S = 1.0
 SIDE_BY_SIDE = 150  # columns from which the charts sit beside the table
 
 PreparedT = TypeVar("PreparedT")  # what the form becomes: the typed request and what is derived from it
-EventT = TypeVar("EventT")        # a progress event, as the runner's own value
-OutcomeT = TypeVar("OutcomeT")    # the run's outcome, likewise
+EventT = TypeVar("EventT")  # a progress event, as the runner's own value
+OutcomeT = TypeVar("OutcomeT")  # the run's outcome, likewise
 
 
 class RunScreen(Screen[None], Generic[PreparedT, EventT, OutcomeT]):
@@ -54,17 +54,18 @@ class RunScreen(Screen[None], Generic[PreparedT, EventT, OutcomeT]):
 
     BINDINGS = bindings_for("run")
     FIELDS: tuple[tuple[str, str, str, str], ...] = ()
-    CHARTS: tuple[str, ...] = ()   # the ids of the charts the run draws as it goes
+    CHARTS: tuple[str, ...] = ()  # the ids of the charts the run draws as it goes
     TITLE = "run"
-    WHAT = "run"       # the daemon's run kind: sweep | tune
-    KEY = "?"          # the dashboard key that opens this screen
+    WHAT = "run"  # the daemon's run kind: sweep | tune
+    KEY = "?"  # the dashboard key that opens this screen
     YES = "Run"
 
     if TYPE_CHECKING:
         app = getters.app(ConsoleApp)  # the console's state, typed (no runtime check)
 
-    def __init__(self, engine_name: str, paths: Paths | None, spec: Mapping[str, Any],
-                 form: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, engine_name: str, paths: Paths | None, spec: Mapping[str, Any], form: Mapping[str, str] | None = None
+    ) -> None:
         super().__init__(classes="run-screen")
         self.engine_name = engine_name
         self.paths = paths
@@ -73,9 +74,9 @@ class RunScreen(Screen[None], Generic[PreparedT, EventT, OutcomeT]):
         self.started = False
         self.running = False
         self.cancel_requested = False
-        self.clock = time.monotonic          # tests fix it, so a pictured screen holds still
+        self.clock = time.monotonic  # tests fix it, so a pictured screen holds still
         self._event_at: float | None = None
-        self.run_id: int | None = None       # the daemon's run, once it took it
+        self.run_id: int | None = None  # the daemon's run, once it took it
         self.events_seen = 0
         self.poll_error: str | None = None
         self.prepared: PreparedT | None = None
@@ -129,8 +130,7 @@ class RunScreen(Screen[None], Generic[PreparedT, EventT, OutcomeT]):
         if self.FIELDS:
             self.query_one(f"#run-{self.FIELDS[0][0]}", Input).focus()
         if self.paths is not None:  # a run of this engine under way (started by any console) is shown
-            self.run_worker(lambda: self.link.find(self.engine_name), thread=True, group="run-io",
-                            exit_on_error=False)
+            self.run_worker(lambda: self.link.find(self.engine_name), thread=True, group="run-io", exit_on_error=False)
 
     def on_unmount(self) -> None:
         self.link.close()
@@ -147,7 +147,8 @@ class RunScreen(Screen[None], Generic[PreparedT, EventT, OutcomeT]):
         e = snap.engine(self.engine_name) if snap else None
         state = f"{e.state_text} · config {e.config_id}" if e else "not known to the daemon"
         self.query_one("#run-title", Static).update(
-            Text.assemble((f"{self.TITLE} of {self.engine_name}", "bold"), f"  ·  engine {state}"))
+            Text.assemble((f"{self.TITLE} of {self.engine_name}", "bold"), f"  ·  engine {state}")
+        )
 
     # --- the form --------------------------------------------------------------------------
 
@@ -207,9 +208,12 @@ class RunScreen(Screen[None], Generic[PreparedT, EventT, OutcomeT]):
 
     def _poll_later(self, delay_s: float = POLL_S) -> None:
         # A timer of 0 s divides by its interval in Textual: the first poll waits a moment.
-        self.set_timer(max(0.05, delay_s),
-                       lambda: self.run_worker(lambda: self.link.poll(self.run_id, self.events_seen), thread=True,
-                                               group="run-io", exit_on_error=False))
+        self.set_timer(
+            max(0.05, delay_s),
+            lambda: self.run_worker(
+                lambda: self.link.poll(self.run_id, self.events_seen), thread=True, group="run-io", exit_on_error=False
+            ),
+        )
 
     # --- what the daemon said (UI thread) ----------------------------------------------------
 
@@ -331,6 +335,8 @@ class RunScreen(Screen[None], Generic[PreparedT, EventT, OutcomeT]):
 
     def action_back(self) -> None:
         if self.running:
-            self.app.notify(f"the {self.WHAT} runs on in the daemon; {self.KEY} on {self.engine_name} shows it again, "
-                            "c there cancels it")
+            self.app.notify(
+                f"the {self.WHAT} runs on in the daemon; {self.KEY} on {self.engine_name} shows it again, "
+                "c there cancels it"
+            )
         self.app.pop_screen()

@@ -30,8 +30,8 @@ def error_text(e: BaseException) -> str:
 class RunLink:
     def __init__(self, paths: Callable[[], Paths | None], what: str, post: Callable[[Message], object]) -> None:
         self.paths = paths  # the screen's, read when the client is made (None: a replayed console)
-        self.what = what    # the daemon's run kind: sweep | tune
-        self.post = post    # the screen's post_message
+        self.what = what  # the daemon's run kind: sweep | tune
+        self.post = post  # the screen's post_message
         self._client: DaemonClient | None = None
 
     def client(self) -> DaemonClient:

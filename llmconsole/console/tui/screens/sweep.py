@@ -107,9 +107,16 @@ class SweepScreen(RunScreen[Prepared, SweepProgress, Outcome]):
         if self.view is None:
             return
         v = self.view
-        self.query_one("#run-status", Static).update(Text.assemble(
-            progress.bar(1.0 if v.restoring else v.done / max(1, v.total), 16), " ",
-            (headline(v, self.since_event_s()), "bold"), "\n", current_text(v), self.poll_note()))
+        self.query_one("#run-status", Static).update(
+            Text.assemble(
+                progress.bar(1.0 if v.restoring else v.done / max(1, v.total), 16),
+                " ",
+                (headline(v, self.since_event_s()), "bold"),
+                "\n",
+                current_text(v),
+                self.poll_note(),
+            )
+        )
 
     def _notes(self, lines: list[str], style: str = "") -> None:
         self.query_one("#run-notes", Static).update(Text("\n".join(lines), style=style))
@@ -117,9 +124,13 @@ class SweepScreen(RunScreen[Prepared, SweepProgress, Outcome]):
     def finished_with(self, outcome: Outcome | None, error: str | None) -> None:
         if error is not None or outcome is None:
             self.render_status()
-            self._notes([f"the sweep stopped: {error}",
-                         "the runner puts the original config back before it stops; check the engine's state above"],
-                        "bold red")
+            self._notes(
+                [
+                    f"the sweep stopped: {error}",
+                    "the runner puts the original config back before it stops; check the engine's state above",
+                ],
+                "bold red",
+            )
             return
         assert self.plan is not None and self.view is not None
         self.result, self.files = outcome
@@ -127,9 +138,14 @@ class SweepScreen(RunScreen[Prepared, SweepProgress, Outcome]):
         headers, rows, notes = table(self.plan, self.result.points)
         self.set_table(headers, rows)
         self.chart("sweep-chart", sweep_chart(self.plan, self.result.points))
-        self.query_one("#run-status", Static).update(Text.assemble(
-            progress.bar(1.0, 16), " ", (outcome_lines(self.result, self.files)[0], "bold"),
-            f"  ·  {len(self.result.points)} point(s) in {self.result.finished_at_s - self.result.started_at_s:.0f} s"))
+        self.query_one("#run-status", Static).update(
+            Text.assemble(
+                progress.bar(1.0, 16),
+                " ",
+                (outcome_lines(self.result, self.files)[0], "bold"),
+                f"  ·  {len(self.result.points)} point(s) in {self.result.finished_at_s - self.result.started_at_s:.0f} s",
+            )
+        )
         # Whether the engine is back on its config first: on a short screen the notes scroll.
         lines = outcome_lines(self.result, self.files)[1:] + picks_text(self.result, analyse(self.result))
         lines += [f"[{i}] {n}" for i, n in enumerate(notes, 1)]

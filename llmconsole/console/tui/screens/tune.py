@@ -65,7 +65,7 @@ class SpaceDerived:
 @dataclass(frozen=True)
 class TunePrepared:
     request: TuneRequest
-    settings: TuneSettings | None      # None for a run picked up from the daemon: it derived them
+    settings: TuneSettings | None  # None for a run picked up from the daemon: it derived them
     space_lines: tuple[str, ...] = ()
 
 
@@ -105,8 +105,11 @@ class TuneScreen(RunScreen[TunePrepared, TuneEvent, TuneResult]):
         if self.paths is None:
             e = self.app.snapshot.engine(self.engine_name) if self.app.snapshot else None
             c = e.controller if e else None
-            window = {"min_window": c.min_window, "max_window": c.max_window} \
-                if c and c.min_window is not None and c.max_window is not None else None
+            window = (
+                {"min_window": c.min_window, "max_window": c.max_window}
+                if c and c.min_window is not None and c.max_window is not None
+                else None
+            )
             return snapshot_facts(self.spec, window)
         from llmconsole.console.client import DaemonClient, DaemonError, DaemonNotRunning, engine_facts
 
@@ -131,8 +134,10 @@ class TuneScreen(RunScreen[TunePrepared, TuneEvent, TuneResult]):
 
     def event_from_json(self, raw: Mapping[str, Any]) -> TuneEvent:
         if raw.get("event") == "prior":  # the daemon's first word: the study's earlier trials, the ranges
-            return [SpaceDerived(tuple(raw.get("space") or ())),
-                    PriorTrials(TrialOutcome(**t) for t in raw.get("trials") or ())]
+            return [
+                SpaceDerived(tuple(raw.get("space") or ())),
+                PriorTrials(TrialOutcome(**t) for t in raw.get("trials") or ()),
+            ]
         return TuneProgress.from_json(dict(raw))
 
     def outcome_from_json(self, raw: Mapping[str, Any]) -> TuneResult:
@@ -182,10 +187,18 @@ class TuneScreen(RunScreen[TunePrepared, TuneEvent, TuneResult]):
     def render_status(self) -> None:
         if self.view is None:
             return
-        self.query_one("#run-status", Static).update(Text.assemble(
-            progress.bar(budget_fraction(self.view, self.since_event_s()), 16), " ",
-            (headline(self.view, self.since_event_s()), "bold"), "\n", current_text(self.view), "\n",
-            (best_text(self.view), "green" if self.view.best else ""), self.poll_note()))
+        self.query_one("#run-status", Static).update(
+            Text.assemble(
+                progress.bar(budget_fraction(self.view, self.since_event_s()), 16),
+                " ",
+                (headline(self.view, self.since_event_s()), "bold"),
+                "\n",
+                current_text(self.view),
+                "\n",
+                (best_text(self.view), "green" if self.view.best else ""),
+                self.poll_note(),
+            )
+        )
 
     def _notes(self, lines: list[str], style: str = "") -> None:
         self._lines = lines
@@ -194,8 +207,14 @@ class TuneScreen(RunScreen[TunePrepared, TuneEvent, TuneResult]):
     def finished_with(self, outcome: TuneResult | None, error: str | None) -> None:
         if error is not None or outcome is None:
             self.render_status()
-            self._notes([f"the tune stopped: {error}", "the tuner puts the engine's knobs back before it stops; "
-                         "check the engine's state above; the same settings resume the study"], "bold red")
+            self._notes(
+                [
+                    f"the tune stopped: {error}",
+                    "the tuner puts the engine's knobs back before it stops; "
+                    "check the engine's state above; the same settings resume the study",
+                ],
+                "bold red",
+            )
             return
         assert self.view is not None
         self.result = outcome
@@ -203,8 +222,15 @@ class TuneScreen(RunScreen[TunePrepared, TuneEvent, TuneResult]):
         self.view = dataclasses.replace(self.view, trials=tuple(outcome.trials), trial=None, params={})
         self.set_table(TRIAL_HEADERS, trial_rows(self.view))
         self.draw_charts()
-        self.query_one("#run-status", Static).update(Text.assemble(
-            progress.bar(1.0, 16), " ", (outcome_lines(outcome)[0], "bold"), "\n", (best_text(self.view), "green" if self.view.best else "")))
+        self.query_one("#run-status", Static).update(
+            Text.assemble(
+                progress.bar(1.0, 16),
+                " ",
+                (outcome_lines(outcome)[0], "bold"),
+                "\n",
+                (best_text(self.view), "green" if self.view.best else ""),
+            )
+        )
         lines = outcome_lines(outcome)[1:]
         if can_apply(outcome):
             lines.append("a: apply the recommended config through the guarded apply (asks first)")
@@ -232,10 +258,15 @@ class TuneScreen(RunScreen[TunePrepared, TuneEvent, TuneResult]):
                 self.run_worker(self._apply, thread=True, group="apply", exit_on_error=False)
                 self.app.refresh_bindings()
 
-        self.app.push_screen(ConfirmScreen(
-            f"Apply {params_text(w.params)} ({w.mean_req_s:.2f} req/s goodput) to engine {self.engine_name}? "
-            "A guarded apply: the gateway holds requests while the engine restarts on it, and the daemon then "
-            "watches the SLO and rolls back on its own if it degrades.", "Apply"), answered)
+        self.app.push_screen(
+            ConfirmScreen(
+                f"Apply {params_text(w.params)} ({w.mean_req_s:.2f} req/s goodput) to engine {self.engine_name}? "
+                "A guarded apply: the gateway holds requests while the engine restarts on it, and the daemon then "
+                "watches the SLO and rolls back on its own if it degrades.",
+                "Apply",
+            ),
+            answered,
+        )
 
     def _apply(self) -> None:
         assert self.result is not None and self.result.winner is not None and self.request is not None
@@ -246,8 +277,12 @@ class TuneScreen(RunScreen[TunePrepared, TuneEvent, TuneResult]):
             return
         try:
             with DaemonClient(self.paths, timeout_s=900.0) as client:
-                reply = client.apply_tuned(self.engine_name, self.result.winner.params,
-                                           Slo.parse(self.request.slo).as_dict(), self.result.study)
+                reply = client.apply_tuned(
+                    self.engine_name,
+                    self.result.winner.params,
+                    Slo.parse(self.request.slo).as_dict(),
+                    self.result.study,
+                )
         except Exception as e:  # noqa: BLE001 - shown under the table; nothing else changed
             self.post_message(WinnerApplied(None, error_text(e)))
         else:

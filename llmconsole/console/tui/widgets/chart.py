@@ -34,8 +34,9 @@ def draw(plt: Any, spec: ChartSpec) -> None:
         if s.kind == "errorbars":
             pts = [(x, y, e) for x, y, e in zip(s.x, s.y, s.err, strict=True) if y is not None]
             if pts:
-                plt.error([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], color=rgb(s.colour),
-                          yside=side)
+                plt.error(
+                    [p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], color=rgb(s.colour), yside=side
+                )
         elif s.kind == "points":
             xy = [(x, y) for x, y in zip(s.x, s.y, strict=True) if y is not None]
             if xy:
@@ -69,7 +70,7 @@ class Plot(PlotextPlot):
         self.spec: ChartSpec | None = None
         self._drawn: tuple[object, ...] = ()
         self._text: Text = Text("")
-        self.builds = 0   # plotext builds so far (tests and the benchmark count them)
+        self.builds = 0  # plotext builds so far (tests and the benchmark count them)
 
     def set_spec(self, spec: ChartSpec) -> None:
         if spec != self.spec:

@@ -30,16 +30,28 @@ class DashCharts(Horizontal):
         yield ChartBox(id="pid-chart")
         yield ChartBox(id="usage-chart")
 
-    def show(self, history: SeriesHistory, engine: EngineView | None, range_s: float, only: str | None = None,
-             ) -> None:
+    def show(
+        self,
+        history: SeriesHistory,
+        engine: EngineView | None,
+        range_s: float,
+        only: str | None = None,
+    ) -> None:
         """Both charts, or `only` one of them ("pid", "usage") where the terminal is short."""
         pid, usage = self.query_one("#pid-chart", ChartBox), self.query_one("#usage-chart", ChartBox)
         pid.display = only in (None, "pid")
         usage.display = only in (None, "usage")
         usage.styles.margin = (0, 0, 0, 2 if only is None else 0)
         now = history.now_s or 0.0
-        key = (engine.name if engine else None, engine.controller is None if engine else True, range_s,
-               pid.size.width, usage.size.width, engine.state if engine else None, only)
+        key = (
+            engine.name if engine else None,
+            engine.controller is None if engine else True,
+            range_s,
+            pid.size.width,
+            usage.size.width,
+            engine.state if engine else None,
+            only,
+        )
         # A point of the plot stands for `range_s / bins` seconds: redrawing sooner moves nothing.
         bin_s = range_s / max(20, min(2 * max(pid.size.width, usage.size.width), int(range_s / 2.0)))
         if key == self._key and now - self._drawn_at < max(1.0, bin_s):

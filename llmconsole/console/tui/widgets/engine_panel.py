@@ -35,8 +35,8 @@ class Switch:
 
     mode: str
     elapsed_s: float
-    expected_s: float | None     # the engine's last start, plus a drain and a smoke request
-    restarted: bool              # the engine has left `ready` since the switch began
+    expected_s: float | None  # the engine's last start, plus a drain and a smoke request
+    restarted: bool  # the engine has left `ready` since the switch began
 
 
 def title_text(engine: EngineView | None, host: HostView, switch: Switch | None, width: int = 120) -> Text:
@@ -56,8 +56,9 @@ def title_text(engine: EngineView | None, host: HostView, switch: Switch | None,
         return head
     if engine.state == "starting" and engine.startup is not None:
         s = engine.startup
-        head.append_text(progress.timed(f"{s.phase} {s.step + 1}/{s.steps}", s.elapsed_s, s.expected_s, 10,
-                                        width - head.cell_len))
+        head.append_text(
+            progress.timed(f"{s.phase} {s.step + 1}/{s.steps}", s.elapsed_s, s.expected_s, 10, width - head.cell_len)
+        )
         return head
     if engine.last_error and engine.state in ("failed", "crashed", "unhealthy"):
         head.append(engine.last_error, style="red")
@@ -123,22 +124,33 @@ class EnginePanel(Vertical):
         mem, util = self.query_one("#gauge-mem", Gauge), self.query_one("#gauge-util", Gauge)
         if host.gpus:
             used, total = host.gpu_memory
-            mem.set("GPU memory", used / total if used is not None and total else None,
-                    f"{fmt_bytes(used)} / {fmt_bytes(total)}")
+            mem.set(
+                "GPU memory",
+                used / total if used is not None and total else None,
+                f"{fmt_bytes(used)} / {fmt_bytes(total)}",
+            )
             pct = host.gpu_utilization_pct
             util.set("GPU util", None if pct is None else pct / 100.0, na(pct, "{:.0f}%"))
         else:
-            mem.set("host memory", host.memory_fraction,
-                    f"{fmt_bytes(host.memory_used_bytes)} / {fmt_bytes(host.memory_total_bytes)}")
-            util.set("host CPU", None if host.cpu_pct is None else host.cpu_pct / 100.0,
-                     na(host.cpu_pct, "{:.0f}%"))
+            mem.set(
+                "host memory",
+                host.memory_fraction,
+                f"{fmt_bytes(host.memory_used_bytes)} / {fmt_bytes(host.memory_total_bytes)}",
+            )
+            util.set("host CPU", None if host.cpu_pct is None else host.cpu_pct / 100.0, na(host.cpu_pct, "{:.0f}%"))
         rss = engine.rss_bytes if engine is not None else None
         cpu = engine.cpu_pct if engine is not None else None
         rows = [
-            [("running", fmt_count(m("running"))), ("waiting", fmt_count(m("waiting"))),
-             ("gen tok/s", fmt_rate(m("generation_tok_s")))],
-            [("engine RSS", fmt_bytes(rss)), ("engine CPU", na(cpu, "{:.0f}%")),
-             ("prompt tok/s", fmt_rate(m("prompt_tok_s")))],
+            [
+                ("running", fmt_count(m("running"))),
+                ("waiting", fmt_count(m("waiting"))),
+                ("gen tok/s", fmt_rate(m("generation_tok_s"))),
+            ],
+            [
+                ("engine RSS", fmt_bytes(rss)),
+                ("engine CPU", na(cpu, "{:.0f}%")),
+                ("prompt tok/s", fmt_rate(m("prompt_tok_s"))),
+            ],
         ]
         self.query_one("#engine-counts", Figures).set_rows(rows[:1] if self.short else rows)
         caption, any_requests = latency_caption(engine)
@@ -148,6 +160,11 @@ class EnginePanel(Vertical):
                 return "-", "-"  # figures, but no request in the window: no percentile, not an old one
             return fmt_ms(m(f"p50_{key}_s")), fmt_ms(m(f"p99_{key}_s"))
 
-        table = [("TTFT", *pair("ttft")), ("end-to-end", *pair("e2e")), ("per token", *pair("tpot")),
-                 ("inter-token", *pair("itl")), ("queue", *pair("queue"))]
+        table = [
+            ("TTFT", *pair("ttft")),
+            ("end-to-end", *pair("e2e")),
+            ("per token", *pair("tpot")),
+            ("inter-token", *pair("itl")),
+            ("queue", *pair("queue")),
+        ]
         self.query_one("#engine-latency", LatencyTable).set_rows(caption, table[:2] if self.short else table)

@@ -14,13 +14,23 @@ from textual.widgets import DataTable
 from llmconsole.console.tui.view import EngineView, Snapshot, fmt_count, fmt_ms, fmt_pct, fmt_rate, fmt_uptime, na
 
 STATE_STYLES = {
-    "ready": "green", "starting": "yellow", "unhealthy": "dark_orange", "stopping": "yellow",
-    "crashed": "red", "failed": "bold red", "stopped": "dim",
+    "ready": "green",
+    "starting": "yellow",
+    "unhealthy": "dark_orange",
+    "stopping": "yellow",
+    "crashed": "red",
+    "failed": "bold red",
+    "stopped": "dim",
 }
 
 COLUMNS = (
-    ("name", "name"), ("state", "state"), ("model", "model"), ("config", "config id"),
-    ("restarts", "restarts"), ("uptime", "uptime"), ("kernel", "kernel"),
+    ("name", "name"),
+    ("state", "state"),
+    ("model", "model"),
+    ("config", "config id"),
+    ("restarts", "restarts"),
+    ("uptime", "uptime"),
+    ("kernel", "kernel"),
 )
 WIDE_COLUMNS = (("kv", "KV"), ("running", "run"), ("gen", "gen tok/s"), ("ttft", "p99 TTFT"))
 

@@ -14,7 +14,7 @@ from textual import events
 from textual.screen import Screen
 from textual.widgets import Static
 
-NARROW = 100          # below this, keys that do nothing now are left out
+NARROW = 100  # below this, keys that do nothing now are left out
 PALETTE_MIN_WIDTH = 120
 
 

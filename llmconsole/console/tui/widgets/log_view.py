@@ -47,14 +47,19 @@ class LogTail(Static):
         if key == self._shown:
             return
         self._shown = key
-        self.border_title = (f"log: {self._name} · {self._view.describe(hidden)}" if self._name else "log")
+        self.border_title = f"log: {self._name} · {self._view.describe(hidden)}" if self._name else "log"
         if not tail:
             if not self._name:
                 self.update("")
             elif self._lines:
                 what = "search" if self._view.search else "quiet view"
-                self.update(Text(f"(no line of the newest {len(self._lines)} matches the {what}; "
-                                 "v shows every line, esc clears a search)", style="dim"))
+                self.update(
+                    Text(
+                        f"(no line of the newest {len(self._lines)} matches the {what}; "
+                        "v shows every line, esc clears a search)",
+                        style="dim",
+                    )
+                )
             else:
                 self.update(Text("(no log yet)", style="dim"))
             return

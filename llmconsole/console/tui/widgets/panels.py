@@ -24,12 +24,16 @@ class StatusLine(Static):
             return
         h = snapshot.host
         gpus = f"{len(h.gpus)} GPU(s)" if h.gpus else "no GPU"
-        self.update(layout=False, content=Text(
-            f"llmconsole · daemon pid {na(snapshot.daemon_pid)} v{na(snapshot.daemon_version)} · "
-            f"host CPU {na(h.cpu_pct, '{:.0f}%')}, mem {fmt_bytes(h.memory_used_bytes)} / "
-            f"{fmt_bytes(h.memory_total_bytes)} · {gpus} · {len(snapshot.engines)} engine(s)",
-            no_wrap=True, overflow="ellipsis",
-        ))
+        self.update(
+            layout=False,
+            content=Text(
+                f"llmconsole · daemon pid {na(snapshot.daemon_pid)} v{na(snapshot.daemon_version)} · "
+                f"host CPU {na(h.cpu_pct, '{:.0f}%')}, mem {fmt_bytes(h.memory_used_bytes)} / "
+                f"{fmt_bytes(h.memory_total_bytes)} · {gpus} · {len(snapshot.engines)} engine(s)",
+                no_wrap=True,
+                overflow="ellipsis",
+            ),
+        )
 
 
 class DaemonBanner(Static):
@@ -43,10 +47,13 @@ class DaemonBanner(Static):
     def show(self, reason: str | None, retry_s: float) -> None:
         self.set_class(reason is not None, "-lost")
         if reason is not None:
-            self.update(Text.assemble(
-                ("daemon lost", "bold"), f": {reason}\n",
-                f"retrying every {retry_s:.0f} s; the figures below are the last ones it sent",
-            ))
+            self.update(
+                Text.assemble(
+                    ("daemon lost", "bold"),
+                    f": {reason}\n",
+                    f"retrying every {retry_s:.0f} s; the figures below are the last ones it sent",
+                )
+            )
 
 
 class AlertStrip(Static):
@@ -82,19 +89,29 @@ def window_parts(engine: EngineView | None) -> list[Text]:
     c = engine.controller if engine is not None else None
     if c is None:
         return [Text.assemble(("batch window  ", "bold"), ("none: the engine is not behind the gateway", "dim"))]
-    state = (Text("frozen (f resumes it)", style="bold yellow") if c.frozen
-             else Text(f"controlled ({c.action})" if c.action else "controlled", style="green"))
+    state = (
+        Text("frozen (f resumes it)", style="bold yellow")
+        if c.frozen
+        else Text(f"controlled ({c.action})" if c.action else "controlled", style="green")
+    )
     signal = SIGNALS.get(c.signal or "", c.signal or "signal")
     measured, target = c.measured_now_ms, c.target_ms
     if measured is None:
-        signal_text = Text.assemble((no_samples_text(c.signal, c.recent_ok, c.recent_streamed), "yellow"),
-                                    f" (target {na(target, '{:.0f}')} ms)")
+        signal_text = Text.assemble(
+            (no_samples_text(c.signal, c.recent_ok, c.recent_streamed), "yellow"),
+            f" (target {na(target, '{:.0f}')} ms)",
+        )
     else:
         over = target is not None and measured > 1.1 * target
-        signal_text = Text.assemble(f"{signal} ", (f"{measured:.0f} ms", "red" if over else "green"),
-                                    f" / target {na(target, '{:.0f}')} ms")
-    return [Text.assemble(("batch window  ", "bold"), f"{na(c.window)} in {na(c.min_window)}-{na(c.max_window)}"),
-            state, signal_text, Text(f"in flight {na(c.in_flight)}, queued {na(c.queued)}")]
+        signal_text = Text.assemble(
+            f"{signal} ", (f"{measured:.0f} ms", "red" if over else "green"), f" / target {na(target, '{:.0f}')} ms"
+        )
+    return [
+        Text.assemble(("batch window  ", "bold"), f"{na(c.window)} in {na(c.min_window)}-{na(c.max_window)}"),
+        state,
+        signal_text,
+        Text(f"in flight {na(c.in_flight)}, queued {na(c.queued)}"),
+    ]
 
 
 class WindowStrip(Static):

@@ -28,13 +28,19 @@ def planner_lines(spec: EngineSpec | None, mem: HostMemory | None) -> list[tuple
         return lines + [("dim", n) for n in verdict.notes]
     cap = verdict.capacity
     if cap is not None:
-        lines.append(("", f"KV {cap.num_blocks:,} blocks = {cap.tokens:,} tokens, "
-                          f"{cap.max_concurrency:.2f} requests of {cap.max_model_len:,}"))
+        lines.append(
+            (
+                "",
+                f"KV {cap.num_blocks:,} blocks = {cap.tokens:,} tokens, "
+                f"{cap.max_concurrency:.2f} requests of {cap.max_model_len:,}",
+            )
+        )
     if verdict.ok:
         lines.append(("green", f"fits: needs {verdict.needed_bytes or 0:,} B of {verdict.available_bytes or 0:,} B"))
     else:
-        lines.append(("red", f"DOES NOT FIT: needs {verdict.needed_bytes or 0:,} B, "
-                             f"has {verdict.available_bytes or 0:,} B"))
+        lines.append(
+            ("red", f"DOES NOT FIT: needs {verdict.needed_bytes or 0:,} B, has {verdict.available_bytes or 0:,} B")
+        )
         if verdict.nearest:
             nearest = ", ".join(f"{k}={v:,}" if isinstance(v, int) else f"{k}={v}" for k, v in verdict.nearest.items())
             lines.append(("yellow", f"nearest that fits: {nearest}"))
