@@ -75,7 +75,7 @@ def cuda_kernel():
 CASES = [  # dtype, head size, GQA group, block size, layout, contexts
     (torch.bfloat16, 128, 4, 16, "LBNHC", [1, 15, 16, 17, 1000, 4097]),
     (torch.bfloat16, 64, 8, 32, "LBHNC", [3, 700, 2049]),
-    (torch.float32, 128, 1, 16, "LBNHC", [1, 129, 3000]),
+    (torch.float16, 128, 1, 16, "LBNHC", [1, 129, 3000]),
     (torch.bfloat16, 256, 2, 16, "LBHNC", [16_000, 40]),
 ]
 
