@@ -6,7 +6,9 @@ daemon reads it to adopt the engines that are still serving and to restart the o
 while no daemon was watching. It holds the engines' API keys, which a restart needs, and the
 values of the secret-named env vars (HF_TOKEN, ...) each engine has run with, by name, which a
 rollback to an older version needs; so it is private to the user like ~/.netrc, and nothing else
-the console writes ever holds them (the config history keeps those names only).
+the console writes ever holds them (the config history keeps those names only). The keys of
+other hosts' engines that the gateway's groups route to are kept apart, in the gateway's own
+0600 file remote-members.json.
 
 Nothing in it is ever dropped. A stored spec that no longer validates (its model directory was
 moved, a field from a newer version) stays, verbatim, and its engine stays listed as `invalid`

@@ -15,6 +15,8 @@ class Stub:
         self.name, self.chunks, self.delay_s, self.api_key = name, chunks, delay_s, api_key
         self.active = self.peak = self.started = self.cancelled = self.finished = 0
         self.auth_seen: list[str | None] = []
+        self.healthy = True  # what /health answers: 200, else 503
+        self.health_checks = 0
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         self.auth_seen.append(request.headers.get("Authorization"))
@@ -47,14 +49,25 @@ class Stub:
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": self.name}]})
 
-    async def start(self) -> str:
+    async def health(self, request: web.Request) -> web.Response:
+        self.health_checks += 1
+        return web.Response(status=200 if self.healthy else 503)
+
+    async def start(self, port: int = 0) -> str:
+        """Listen on `port` (0: a free one); a stub stopped with `stop` can start again on its port."""
         app = web.Application()
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.completions)
         app.router.add_get("/v1/models", self.models)
-        self.runner = web.AppRunner(app, handler_cancellation=True)
+        app.router.add_get("/health", self.health)
+        self.runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.1)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        site = web.TCPSite(self.runner, "127.0.0.1", port, reuse_address=True)
         await site.start()
-        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        self.port = site._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
         return self.url
+
+    async def stop(self) -> None:
+        """Go away as an engine that is stopped does: the port closes, requests in flight end unanswered."""
+        await self.runner.cleanup()

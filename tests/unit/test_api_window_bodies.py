@@ -43,10 +43,16 @@ class _RecordingService:
         self.state.update(settings, **({"window": window, "frozen": True} if window is not None else {}))
         return {"engine": name, **self.state}
 
-    def set_group(self, name, engines):
-        self.calls.append(("group", name, engines))
+    def set_group(self, name, engines, remote=None):
+        self.calls.append(("group", name, engines, *([remote] if remote else [])))
         self.membership.groups[name] = tuple(engines)
         return {"group": name, "engines": engines}
+
+    async def check_remotes(self):
+        self.calls.append(("check",))
+
+    def group_state(self, name):
+        return {"group": name, "engines": list(self.membership.groups[name]), "checked": True}
 
 
 def _post(method: str, path: str, data: str, store: Store | None = None) -> tuple[int, dict, list]:
@@ -84,6 +90,27 @@ def test_group_body_errors_and_a_good_one():
         assert status == 400 and body["error"] and calls == [], data
     status, body, calls = _post("PUT", "/v1/groups/fast", '{"engines": ["a", "b"]}')
     assert status == 200 and calls == [("group", "fast", ["a", "b"])]
+
+
+def test_a_group_body_with_engines_of_other_hosts(tmp_path):
+    for data, error in (
+        ('{"engines": ["a"], "remote": []}', '"remote" must be an object'),
+        ('{"engines": ["a"], "remote": {"b": {"url": "http://h:1"}}}', "'b' is not ENGINE@HOST"),
+        ('{"engines": ["a"], "remote": {"b@h": {"url": "http://h", "api_key": "sekrit"}}}', "must be http://HOST:PORT"),
+        ('{"engines": ["a"], "nodes": {}}', "unknown fields: nodes"),
+    ):
+        status, body, calls = _post("PUT", "/v1/groups/fast", data)
+        assert status == 400 and error in body["error"] and "sekrit" not in body["error"] and calls == [], data
+    good = '{"engines": ["a", "b@h"], "remote": {"b@h": {"url": "http://10.0.0.2:8001", "api_key": "sekrit"}}}'
+    with Store.open(tmp_path / "llmconsole.db") as store:
+        status, body, calls = _post("PUT", "/v1/groups/fast", good, store)
+        (action,) = store.actions()
+    assert status == 200 and body["checked"]  # answered after the members were asked for their health
+    (_, name, engines, remote), check = calls
+    assert (name, engines, check) == ("fast", ["a", "b@h"], ("check",))
+    assert (remote["b@h"].url, remote["b@h"].api_key) == ("http://10.0.0.2:8001", "sekrit")
+    assert action.detail["to"] == {"engines": ["a", "b@h"], "remote": {"b@h": "http://10.0.0.2:8001"}}
+    assert "sekrit" not in str(action.detail)
 
 
 def test_window_and_group_changes_are_recorded_from_and_to(tmp_path):

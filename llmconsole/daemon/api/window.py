@@ -8,7 +8,10 @@ window and its PID controller). `name` in a window route is a group, or an engin
                                     any subset; "set" fixes the window and freezes the controller
   GET    /v1/groups                 every group served: named ones and each other engine's own,
                                     then removed ones still finishing ("retired": true, no URL)
-  PUT    /v1/groups/{name}          {"engines": ["a", "b"]}: form the named group, or change it
+  PUT    /v1/groups/{name}          {"engines": ["a", "b"]}: form the named group, or change it;
+                                    engines of other hosts are named ENGINE@HOST, and "remote":
+                                    {"b@gpu1": {"url", "api_key", "models"}} says where each listens
+                                    (the CLI asks their hosts' daemons)
   DELETE /v1/groups/{name}          dissolve it; its engines go back to groups of their own
   GET    /v1/gateway                the door: URL, limits, connections and their cap, refusals
                                     by reason, whether a key is required and where it is kept
@@ -32,6 +35,7 @@ from llmconsole.daemon.http import error_response, json_body, peer_user, session
 from llmconsole.daemon.services.gateway_service import GatewayService
 from llmconsole.daemon.services.rollback import ActionLog
 from llmconsole.engine.gateway.membership import UnknownGroup
+from llmconsole.engine.gateway.remote import RemoteMember
 
 _SETTINGS = ("target_ms", "signal", "min_window", "max_window", "kp", "ki", "kd")
 
@@ -90,18 +94,41 @@ def _members(gateway: GatewayService, name: str) -> list[str] | None:
     return list(groups[name]) if name in groups else None
 
 
+def _remote_members(body: Any) -> dict[str, RemoteMember]:
+    """The body's "remote" object: ENGINE@HOST -> {"url", "api_key", "models"}; ValueError
+    says what is wrong, never with a key in it."""
+    if body is None:
+        return {}
+    if not isinstance(body, dict):
+        raise ValueError('"remote" must be an object: {"ENGINE@HOST": {"url": ..., "api_key": ..., "models": [...]}}')
+    return {name: RemoteMember.from_json(name, entry) for name, entry in body.items()}
+
+
 async def put_group(request: web.Request) -> web.Response:
     ctx = context_of(request)
     gateway = ctx.need_gateway()
-    engines = (await json_body(request)).get("engines")
+    body = await json_body(request)
+    engines = body.get("engines")
     if not isinstance(engines, list) or not all(isinstance(e, str) for e in engines):
         return error_response(400, 'request body must be {"engines": ["name", ...]}')
+    unknown = set(body) - {"engines", "remote"}
+    if unknown:
+        return error_response(400, f"unknown fields: {', '.join(sorted(unknown))}")
+    try:
+        remote = _remote_members(body.get("remote"))
+    except ValueError as e:
+        return error_response(400, str(e))
     name = request.match_info["name"]
     with ActionLog(ctx.store).change(
         "group", name, peer_user(request), session_id=session_of(request), before={"engines": _members(gateway, name)}
     ) as done:
-        state = gateway.set_group(name, engines)
+        state = gateway.set_group(name, engines, remote)
         done["to"] = {"engines": _members(gateway, name)}
+        if remote:  # where the other hosts' engines are is part of the change; their keys never are
+            done["to"]["remote"] = {n: m.url for n, m in sorted(remote.items())}
+    if remote:
+        await gateway.check_remotes()  # what they answer now, rather than a second from now
+        state = gateway.group_state(name)
     return web.json_response(state)
 
 

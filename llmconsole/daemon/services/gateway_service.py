@@ -20,6 +20,11 @@ The door's limits are gateway.json's "limits" (see engine/gateway/door.py; any s
 default). The gateway's own key is LLMCONSOLE_GATEWAY_KEY, else the 0600 file gateway.key in the
 data directory; it is required whenever any engine behind the gateway has a key (the file is
 then created if there is none) and whenever the operator set one.
+
+A named group may hold engines of other hosts (ENGINE@HOST, see engine/gateway/remote.py): their
+address, API key and model names come with the group's PUT and are kept in the 0600 file
+remote-members.json (never in gateway.json, which holds no secret). A watch asks each of them
+for /health once a second and copies what it finds into their groups with every sync.
 """
 
 from __future__ import annotations
@@ -34,17 +39,20 @@ import secrets
 import stat
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
+
+import aiohttp
 
 from llmconsole.db import Store
 from llmconsole.engine.fleet import Fleet, UnknownEngine
 from llmconsole.engine.gateway.door import DoorLimits
 from llmconsole.engine.gateway.group import EngineGroup, Upstream
-from llmconsole.engine.gateway.membership import Membership, UnknownGroup
+from llmconsole.engine.gateway.membership import GroupError, Membership, UnknownGroup
 from llmconsole.engine.gateway.pid import PidSettings, TraceSample
 from llmconsole.engine.gateway.proxy import Gateway, state_of
+from llmconsole.engine.gateway.remote import RemoteMember, RemoteWatch, members_json, read_members
 from llmconsole.engine.status import EngineState, EngineStatus
 
 log = logging.getLogger(__name__)
@@ -83,6 +91,11 @@ class GatewayService:
         self.host = host or os.environ.get(HOST_ENV) or "127.0.0.1"
         self._file = fleet.paths.data_dir / "gateway.json"
         self.key_file = fleet.paths.data_dir / "gateway.key"
+        self.remotes_file = fleet.paths.data_dir / "remote-members.json"
+        self.remotes: dict[str, RemoteMember] = self._read_remotes()  # ENGINE@HOST -> where, key
+        self.watch = RemoteWatch()
+        self._http: aiohttp.ClientSession | None = None
+        self._watch_task: asyncio.Task[None] | None = None
         saved = self._read_file()
         env_port = os.environ.get(PORT_ENV)
         self._port_from = (
@@ -120,28 +133,35 @@ class GatewayService:
         self._save()
         self.fleet.status_annotators.append(self.annotate)
         self._task = asyncio.create_task(self._loop(), name="gateway-control")
+        # Other hosts' engines: a small pool of its own, apart from the requests' connections.
+        self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit_per_host=2))
+        self._watch_task = asyncio.create_task(self._watch_loop(), name="gateway-remote-watch")
         return url
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        for task in (self._task, self._watch_task):
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
         self._save()
         await self.gateway.close()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
 
     # --- engines -> groups ----------------------------------------------------------------
 
     def sync(self) -> None:
         groups = self.gateway.groups
         names = list(self.fleet.engines)
-        pruned = self.membership.pruned(names)
+        pruned = self.membership.pruned(names, remote=self.remotes)
         if pruned is not self.membership:
             self.membership = pruned  # engines that left the fleet left their groups
             self._save()
-        layout = self.membership.layout(names)
+        layout = self.membership.layout(names, remote=self.remotes)
         known: dict[str, Upstream] = {}
         for g in [*self._draining, *groups.values()]:
             known.update(g.upstreams)
@@ -156,6 +176,13 @@ class GatewayService:
             for name in members:
                 if name not in group.upstreams and name in known:
                     group.upstreams[name] = known[name]  # one object: its outstanding count carries over
+                remote = self.remotes.get(name)
+                if remote is not None:  # another host's engine: ready while it answers its checks
+                    up = group.upstreams.get(name)
+                    ready = self.watch.routable(name, up.down_at if up is not None else None)
+                    group.set_upstream(name, remote.url, ready, remote.api_key, remote=True)
+                    models.update(remote.models)
+                    continue
                 st = self.fleet.engines[name].status()
                 spec = self.fleet.engines[name].spec
                 key = spec.api_key.get_secret_value() if spec.api_key else None
@@ -172,7 +199,8 @@ class GatewayService:
         """Let retired groups finish what they admitted or queued, on the engines they had."""
         still = []
         for g in self._draining:
-            for name in [n for n in g.upstreams if n not in self.fleet.engines]:
+            # Engines that left the fleet leave it; another host's engine stays until it is empty.
+            for name in [n for n, u in g.upstreams.items() if n not in self.fleet.engines and not u.remote]:
                 g.remove_upstream(name)
             g.refresh_open()
             if g.admission.in_flight or g.admission.queued:
@@ -208,6 +236,23 @@ class GatewayService:
             except Exception:  # the front door must keep serving whatever a step does
                 log.exception("gateway control step failed")
             await asyncio.sleep(SYNC_INTERVAL_S)
+
+    async def _watch_loop(self) -> None:
+        while True:
+            try:
+                await self.check_remotes()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the watch must keep going whatever one round does
+                log.exception("checking the engines of other hosts failed")
+            await asyncio.sleep(self.watch.interval_s)
+
+    async def check_remotes(self) -> None:
+        """Ask every remote member for its health now, and route by what they said."""
+        if self._http is None:
+            return
+        await self.watch.check_all(self._http, dict(self.remotes))
+        self.sync()
 
     def _store_trace(self, samples: list[tuple[str, TraceSample]]) -> None:
         """Write controller steps to the store when the daemon has one; idle holds are not kept."""
@@ -322,11 +367,20 @@ class GatewayService:
 
     def window_state(self, name: str, trace_points: int = 600) -> dict[str, Any]:
         group = self.group(name)
+        state = group.state_json(trace_points)
         return {
             "engine": name,
             "group": group.name,
             "gateway_url": self.gateway.group_url(group.name),
-            **group.state_json(trace_points),
+            **state,
+            "engines": self._members_state(state["engines"]),
+        }
+
+    def _members_state(self, engines: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """A group's engines as the control API shows them; another host's with what its checks
+        found (never its key)."""
+        return {
+            name: {**e, "health": self.watch.state_json(name)} if e.get("remote") else e for name, e in engines.items()
         }
 
     # --- named groups ---------------------------------------------------------------------
@@ -345,6 +399,7 @@ class GatewayService:
                     "named": not retired and name in self.membership.groups,
                     "retired": retired,
                     "engines": list(g.upstreams),
+                    "members": self._members_state(g.state_json(trace_points=0)["engines"]),
                     "gateway_url": None if retired else self.gateway.group_url(name),
                     "window": st.window,
                     "frozen": g.controller.frozen,
@@ -354,16 +409,31 @@ class GatewayService:
             )
         return out
 
-    def set_group(self, name: str, engines: list[str]) -> dict[str, Any]:
-        """Form or change a named group; bad input raises GroupError and changes nothing."""
-        new = self.membership.with_group(name, engines, self.fleet.engines)
+    def set_group(
+        self, name: str, engines: list[str], remote: Mapping[str, RemoteMember] | None = None
+    ) -> dict[str, Any]:
+        """Form or change a named group; bad input raises GroupError and changes nothing.
+        `remote`: where the group's engines of other hosts (ENGINE@HOST) listen, and their keys;
+        one named again without them keeps what the daemon had."""
+        remote = dict(remote or {})
+        stray = sorted(set(remote) - set(engines))
+        if stray:
+            raise GroupError(f"an address was given for engines the group does not name: {', '.join(stray)}")
+        new = self.membership.with_group(name, engines, self.fleet.engines, remote=[*self.remotes, *remote])
         group = self.gateway.groups.get(name)
         self.membership = new
+        self.remotes.update(remote)
+        self._prune_remotes()
         if group is not None:  # engines the group no longer names go back to groups of their own
-            for gone in [e for e in group.upstreams if e in self.fleet.engines and e not in engines]:
-                group.remove_upstream(gone)
+            gone = [n for n, u in group.upstreams.items() if (n in self.fleet.engines or u.remote) and n not in engines]
+            for n in gone:
+                group.remove_upstream(n)
         self.sync()
         self._save()
+        return self.group_state(name)
+
+    def group_state(self, name: str) -> dict[str, Any]:
+        """A named group as `group ls` shows it."""
         return next(g for g in self.groups_state() if g["group"] == name and not g["retired"])
 
     def remove_group(self, name: str) -> list[str]:
@@ -372,6 +442,7 @@ class GatewayService:
             raise UnknownGroup(name)
         members = list(self.membership.groups[name])
         self.membership = self.membership.without_group(name)
+        self._prune_remotes()
         group = self.gateway.groups.get(name)
         if group is not None and name in self.fleet.engines:  # the group was named after one of its
             for other in [e for e in members if e != name]:  # engines: it goes on as that one's own
@@ -414,6 +485,36 @@ class GatewayService:
         return self.window_state(name, trace_points=60)
 
     # --- persistence ----------------------------------------------------------------------
+
+    def _prune_remotes(self) -> None:
+        """Forget the address and key of another host's engine that no group names any more, and
+        keep the file as the daemon holds them."""
+        named = {m for members in self.membership.groups.values() for m in members}
+        self.remotes = {n: m for n, m in self.remotes.items() if n in named}
+        self._save_remotes()
+
+    def _read_remotes(self) -> dict[str, RemoteMember]:
+        """remote-members.json: made 0600 first if others could read it (it holds keys)."""
+        try:
+            if self.remotes_file.stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+                log.warning("%s could be read by other users; it is now 0600", self.remotes_file)
+                os.chmod(self.remotes_file, 0o600)
+            data = json.loads(self.remotes_file.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as e:
+            log.error("%s cannot be read (%s); groups hold no engine of another host", self.remotes_file, e)
+            return {}
+        return read_members(data, str(self.remotes_file))
+
+    def _save_remotes(self) -> None:
+        """Written whole and replaced at once, 0600 from the start (mkstemp's mode)."""
+        if not self.remotes and not self.remotes_file.exists():
+            return
+        fd, tmp = tempfile.mkstemp(dir=self.remotes_file.parent, prefix=".remote-members.", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(members_json(self.remotes), indent=1))
+        os.replace(tmp, self.remotes_file)
 
     def _read_file(self) -> dict[str, Any]:
         try:

@@ -36,6 +36,10 @@ class Upstream:
     outstanding: int = 0
     held: bool = False  # taken out of routing for a restart; set apart from `ready`,
     # which the daemon copies from the engine's state
+    remote: bool = False  # an engine of another host (ENGINE@HOST): its key opens no door here
+    requests: int = 0  # requests sent to it since it joined, for the group's per-engine counts
+    resent: int = 0  # of those, the ones it refused or failed as it went away, sent again
+    down_at: float | None = None  # when a request last found it refusing (monotonic s)
 
     @property
     def routable(self) -> bool:
@@ -138,13 +142,16 @@ class EngineGroup:
 
     # --- engines --------------------------------------------------------------------------
 
-    def set_upstream(self, name: str, url: str | None, ready: bool, api_key: str | None = None) -> None:
+    def set_upstream(
+        self, name: str, url: str | None, ready: bool, api_key: str | None = None, *, remote: bool = False
+    ) -> None:
         up = self.upstreams.get(name)
         if up is None:
-            up = self.upstreams[name] = Upstream(name, url or "", api_key, ready=False)
+            up = self.upstreams[name] = Upstream(name, url or "", api_key, ready=False, remote=remote)
         if url:
             up.url = url.rstrip("/")
         up.api_key = api_key
+        up.remote = remote
         up.ready = bool(ready and up.url)
         self.refresh_open()
 
@@ -172,6 +179,7 @@ class EngineGroup:
     def mark_down(self, up: Upstream) -> None:
         """The engine refused a connection: hold requests until the daemon sees it ready again."""
         up.ready = False
+        up.down_at = time.monotonic()
         self.refresh_open()
 
     def pick(self) -> Upstream | None:
@@ -179,13 +187,22 @@ class EngineGroup:
         return min(ready, key=lambda u: u.outstanding) if ready else None
 
     def api_keys(self) -> list[str]:
+        """Every engine's key, other hosts' included: any of them means the door needs a key."""
         return [u.api_key for u in self.upstreams.values() if u.api_key]
 
+    def door_keys(self) -> list[str]:
+        """The keys a client may give at this group's door besides the gateway's: this host's
+        engines' own. An engine of another host keeps its key to itself: a client holding it
+        reaches that engine, not the rest of the group."""
+        return [u.api_key for u in self.upstreams.values() if u.api_key and not u.remote]
+
     def authorized(self, header: str | None) -> bool:
-        """The engines' API key guards the group's door too; no key set means an open door."""
-        keys = self.api_keys()
-        if not keys:
+        """This host's engines' API keys guard the group's door too; no key set means an open
+        door. A key only another host's engine has closes the door to everything but the
+        gateway's own key (which the gateway checks)."""
+        if not self.api_keys():
             return True
+        keys = self.door_keys()
         given = (header or "").removeprefix("Bearer ").strip().encode()
         return any(hmac.compare_digest(given, k.encode()) for k in keys)
 
@@ -259,7 +276,15 @@ class EngineGroup:
             "timed_out_total": st.timed_out_total,
             "max_in_flight_seen": st.max_in_flight_seen,
             "engines": {
-                u.name: {"url": u.url, "ready": u.ready, "held": u.held, "outstanding": u.outstanding}
+                u.name: {
+                    "url": u.url,
+                    "ready": u.ready,
+                    "held": u.held,
+                    "outstanding": u.outstanding,
+                    "requests": u.requests,
+                    "resent": u.resent,
+                    "remote": u.remote,
+                }
                 for u in self.upstreams.values()
             },
         }

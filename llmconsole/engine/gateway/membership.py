@@ -5,6 +5,10 @@ A group is what one admission window and one controller apply to, and what one r
 (/g/<group>/v1/...): a high-batch group and a low-latency group can sit behind one front door.
 Membership is an immutable value; every change returns a new one, checked against the fleet's
 engine names first, so a bad request changes nothing. The daemon keeps it in gateway.json.
+
+A member may be an engine of another host, named ENGINE@HOST (engine names hold no '@', so the
+two never meet). Such a member is known only while the daemon holds its address (remote.py):
+it is checked against those names, and it never gets a group of its own here.
 """
 
 from __future__ import annotations
@@ -48,12 +52,14 @@ class Membership:
                 return name
         return engine
 
-    def layout(self, engines: Iterable[str]) -> dict[str, tuple[str, ...]]:
-        """Every group the gateway serves now: named groups (with the engines the fleet holds)
-        and one per engine in no named group. An engine that was created later under a named
-        group's name has no route of its own until one of the two is renamed or removed."""
+    def layout(self, engines: Iterable[str], remote: Iterable[str] = ()) -> dict[str, tuple[str, ...]]:
+        """Every group the gateway serves now: named groups (with the engines the fleet holds and
+        the `remote` members whose address is known) and one per engine in no named group. An
+        engine that was created later under a named group's name has no route of its own until
+        one of the two is renamed or removed."""
         engines = list(engines)
-        out = {name: tuple(e for e in members if e in engines) for name, members in self.groups.items()}
+        known = {*engines, *remote}
+        out = {name: tuple(e for e in members if e in known) for name, members in self.groups.items()}
         out = {name: members for name, members in out.items() if members}
         grouped = {e for members in out.values() for e in members}
         for e in engines:
@@ -82,12 +88,17 @@ class Membership:
 
     # --- changes --------------------------------------------------------------------------
 
-    def with_group(self, name: str, members: Iterable[str], engines: Iterable[str]) -> Membership:
+    def with_group(
+        self, name: str, members: Iterable[str], engines: Iterable[str], remote: Iterable[str] = ()
+    ) -> Membership:
         """Form group `name` of `members` (or set the engines of an existing one). Engines it
-        held before and that are not named again go back to groups of their own."""
+        held before and that are not named again go back to groups of their own. `remote`: the
+        members of other hosts whose address is known."""
         check_group_name(name)
         members = list(members)
-        engines = set(engines)
+        remote = set(remote)
+        local = set(engines)
+        engines = local | remote
         problems = []
         if not members:
             problems.append(f"group {name} needs at least one engine")
@@ -95,13 +106,16 @@ class Membership:
         if twice:
             problems.append(f"engines named more than once: {', '.join(twice)}")
         for m in dict.fromkeys(members):
+            if m not in engines and "@" in m:
+                problems.append(f"no address known for {m} (`llmconsole group set` asks its host for it)")
+                continue
             if m not in engines:
                 problems.append(f"no engine named {m!r}")
                 continue
             other = self.group_of(m)
             if other != m and other != name:
                 problems.append(f"engine {m} is already in group {other} (change or remove that group first)")
-        if name in engines and name not in members:
+        if name in local and name not in members:
             problems.append(
                 f"the name {name!r} is taken by an engine outside the group: its own group "
                 f"has that route; choose another name or include {name}"
@@ -118,9 +132,10 @@ class Membership:
             raise UnknownGroup(name)
         return Membership({n: m for n, m in self.groups.items() if n != name})
 
-    def pruned(self, engines: Iterable[str]) -> Membership:
-        """Engines that left the fleet leave their group; a group left empty disappears."""
-        engines = set(engines)
+    def pruned(self, engines: Iterable[str], remote: Iterable[str] = ()) -> Membership:
+        """Engines that left the fleet (and members of other hosts whose address is no longer
+        known) leave their group; a group left empty disappears."""
+        engines = {*engines, *remote}
         groups = {n: tuple(e for e in m if e in engines) for n, m in self.groups.items()}
         groups = {n: m for n, m in groups.items() if m}
         return self if groups == dict(self.groups) else Membership(groups)

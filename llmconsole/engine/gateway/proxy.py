@@ -15,6 +15,11 @@ The key: when the gateway has a key of its own (`key`), or any engine behind it 
 request must carry a key: the gateway's, or (on a group's requests) one of that group's engines'
 keys. Engines get their own key from the gateway, never the client's.
 
+A request that nothing was answered to yet goes to the group's next ready engine (or waits in
+the queue for one) when its engine refused its connection, closed it before answering, or failed
+it with a 5xx while going away (a stop or a crash: its /health then fails too); the client sees
+the answer only. A stream whose answer has begun is never sent twice.
+
 How requests end (group.py lists the outcomes): a client that goes away cancels its request,
 queued or running (the server cancels the handler, which closes the upstream connection, and
 vLLM aborts a request whose connection closed). A stream's bytes are handed to the client's
@@ -94,6 +99,7 @@ _DROP_HEADERS = frozenset(
 )
 _DROP_RESPONSE_HEADERS = _DROP_HEADERS - {"authorization"}
 _NOT_READY_RETRY_S = 0.2
+_GONE_PROBE_S = 2.0
 
 
 def error_response(
@@ -175,9 +181,9 @@ class Gateway:
     # --- the door ---------------------------------------------------------------------------
 
     def _key_ok(self, header: str | None, groups: list[EngineGroup]) -> bool:
-        """The gateway's key, or an engine key of one of `groups`; no key anywhere: open."""
-        keys = [k for g in groups for k in g.api_keys()]
-        if self.key is None and not keys:
+        """The gateway's key, or a local engine's key of one of `groups`; no key anywhere: open."""
+        keys = [k for g in groups for k in g.door_keys()]
+        if self.key is None and not any(g.api_keys() for g in groups):
             return True
         if not header or not header.startswith("Bearer "):
             return False
@@ -365,6 +371,7 @@ class Gateway:
                     return await self._forward(request, group, up, path, body, arrived, queue_s, conn)
                 except _EngineRefused:
                     group.mark_down(up)  # it restarts: wait for it in the queue, within the bound
+                    up.resent += 1
                     if time.monotonic() >= deadline:
                         return self._refuse(
                             group,
@@ -425,6 +432,7 @@ class Gateway:
         headers = [f"{k}: {v}" for k, v in request.headers.items() if k.lower() not in _DROP_HEADERS]
         dispatched = time.monotonic()
         up.outstanding += 1
+        up.requests += 1
         first_s = None
         chunks = 0
         last = prev = b""
@@ -439,6 +447,9 @@ class Gateway:
                 out_headers = CIMultiDict((k, v) for k, v in r.headers if k.lower() not in _DROP_RESPONSE_HEADERS)
                 if r.content_type != "text/event-stream":
                     data = await r.read()
+                    if r.status >= 500 and await self._going_away(up):
+                        # Nothing reached the client: the request goes to the group's next engine.
+                        raise _EngineRefused(f"engine {up.name} answered {r.status} as it went away")
                     resp = web.Response(body=data, status=r.status, headers=out_headers)
                 else:
                     resp = web.StreamResponse(status=r.status, headers=out_headers)
@@ -543,6 +554,20 @@ class Gateway:
         )
         return resp
 
+    async def _going_away(self, up: Upstream) -> bool:
+        """Whether an engine that just failed a request is going away: vLLM answers /health with
+        503 once its engine core is dead, and nothing once its server has stopped. Its failures
+        then were its end (a stop, a crash), not the requests'."""
+        try:
+            r = await asyncio.wait_for(self._send(up, "GET", "/health", "", [], b""), _GONE_PROBE_S)
+            try:
+                await asyncio.wait_for(r.read(), _GONE_PROBE_S)
+            finally:
+                r.close()
+        except (UpstreamError, TimeoutError):
+            return True
+        return r.status == 503
+
     async def _abort_stream(self, request: web.BaseRequest, up: Upstream, e: BaseException) -> None:
         """End a stream whose engine died: an error event the OpenAI clients raise, then the
         connection closes without the body's end, so no client can take the text for whole."""
@@ -636,7 +661,8 @@ class Gateway:
 
 
 class _EngineRefused(Exception):
-    """The engine did not take the connection (restarting or gone): nothing reached it."""
+    """The engine did not take the request (restarting or gone), or failed it as it went away:
+    nothing of an answer reached the client, so another engine may serve it."""
 
 
 def _client_gone(conn: Connection | None) -> str:
