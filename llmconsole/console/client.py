@@ -228,8 +228,19 @@ class DaemonClient:
         groups: list[dict[str, Any]] = self._call("GET", "/groups")["groups"]
         return groups
 
-    def set_group(self, name: str, engines: list[str]) -> dict[str, Any]:
-        return self._call("PUT", f"/groups/{name}", json={"engines": engines})
+    def set_group(
+        self, name: str, engines: list[str], remote: dict[str, dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
+        """`remote`: ENGINE@HOST -> {"url", "api_key", "models"} for the members of other hosts."""
+        body: dict[str, Any] = {"engines": engines}
+        if remote:
+            body["remote"] = remote
+        return self._call("PUT", f"/groups/{name}", json=body)
+
+    def member(self, name: str) -> dict[str, Any]:
+        """Where an engine listens, its model names and its API key: what a gateway group of
+        another host needs to route to it."""
+        return self._call("GET", f"/engines/{name}/member")
 
     def remove_group(self, name: str) -> dict[str, Any]:
         return self._call("DELETE", f"/groups/{name}")

@@ -59,6 +59,29 @@ def ssh_argv(
     return [*ssh_command(env), *SSH_OPTIONS, "-t" if tty else "-T", "--", destination, remote_command]
 
 
+def resolved_hostname(destination: str, env: Mapping[str, str] | None = None) -> str | None:
+    """The host name or address ssh would connect to for `destination`, after the operator's ssh
+    config (`ssh -G`: config only, no connection); None when ssh cannot say."""
+    try:
+        r = subprocess.run(
+            [*ssh_command(env), "-G", "--", destination],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if r.returncode != 0:
+        return None
+    for line in r.stdout.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "hostname" and value.strip():
+            return value.strip()
+    return None
+
+
 def ssh_reason(stderr: str) -> str:
     """What ssh said, without its chatter: the last few lines that carry words."""
     lines = [ln.strip() for ln in stderr.replace("\r", "\n").splitlines() if ln.strip()]

@@ -6,6 +6,9 @@ its own, under its own name.
   llmconsole group ls [--json]                 every group served, named or an engine's own, and
                                                a removed group still finishing its requests
   llmconsole group set fast e1 e2              form group "fast" of e1 and e2 (or change it)
+  llmconsole group set fast e1 e2@gpu1         ... with an engine of another host: its daemon is
+                                               asked (over ssh) where it listens and for its
+                                               key, and the gateway here sends it requests
   llmconsole group rm fast                     dissolve it (asks first); e1 and e2 go back to
                                                groups of their own
 """
@@ -14,10 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
-from llmconsole.console.cli_common import EXIT_USAGE, CliError, confirm, daemon_client
+from llmconsole.console.cli_common import EXIT_USAGE, CliError, confirm, current_host, daemon_client
 from llmconsole.console.client import DaemonError
+from llmconsole.console.hosts import HostCatalog
 
 
 def format_groups(groups: list[dict[str, Any]]) -> str:
@@ -27,9 +32,12 @@ def format_groups(groups: list[dict[str, Any]]) -> str:
     for g in groups:
         window = f"{g['window']}{' (frozen)' if g['frozen'] else ''}"
         name = g["group"] if g["named"] else f"{g['group']} ({'retired, finishing' if g.get('retired') else 'own'})"
-        rows.append(
-            (name, ",".join(g["engines"]), window, str(g["in_flight"]), str(g["queued"]), g["gateway_url"] or "-")
+        members = g.get("members") or {}
+        engines = ",".join(
+            f"{e} (down)" if members.get(e, {}).get("remote") and not members[e].get("ready") else e
+            for e in g["engines"]
         )
+        rows.append((name, engines, window, str(g["in_flight"]), str(g["queued"]), g["gateway_url"] or "-"))
     widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
@@ -52,17 +60,27 @@ def cmd_set(ns: argparse.Namespace) -> int:
         check_group_name(ns.name)  # before it becomes part of a URL
     except GroupError as e:
         raise CliError(str(e), EXIT_USAGE) from None
+    from llmconsole.console.members import resolve_members
+
+    catalog = getattr(ns, "catalog", None) or HostCatalog()
+    names, remote = resolve_members(catalog, current_host(), ns.engines)  # before anything changes
     with daemon_client() as client:
         try:
-            g = client.set_group(ns.name, ns.engines)
+            g = client.set_group(ns.name, names, {m.name: m.body() for m in remote})
         except DaemonError as e:
             raise _fail(e) from None
     if ns.json:
         print(json.dumps(g, indent=1))
-    else:
-        print(
-            f"group {g['group']}: {', '.join(g['engines'])}; window {g['window']}; clients use {g['gateway_url']}/v1/..."
-        )
+        return 0
+    print(f"group {g['group']}: {', '.join(g['engines'])}; window {g['window']}; clients use {g['gateway_url']}/v1/...")
+    for m in remote:
+        seen = (g.get("members") or {}).get(m.name, {})
+        health = seen.get("health") or {}
+        now = "answering" if seen.get("ready") else f"not answering yet ({health.get('reason') or 'not checked'})"
+        key = "its API key kept by the gateway's daemon" if m.api_key else "no API key"
+        print(f"  {m.name} at {m.url}: {now}; {key}")
+        if m.api_key is None and "//127.0.0.1:" not in m.url and "//[::1]:" not in m.url:
+            print(f"  note: {m.name} has no API key: whatever reaches {m.url} reaches it", file=sys.stderr)
     return 0
 
 
@@ -93,7 +111,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ls.set_defaults(func=cmd_ls)
     st = gs.add_parser("set", help="form a named group of engines, or change its engines")
     st.add_argument("name")
-    st.add_argument("engines", nargs="+", metavar="ENGINE")
+    st.add_argument(
+        "engines",
+        nargs="+",
+        metavar="ENGINE",
+        help="an engine of this host, or ENGINE@HOST: one of another host, bound to an address this host reaches",
+    )
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=cmd_set)
     rm = gs.add_parser("rm", help="dissolve a named group; its engines go back to groups of their own")

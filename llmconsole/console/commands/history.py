@@ -140,17 +140,23 @@ def cmd_rollback(ns: argparse.Namespace) -> int:
 
 
 def _known_secrets(state_file: Path) -> list[str]:
-    """Secrets the daemon holds (its state file: API keys, secret env values), so the export
-    can prove none leaked."""
+    """Secrets the daemon holds (its state file: API keys, secret env values; the keys of other
+    hosts' engines in its groups), so the export can prove none leaked."""
+    out: list[str] = []
     try:
         data = json.loads(state_file.read_text())
     except (OSError, ValueError):
-        return []
-    out: list[str] = []
+        data = {}
     for rec in data.get("engines", {}).values():
         spec = rec.get("spec") or {}
         out += [spec["api_key"]] if spec.get("api_key") else []
         out += [v for v in (rec.get("secret_env") or {}).values() if v]
+    try:
+        remote = json.loads((state_file.parent / "remote-members.json").read_text())
+    except (OSError, ValueError):
+        remote = {}
+    for member in (remote.get("members") or {}).values():
+        out += [member["api_key"]] if isinstance(member, dict) and member.get("api_key") else []
     return out
 
 

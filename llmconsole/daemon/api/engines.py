@@ -17,6 +17,10 @@ Routes (all under /v1):
                                     (within the drain timeout, default the supervision policy's)
                                     before it stops, so a planned restart cuts no stream.
   DELETE /engines/{name}            forget a stopped engine
+  GET  /engines/{name}/member       what a gateway group of another host needs to route to the
+                                    engine: where it listens (bind address, port), its model
+                                    names and its API key (the socket is its user's alone; each
+                                    read is logged with who asked)
   GET  /engines/{name}/logs         ?offset=N (bytes; omit for the tail) &max_bytes=M
 
 Errors are {"error": "...", "details": [...]} with 400 (bad input: nothing was changed),
@@ -188,6 +192,28 @@ async def delete_engine(request: web.Request) -> web.Response:
     return web.json_response({"removed": name})
 
 
+async def get_member(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    sup = context_of(request).fleet.get(name)
+    st = sup.status()
+    key = sup.spec.api_key.get_secret_value() if sup.spec.api_key else None
+    log.info(
+        "engine %s: its address and API key were read by %s, for a gateway group of another host",
+        name,
+        peer_user(request),
+    )
+    return web.json_response(
+        {
+            "engine": name,
+            "state": str(st.state),
+            "bind": sup.spec.host,
+            "port": st.port,
+            "models": [m for m in dict.fromkeys((st.served_model_name, st.model)) if m],
+            "api_key": key,
+        }
+    )
+
+
 async def get_logs(request: web.Request) -> web.Response:
     path = context_of(request).fleet.get(request.match_info["name"]).log_path
     try:
@@ -222,3 +248,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/engines/{name}/restart", _engine_handler("restart"))
     app.router.add_delete("/v1/engines/{name}", delete_engine)
     app.router.add_get("/v1/engines/{name}/logs", get_logs)
+    app.router.add_get("/v1/engines/{name}/member", get_member)
