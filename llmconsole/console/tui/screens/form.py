@@ -124,8 +124,9 @@ def validate_form(raw: dict[str, Any]) -> tuple[str | None, dict[str, Any] | Non
 class EngineFormScreen(ModalScreen[tuple[str, dict[str, Any]] | None]):
     BINDINGS = bindings_for("form")
 
-    def __init__(self) -> None:
+    def __init__(self, host: str | None = None) -> None:
         super().__init__()
+        self.host = host  # over several hosts: where the engine starts (the planner judges this one)
         self._touched: set[str] = set()
 
     def compose(self) -> ComposeResult:
@@ -158,7 +159,7 @@ class EngineFormScreen(ModalScreen[tuple[str, dict[str, Any]] | None]):
         yield ConsoleFooter()
 
     def on_mount(self) -> None:
-        self.query_one("#form-box").border_title = "start an engine"
+        self.query_one("#form-box").border_title = "start an engine" + (f" on {self.host}" if self.host else "")
         self.query_one("#f-name", Input).focus()
         self.query_one(PlannerPanel).show(None)
 
