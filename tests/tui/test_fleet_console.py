@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from llmconsole.console import cli
 from llmconsole.console.client import DaemonNotRunning, HostUnreachable
 from llmconsole.console.hosts import LOCAL_HOST, Destination, Host
 from llmconsole.console.tui import Command
@@ -325,3 +326,43 @@ def test_the_fleet_recording_is_two_hosts_of_real_answers():
     assert len(frames) == len(stream_frames())
     last = Snapshot.parse(frames[-1]["status"])
     assert [(h.name, h.state) for h in last.hosts] == [("gpu1", "up"), ("gpu2", "unreachable")]
+
+
+# --- the command line ----------------------------------------------------------------------
+
+
+def test_at_a_terminal_several_hosts_open_one_console(monkeypatch, tmp_path):
+    opened: list[list[str]] = []
+    monkeypatch.setattr("sys.stdin.isatty", lambda: True, raising=False)
+    monkeypatch.setattr("sys.stdout.isatty", lambda: True, raising=False)
+    monkeypatch.setattr(
+        "llmconsole.console.tui.run.run_fleet_console", lambda hosts: opened.append([h.name for h in hosts]) or 0
+    )
+    monkeypatch.setattr("llmconsole.console.tui.run.run_console", lambda: opened.append(["(this host)"]) or 0)
+    monkeypatch.setenv("LLMCONSOLE_HOME", str(tmp_path))
+    (tmp_path / "hosts.toml").write_text('[hosts.gpu1]\ndestination = "ops@gpu1"\n')
+    assert cli.main(["--host", "gpu1", "--host", "ops@gpu2"]) == 0
+    assert cli.main(["--host", "gpu1"]) == 0  # one remote host: its console here, not run there
+    assert cli.main(["--host", "local", "--host", "gpu1", "console"]) == 0
+    assert cli.main(["console", "--all-hosts"]) == 0
+    assert cli.main(["--host", "local"]) == 0
+    assert cli.main([]) == 0
+    assert opened == [
+        ["gpu1", "ops@gpu2"],
+        ["gpu1"],
+        ["local", "gpu1"],
+        ["local", "gpu1"],
+        ["(this host)"],
+        ["(this host)"],
+    ]
+
+
+def test_without_a_terminal_several_hosts_still_print_their_status(monkeypatch, tmp_path):
+    printed: list[list[str]] = []
+    monkeypatch.setattr("sys.stdin.isatty", lambda: False, raising=False)
+    monkeypatch.setattr(cli, "cmd_status", lambda ns: printed.append([h.name for h in ns.targets]) or 0)
+    monkeypatch.setattr("llmconsole.console.tui.run.run_fleet_console", lambda hosts: pytest.fail("a console"))
+    monkeypatch.setenv("LLMCONSOLE_HOME", str(tmp_path))
+    assert cli.main(["--host", "gpu1", "--host", "gpu2"]) == 0
+    assert cli.main(["--host", "gpu1"]) == 0
+    assert printed == [["gpu1", "gpu2"], ["gpu1"]]
