@@ -16,7 +16,7 @@ import pytest
 from llmconsole.console import cli
 from llmconsole.console.client import DaemonNotRunning, HostUnreachable
 from llmconsole.console.hosts import LOCAL_HOST, Destination, Host
-from llmconsole.console.tui import Command
+from llmconsole.console.tui import Command, toasts
 from llmconsole.console.tui.fleet import HostState, fleet_alerts, fleet_status, split_key
 from llmconsole.console.tui.fleet_source import FleetSource
 from llmconsole.console.tui.screens.form import EngineFormScreen
@@ -228,6 +228,9 @@ def test_an_unreachable_host_shows_ssh_reason_and_the_others_keep_updating():
             src.send(Command("stop", "b@gpu1"))
         stopped = src.send(Command("stop_all"))
         assert stopped == {"stopped": ["a@local", "c@local"], "missed": [f"gpu1 ({FLEET_REASON})"]}
+        assert toasts.done(Command("stop_all"), stopped) == (
+            f"stopped a@local, c@local; not reached: gpu1 ({FLEET_REASON})"
+        )
         notes = src.alerts()["notes"]
         assert notes == [f"gpu1: {FLEET_REASON} (not asked)"]
         gpu1.unreachable = None
