@@ -125,11 +125,15 @@ class FleetSource:
     # --- reading ---------------------------------------------------------------------------
 
     def poll(self) -> dict[str, Any]:
+        asked = []
         for name, link in self.links.items():
             if name not in self._pending and self._quiet_until.get(name, 0.0) <= self.clock():
                 self.states[name].asked_at = self.clock()
                 self._pending[name] = self._pool.submit(_outcome, link.status)
-        wait(list(self._pending.values()), timeout=self.FIRST_WAIT_S if not self._polls else self.WAIT_S)
+                asked.append(self._pending[name])
+        # Only this poll's questions are waited for: a host still on an older one is slow, and
+        # its answer is taken whenever it comes.
+        wait(asked, timeout=self.FIRST_WAIT_S if not self._polls else self.WAIT_S)
         self._polls += 1
         for name, future in list(self._pending.items()):
             if future.done():
