@@ -19,10 +19,11 @@ from llmconsole.console.hosts import LOCAL_HOST, Destination, Host
 from llmconsole.console.tui import Command, toasts
 from llmconsole.console.tui.fleet import HostState, fleet_alerts, fleet_status, split_key
 from llmconsole.console.tui.fleet_source import FleetSource
-from llmconsole.console.tui.screens.form import EngineFormScreen
+from llmconsole.console.tui.screens.form import EngineFormScreen, validate_form
 from llmconsole.console.tui.view import Snapshot
 from llmconsole.console.tui.view_host import SLOW_S, HostSection
 from llmconsole.console.tui.widgets.fleet_table import FleetTable, host_row
+from llmconsole.console.tui.widgets.planner_panel import PlannerPanel
 from tests.support.recorded import FLEET_REASON, make_fleet_app, replay, stream_frames
 from tests.support.waiting import wait_until
 
@@ -92,6 +93,14 @@ def test_a_host_row_shows_gpu_gauges_where_there_are_gpus():
     assert "CPU" not in host_row(section, 80).plain  # narrow: the GPUs' figures first
     down = HostSection(name="b", label="b", reachable=False, error=FLEET_REASON, retry_in_s=8.0)
     assert host_row(down, 80).plain.splitlines()[1].strip() == FLEET_REASON
+
+
+def test_the_start_form_leaves_a_remote_hosts_model_to_that_hosts_daemon():
+    raw = {"name": "e1", "model": "/srv/models/only-there", "max_num_seqs": "4", "enable_prefix_caching": "default"}
+    assert "no config.json" in validate_form(raw)[2]["model"][0]  # here, it must be here
+    name, spec, errors = validate_form(raw, remote=True)
+    assert (name, errors) == ("e1", {}) and spec == {"model": "/srv/models/only-there", "max_num_seqs": 4}
+    assert "max_num_seqs" in validate_form({**raw, "max_num_seqs": "0"}, remote=True)[2]  # the rest is checked
 
 
 # --- the source ----------------------------------------------------------------------------
@@ -321,6 +330,7 @@ def test_every_action_names_engine_at_host_and_an_unreachable_hosts_engines_are_
             await pilot.pause(0.1)
             assert isinstance(app.screen, EngineFormScreen)
             assert app.screen.query_one("#form-box").border_title == "start an engine on gpu1"
+            assert app.screen.remote and not app.screen.query_one(PlannerPanel).display
             app.screen.dismiss(("e9", {"model": "m"}))
             await pilot.pause(0.1)
             assert source.commands[-1] == Command("start", "e9@gpu1", {"model": "m"})

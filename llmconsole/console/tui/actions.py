@@ -110,13 +110,14 @@ class ConsoleActions(ActionChecks):
 
     def action_new_engine(self) -> None:
         host = self.selected_host()  # over several hosts: the engine starts on the one under the cursor
+        section = self.snapshot.section(host) if self.snapshot is not None else None
 
         def submitted(result: tuple[str, dict[str, Any]] | None) -> None:
             if result is not None:
                 name, spec = result
                 self.send(Command("start", name if host is None else f"{name}@{host}", spec))
 
-        self.push_screen(EngineFormScreen(host), submitted)
+        self.push_screen(EngineFormScreen(host, remote=section is not None and not section.local), submitted)
 
     def action_toggle_window_freeze(self) -> None:
         e = self._engine_or_warn()
