@@ -5,7 +5,9 @@ was changed); 3 no daemon is running (for commands that do not start one); 4 a h
 reached over SSH.
 
 Every command acts on this host unless `--host DEST` (before the command) or ENGINE@HOST names
-another; see console/hosts.py for hosts and the hosts file.
+another; see console/hosts.py for hosts and the hosts file. `llmconsole` alone at a terminal is
+the console: this host's, or, with `--host` naming another host, one console over the hosts
+named (`local` among them only when named); without a terminal it prints their status.
 """
 
 from __future__ import annotations
@@ -461,7 +463,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DEST",
         help="act on this host: a hosts file name, `local`, or an ssh destination (gpu1, "
         "user@gpu1, ssh://user@gpu1:2222), reached with your own ssh; repeatable for "
-        "status and export",
+        "status, export and the console (`llmconsole --host gpu1 --host gpu2` at a terminal)",
     )
     hosts.add_argument(
         "--hosts-file",
@@ -592,10 +594,10 @@ def _join_extra_args(argv: list[str]) -> list[str]:
 
 
 # Commands that act on several hosts at once; every other command acts on one.
-_MULTI_HOST = {"status", "export"}
+_MULTI_HOST = {"status", "export", "console"}
 # Commands that run where the host's files, devices and engines' ports are: on another host they
 # run there, through ssh, with this terminal (the control API does not carry what they need).
-_RUN_ON_HOST = {"load", "sweep", "tune", "plan", "kernels", "model", "history", "console"}
+_RUN_ON_HOST = {"load", "sweep", "tune", "plan", "kernels", "model", "history"}
 # Where an engine is named, and so may be named ENGINE@HOST.
 _ENGINE_ARG = {
     "engine": "name",
@@ -685,20 +687,15 @@ def _reader_went_away() -> int:
 def _dispatch(ns: argparse.Namespace, argv: list[str]) -> int:
     targets, renamed = _select_hosts(ns)
     if ns.cmd is None:
-        if len(targets) > 1:
-            return cmd_status(_status_ns(ns))
-        if targets and not targets[0].is_local:
-            if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        if not (sys.stdin.isatty() and sys.stdout.isatty()):  # a script or a pipe: the status, as before
+            if len(targets) == 1:
                 use_host(targets[0])
-                return cmd_status(_status_ns(ns))
-            argv = [*argv, "console"]  # the console of that host, run there, in this terminal
-            ns.cmd = "console"
-        elif sys.stdin.isatty() and sys.stdout.isatty():  # a person at a terminal: the console
-            from llmconsole.console.tui.run import run_console
+            return cmd_status(_status_ns(ns))
+        from llmconsole.console.tui.run import run_console, run_fleet_console
 
-            return run_console()
-        else:
-            return cmd_status(_status_ns(ns))  # a script or a pipe: the status table, as before
+        if any(not t.is_local for t in targets):  # a person at a terminal: one console over them all
+            return run_fleet_console(targets)
+        return run_console()
     if len(targets) > 1 and ns.cmd not in _MULTI_HOST:
         raise CliError(f"`{ns.cmd}` acts on one host; give one --host (status and export take several)", EXIT_USAGE)
     host = targets[0] if targets else LOCAL_HOST

@@ -122,3 +122,42 @@ async def stage_recorded(pilot, kind: str, upto: int | None = None):
         screen.post_message(RunFinished(screen.outcome_from_json(record["outcome"]), None))
     await pilot.pause(0.2)
     return screen
+
+
+# --- a console over two hosts ---------------------------------------------------------------
+
+# ssh's own words when the host's sshd went away (tests/integration/test_hosts_engine.py shows
+# the same from a real sshd on loopback).
+FLEET_REASON = "ssh: connect to host 10.0.0.12 port 22: Connection refused"
+
+
+def fleet_frames() -> list[dict[str, Any]]:
+    """Frames of a console over two hosts, merged as the live console merges them
+    (tui/fleet.py): gpu1 answers with the recorded stream, frame by frame; gpu2 answered the
+    first poll with the stream's first status, then ssh stopped reaching it (its sshd went away)
+    and its client backs off. Both hosts' statuses are a real daemon's answers."""
+    from llmconsole.console.tui.fleet import HostState, fleet_status
+
+    stream = stream_frames()
+    gpu1 = HostState("gpu1", "gpu1")
+    gpu2 = HostState("gpu2", "gpu2 (ops@10.0.0.12)")
+    out = []
+    for i, frame in enumerate(stream):
+        now = 100.0 + i
+        gpu1.answered(frame["status"], now)
+        if i == 0:
+            gpu2.answered(stream[0]["status"], now)
+        else:
+            gpu2.failed(FLEET_REASON, reachable=False, retry_in_s=min(60.0, 2.0 ** (i - 1)) - 0.4)
+        logs = {f"{name}@gpu1": text for name, text in frame.get("logs", {}).items()}
+        out.append({"status": fleet_status([gpu1, gpu2], now + 0.4), "logs": logs})
+    return out
+
+
+def make_fleet_app(**kw):
+    """The console over two hosts (fleet_frames), replayed; its stored history is gpu1's."""
+    source = RecordedSource(fleet_frames(), {f"{name}@gpu1": v for name, v in stored().items()})
+    kw.setdefault("refresh_s", 0.01)
+    app = make_app(source, cursor_blink=False, fleet=True, **kw)
+    app.clock = lambda: 1000.0
+    return app, source

@@ -219,13 +219,15 @@ def test_bad_input_shows_a_message_and_starts_nothing():
 
 
 def test_a_sweep_asks_first_and_one_the_daemon_cannot_start_says_why(tmp_path):
+    from llmconsole.console.client import DaemonClient
     from llmconsole.paths import Paths
 
     async def go():
         app, source = make_recorded_app()
         async with app.run_test(size=(100, 30)) as pilot:
             screen = await _open(pilot)
-            screen.paths = Paths(tmp_path, tmp_path)  # no daemon answers there: the start must fail cleanly
+            # No daemon answers there: the start must fail cleanly.
+            screen.dial = lambda timeout_s: DaemonClient(Paths(tmp_path, tmp_path), timeout_s=timeout_s)
             _set(screen, grid="max_num_seqs=4,8")
             await pilot.press("ctrl+s")
             await pilot_wait(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the question")

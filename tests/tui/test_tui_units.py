@@ -251,6 +251,9 @@ def test_daemon_source_against_a_real_daemon(home, monkeypatch):
             source.send(Command("stop", "nope"))
         assert e.value.status == 404
         assert source.send(Command("stop_all")) == {"stopped": []}
+        name, dial = source.dialer("t9")  # the sweep and tune screens' own clients of the daemon
+        with dial(5.0) as c:
+            assert name == "t9" and c.runs("t9") == []
         Cli(home)("daemon", "stop")
         with pytest.raises(DaemonNotRunning):
             source.poll()

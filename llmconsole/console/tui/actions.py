@@ -1,27 +1,19 @@
-"""What the keys may do now, and what they do: the console's actions.
-
-`check_action` is the single judge: the footer greys out what it refuses (None), hides what does
-not belong on the current screen (False), and the command palette asks it before running
-anything. Whatever stops an engine asks first, in a modal.
+"""What the keys do: the console's actions (checks.py says when they may). Whatever stops an
+engine asks first, in a modal. Over several hosts every engine is ENGINE@HOST and the source
+sends each command to that host; a new engine starts on the host under the cursor.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
-
-from textual.app import App, SystemCommand
-from textual.binding import Binding
-from textual.screen import Screen
+from typing import Any
 
 from llmconsole.console.tui.charts_live import RANGES_S, range_text
-from llmconsole.console.tui.keys import KEYS, KeySpec, effective_key
-from llmconsole.console.tui.logfilter import LogView
+from llmconsole.console.tui.checks import _MODE_STATES, ActionChecks
 from llmconsole.console.tui.screens.alerts import AlertsScreen
 from llmconsole.console.tui.screens.confirm import ConfirmScreen
 from llmconsole.console.tui.screens.dashboard import DashboardScreen
-from llmconsole.console.tui.screens.engine import DetailScreen, EngineScreen, LogsScreen
+from llmconsole.console.tui.screens.engine import DetailScreen, LogsScreen
 from llmconsole.console.tui.screens.form import EngineFormScreen
 from llmconsole.console.tui.screens.help import HelpScreen
 from llmconsole.console.tui.screens.history import HistoryScreen
@@ -29,153 +21,14 @@ from llmconsole.console.tui.screens.mode import ModeScreen
 from llmconsole.console.tui.screens.run_base import RunScreen
 from llmconsole.console.tui.screens.sweep import SweepScreen
 from llmconsole.console.tui.screens.tune import TuneScreen
-from llmconsole.console.tui.source import Command, StateSource
-from llmconsole.console.tui.view import EngineView, Snapshot, goodbye
+from llmconsole.console.tui.source import Command
+from llmconsole.console.tui.view import EngineView, goodbye
 
-if TYPE_CHECKING:
-    _AppBase = App[str]  # what ConsoleApp, which this is mixed into, derives from
-else:
-    _AppBase = object
-
-_VERB_OF = {"start_engine": "start", "stop_engine": "stop", "restart_engine": "restart"}
-_ENGINE_ACTIONS = set(_VERB_OF) | {"show_logs", "show_detail", "show_history"}
-_FLEET_ACTIONS = {"stop_all", "new_engine"}
-_WINDOW_ACTIONS = {"toggle_window_freeze", "nudge_window"}
-_LOG_ACTIONS = {"toggle_full_log", "search_log"}  # the dashboard's log pane and the log screen
-_MODE_STATES = ("ready", "unhealthy")  # a switch needs a serving engine to fall back to
-# measured on a ready engine
-_RUN_ACTIONS: dict[str, type[RunScreen[Any, Any, Any]]] = {"sweep_engine": SweepScreen, "tune_engine": TuneScreen}
+_RUN_SCREENS: dict[str, type[RunScreen[Any, Any, Any]]] = {"sweep_engine": SweepScreen, "tune_engine": TuneScreen}
 
 
-class ConsoleActions(_AppBase):
+class ConsoleActions(ActionChecks):
     """Mixed into ConsoleApp; `self` is the app."""
-
-    if TYPE_CHECKING:  # ConsoleApp's state and methods that the actions use
-        source: StateSource
-        keymap: dict[str, str]
-        snapshot: Snapshot | None
-        lost_reason: str | None
-        chart_range_s: float
-        chart_pick: str
-        log_view: LogView
-
-        def send(self, command: Command) -> None: ...
-        def poll_soon(self) -> None: ...
-        def want_history(self, name: str) -> None: ...
-
-    # --- what the keys may do now -----------------------------------------------------------
-
-    def selected_engine(self) -> EngineView | None:
-        screen = self.screen
-        name: str | None
-        if isinstance(screen, EngineScreen):
-            name = screen.engine_name
-        elif isinstance(screen, DashboardScreen):
-            name = screen.selected_name
-        else:
-            return None
-        return self.snapshot.engine(name) if self.snapshot else None
-
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """True: allowed now. None: shown greyed (not in this state). False: not on this screen."""
-        on_engines = isinstance(self.screen, (DashboardScreen, EngineScreen))
-        if action in _ENGINE_ACTIONS:
-            if not on_engines:
-                return False
-            e = self.selected_engine()
-            if e is None:
-                return None
-            verb = _VERB_OF.get(action)
-            if verb is not None and (self.lost_reason is not None or not e.can(verb)):
-                return None
-            if action == "show_detail" and isinstance(self.screen, DetailScreen):
-                return None
-            if action == "show_logs" and isinstance(self.screen, LogsScreen):
-                return None
-            if action == "show_history" and isinstance(self.screen, HistoryScreen):
-                return None
-            return True
-        if action == "rollback_selected":
-            if not isinstance(self.screen, HistoryScreen):
-                return False
-            e, v = self.selected_engine(), self.screen.selected_version()
-            if e is None or v is None or v["config_id"] == e.config_id or self.lost_reason is not None:
-                return None  # nothing chosen, or the version it already runs
-            return True
-        if action in _WINDOW_ACTIONS:
-            if not on_engines:
-                return False
-            e = self.selected_engine()
-            if e is None or e.controller is None or e.controller.window is None or self.lost_reason is not None:
-                return None  # no gateway window for it (or no daemon to ask)
-            if action == "nudge_window" and parameters and isinstance(step := parameters[0], int):
-                c, w = e.controller, e.controller.window + step
-                if (c.min_window is not None and w < c.min_window) or (c.max_window is not None and w > c.max_window):
-                    return None
-            return True
-        if action == "cycle_range":
-            return isinstance(self.screen, DashboardScreen)
-        if action == "switch_chart":
-            if not isinstance(self.screen, DashboardScreen):
-                return False
-            return True if self.screen.one_chart else None  # both show: nothing to switch
-        if action in _LOG_ACTIONS:
-            return isinstance(self.screen, (DashboardScreen, LogsScreen))
-        if action == "show_alerts":
-            if not on_engines:
-                return False
-            return None if self.lost_reason is not None else True
-        if action == "choose_mode":
-            if not on_engines:
-                return False
-            e = self.selected_engine()
-            if e is None or e.state not in _MODE_STATES or self.lost_reason is not None:
-                return None
-            return True
-        if action in _RUN_ACTIONS:
-            if not on_engines:
-                return False
-            e = self.selected_engine()
-            if e is None or e.state != "ready" or self.lost_reason is not None:
-                return None
-            return True
-        if action in _FLEET_ACTIONS:
-            if not isinstance(self.screen, DashboardScreen):
-                return False
-            if self.lost_reason is not None:
-                return None
-            if action == "stop_all" and not (self.snapshot and self.snapshot.serving):
-                return None
-            return True
-        return True
-
-    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
-        for spec in KEYS:
-            if not spec.palette:
-                continue
-            key = self.get_key_display(self._binding_for(spec))
-            yield SystemCommand(
-                spec.long_name,
-                f"key {key}  ·  id {spec.id}",
-                lambda spec=spec: self._from_palette(spec.action, spec.long_name),
-            )
-        for cmd in super().get_system_commands(screen):
-            if cmd.title == "Theme":  # Textual's own; its quit and key panel would bypass ours
-                yield cmd
-
-    def _binding_for(self, spec: KeySpec) -> Binding:
-        key = effective_key(spec, self.keymap).split(",")[0]
-        return Binding(key, spec.action, key_display=None if spec.id in self.keymap else spec.key_display)
-
-    async def _from_palette(self, action: str, description: str) -> None:
-        if self.check_action(action, ()) is not True:
-            e = self.selected_engine()
-            why = f"engine {e.name} is {e.state}" if e else "no engine is selected here"
-            if self.lost_reason is not None:
-                why = "the daemon is not answering"
-            self.notify(f"{description} is not available now: {why}", severity="warning")
-            return
-        await self.run_action(action)
 
     # --- actions ----------------------------------------------------------------------------
 
@@ -256,12 +109,15 @@ class ConsoleActions(_AppBase):
             self.poll_soon()
 
     def action_new_engine(self) -> None:
+        host = self.selected_host()  # over several hosts: the engine starts on the one under the cursor
+        section = self.snapshot.section(host) if self.snapshot is not None else None
+
         def submitted(result: tuple[str, dict[str, Any]] | None) -> None:
             if result is not None:
                 name, spec = result
-                self.send(Command("start", name, spec))
+                self.send(Command("start", name if host is None else f"{name}@{host}", spec))
 
-        self.push_screen(EngineFormScreen(), submitted)
+        self.push_screen(EngineFormScreen(host, remote=section is not None and not section.local), submitted)
 
     def action_toggle_window_freeze(self) -> None:
         e = self._engine_or_warn()
@@ -290,23 +146,27 @@ class ConsoleActions(_AppBase):
         self.push_screen(ModeScreen(e.name, e.mode, e.mode_auto), chosen)
 
     def action_show_alerts(self) -> None:
-        def chosen(action_id: int | None) -> None:
-            if action_id is not None:
+        def chosen(response: dict[str, Any] | None) -> None:
+            if response is not None:
+                action_id, host = int(response["id"]), response.get("host")
+                where = {} if host is None else {"host": host}
                 self._ask(
-                    f"Undo automated response #{action_id}? A window goes back to what it was, an "
-                    "engine restarts on the config it ran before, or the standby stops.",
-                    Command("undo", None, {"action_id": action_id}),
+                    f"Undo automated response #{action_id}{'' if host is None else ' on ' + host}? A window "
+                    "goes back to what it was, an engine restarts on the config it ran before, or the standby stops.",
+                    Command("undo", None, {"action_id": action_id, **where}),
                     "Undo",
                 )
 
         self.push_screen(AlertsScreen(), chosen)
 
     def _open_run(self, action: str) -> None:
-        """The sweep or tune screen; it runs against the live daemon (a recording has none)."""
+        """The sweep or tune screen, on the engine's own daemon (a recording has none)."""
         e = self._engine_or_warn()
         if e is None or e.state != "ready":
             return
-        self.push_screen(_RUN_ACTIONS[action](e.name, getattr(self.source, "paths", None), e.spec))
+        dialer = getattr(self.source, "dialer", None)
+        name, dial = dialer(e.name) if dialer is not None else (e.name, None)
+        self.push_screen(_RUN_SCREENS[action](name, dial, e.spec, shown_as=e.name))
 
     def action_sweep_engine(self) -> None:
         self._open_run("sweep_engine")

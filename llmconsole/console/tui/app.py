@@ -37,6 +37,7 @@ from llmconsole.console.tui.messages import (
     StatusPolled,
 )
 from llmconsole.console.tui.screens.dashboard import DashboardScreen
+from llmconsole.console.tui.screens.fleet import FleetDashboardScreen
 from llmconsole.console.tui.series import SeriesHistory
 from llmconsole.console.tui.source import Command, StateSource
 from llmconsole.console.tui.view import LogChunk, Snapshot
@@ -65,9 +66,11 @@ class ConsoleApp(ConsoleActions, App[str]):
         retry_s: float = 2.0,
         keymap: Mapping[str, str] | None = None,
         cursor_blink: bool = True,
+        fleet: bool = False,
     ) -> None:
         super().__init__()
         self.source = source
+        self.fleet = fleet  # several hosts: engines grouped by host, named ENGINE@HOST
         self.refresh_s = refresh_s
         self.retry_s = retry_s
         self.keymap = check_keymap(keymap or {})
@@ -96,7 +99,7 @@ class ConsoleApp(ConsoleActions, App[str]):
     # --- polling --------------------------------------------------------------------------
 
     def get_default_screen(self) -> Screen[None]:
-        return DashboardScreen()
+        return FleetDashboardScreen() if self.fleet else DashboardScreen()
 
     def on_mount(self) -> None:
         if self.keymap:
@@ -203,7 +206,8 @@ class ConsoleApp(ConsoleActions, App[str]):
             type(self.screen).__name__,
             e.name if e else None,
             e.state if e else None,
-            self.lost_reason is None,
+            self.not_answering(e) is None,
+            self.selected_host(),
             bool(self.snapshot and self.snapshot.serving),
         )
         if key != self._bindings_key:
@@ -311,5 +315,6 @@ class ConsoleApp(ConsoleActions, App[str]):
 
 
 def make_app(source: StateSource, **kw: Any) -> ConsoleApp:
-    """The console around `source` (a DaemonSource in use, a RecordedSource in tests)."""
+    """The console around `source` (a DaemonSource in use, a FleetSource over several hosts, a
+    RecordedSource in tests); `fleet=True` for the dashboard of several hosts."""
     return ConsoleApp(source, **kw)

@@ -10,6 +10,7 @@ the app calls them from thread workers, never from the UI thread.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -18,6 +19,7 @@ from llmconsole.console.client import DaemonClient, DaemonNotRunning
 from llmconsole.console.tui.recording import load_recording
 from llmconsole.paths import Paths
 
+Dial = Callable[[float], DaemonClient]  # a new client of one daemon, with this timeout (seconds)
 VERBS = ("start", "stop", "restart", "stop_all", "window", "rollback", "mode", "undo")
 
 
@@ -60,6 +62,32 @@ class StateSource(Protocol):
     def close(self) -> None: ...
 
 
+def carry_out(c: DaemonClient, command: Command) -> dict[str, Any]:
+    """Send `command` through `c`, the client of the daemon its engine belongs to."""
+    if command.verb == "start":
+        return c.start_engine(command.target, spec=command.spec)
+    if command.verb == "stop":
+        return c.stop_engine(command.target)
+    if command.verb == "restart":
+        return c.restart_engine(command.target)
+    if command.verb == "rollback":
+        return c.rollback(command.target, (command.spec or {}).get("to"))
+    if command.verb == "undo":  # spec: {"action_id": N}, an automated response
+        return c.undo_response(int((command.spec or {})["action_id"]))
+    if command.verb == "mode":  # spec: {"mode": "performance|balanced|aggressive|auto"}
+        return c.set_mode(command.target, (command.spec or {})["mode"])
+    if command.verb == "window":  # spec carries the change: {"freeze": bool} or {"set": n}
+        return c.change_window(command.target, **(command.spec or {}))
+    if command.verb == "stop_all":
+        stopped = []
+        for e in c.status()["engines"]:
+            if e.get("state") in ("starting", "ready", "unhealthy", "crashed"):
+                c.stop_engine(e["name"])
+                stopped.append(e["name"])
+        return {"stopped": stopped}
+    raise ValueError(f"unknown command {command.verb!r}")
+
+
 class DaemonSource:
     """The live daemon. Polls and commands use separate clients: a stop that drains for 30 s
     must not hold up the 1 Hz status poll, and each client is used from one thread at a time."""
@@ -98,29 +126,12 @@ class DaemonSource:
 
     def send(self, command: Command) -> dict[str, Any]:
         with self._command_lock:
-            c = self._commands
-            if command.verb == "start":
-                return c.start_engine(command.target, spec=command.spec)
-            if command.verb == "stop":
-                return c.stop_engine(command.target)
-            if command.verb == "restart":
-                return c.restart_engine(command.target)
-            if command.verb == "rollback":
-                return c.rollback(command.target, (command.spec or {}).get("to"))
-            if command.verb == "undo":  # spec: {"action_id": N}, an automated response
-                return c.undo_response(int((command.spec or {})["action_id"]))
-            if command.verb == "mode":  # spec: {"mode": "performance|balanced|aggressive|auto"}
-                return c.set_mode(command.target, (command.spec or {})["mode"])
-            if command.verb == "window":  # spec carries the change: {"freeze": bool} or {"set": n}
-                return c.change_window(command.target, **(command.spec or {}))
-            if command.verb == "stop_all":
-                stopped = []
-                for e in c.status()["engines"]:
-                    if e.get("state") in ("starting", "ready", "unhealthy", "crashed"):
-                        c.stop_engine(e["name"])
-                        stopped.append(e["name"])
-                return {"stopped": stopped}
-            raise ValueError(f"unknown command {command.verb!r}")
+            return carry_out(self._commands, command)
+
+    def dialer(self, name: str) -> tuple[str, Dial]:
+        """The engine's name as its daemon knows it, and a way to open a client of that daemon
+        (a sweep or tune screen's own, closed when the screen goes)."""
+        return name, lambda timeout_s: DaemonClient(self.paths, timeout_s=timeout_s)
 
     def close(self) -> None:
         if self.session_id is not None:

@@ -49,8 +49,9 @@ def done(c: Command, reply: Mapping[str, Any]) -> str:
             return f"mode {c.engine}: the auto policy picks it from now on (now {reply.get('mode')})"
         return f"mode {c.engine}: now {reply.get('mode')}{how}, config {applied.get('to_config_id', '?')}"
     if c.verb == "stop_all":
-        stopped = reply.get("stopped") or []
-        return f"stopped {', '.join(stopped)}" if stopped else "no engine was running"
+        stopped, missed = reply.get("stopped") or [], reply.get("missed") or []
+        text = f"stopped {', '.join(stopped)}" if stopped else "no engine was running"
+        return text + (f"; not reached: {', '.join(missed)}" if missed else "")  # hosts that did not answer
     if c.verb == "start":
         return f"start {c.engine}: launched; its start shows on the dashboard"
     if c.verb == "restart":

@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from llmconsole.console.tui.view_host import GpuView as GpuView  # the host's views, re-exported
+from llmconsole.console.tui.view_host import HostSection as HostSection
 from llmconsole.console.tui.view_host import HostView as HostView
 
 NA = "N/A"
@@ -203,6 +204,7 @@ class EngineView:
     started_at_s: float | None = None  # wall clock of the current run's launch, and of its ready
     ready_at_s: float | None = None
     startup: StartupView | None = None
+    host: str | None = None  # its host, in a console over several (the name is then ENGINE@HOST)
 
     @classmethod
     def parse(cls, d: Any) -> EngineView:
@@ -239,6 +241,7 @@ class EngineView:
             started_at_s=_num(d.get("started_at_s")),
             ready_at_s=_num(d.get("ready_at_s")),
             startup=StartupView.parse(d.get("startup")),
+            host=_str(d.get("host")),
         )
 
     def metric(self, key: str) -> float | None:
@@ -281,22 +284,39 @@ class Snapshot:
     time_s: float | None = None  # the daemon's wall clock when it answered: charts' "now"
     host: HostView = field(default_factory=HostView)
     engines: tuple[EngineView, ...] = ()
+    hosts: tuple[HostSection, ...] = ()  # a console over several hosts: each one; else none
 
     @classmethod
     def parse(cls, d: Any) -> Snapshot:
         d = _dict(d)
         daemon = _dict(d.get("daemon"))
-        engines = d.get("engines")
+        engines, hosts = d.get("engines"), d.get("hosts")
         return cls(
             daemon_pid=_int(daemon.get("pid")),
             daemon_version=_str(daemon.get("version")),
             time_s=_num(daemon.get("time_s")),
             host=HostView.parse(d.get("host")),
             engines=tuple(EngineView.parse(e) for e in engines) if isinstance(engines, list) else (),
+            hosts=tuple(HostSection.parse(h) for h in hosts) if isinstance(hosts, list) else (),
         )
 
     def engine(self, name: str | None) -> EngineView | None:
         return next((e for e in self.engines if e.name == name), None)
+
+    def section(self, host: str | None) -> HostSection | None:
+        return next((h for h in self.hosts if h.name == host), None)
+
+    def host_of(self, engine: EngineView | None) -> HostView:
+        """The figures of the host `engine` runs on: its own host's in a console over several."""
+        s = self.section(engine.host) if engine is not None else None
+        return s.host if s is not None else self.host
+
+    def unreachable(self, engine: EngineView | None) -> str | None:
+        """Why commands cannot reach `engine`'s host now (its host does not answer), or None."""
+        s = self.section(engine.host) if engine is not None else None
+        if s is None or s.current:
+            return None
+        return f"host {s.name} is {s.state}" + (f": {s.error}" if s.error else "")
 
     @property
     def serving(self) -> tuple[EngineView, ...]:

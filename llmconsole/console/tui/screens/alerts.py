@@ -1,8 +1,9 @@
 """The daemon's alerts and the automated responses they caused, and undoing one.
 
-Fetched from the daemon (GET /v1/alerts) in a thread worker when the screen opens. `u` on a
-response that took effect returns its action id; the app asks before sending the undo (which
-puts the window back, rolls the engine back to its previous config, or stops the standby).
+Fetched from the daemon (GET /v1/alerts; every host's, over several) in a thread worker when
+the screen opens. `u` on a response that took effect returns it (its id, and its host over
+several); the app asks before sending the undo (which puts the window back, rolls the engine
+back to its previous config, or stops the standby).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def undoable(response: dict[str, Any]) -> bool:
     return response.get("outcome") == "applied" and not response.get("detail", {}).get("undone_by")
 
 
-class AlertsScreen(ModalScreen[int | None]):
+class AlertsScreen(ModalScreen[dict[str, Any] | None]):
     BINDINGS = bindings_for("alerts")
 
     if TYPE_CHECKING:
@@ -72,11 +73,12 @@ class AlertsScreen(ModalScreen[int | None]):
             active.update(f"the daemon did not answer: {message.error}")
             return
         firing = [f"{a['rule']} on {a['engine']} ({a['state']})" for a in message.data.get("active", [])]
-        active.update("active: " + (", ".join(firing) if firing else "none"))
+        notes = [f"; {n}" for n in message.data.get("notes", [])]  # hosts that did not answer
+        active.update("active: " + (", ".join(firing) if firing else "none") + "".join(notes))
         self.responses = list(reversed(message.data.get("responses", [])))  # newest first
         t = self.query_one(DataTable)
         t.clear()
-        for r in self.responses:
+        for i, r in enumerate(self.responses):
             d = r.get("detail", {})
             outcome = f"undone (#{d['undone_by']})" if d.get("undone_by") else r.get("outcome", "?")
             t.add_row(
@@ -86,7 +88,7 @@ class AlertsScreen(ModalScreen[int | None]):
                 r.get("engine") or "-",
                 d.get("trigger") or "-",
                 outcome,
-                key=str(r["id"]),
+                key=str(i),  # over several hosts ids repeat: each host numbers its own
             )
         enabled = message.data.get("settings", {}).get("responses", {})
         self.query_one("#alerts-note", Static).update(
@@ -108,7 +110,7 @@ class AlertsScreen(ModalScreen[int | None]):
         if r is None or not undoable(r):
             self.notify("choose a response that took effect and is not undone yet", severity="warning")
             return
-        self.dismiss(int(r["id"]))
+        self.dismiss(r)
 
     def action_close_alerts(self) -> None:
         self.dismiss(None)

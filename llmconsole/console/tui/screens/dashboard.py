@@ -3,14 +3,16 @@ its batch window, the PID trace and its history as charts, and its log, quiet by
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, cast
 
 from textual import getters
 from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.screen import Screen
+from textual.widget import Widget
 from textual.widgets import DataTable
 
+from llmconsole.console.tui.view import Snapshot
 from llmconsole.console.tui.widgets.dash_charts import DashCharts
 from llmconsole.console.tui.widgets.engine_panel import EnginePanel
 from llmconsole.console.tui.widgets.engines_table import EnginesTable
@@ -25,14 +27,31 @@ SHORT_HEIGHT = 30  # below this the panel keeps three rows and one chart shows a
 TAIL_BYTES = 32 * 1024  # enough of the log that the quiet view still has lines between the polls
 
 
+class EngineList(Protocol):
+    """The engines' list: one daemon's table, or the hosts' grouped list (widgets/fleet_table.py)."""
+
+    @property
+    def selected_name(self) -> str | None: ...
+    def show(self, snapshot: Snapshot) -> None: ...
+    def set_wide(self, wide: bool) -> None: ...
+    def focus(self, scroll_visible: bool = True) -> Widget: ...
+
+
 class DashboardScreen(Screen[None]):
     if TYPE_CHECKING:
         app = getters.app(ConsoleApp)  # the console's state, typed (no runtime check)
 
+    def engine_list(self) -> Widget:
+        return EnginesTable(id="engines")
+
+    @property
+    def engines(self) -> EngineList:
+        return cast(EngineList, self.query_one("#engines"))
+
     def compose(self) -> ComposeResult:
         yield DaemonBanner(id="banner")
         yield StatusLine(id="status-line")
-        yield EnginesTable(id="engines")
+        yield self.engine_list()
         yield EnginePanel(id="engine-panel")
         with Horizontal(id="strip"):
             yield AlertStrip(id="alerts")
@@ -44,7 +63,7 @@ class DashboardScreen(Screen[None]):
 
     @property
     def selected_name(self) -> str | None:
-        return self.query_one(EnginesTable).selected_name
+        return self.engines.selected_name
 
     def log_request(self) -> tuple[str, int | None, int] | None:
         name = self.selected_name
@@ -54,7 +73,7 @@ class DashboardScreen(Screen[None]):
         self.set_class(self.size.height >= 34, "-tall")
         self.set_class(self.size.width >= 110, "-wide")
         self.query_one(EnginePanel).set_short(self.size.height < SHORT_HEIGHT)
-        self.query_one(EnginesTable).set_wide(self.size.width >= 110)
+        self.engines.set_wide(self.size.width >= 110)
         if self.app.snapshot is not None:
             self.show_state(self.app)
 
@@ -67,7 +86,7 @@ class DashboardScreen(Screen[None]):
         self.query_one(StatusLine).show(snap)
         if snap is None:
             return
-        self.query_one(EnginesTable).show(snap)
+        self.engines.show(snap)
         self._show_selected(app)
         self.query_one(AlertStrip).show(())
 
@@ -77,7 +96,7 @@ class DashboardScreen(Screen[None]):
             return
         name = self.selected_name
         engine = snap.engine(name)
-        self.query_one(EnginePanel).show(engine, snap.host, app.switch_of(name))
+        self.query_one(EnginePanel).show(engine, snap.host_of(engine), app.switch_of(name))
         self.query_one(WindowStrip).show(engine)
         only = app.chart_pick if self.size.height < SHORT_HEIGHT else None
         self.query_one(DashCharts).show(app.history, engine, app.chart_range_s, only)
@@ -100,9 +119,12 @@ class DashboardScreen(Screen[None]):
     def on_search_bar_searched(self, event: SearchBar.Searched) -> None:
         self.app.set_log_search(event.text)
         if event.done:
-            self.query_one(EnginesTable).focus()
+            self.engines.focus()
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self.selection_moved()
+
+    def selection_moved(self) -> None:
         self._show_selected(self.app)
         if self.selected_name not in self.app.logs:
             self.app.poll_soon()  # the new selection's log now, not a second later

@@ -78,8 +78,11 @@ def _parse(field: FormField, raw: Any) -> Any:
     return text
 
 
-def validate_form(raw: dict[str, Any]) -> tuple[str | None, dict[str, Any] | None, dict[str, list[str]]]:
-    """(engine name, spec fields for the daemon, errors by field; "" holds the spec-wide ones)."""
+def validate_form(
+    raw: dict[str, Any], remote: bool = False
+) -> tuple[str | None, dict[str, Any] | None, dict[str, list[str]]]:
+    """(engine name, spec fields for the daemon, errors by field; "" holds the spec-wide ones).
+    `remote`: the engine starts on another host, whose daemon checks the model where it is."""
     errors: dict[str, list[str]] = {}
     values: dict[str, Any] = {}
     for field in FIELDS:
@@ -105,6 +108,7 @@ def validate_form(raw: dict[str, Any]) -> tuple[str | None, dict[str, Any] | Non
         values.pop("enforce_eager")
     # Without a model the other fields are still checked, against a stand-in hub name.
     fields = {k: v for k, v in values.items() if k not in errors}
+    model = fields.pop("model", None) if remote else None
     fields.setdefault("model", "stand-in/model")
     try:
         spec = EngineSpec(**fields)
@@ -118,14 +122,17 @@ def validate_form(raw: dict[str, Any]) -> tuple[str | None, dict[str, Any] | Non
         return name, None, errors
     # The validated values (a model path made absolute here, where the user typed it), only
     # for the fields given: the daemon fills the rest with its own defaults.
-    return name, spec.model_dump(mode="json", exclude_unset=True), errors
+    dumped = spec.model_dump(mode="json", exclude_unset=True)
+    return name, dumped if model is None else {**dumped, "model": model}, errors
 
 
 class EngineFormScreen(ModalScreen[tuple[str, dict[str, Any]] | None]):
     BINDINGS = bindings_for("form")
 
-    def __init__(self) -> None:
+    def __init__(self, host: str | None = None, remote: bool = False) -> None:
         super().__init__()
+        self.host = host  # over several hosts: where the engine starts
+        self.remote = remote  # another host: its daemon checks the model, and the planner (this host's) is left out
         self._touched: set[str] = set()
 
     def compose(self) -> ComposeResult:
@@ -158,8 +165,9 @@ class EngineFormScreen(ModalScreen[tuple[str, dict[str, Any]] | None]):
         yield ConsoleFooter()
 
     def on_mount(self) -> None:
-        self.query_one("#form-box").border_title = "start an engine"
+        self.query_one("#form-box").border_title = "start an engine" + (f" on {self.host}" if self.host else "")
         self.query_one("#f-name", Input).focus()
+        self.query_one(PlannerPanel).display = not self.remote
         self.query_one(PlannerPanel).show(None)
 
     def _raw(self) -> dict[str, Any]:
@@ -181,9 +189,10 @@ class EngineFormScreen(ModalScreen[tuple[str, dict[str, Any]] | None]):
     def _changed(self, widget_id: str | None) -> None:
         if widget_id and widget_id.startswith("f-"):
             self._touched.add(widget_id[2:])
-        _name, spec, errors = validate_form(self._raw())
+        _name, spec, errors = validate_form(self._raw(), self.remote)
         self._show_errors(errors, every=False)
-        self.query_one(PlannerPanel).show(spec)
+        if not self.remote:
+            self.query_one(PlannerPanel).show(spec)
 
     def on_input_changed(self, event: Input.Changed) -> None:
         self._changed(event.input.id)
@@ -205,7 +214,7 @@ class EngineFormScreen(ModalScreen[tuple[str, dict[str, Any]] | None]):
             self.action_cancel()
 
     def action_submit(self) -> None:
-        name, spec, errors = validate_form(self._raw())
+        name, spec, errors = validate_form(self._raw(), self.remote)
         self._show_errors(errors, every=True)
         if errors or spec is None or name is None:
             self.app.notify("the form has errors: see the marked fields", severity="warning")

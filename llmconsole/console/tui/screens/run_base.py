@@ -33,10 +33,10 @@ from llmconsole.console.tui.view import EngineView
 from llmconsole.console.tui.widgets.chart import ChartBox
 from llmconsole.console.tui.widgets.footer import ConsoleFooter
 from llmconsole.console.tui.widgets.panels import DaemonBanner
-from llmconsole.paths import Paths
 
 if TYPE_CHECKING:
     from llmconsole.console.tui.app import ConsoleApp
+    from llmconsole.console.tui.source import Dial
 
 POLL_S = 1.0
 SIDE_BY_SIDE = 150  # columns from which the charts sit beside the table
@@ -64,11 +64,17 @@ class RunScreen(Screen[None], Generic[PreparedT, EventT, OutcomeT]):
         app = getters.app(ConsoleApp)  # the console's state, typed (no runtime check)
 
     def __init__(
-        self, engine_name: str, paths: Paths | None, spec: Mapping[str, Any], form: Mapping[str, str] | None = None
+        self,
+        engine_name: str,
+        dial: Dial | None,
+        spec: Mapping[str, Any],
+        form: Mapping[str, str] | None = None,
+        shown_as: str | None = None,
     ) -> None:
         super().__init__(classes="run-screen")
-        self.engine_name = engine_name
-        self.paths = paths
+        self.engine_name = engine_name  # as its daemon knows it
+        self.shown_as = shown_as or engine_name  # as the console shows it (ENGINE@HOST over several hosts)
+        self.dial = dial  # new clients of the engine's daemon; None: a replayed console
         self.spec = dict(spec)
         self.form_values = {name: default for name, _, default, _ in self.FIELDS} | dict(form or {})
         self.started = False
@@ -80,7 +86,7 @@ class RunScreen(Screen[None], Generic[PreparedT, EventT, OutcomeT]):
         self.events_seen = 0
         self.poll_error: str | None = None
         self.prepared: PreparedT | None = None
-        self.link = RunLink(lambda: self.paths, self.WHAT, self.post_message)  # the daemon, from worker threads
+        self.link = RunLink(lambda: self.dial, self.WHAT, self.post_message)  # the daemon, from worker threads
 
     @property
     def busy(self) -> bool:
@@ -90,7 +96,7 @@ class RunScreen(Screen[None], Generic[PreparedT, EventT, OutcomeT]):
     @property
     def farewell_note(self) -> str | None:
         if self.running:
-            return f"the {self.WHAT} of {self.engine_name} runs on in the daemon; {self.KEY} on the engine shows it"
+            return f"the {self.WHAT} of {self.shown_as} runs on in the daemon; {self.KEY} on the engine shows it"
         return None
 
     # --- layout ----------------------------------------------------------------------------
@@ -129,7 +135,7 @@ class RunScreen(Screen[None], Generic[PreparedT, EventT, OutcomeT]):
         self._title(self.app)
         if self.FIELDS:
             self.query_one(f"#run-{self.FIELDS[0][0]}", Input).focus()
-        if self.paths is not None:  # a run of this engine under way (started by any console) is shown
+        if self.dial is not None:  # a run of this engine under way (started by any console) is shown
             self.run_worker(lambda: self.link.find(self.engine_name), thread=True, group="run-io", exit_on_error=False)
 
     def on_unmount(self) -> None:
@@ -144,17 +150,17 @@ class RunScreen(Screen[None], Generic[PreparedT, EventT, OutcomeT]):
 
     def _title(self, app: ConsoleApp) -> None:
         snap = getattr(app, "snapshot", None)
-        e = snap.engine(self.engine_name) if snap else None
+        e = snap.engine(self.shown_as) if snap else None
         state = f"{e.state_text} · config {e.config_id}" if e else "not known to the daemon"
         self.query_one("#run-title", Static).update(
-            Text.assemble((f"{self.TITLE} of {self.engine_name}", "bold"), f"  ·  engine {state}")
+            Text.assemble((f"{self.TITLE} of {self.shown_as}", "bold"), f"  ·  engine {state}")
         )
 
     # --- the form --------------------------------------------------------------------------
 
     def engine_view(self) -> EngineView | None:
         snap = getattr(self.app, "snapshot", None)
-        return snap.engine(self.engine_name) if snap else None
+        return snap.engine(self.shown_as) if snap else None
 
     def read_form(self) -> dict[str, str]:
         return {name: self.query_one(f"#run-{name}", Input).value for name, *_ in self.FIELDS}
@@ -176,7 +182,7 @@ class RunScreen(Screen[None], Generic[PreparedT, EventT, OutcomeT]):
         except ValueError as e:
             self.show_error(str(e))
             return
-        if self.paths is None:
+        if self.dial is None:
             self.show_error(NO_DAEMON)
             return
         self.show_error("")
@@ -229,7 +235,7 @@ class RunScreen(Screen[None], Generic[PreparedT, EventT, OutcomeT]):
             self.running = True
             self.show_run(prepared)
             self.set_interval(1.0, self.tick)
-            self.app.notify(f"a {self.WHAT} of {self.engine_name} is under way (run {run['id']}): showing it")
+            self.app.notify(f"a {self.WHAT} of {self.shown_as} is under way (run {run['id']}): showing it")
         self.run_id = int(run["id"])
         if self.cancel_requested:  # a cancel that came before the daemon's answer
             self.run_worker(lambda: self.link.cancel(int(run["id"])), thread=True, group="run-io", exit_on_error=False)
@@ -274,7 +280,7 @@ class RunScreen(Screen[None], Generic[PreparedT, EventT, OutcomeT]):
         if not self.running or self.cancel_requested:
             return
         self.cancel_requested = True
-        if self.run_id is not None and self.paths is not None:
+        if self.run_id is not None and self.dial is not None:
             run_id = self.run_id
             self.run_worker(lambda: self.link.cancel(run_id), thread=True, group="run-io", exit_on_error=False)
         self.cancelled()
@@ -336,7 +342,7 @@ class RunScreen(Screen[None], Generic[PreparedT, EventT, OutcomeT]):
     def action_back(self) -> None:
         if self.running:
             self.app.notify(
-                f"the {self.WHAT} runs on in the daemon; {self.KEY} on {self.engine_name} shows it again, "
+                f"the {self.WHAT} runs on in the daemon; {self.KEY} on {self.shown_as} shows it again, "
                 "c there cancels it"
             )
         self.app.pop_screen()

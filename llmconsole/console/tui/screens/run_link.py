@@ -11,10 +11,10 @@ from pydantic import BaseModel
 from textual.message import Message
 
 from llmconsole.console.tui.messages import RunFinished, RunPolled, RunStarted
-from llmconsole.paths import Paths
 
 if TYPE_CHECKING:
     from llmconsole.console.client import DaemonClient
+    from llmconsole.console.tui.source import Dial
 
 NO_DAEMON = "this console is not attached to a live daemon (a recording replays); nothing was started"
 
@@ -28,8 +28,8 @@ def error_text(e: BaseException) -> str:
 
 
 class RunLink:
-    def __init__(self, paths: Callable[[], Paths | None], what: str, post: Callable[[Message], object]) -> None:
-        self.paths = paths  # the screen's, read when the client is made (None: a replayed console)
+    def __init__(self, dial: Callable[[], Dial | None], what: str, post: Callable[[Message], object]) -> None:
+        self.dial = dial  # the screen's, read when the client is made (None: a replayed console)
         self.what = what  # the daemon's run kind: sweep | tune
         self.post = post  # the screen's post_message
         self._client: DaemonClient | None = None
@@ -37,12 +37,10 @@ class RunLink:
     def client(self) -> DaemonClient:
         """One client of the daemon for the screen's calls."""
         if self._client is None:
-            from llmconsole.console.client import DaemonClient
-
-            paths = self.paths()
-            if paths is None:
+            dial = self.dial()
+            if dial is None:
                 raise RuntimeError(NO_DAEMON)
-            self._client = DaemonClient(paths, timeout_s=30.0)
+            self._client = dial(30.0)
         return self._client
 
     def close(self) -> None:

@@ -75,7 +75,7 @@ class SweepScreen(RunScreen[Prepared, SweepProgress, Outcome]):
         return result_from_json(dict(raw), self.plan), {k: Path(v) for k, v in (raw.get("files") or {}).items()}
 
     def question(self, prepared: Prepared) -> str:
-        return confirm_question(self.engine_name, prepared[1], self.spec, self.engine_view())
+        return confirm_question(self.shown_as, prepared[1], self.spec, self.engine_view())
 
     def start_view(self, prepared: Prepared | SweepPlan) -> None:
         plan = prepared[1] if isinstance(prepared, tuple) else prepared

@@ -102,8 +102,8 @@ class TuneScreen(RunScreen[TunePrepared, TuneEvent, TuneResult]):
     def facts(self, request: TuneRequest) -> EngineFacts:
         """The engine as the daemon reports it (one short local call), so the ranges shown here are
         the ones the run will derive; a replayed console has only its last status."""
-        if self.paths is None:
-            e = self.app.snapshot.engine(self.engine_name) if self.app.snapshot else None
+        if self.dial is None:
+            e = self.app.snapshot.engine(self.shown_as) if self.app.snapshot else None
             c = e.controller if e else None
             window = (
                 {"min_window": c.min_window, "max_window": c.max_window}
@@ -111,10 +111,10 @@ class TuneScreen(RunScreen[TunePrepared, TuneEvent, TuneResult]):
                 else None
             )
             return snapshot_facts(self.spec, window)
-        from llmconsole.console.client import DaemonClient, DaemonError, DaemonNotRunning, engine_facts
+        from llmconsole.console.client import DaemonError, DaemonNotRunning, engine_facts
 
         try:
-            with DaemonClient(self.paths, timeout_s=5.0) as client:
+            with self.dial(5.0) as client:
                 return engine_facts(client, self.engine_name, with_window=request.wants_window())
         except (DaemonError, DaemonNotRunning) as e:
             raise ValueError(str(e)) from None
@@ -145,7 +145,7 @@ class TuneScreen(RunScreen[TunePrepared, TuneEvent, TuneResult]):
 
     def question(self, prepared: TunePrepared) -> str:
         assert prepared.settings is not None
-        return confirm_question(self.engine_name, prepared.settings, self.engine_view())
+        return confirm_question(self.shown_as, prepared.settings, self.engine_view())
 
     def start_view(self, prepared: TunePrepared) -> None:
         self.request = prepared.request
@@ -260,7 +260,7 @@ class TuneScreen(RunScreen[TunePrepared, TuneEvent, TuneResult]):
 
         self.app.push_screen(
             ConfirmScreen(
-                f"Apply {params_text(w.params)} ({w.mean_req_s:.2f} req/s goodput) to engine {self.engine_name}? "
+                f"Apply {params_text(w.params)} ({w.mean_req_s:.2f} req/s goodput) to engine {self.shown_as}? "
                 "A guarded apply: the gateway holds requests while the engine restarts on it, and the daemon then "
                 "watches the SLO and rolls back on its own if it degrades.",
                 "Apply",
@@ -270,13 +270,12 @@ class TuneScreen(RunScreen[TunePrepared, TuneEvent, TuneResult]):
 
     def _apply(self) -> None:
         assert self.result is not None and self.result.winner is not None and self.request is not None
-        from llmconsole.console.client import DaemonClient
 
-        if self.paths is None:  # a replayed console: no daemon to apply it through
+        if self.dial is None:  # a replayed console: no daemon to apply it through
             self.post_message(WinnerApplied(None, NO_DAEMON))
             return
         try:
-            with DaemonClient(self.paths, timeout_s=900.0) as client:
+            with self.dial(900.0) as client:
                 reply = client.apply_tuned(
                     self.engine_name,
                     self.result.winner.params,

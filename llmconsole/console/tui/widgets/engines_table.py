@@ -35,7 +35,7 @@ COLUMNS = (
 WIDE_COLUMNS = (("kv", "KV"), ("running", "run"), ("gen", "gen tok/s"), ("ttft", "p99 TTFT"))
 
 
-def _cells(e: EngineView) -> dict[str, str | Text]:
+def engine_cells(e: EngineView) -> dict[str, str | Text]:
     return {
         "name": e.name,
         "state": Text(e.state_text, style=STATE_STYLES.get(e.state, "")),
@@ -96,7 +96,7 @@ class EnginesTable(DataTable[str | Text]):
             del self._shown[gone]
         keys = [k for k, _ in self._columns]
         for e in snapshot.engines:
-            all_cells = _cells(e)
+            all_cells = engine_cells(e)
             cells = {k: all_cells[k] for k in keys}
             shown = self._shown.get(e.name)
             if shown is None:

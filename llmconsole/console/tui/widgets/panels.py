@@ -22,6 +22,9 @@ class StatusLine(Static):
         if snapshot is None:
             self.update(Text.assemble(("llmconsole", "bold"), "  ·  waiting for the daemon"))
             return
+        if snapshot.hosts:
+            self.update(fleet_line(snapshot), layout=False)
+            return
         h = snapshot.host
         gpus = f"{len(h.gpus)} GPU(s)" if h.gpus else "no GPU"
         self.update(
@@ -34,6 +37,18 @@ class StatusLine(Static):
                 overflow="ellipsis",
             ),
         )
+
+
+def fleet_line(snapshot: Snapshot) -> Text:
+    """The status line of a console over several hosts: how many answer, and the engines."""
+    states = [h.state for h in snapshot.hosts]
+    counts = [f"{states.count(s)} {s}" for s in dict.fromkeys(states) if s != "up"]
+    up = f"{states.count('up')} of {len(states)} hosts up"
+    out = Text.assemble(("llmconsole", "bold"), f" · {up}", no_wrap=True, overflow="ellipsis")
+    if counts:
+        out.append(" · " + ", ".join(counts), style="bold red" if "unreachable" in states else "yellow")
+    out.append(f" · {len(snapshot.engines)} engine(s)")
+    return out
 
 
 class DaemonBanner(Static):
