@@ -378,7 +378,11 @@ def test_snapshot_sweep_form(snap_compare):
         screen = await _open(pilot)
         _set(screen, repeats="0")
         await pilot.press("ctrl+s")
-        await pilot.pause(0.1)
+        # The picture is taken once the error shows, however long a loaded host takes to get there.
+        await pilot_wait(
+            pilot, lambda: "at least 1" in str(screen.query_one("#run-error", Static).render()), "the form's error"
+        )
+        await pilot.pause(0.05)
 
     assert snap_compare(app, terminal_size=(100, 30), run_before=run_before)
 
