@@ -376,11 +376,15 @@ class Door:
         if sock is None or loop is None:
             return
         for _ in range(_ACCEPT_BATCH):
-            full = len(self.conns) + self._pending - self._cutting >= self.cap
+            # A connection the door cut holds its descriptor until its transport is gone (a turn
+            # of the loop later), so it counts against the cap until `lost`. At the cap a client
+            # that is waiting is taken in place of the connection idle the longest, one at a time:
+            # counting a cut as free at once let a burst hold a batch of descriptors past the cap.
+            full = len(self.conns) + self._pending >= self.cap
             if full:
                 wait_s = self._evictable_in()
-                if wait_s:  # nothing to make room with yet: new clients wait in the backlog
-                    self._pause(wait_s)
+                if wait_s or self._cutting:  # nothing to make room with yet: clients wait in the backlog
+                    self._pause(wait_s or _EVICT_GRACE_S)  # `lost` resumes sooner
                     return
             try:
                 conn, _ = sock.accept()
@@ -400,13 +404,15 @@ class Door:
                     continue
                 log.error("accept on the gateway's socket failed: %s", e)
                 return
-            if full:
-                self._evict()
             conn.setblocking(False)
             self._pending += 1
             task = loop.create_task(self._adopt(conn))
             self._adopting.add(task)
             task.add_done_callback(self._adopting.discard)
+            if full:
+                self._evict()
+                self._pause(_EVICT_GRACE_S)  # until the evicted one is gone (`lost` resumes)
+                return
 
     async def _adopt(self, conn: socket.socket) -> None:
         assert self._loop is not None and self.server is not None
