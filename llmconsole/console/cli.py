@@ -217,16 +217,7 @@ def _daemon_remote(ns: argparse.Namespace, host: Host) -> int:
         if info is None:
             print(f"no daemon running on {host.name}")
             return 0
-        if ns.stop_engines:
-            confirm(f"Stop the daemon on {host.name} AND every engine it supervises ({info['engines']})?", ns.yes)
-        client.stop_daemon(stop_engines=ns.stop_engines)
-        deadline = time.monotonic() + (120 if ns.stop_engines else 30)
-        while time.monotonic() < deadline and client.ping() is not None:
-            time.sleep(0.5)
-        if client.ping() is not None:
-            raise CliError(f"the daemon on {host.name} did not stop in time; see its log there")
-    print(f"daemon on {host.name} stopped" + ("; engines stopped" if ns.stop_engines else "; engines keep serving"))
-    return 0
+        return _stop_daemon(ns, client, info, f"daemon on {host.name}", "; see its log there")
 
 
 def cmd_daemon(ns: argparse.Namespace) -> int:
@@ -273,15 +264,21 @@ def cmd_daemon(ns: argparse.Namespace) -> int:
     if info is None:
         print(f"no daemon running for {paths.data_dir}")
         return 0
+    return _stop_daemon(ns, client, info, "daemon", "; see its log")
+
+
+def _stop_daemon(ns: argparse.Namespace, client: DaemonClient, info: dict[str, Any], which: str, log_hint: str) -> int:
+    """daemon stop, once a daemon answered: ask first when its engines go with it, then wait
+    until it is gone."""
     if ns.stop_engines:
-        confirm(f"Stop the daemon AND every engine it supervises ({info['engines']})?", ns.yes)
+        confirm(f"Stop the {which} AND every engine it supervises ({info['engines']})?", ns.yes)
     client.stop_daemon(stop_engines=ns.stop_engines)
     deadline = time.monotonic() + (120 if ns.stop_engines else 30)
     while time.monotonic() < deadline and client.ping() is not None:
         time.sleep(0.2)
     if client.ping() is not None:
-        raise CliError("the daemon did not stop in time; see its log")
-    print("daemon stopped" + ("; engines stopped" if ns.stop_engines else "; engines keep serving"))
+        raise CliError(f"the {which} did not stop in time{log_hint}")
+    print(f"{which} stopped" + ("; engines stopped" if ns.stop_engines else "; engines keep serving"))
     return 0
 
 

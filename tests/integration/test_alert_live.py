@@ -27,6 +27,7 @@ import yaml
 from llmconsole.db import Store
 from llmconsole.engine.alerts.response_settings import cpu_has_avx512
 from tests.support.daemon import daemon_home
+from tests.support.engine_flags import tiny_engine_flags
 from tests.support.paths import ROOT
 from tests.support.waiting import wait_until
 
@@ -39,21 +40,9 @@ pytestmark = [
 ]
 
 RULES = ROOT / "deploy" / "prometheus" / "llmconsole-rules.yml"
-FLAGS = [
-    "--max-num-seqs",
-    "8",
-    "--max-model-len",
-    "512",
-    "--num-gpu-blocks-override",
-    "6",
-    "--kv-cache-memory-bytes",
-    "100000000",
-    "--enforce-eager",
-    "--cpu-threads-bind",
-    "nobind",
-    "--env",
-    "VLLM_ENABLE_V1_MULTIPROCESSING=0",
-]  # the worker in the engine-core process: faster starts
+FLAGS = tiny_engine_flags(
+    single_process=True, extra=["--num-gpu-blocks-override", "6"]
+)  # the worker in the engine-core process: faster starts
 KV_ALERT = "LlmconsoleKvCacheHigh"
 RESPONSES = ["window"] + ([] if cpu_has_avx512() else ["kv_dtype"]) + ["standby"]
 BUDGET_BYTES = 64 << 20  # the CPU budget memory modes take their share of: small KV caches

@@ -16,20 +16,11 @@ import psutil
 import pytest
 
 from tests.support.daemon import daemon_home
+from tests.support.engine_flags import tiny_engine_flags
 
 pytestmark = pytest.mark.engine
 
-ENGINE_FLAGS = [
-    "--max-num-seqs",
-    "8",
-    "--max-model-len",
-    "512",
-    "--kv-cache-memory-bytes",
-    "100000000",
-    "--enforce-eager",
-    "--cpu-threads-bind",
-    "nobind",
-]
+ENGINE_FLAGS = tiny_engine_flags()
 
 
 @pytest.fixture(scope="module")

@@ -22,22 +22,12 @@ import pytest
 from llmconsole.db import Store
 from tests.support.client_team import ClientTeam
 from tests.support.daemon import daemon_home
+from tests.support.engine_flags import tiny_engine_flags
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.engine
 
-ENGINE_FLAGS = [
-    "--max-num-seqs",
-    "8",
-    "--max-model-len",
-    "512",
-    "--kv-cache-memory-bytes",
-    "100000000",
-    "--enforce-eager",
-    "--cpu-threads-bind",
-    "nobind",
-    "--extra-arg=--trust-request-chat-template",
-]
+ENGINE_FLAGS = tiny_engine_flags(extra=["--extra-arg=--trust-request-chat-template"])
 
 
 @pytest.fixture(scope="module")

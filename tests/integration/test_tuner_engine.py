@@ -22,25 +22,14 @@ from llmconsole.engine.load.workload import Workload
 from llmconsole.engine.metrics.latency import Slo
 from llmconsole.paths import resolve
 from tests.support.daemon import daemon_home
+from tests.support.engine_flags import tiny_engine_flags
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.engine
 
-FLAGS = [
-    "--served-model-name",
-    "tiny",
-    "--max-num-seqs",
-    "4",
-    "--max-model-len",
-    "256",
-    "--kv-cache-memory-bytes",
-    "50000000",
-    "--enforce-eager",
-    "--cpu-threads-bind",
-    "nobind",
-    "--env",
-    "VLLM_ENABLE_V1_MULTIPROCESSING=0",
-]
+FLAGS = tiny_engine_flags(
+    served_name="tiny", max_num_seqs=4, max_model_len=256, kv_cache_bytes=50_000_000, single_process=True
+)
 LOAD = [
     "--workload",
     "concurrency=2",

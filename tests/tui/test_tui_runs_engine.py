@@ -19,25 +19,14 @@ from llmconsole.console.tui.screens.sweep import SweepScreen
 from llmconsole.console.tui.screens.tune import TuneScreen
 from llmconsole.paths import resolve
 from tests.support.daemon import daemon_home
+from tests.support.engine_flags import tiny_engine_flags
 from tests.support.waiting import pilot_wait
 
 pytestmark = pytest.mark.engine
 
-FLAGS = [
-    "--served-model-name",
-    "tiny",
-    "--max-num-seqs",
-    "4",
-    "--max-model-len",
-    "256",
-    "--kv-cache-memory-bytes",
-    "50000000",
-    "--enforce-eager",
-    "--cpu-threads-bind",
-    "nobind",
-    "--env",
-    "VLLM_ENABLE_V1_MULTIPROCESSING=0",
-]
+FLAGS = tiny_engine_flags(
+    served_name="tiny", max_num_seqs=4, max_model_len=256, kv_cache_bytes=50_000_000, single_process=True
+)
 SMALL = dict(input_len="16", output_len="8", slo="p99_e2e_ms=60000")
 
 

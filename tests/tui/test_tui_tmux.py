@@ -18,21 +18,12 @@ from pathlib import Path
 import pytest
 
 from tests.support.daemon import daemon_home
+from tests.support.engine_flags import tiny_engine_flags
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.engine, pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")]
 
-ENGINE_FLAGS = [
-    "--max-num-seqs",
-    "8",
-    "--max-model-len",
-    "512",
-    "--kv-cache-memory-bytes",
-    "100000000",
-    "--enforce-eager",
-    "--cpu-threads-bind",
-    "nobind",
-]
+ENGINE_FLAGS = tiny_engine_flags()
 BINARY = Path(sys.executable).parent / "llmconsole"
 
 

@@ -473,7 +473,9 @@ class Gateway:
                                 await writer.drain()
             finally:
                 r.close()  # an unfinished answer: its connection closes and vLLM aborts the request
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, ConnectionError) as e:
+            # The client went away: the server cancelled the handler, or the connection broke
+            # under a write before the server noticed.
             self._finish(
                 group,
                 up.name,
@@ -486,21 +488,8 @@ class Gateway:
                 first_s=first_s,
                 chunks=chunks,
             )
-            raise
-        except ConnectionError:
-            # The client's connection went away under a write (before the server noticed).
-            self._finish(
-                group,
-                up.name,
-                path,
-                499,
-                _client_gone(conn),
-                arrived,
-                queue_s,
-                dispatched=dispatched,
-                first_s=first_s,
-                chunks=chunks,
-            )
+            if isinstance(e, asyncio.CancelledError):
+                raise
             return resp if resp is not None else web.Response(status=499)
         except UpstreamError as e:
             if resp is not None and resp.prepared:
