@@ -329,7 +329,9 @@ def test_the_mode_and_kv_dtype_responses_restart_the_engine_and_undo_puts_it_bac
     acli("daemon", "start")
     assert acli.engine("p1")["pid"] == before["pid"]
     began = time.time()
-    acli("alerts", "--enable", f"{KV_ALERT}=mode,kv_dtype")
+    # Firing after `for` is the test above's; here the alert fires at the first full cache the
+    # daemon sees, so a burst whose KV use dips under 90% between scrapes cannot keep it pending.
+    acli("alerts", "--enable", f"{KV_ALERT}=mode,kv_dtype", "--for-s", f"{KV_ALERT}=0")
 
     def responses() -> dict[str, dict]:
         data = json.loads(acli("alerts", "--json").stdout)
@@ -338,7 +340,7 @@ def test_the_mode_and_kv_dtype_responses_restart_the_engine_and_undo_puts_it_bac
     stop = threading.Event()
     _burst(before["url"], stop)
     try:
-        wait_until(responses, 180, 1, "the mode response to the alert", ok=lambda r: "response:mode" in r)
+        wait_until(responses, 180, 1, lambda: _why_no_response(acli), ok=lambda r: "response:mode" in r)
     finally:
         stop.set()  # the restarts cut what is left of the burst (it went straight to the engine)
     # Two restarts on a busy 2-core host (three where the fp8 start fails and is rolled back)
@@ -387,6 +389,19 @@ def test_the_mode_and_kv_dtype_responses_restart_the_engine_and_undo_puts_it_bac
         assert store.action(mode["id"]).detail["undone_by"] == undo[-1].id
         rb = [a for a in store.actions(engine="p1", since=began) if a.kind == "rollback"]
         assert rb and rb[-1].to_config_id == before["config_id"] and rb[-1].outcome == "applied"
+
+
+def _why_no_response(acli) -> str:
+    """What the daemon saw while no response came: its alerts, p1's KV figures, its log's tail."""
+    alerts = json.loads(acli("alerts", "--json").stdout)
+    e = acli.engine("p1") or {}
+    log = acli.home / "logs" / "daemon.log"
+    tail = log.read_text()[-3000:] if log.exists() else "(no daemon log)"
+    return (
+        f"the mode response to the alert; active alerts {alerts.get('active')}, "
+        f"p1 kv_cache_usage {e.get('kv_cache_usage')} stale {e.get('metrics_stale')} state {e.get('state')}; "
+        f"daemon log:\n{tail}"
+    )
 
 
 def _post_completion(gateway_url: str) -> tuple[int, bytes]:
