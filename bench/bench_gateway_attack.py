@@ -253,17 +253,31 @@ async def _big_body(host: str, port: int, path: str, until: float, chunked: bool
         await asyncio.sleep(1.0)
 
 
+def slow_reader_body(tokens: int) -> dict:
+    """A slow reader's request: streamed, with logprobs, so that each event is large."""
+    return {
+        "model": "tiny",
+        "prompt": "a slow reader",
+        "max_tokens": tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "logprobs": 5,
+    }
+
+
+async def warm_up(url: str, slow_tokens: int) -> None:
+    """One request of each shape the run sends, read at full speed. An engine's first request
+    with logprobs takes it seconds (a code path it has not run yet): measured inside the attack,
+    that one-off stall held every slot of the window and was counted against the door."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as http:
+        async with http.post(f"{url}/v1/completions", json=slow_reader_body(slow_tokens)) as r:
+            await r.read()
+            if r.status != 200:
+                raise SystemExit(f"warm-up request failed: {r.status}")
+
+
 async def _slow_reader(host: str, port: int, path: str, until: float, tokens: int, delay_s: float, stats: dict) -> None:
-    body = json.dumps(
-        {
-            "model": "tiny",
-            "prompt": "a slow reader",
-            "max_tokens": tokens,
-            "ignore_eos": True,
-            "stream": True,
-            "logprobs": 5,
-        }
-    ).encode()
+    body = json.dumps(slow_reader_body(tokens)).encode()
     loop = asyncio.get_running_loop()
     await asyncio.sleep(delay_s)
     while time.monotonic() < until:
@@ -354,6 +368,7 @@ def main() -> None:
         # The window is fixed at the engine's max_num_seqs: how the controller answers the shared
         # host's load is not the door's doing, and would blur what the door costs.
         d.cli("window", "b1", "--set", "8")
+        asyncio.run(warm_up(gw, ns.slow_tokens))
         asyncio.run(stream_phase(gw, ns.rate, 5.0, 20, ns.tokens, 10_000_000))  # warm-up
         engine_pid = int(before["pid"])
         sock = str(home / "run" / "control.sock")

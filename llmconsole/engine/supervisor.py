@@ -535,28 +535,32 @@ class EngineSupervisor:
                     return False
         except (TimeoutError, aiohttp.ClientError, OSError):
             return False
-        return self._answered_by_engine()
+        return await self._answered_by_engine()
 
-    def _answered_by_engine(self) -> bool:
+    async def _answered_by_engine(self) -> bool:
         """Whether what answers on the port is this engine: every socket listening there must
-        belong to its process tree. Another engine or a stranger on the port is never healthy."""
+        belong to its process tree. Another engine or a stranger on the port is never healthy.
+
+        The kernel's tables and /proc are read in a thread: the gateway shares this event loop,
+        and those reads block for milliseconds (more while a flood holds many connections)."""
         assert self.proc is not None and self.port is not None
-        listening = listening_socket_inodes(self.port)
+        pid, port = self.proc.pid, self.port
+        listening = await asyncio.to_thread(listening_socket_inodes, port)
         if listening is None:
             return True  # this host cannot tell (no /proc): the answer is all there is
         if listening and listening == self._owned_listeners:
             return True  # the same sockets as last time, already found to be ours: no fd scan
-        foreign = listening - tree_socket_inodes(self.proc.pid)
+        foreign = listening - await asyncio.to_thread(tree_socket_inodes, pid)
         if listening and not foreign:
             self._owned_listeners = listening
             self._foreign_note = None
             return True
         self._owned_listeners = None
-        who = ", ".join(socket_holders(foreign)) or "a process of another user"
+        who = ", ".join(await asyncio.to_thread(socket_holders, foreign)) or "a process of another user"
         problem = (
-            f"port {self.port} is answered by {who}, not by this engine (pid {self.proc.pid})"
+            f"port {port} is answered by {who}, not by this engine (pid {pid})"
             if foreign
-            else f"nothing listens on port {self.port}"
+            else f"nothing listens on port {port}"
         )
         if problem != self._foreign_note:
             log.warning("engine %s: /health answered, but %s: not counted as healthy", self.name, problem)

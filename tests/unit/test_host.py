@@ -97,3 +97,30 @@ def test_cpu_pct_is_measured_between_calls_on_the_same_processes():
         assert s.cpu_pct > 1.0, s  # the spinning child (little of a core on a busy host); 0.0: no previous reading
     finally:
         _end_tree(parent)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="the kernel's TCP tables are Linux's /proc")
+def test_listeners_are_found_among_many_connections_and_a_port_with_only_connections_has_none():
+    """The read stops at the first row that is not listening (the kernel lists listeners first):
+    a listener is still found with hundreds of connections open beside it, and a port whose
+    listener has closed but whose connections remain answers empty, from the whole table."""
+    import socket
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(512)
+    port = srv.getsockname()[1]
+    ours = os.fstat(srv.fileno()).st_ino
+    pairs = []
+    try:
+        for _ in range(300):
+            c = socket.create_connection(("127.0.0.1", port))
+            pairs.append((c, srv.accept()[0]))
+        assert host_mod.listening_socket_inodes(port) == frozenset({ours})
+        srv.close()  # the connections stay, on the same port, and none of them listens
+        assert host_mod.listening_socket_inodes(port) == frozenset()
+    finally:
+        srv.close()
+        for a, b in pairs:
+            a.close()
+            b.close()
