@@ -266,9 +266,10 @@ def slow_reader_body(tokens: int) -> dict:
 
 
 async def warm_up(url: str, slow_tokens: int) -> None:
-    """One request of each shape the run sends, read at full speed. An engine's first request
-    with logprobs takes it seconds (a code path it has not run yet): measured inside the attack,
-    that one-off stall held every slot of the window and was counted against the door."""
+    """One slow reader's request, read at full speed (the ordinary stream is warmed next). An
+    engine's first request with logprobs takes it seconds (a code path it has not run yet):
+    measured inside the attack, that one-off stall held every slot of the window and was counted
+    against the door."""
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as http:
         async with http.post(f"{url}/v1/completions", json=slow_reader_body(slow_tokens)) as r:
             await r.read()

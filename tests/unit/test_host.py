@@ -124,3 +124,29 @@ def test_listeners_are_found_among_many_connections_and_a_port_with_only_connect
         for a, b in pairs:
             a.close()
             b.close()
+
+
+def test_the_listener_read_stops_at_the_first_connection_row_and_the_whole_table_backs_an_empty_answer(
+    tmp_path, monkeypatch
+):
+    """Rows as the kernel writes them, but with a listener placed after a connection (which the
+    kernel never does): the fast read stops before it, and the whole-table read that backs an
+    empty answer still finds it. Port 0x1F90 is 8080."""
+    header = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+
+    def row(sl: int, local: str, remote: str, state: str, inode: int) -> str:
+        return f"{sl:4d}: {local} {remote} {state} 00000000:00000000 00:00000000 00000000  1000        0 {inode}\n"
+
+    table = tmp_path / "tcp"
+    table.write_text(
+        header
+        + row(0, "0100007F:0016", "00000000:0000", "0A", 11)  # a listener on another port
+        + row(1, "0100007F:1F90", "0100007F:D431", "01", 12)  # a connection on 8080
+        + row(2, "0100007F:1F90", "00000000:0000", "0A", 13)  # a listener on 8080, out of order
+    )
+    monkeypatch.setattr(host_mod, "_TCP_TABLES", (str(table),))
+    assert host_mod._listening_rows(8080, listeners_only=True) == frozenset()
+    assert host_mod._listening_rows(22, listeners_only=True) == frozenset({11})
+    assert host_mod.listening_socket_inodes(8080) == frozenset({13})
+    monkeypatch.setattr(host_mod, "_TCP_TABLES", (str(tmp_path / "absent"),))
+    assert host_mod.listening_socket_inodes(8080) is None  # no tables: cannot tell
