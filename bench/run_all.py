@@ -32,7 +32,11 @@ QUICK: list[tuple[str, list[str], str]] = [
     ("bench_gateway_stub.py", ["--pairs", "200", "--seconds", "4"], "the gateway's own cost against a stub"),
     ("bench_kernel.py", ["--quick"], "CPU decode kernel against vLLM's, same K/V"),
     ("bench_gateway_overhead.py", ["--pairs", "60"], "the gateway against a real engine, direct vs through"),
-    ("bench_gateway_attack.py", ["--seconds", "30"], "ordinary requests through the daemon's gateway under a flood"),
+    (
+        "bench_gateway_attack.py",
+        ["--seconds", "15", "--rounds", "2"],
+        "ordinary requests through the daemon's gateway under a flood",
+    ),
     ("bench_tui.py", ["--seconds", "15", "--presses", "10"], "the console's CPU at 1 Hz and its key-to-repaint time"),
 ]
 LONG: list[tuple[str, list[str], str]] = [
