@@ -19,6 +19,14 @@ def _run(*keys: str, extra_frames=None):
         for k in keys:
             await pilot.press(k)
             await pilot.pause(0.05)
+        # The log screen's first chunk comes from a poll in a worker thread: on a loaded host it
+        # can take longer than the pauses above, so wait for it (other screens have no offset).
+        for _ in range(500):
+            if getattr(pilot.app.screen, "log_offset", 0) is not None:
+                break
+            await pilot.pause(0.01)
+        else:
+            raise AssertionError("the log screen got no log")
         await pilot.pause(0.1)
 
     return run_before
