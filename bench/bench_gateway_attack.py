@@ -536,7 +536,7 @@ def main() -> None:
     )
     print(
         f"door refusals: {json.dumps(door.get('rejected', {}), sort_keys=True)}; the daemon's event loop ran "
-        f"at most {door.get('loop_lag_max_s', 0) * 1000:.0f} ms late (over all phases)"
+        f"at most {door.get('loop_lag_max_s', 0) * 1000:.0f} ms late (from the start to the end of the last attack)"
     )
     for a in atks:
         print(f"{a['phase']}: {json.dumps(a.get('attacker', {}), sort_keys=True)}")
