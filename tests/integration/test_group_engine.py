@@ -17,6 +17,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 
 import pytest
 
@@ -246,19 +247,18 @@ def _events(raw: bytes) -> list[str]:
 
 def test_a_removed_group_finishes_what_it_had_admitted_or_queued(pair):
     pair("group", "set", "batch", *ENGINES)
-    # Four seats (the window's floor) for 24 requests: 20 wait in the queue, which takes five whole
-    # rounds of requests to drain, so it is still there for the checks below even on a host that
-    # serves a round in under a second.
     pair("window", "batch", "--set", "4")
     status = {n: pair.engine(n) for n in ENGINES}
     url = status["ga"]["gateway_url"]
     assert url.endswith("/g/batch")
     before = sum(_finished(status[n]["url"]) for n in ENGINES)
-    tokens = 256
+    # Four long requests take the window's four seats (its floor); 20 short ones then wait behind
+    # them. The long ones run for 448 decode steps, seconds even on a fast host, so the queue is
+    # still whole while the group is removed and the CLI looks, however fast the host serves.
+    long_tokens, short_tokens = 448, 16
     body = {
         "model": "tiny",
         "prompt": "finish what was started",
-        "max_tokens": tokens,
         "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
@@ -268,23 +268,27 @@ def test_a_removed_group_finishes_what_it_had_admitted_or_queued(pair):
         def batch() -> dict | None:
             return next((g for g in dc.groups() if g["group"] == "batch"), None)
 
-        futures = [pool.submit(_post, f"{url}/v1/completions", body) for _ in range(24)]
-        wait_until(
-            lambda: (g := batch()) and (g["in_flight"], g["queued"]) == (4, 20), 60, 0.05, "four running and 20 waiting"
-        )
+        def seen(in_flight: int, queued: int) -> Callable[[dict | None], bool]:
+            return lambda g: g is not None and (g["in_flight"], g["queued"]) == (in_flight, queued)
+
+        url_c = f"{url}/v1/completions"
+        futures = [pool.submit(_post, url_c, {**body, "max_tokens": long_tokens}) for _ in range(4)]
+        wait_until(batch, 60, 0.02, "the four long requests admitted", ok=seen(4, 0))
+        futures += [pool.submit(_post, url_c, {**body, "max_tokens": short_tokens}) for _ in range(20)]
+        wait_until(batch, 60, 0.02, "20 short requests queued behind them", ok=seen(4, 20))
         dc.remove_group("batch")
-        assert "batch (retired, finishing)" in pair("group", "ls").stdout  # first: the CLI call takes a second
-        code, raw = _post(f"{url}/v1/completions", {**body, "stream": False, "max_tokens": 1})
-        assert code == 404 and b"no engine group named 'batch'" in raw  # new arrivals: no such route
-        retired = batch()
+        retired = batch()  # in-process, milliseconds after the removal
         assert retired is not None and retired["retired"] and not retired["named"], retired
-        assert retired["gateway_url"] is None and retired["queued"] >= 1  # still had requests waiting
+        assert retired["gateway_url"] is None and retired["queued"] == 20  # nothing dropped from the queue
+        assert "batch (retired, finishing)" in pair("group", "ls").stdout  # the CLI call takes a second
+        code, raw = _post(url_c, {**body, "stream": False, "max_tokens": 1})
+        assert code == 404 and b"no engine group named 'batch'" in raw  # new arrivals: no such route
         results = [f.result(timeout=300) for f in futures]
         wait_until(lambda: batch() is None, 10, 0.05, "the retired group to go once empty")
-    for code, raw in results:  # each one whole: every token, the usage, the end of the stream
+    for i, (code, raw) in enumerate(results):  # each one whole: every token, the usage, the end of the stream
         events = _events(raw)
         assert code == 200 and events[-1] == "[DONE]", raw[-300:]
-        assert json.loads(events[-2])["usage"]["completion_tokens"] == tokens
+        assert json.loads(events[-2])["usage"]["completion_tokens"] == (long_tokens if i < 4 else short_tokens)
         last = [json.loads(e)["choices"] for e in events[:-2] if json.loads(e)["choices"]][-1]
         assert last[0]["finish_reason"] == "length"
     assert sum(_finished(status[n]["url"]) for n in ENGINES) - before == 24  # served by the engines it had
