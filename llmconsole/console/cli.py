@@ -41,8 +41,8 @@ from llmconsole.console.cli_common import (  # noqa: F401  (re-exported for scri
 from llmconsole.console.client import DaemonClient, DaemonError, DaemonNotRunning, HostUnreachable
 from llmconsole.console.hosts import LOCAL_HOST, Host, HostCatalog, HostsError, client_for, split_engine
 from llmconsole.console.spec_flags import add_spec_flags, read_api_key, spec_overrides
-from llmconsole.engine.fleet import check_name, enforce_kernel
 from llmconsole.engine.spec import EngineSpec, KernelUnavailable, validation_messages
+from llmconsole.engine.spec_checks import check_name, enforce_kernel
 from llmconsole.paths import UnsafeDirectory, resolve
 
 # --- status ---------------------------------------------------------------------------------

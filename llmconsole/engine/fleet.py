@@ -24,7 +24,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import tempfile
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -37,8 +36,9 @@ from llmconsole.engine.modes.memory import with_default_kv
 from llmconsole.engine.plan.validate import Neighbour, Verdict, explicit_kv_bytes
 from llmconsole.engine.plan.validate import enforce as enforce_plan
 from llmconsole.engine.process import ProcessRecord
-from llmconsole.engine.runtime import Runtime, RuntimeNotFound, detect
-from llmconsole.engine.spec import EngineSpec, KernelUnavailable, validation_messages
+from llmconsole.engine.runtime import Runtime
+from llmconsole.engine.spec import EngineSpec, validation_messages
+from llmconsole.engine.spec_checks import check_name, enforce_kernel, spec_device
 from llmconsole.engine.status import EngineState, EngineStatus
 from llmconsole.engine.supervisor import (
     EngineBusy,
@@ -54,7 +54,6 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 STATE_VERSION = 1
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 
 class UnknownEngine(KeyError):
@@ -64,40 +63,6 @@ class UnknownEngine(KeyError):
 
 class NeedsRestart(EngineBusy):
     """A start asked a running engine for another config: nothing changed; a restart applies it."""
-
-
-def enforce_kernel(spec: EngineSpec) -> None:
-    """Refuse (KernelUnavailable, before anything changes) a spec whose kernel its runtime cannot
-    run. `force` does not lift it: the runtime's plugin would not put the kernel in either."""
-    if spec.kernel == "stock":
-        return
-    try:
-        runtime = spec.runtime or detect()
-    except RuntimeNotFound:
-        return  # the launch itself fails, saying so
-    reason = spec.kernel_refusal(runtime)
-    if reason is not None:
-        raise KernelUnavailable(reason)
-
-
-def spec_device(spec: EngineSpec) -> str | None:
-    """The device `spec` runs on ("cpu" or "cuda"), or None where no runtime is found (the launch
-    then fails, saying so)."""
-    if spec.runtime is not None:
-        return spec.runtime.device
-    try:
-        return detect().device
-    except RuntimeNotFound:
-        return None
-
-
-def check_name(name: str) -> str:
-    if not _NAME.match(name):
-        raise ValueError(
-            f"engine name {name!r} is not valid: use letters, digits, '.', '_' or '-' "
-            "(at most 63, starting with a letter or digit)"
-        )
-    return name
 
 
 def _check_launchable(spec: EngineSpec) -> None:

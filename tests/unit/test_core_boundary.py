@@ -26,3 +26,17 @@ def test_core_imports_no_ui():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "", f"core modules pulled in UI modules: {out.stdout}"
     assert len(mods) >= 8, mods  # the walk really found the core
+
+
+def test_a_cli_call_starts_without_the_heavy_libraries():
+    """Every CLI call imports the parsers of every command: aiohttp, optuna (and numpy), textual
+    and vLLM are imported only by the commands that use them, where they run. Together they were
+    a third of a second of every `llmconsole status`."""
+    code = (
+        "import sys\n"
+        "import llmconsole.console.cli\n"
+        "heavy = ('aiohttp', 'optuna', 'numpy', 'textual', 'vllm', 'torch')\n"
+        "print(','.join(sorted(m for m in heavy if m in sys.modules)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"the CLI's start imports {out.stdout.strip()}"

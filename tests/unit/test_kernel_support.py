@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from llmconsole.engine.fleet import enforce_kernel
 from llmconsole.engine.runtime import Runtime, from_path
 from llmconsole.engine.spec import EngineSpec, KernelUnavailable
+from llmconsole.engine.spec_checks import enforce_kernel
 from llmconsole.kernels import support
 from llmconsole.kernels.support import CUDA_BACKEND_SOURCES, custom_kernel_refusal
 

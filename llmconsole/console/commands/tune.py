@@ -25,7 +25,8 @@ from llmconsole.engine.tune.guard import applied_text
 from llmconsole.engine.tune.ranges import EngineFacts, TuneSpace
 from llmconsole.engine.tune.request import TuneRequest, default
 from llmconsole.engine.tune.search import SEARCHES
-from llmconsole.engine.tune.tuner import TuneProgress, Tuner, TuneResult, TuneSettings
+from llmconsole.engine.tune.settings import TuneSettings
+from llmconsole.engine.tune.tuner import TuneProgress, Tuner, TuneResult
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

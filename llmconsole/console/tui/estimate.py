@@ -17,7 +17,7 @@ from llmconsole.console.tui.run_view import fmt_duration
 from llmconsole.console.tui.view import EngineView
 from llmconsole.engine.load.workload import LengthDist
 from llmconsole.engine.sweep.plan import LoadLevel, SweepPlan
-from llmconsole.engine.tune.tuner import TuneSettings
+from llmconsole.engine.tune.settings import TuneSettings
 
 FALLBACK_START_S = 60.0  # a restart where the engine's own start time is not known
 

@@ -18,8 +18,9 @@ from llmconsole.console.tui.run_view import fmt_duration, length, params_text, s
 from llmconsole.console.tui.view import EngineView
 from llmconsole.engine.tune.ranges import EngineFacts, TuneSpace
 from llmconsole.engine.tune.request import TuneRequest
+from llmconsole.engine.tune.settings import TuneSettings
 from llmconsole.engine.tune.space import Budget, TrialOutcome
-from llmconsole.engine.tune.tuner import TuneProgress, TuneResult, TuneSettings
+from llmconsole.engine.tune.tuner import TuneProgress, TuneResult
 
 # The form's fields and their safe small defaults: a short study around the running config.
 TUNE_FIELDS: tuple[tuple[str, str, str, str], ...] = (

@@ -45,8 +45,9 @@ from llmconsole.daemon.context import CONTEXT, DaemonContext, context_of
 from llmconsole.daemon.http import error_response, json_body, peer_user, session_of
 from llmconsole.daemon.services.rollback import ActionLog
 from llmconsole.daemon.services.startup import StartupProgress
-from llmconsole.engine.fleet import Fleet, check_name
+from llmconsole.engine.fleet import Fleet
 from llmconsole.engine.spec import EngineSpec, fill_secrets
+from llmconsole.engine.spec_checks import check_name
 from llmconsole.engine.supervisor import EngineBusy
 
 log = logging.getLogger(__name__)

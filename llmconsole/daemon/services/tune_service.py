@@ -34,8 +34,9 @@ from llmconsole.engine.status import EngineState
 from llmconsole.engine.sweep.plan import LoadLevel, SweepPlan
 from llmconsole.engine.tune.guard import GuardSettings, breach, sustained, window_figures
 from llmconsole.engine.tune.ranges import derive_space
+from llmconsole.engine.tune.settings import TuneSettings
 from llmconsole.engine.tune.space import Budget, Knob, clamp_to_workload, parse_knob, split_params
-from llmconsole.engine.tune.tuner import Tuner, TuneSettings
+from llmconsole.engine.tune.tuner import Tuner
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmconsole.engine.fleet import UnknownEngine, check_name
+from llmconsole.engine.fleet import UnknownEngine
+from llmconsole.engine.spec_checks import check_name
 
 
 class GroupError(ValueError):

@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from llmconsole.engine.fleet import check_name
+from llmconsole.engine.spec_checks import check_name
 
 log = logging.getLogger(__name__)
 

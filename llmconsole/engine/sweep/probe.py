@@ -15,8 +15,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-
 from llmconsole.engine.metrics.page import MetricsParseError, parse_metrics
 
 
@@ -92,6 +90,8 @@ class RunProbe:
         self._tasks: list[asyncio.Task[None]] = []
 
     async def __aenter__(self) -> RunProbe:
+        import aiohttp  # here, not at the top: the CLI imports this module with every command
+
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
         await self._scrape()  # the baseline for the preemption counter
         self._tasks = [asyncio.ensure_future(self._loop(self._scrape, self.metrics_period_s))]
@@ -118,6 +118,8 @@ class RunProbe:
             await asyncio.sleep(max(0.0, period_s - (time.monotonic() - began)))
 
     async def _scrape(self) -> None:
+        import aiohttp
+
         try:
             async with self._session.get(self.url) as r:
                 text = await r.text()

@@ -16,8 +16,8 @@ from llmconsole.engine.load.workload import LengthDist
 from llmconsole.engine.metrics.latency import Slo
 from llmconsole.engine.sweep.plan import SweepPlan, parse_loads
 from llmconsole.engine.tune.ranges import EngineFacts, TuneSpace, derive_space
+from llmconsole.engine.tune.settings import TuneSettings
 from llmconsole.engine.tune.space import Knob, clamp_to_workload, parse_budget, parse_knob, workload_len_tokens
-from llmconsole.engine.tune.tuner import TuneSettings
 
 
 class TuneRequest(BaseModel):

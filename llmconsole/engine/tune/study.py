@@ -10,21 +10,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-import optuna
-from optuna.storages.journal import JournalFileBackend, JournalStorage
-from optuna.trial import TrialState
+from typing import TYPE_CHECKING, Any
 
 from llmconsole.engine.tune.search import LEADER_TIE, Probe, encode, next_config, start_config
 from llmconsole.engine.tune.space import Budget, Knob, TrialOutcome, startup_trials
 
-optuna.logging.set_verbosity(optuna.logging.WARNING)  # progress goes out as TuneProgress events
+# Optuna (and the numpy under it) is imported where a study is made or read, not with this
+# module: every CLI call imports the tune request's parsers, and a tenth of a second each adds up.
+if TYPE_CHECKING:
+    import optuna
 
 
 def make_sampler(seed: int, budget: Budget) -> optuna.samplers.TPESampler:
     """TPE, multivariate (batch size and token budget interact), seeded; its random start is
     cut for small budgets so most of the few restarts a budget allows are guided."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # progress goes out as TuneProgress events
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup_trials(budget), multivariate=True)
 
 
@@ -32,6 +34,9 @@ DEFAULT_BUDGET = Budget(trials=12)
 
 
 def open_study(storage_path: Path, name: str, seed: int, budget: Budget = DEFAULT_BUDGET) -> optuna.Study:
+    import optuna
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
     storage_path.parent.mkdir(parents=True, exist_ok=True)
     storage = JournalStorage(JournalFileBackend(str(storage_path)))
     return optuna.create_study(
@@ -40,6 +45,8 @@ def open_study(storage_path: Path, name: str, seed: int, budget: Budget = DEFAUL
 
 
 def outcomes(study: optuna.Study) -> list[TrialOutcome]:
+    from optuna.trial import TrialState
+
     out = []
     for t in study.get_trials(deepcopy=False):
         state = t.user_attrs.get("outcome") or {TrialState.RUNNING: "running", TrialState.FAIL: "interrupted"}.get(

@@ -25,30 +25,28 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
-
-import optuna
-from optuna.trial import TrialState
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from llmconsole.engine.load.generator import run_load
 from llmconsole.engine.load.workload import Tokenizer, load_tokenizer, plan_requests
-from llmconsole.engine.sweep.plan import LoadLevel, PointResult, SweepPlan
+from llmconsole.engine.sweep.plan import PointResult
 from llmconsole.engine.sweep.probe import RunProbe
 from llmconsole.engine.sweep.runner import EngineController, EngineStartFailed, EngineTarget, aggregate
 from llmconsole.engine.tune.select import Remeasured, next_remeasure, pick_winner, start_race
+from llmconsole.engine.tune.settings import TuneSettings
 from llmconsole.engine.tune.space import (
-    Budget,
-    Knob,
     TrialOutcome,
     constraint_value,
     halving_rungs,
     keep_going,
     split_params,
-    study_name,
 )
 from llmconsole.engine.tune.study import ask_next, history, make_sampler, open_study, outcomes, suggest_params  # noqa: F401
+
+if TYPE_CHECKING:
+    import optuna  # imported by study.py where a study is opened: not on every CLI call
 
 log = logging.getLogger(__name__)
 
@@ -65,41 +63,6 @@ class WindowController(Protocol):
     async def set_window(self, bounds: dict[str, int]) -> None: ...
 
     async def gateway_url(self) -> str: ...
-
-
-@dataclass(frozen=True)
-class TuneSettings:
-    plan: SweepPlan  # engine, SLO, lengths, full request count, one load level
-    knobs: tuple[Knob, ...]
-    budget: Budget
-    seed: int = 0
-    eta: int = 3  # successive halving: keep the top 1/eta at each rung
-    min_rung_requests: int = 8
-    # A short rung must fall this share below the cut to stop a trial: measured on a real engine,
-    # the grid's best config made 71% of its full goodput over its first 10 requests.
-    prune_margin: float = 0.3
-    bad_attainment: float = 0.5  # below this share of requests in SLO, a config is infeasible
-    top_k: int = 4  # candidates re-measured (raced: select.py)
-    repeats: int = 3  # re-measurements of each, on average: top_k x repeats runs at most
-    # The first trial's config (the planner's batch size, the running config's other values;
-    # ranges.py), and how the trials after it are chosen: "pattern" (search.py,
-    # TPE once it has settled) or "tpe" throughout.
-    start: dict[str, Any] = field(default_factory=dict)
-    search: str = "pattern"
-
-    @property
-    def load(self) -> LoadLevel:
-        return self.plan.loads[0]
-
-    @property
-    def name(self) -> str:
-        wl = {
-            "load": self.load.label,
-            "input_len": self.plan.input_len.describe(),
-            "output_len": self.plan.output_len.describe(),
-            "requests": self.plan.num_requests,
-        }
-        return study_name(self.plan.engine, wl, self.plan.slo.as_dict(), self.knobs)
 
 
 @dataclass(frozen=True)
@@ -229,6 +192,8 @@ class Tuner:
         self.on_progress(TuneProgress(event, trial, params, message, best, time.monotonic() - self._t0, outcome))
 
     async def run(self) -> TuneResult:
+        from optuna.trial import TrialState
+
         study = open_study(self.storage_path, self.s.name, self.s.seed, self.s.budget)
         stale = [t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))]
         for n in stale:  # a tune killed mid-trial: that trial's figures are lost, its config is not bad
@@ -337,6 +302,8 @@ class Tuner:
         return aggregate(plan, 0, params, self.s.load, target.config_id, [(res.summary, probe.figures())])
 
     async def _trial(self, study: optuna.Study, original: EngineTarget, current: EngineTarget) -> EngineTarget:
+        from optuna.trial import TrialState
+
         trial, params = ask_next(study, self.s.knobs, self.s.start, self.s.search)
         self._emit("trial_started", trial.number, params, "restarting the engine on this config", study)
         try:
@@ -395,6 +362,8 @@ class Tuner:
         reason: str | None,
         constraint: float = 0.0,
     ) -> None:
+        from optuna.trial import TrialState
+
         for k, v in (("outcome", state), ("goodput_req_s", goodput), ("requests", requests), ("reason", reason)):
             trial.set_user_attr(k, v)
         # The sampler's constraint (<= 0 feasible): TPE then keeps away from known-bad regions.

@@ -20,8 +20,8 @@ from textual.widgets import Button, Checkbox, Input, Label, Select, Static
 from llmconsole.console.tui.keys import bindings_for
 from llmconsole.console.tui.widgets.footer import ConsoleFooter
 from llmconsole.console.tui.widgets.planner_panel import PlannerPanel
-from llmconsole.engine.fleet import check_name
 from llmconsole.engine.spec import EngineSpec, validation_messages
+from llmconsole.engine.spec_checks import check_name
 
 
 @dataclass(frozen=True)

@@ -47,8 +47,9 @@ from llmconsole.engine.metrics.latency import Slo
 from llmconsole.engine.tune.guard import applied_text
 from llmconsole.engine.tune.ranges import EngineFacts
 from llmconsole.engine.tune.request import TuneRequest
+from llmconsole.engine.tune.settings import TuneSettings
 from llmconsole.engine.tune.space import TrialOutcome, parse_budget
-from llmconsole.engine.tune.tuner import TuneProgress, TuneResult, TuneSettings
+from llmconsole.engine.tune.tuner import TuneProgress, TuneResult
 
 
 class PriorTrials(tuple[TrialOutcome, ...]):

@@ -1,0 +1,46 @@
+"""Checks on an engine's name and spec that need no running fleet: the CLI and the console's
+form ask them before anything is sent, and the fleet asks them again before anything changes.
+Kept apart from fleet.py so that a CLI call does not import supervision (aiohttp and the rest)."""
+
+from __future__ import annotations
+
+import re
+
+from llmconsole.engine.runtime import RuntimeNotFound, detect
+from llmconsole.engine.spec import EngineSpec, KernelUnavailable
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+def enforce_kernel(spec: EngineSpec) -> None:
+    """Refuse (KernelUnavailable, before anything changes) a spec whose kernel its runtime cannot
+    run. `force` does not lift it: the runtime's plugin would not put the kernel in either."""
+    if spec.kernel == "stock":
+        return
+    try:
+        runtime = spec.runtime or detect()
+    except RuntimeNotFound:
+        return  # the launch itself fails, saying so
+    reason = spec.kernel_refusal(runtime)
+    if reason is not None:
+        raise KernelUnavailable(reason)
+
+
+def spec_device(spec: EngineSpec) -> str | None:
+    """The device `spec` runs on ("cpu" or "cuda"), or None where no runtime is found (the launch
+    then fails, saying so)."""
+    if spec.runtime is not None:
+        return spec.runtime.device
+    try:
+        return detect().device
+    except RuntimeNotFound:
+        return None
+
+
+def check_name(name: str) -> str:
+    if not _NAME.match(name):
+        raise ValueError(
+            f"engine name {name!r} is not valid: use letters, digits, '.', '_' or '-' "
+            "(at most 63, starting with a letter or digit)"
+        )
+    return name
