@@ -25,7 +25,12 @@ refusals by reason, how fast `llmconsole status` answered during the attack, and
 engine was restarted (its pid and restart count). Bounded: each phase `--seconds`, at most
 `--max-requests` ordinary requests per phase.
 
-    .venv/bin/python bench/bench_gateway_attack.py --model .models/tiny [--nofile 1024]
+With `--pin` the engine runs on a core of its own and the daemon, the stream and the attacker
+share the others: on a two-core host that is the nearest thing to a real deployment, where the
+engine's work is on its GPU and the attacker's CPU is not the server's. Unpinned, the attacker's
+own CPU and the kernel's copying of its bodies slow the engine's steps, which no door can help.
+
+    .venv/bin/python bench/bench_gateway_attack.py --model .models/tiny [--nofile 1024] [--pin]
 """
 
 from __future__ import annotations
@@ -68,8 +73,9 @@ ENGINE_FLAGS = [
 
 
 class Daemon:
-    def __init__(self, home: Path, nofile: int | None):
+    def __init__(self, home: Path, nofile: int | None, cpus: set[int] | None = None):
         self.home = home
+        self.cpus = cpus  # the CPU affinity of the next CLI call (and of the daemon it may start)
         self.env = dict(
             os.environ,
             LLMCONSOLE_HOME=str(home),
@@ -83,6 +89,8 @@ class Daemon:
         def limit() -> None:
             if self.nofile:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
+            if self.cpus:
+                os.sched_setaffinity(0, self.cpus)
 
         return subprocess.run(
             [sys.executable, "-m", "llmconsole.console.cli", *args],
@@ -106,6 +114,16 @@ class Daemon:
     @property
     def pid(self) -> int:
         return int((self.home / "run" / "daemon.pid").read_text())
+
+
+def pin_threads(pid: int, cpus: set[int]) -> None:
+    """Move every thread of a running process to `cpus` (a process's affinity is per thread;
+    threads it starts later inherit their creator's)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except ProcessLookupError:
+            pass  # a thread that ended meanwhile
 
 
 def cpu_s(pid: int) -> float:
@@ -350,6 +368,11 @@ def main() -> None:
     ap.add_argument("--slow", type=int, default=50)
     ap.add_argument("--slow-tokens", type=int, default=16)
     ap.add_argument("--nofile", type=int, default=None, help="start the daemon under this descriptor limit")
+    ap.add_argument(
+        "--pin",
+        action="store_true",
+        help="run the engine on a core of its own and everything else (daemon, stream, attacker) on the others",
+    )
     ap.add_argument("--attack", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--host", default="127.0.0.1", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
@@ -361,9 +384,20 @@ def main() -> None:
 
     load_before = os.getloadavg()
     home = Path(tempfile.mkdtemp(prefix="llmc-atk-", dir="/tmp"))
-    d = Daemon(home, ns.nofile)
+    cores = sorted(os.sched_getaffinity(0))
+    if ns.pin and len(cores) < 2:
+        raise SystemExit("--pin needs at least two cores")
+    engine_cpus, other_cpus = ({cores[-1]}, set(cores[:-1])) if ns.pin else (None, None)
+    # Pinned, the daemon starts on the engine's core, so that the engine it launches starts there
+    # (its thread pools size themselves from the affinity they start with); then the daemon, the
+    # CLI calls, this process and the attacker move to the other cores.
+    d = Daemon(home, ns.nofile, engine_cpus)
     try:
         r = d.cli("engine", "start", "b1", "--model", ns.model, *ENGINE_FLAGS)
+        if other_cpus:
+            pin_threads(d.pid, other_cpus)
+            os.sched_setaffinity(0, other_cpus)
+            d.cpus = other_cpus
         if r.returncode != 0:
             raise SystemExit(f"engine start failed: {r.stderr}")
         deadline = time.monotonic() + 600
@@ -553,7 +587,14 @@ def main() -> None:
         f"engine restarted: {'YES' if restarted else 'no'} (pid {before['pid']} -> {after['pid']}, restarts "
         f"{before['restarts']} -> {after['restarts']}, state {after['state']})"
     )
-    print(f"load average: {load_before[0]:.1f} before, {load_after[0]:.1f} after (2 cores shared)")
+    print(
+        f"load average: {load_before[0]:.1f} before, {load_after[0]:.1f} after ({len(cores)} cores; "
+        + (
+            f"engine pinned to core {sorted(engine_cpus or ())}, daemon, stream and attacker to {sorted(other_cpus or ())})"
+            if ns.pin
+            else "not pinned: engine, daemon, stream and attacker share them)"
+        )
+    )
 
 
 if __name__ == "__main__":
