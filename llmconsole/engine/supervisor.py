@@ -612,7 +612,13 @@ class EngineSupervisor:
             now = time.monotonic()
             if now >= next_health:
                 next_health = now + p.health_interval_s
-                if await self._check_health():
+                healthy = await self._check_health()
+                code = self.proc.poll()
+                if code is not None:
+                    # It died while its /health was asked (a kill closes the port first): a
+                    # crash, never a moment of "unhealthy" before it.
+                    return "exited", code, ready
+                if healthy:
                     failures = 0
                     if not ready:
                         ready = True

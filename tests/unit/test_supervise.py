@@ -152,6 +152,40 @@ def test_restarts_that_hang_past_the_start_timeout_end_in_a_visible_give_up(tmp_
     asyncio.run(main())
 
 
+def test_an_engine_that_dies_while_its_health_is_asked_is_crashed_never_unhealthy(tmp_path, fake):
+    """A kill closes the engine's port before its exit is seen: the /health asked in between
+    fails. That is a crash, not a moment of "unhealthy" (which would also count towards a kill of
+    an engine that is already gone)."""
+
+    async def main():
+        async with _session() as http:
+            sup = EngineSupervisor("e", fake.spec(), tmp_path / "e.log", http, FAST)
+            await sup.start()
+            await until(lambda: sup.state == EngineState.READY, what="ready")
+            pid = sup.proc.pid
+            seen: list[EngineState] = []
+            set_state = sup._set_state
+
+            def record(state: EngineState) -> None:
+                seen.append(state)
+                set_state(state)
+
+            async def dies_while_asked() -> bool:
+                os.kill(pid, signal.SIGKILL)
+                await until(lambda: not _alive(pid), timeout_s=5, what="the engine gone")
+                del sup._check_health  # later checks are the real ones
+                return False
+
+            sup._set_state = record
+            sup._check_health = dies_while_asked
+            await until(lambda: EngineState.CRASHED in seen, timeout_s=10, what="crashed")
+            assert EngineState.UNHEALTHY not in seen, seen
+            assert "exited with code -9" in sup.last_error
+            await sup.stop()
+
+    asyncio.run(main())
+
+
 # --- whoever answers on the port ----------------------------------------------------------------
 
 
