@@ -80,6 +80,14 @@ def _alive(pid: int) -> bool:
         return False
 
 
+async def _ready(tmp_path: Path, fake: FakeEngine, http: aiohttp.ClientSession) -> EngineSupervisor:
+    """A supervisor of the fake engine, started and ready."""
+    sup = EngineSupervisor("e", fake.spec(), tmp_path / "e.log", http, FAST)
+    await sup.start()
+    await until(lambda: sup.state == EngineState.READY, what="ready")
+    return sup
+
+
 # --- the counting rule --------------------------------------------------------------------------
 
 
@@ -129,9 +137,7 @@ def test_policy_from_the_environment():
 def test_restarts_that_hang_past_the_start_timeout_end_in_a_visible_give_up(tmp_path, fake):
     async def main():
         async with _session() as http:
-            sup = EngineSupervisor("e", fake.spec(), tmp_path / "e.log", http, FAST)
-            await sup.start()
-            await until(lambda: sup.state == EngineState.READY, what="ready")
+            sup = await _ready(tmp_path, fake, http)
             first_pid = sup.proc.pid
             fake.set("hang")  # every later launch loads forever
             os.kill(first_pid, signal.SIGKILL)
@@ -159,9 +165,7 @@ def test_an_engine_that_dies_while_its_health_is_asked_is_crashed_never_unhealth
 
     async def main():
         async with _session() as http:
-            sup = EngineSupervisor("e", fake.spec(), tmp_path / "e.log", http, FAST)
-            await sup.start()
-            await until(lambda: sup.state == EngineState.READY, what="ready")
+            sup = await _ready(tmp_path, fake, http)
             pid = sup.proc.pid
             seen: list[EngineState] = []
             set_state = sup._set_state
