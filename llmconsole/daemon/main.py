@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import gc
 import logging
 import os
 import signal
@@ -65,6 +66,17 @@ def _write_pid_file(paths: Paths) -> None:
         f.write(f"{os.getpid()}\n")
 
 
+def freeze_startup_heap() -> int:
+    """Move every object alive now (modules, classes, the services just built) out of the
+    collector's reach; returns how many. A full collection walks every tracked object, and on the
+    event loop it is a stall for every first token the gateway relays: the daemon's startup heap
+    alone (about 100,000 objects) cost 25-30 ms a pass, and under a flood of connections full
+    passes of 100-170 ms were measured. What is made after this is collected as before."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
 async def serve(paths: Paths, policy: SupervisionPolicy | None = None) -> None:
     fleet = Fleet(paths, policy)
     # The store opens first: a database that is damaged or not ours stops the daemon with the
@@ -96,7 +108,8 @@ async def serve(paths: Paths, policy: SupervisionPolicy | None = None) -> None:
     finally:
         os.umask(old_umask)
     os.chmod(paths.socket, 0o600)
-    log.info("daemon %d listening on %s", os.getpid(), paths.socket)
+    frozen = freeze_startup_heap()
+    log.info("daemon %d listening on %s (%d startup objects frozen)", os.getpid(), paths.socket, frozen)
 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
