@@ -14,7 +14,15 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from llmconsole.engine.gateway.door import BodyBudget, BodyBusy, DoorLimits, connection_cap, host_allowed, host_name
+from llmconsole.engine.gateway.door import (
+    _CLOSES_PER_SWEEP,
+    BodyBudget,
+    BodyBusy,
+    DoorLimits,
+    connection_cap,
+    host_allowed,
+    host_name,
+)
 from llmconsole.engine.gateway.group import EngineGroup, RequestRecord, Upstream
 from llmconsole.engine.gateway.pid import PidSettings
 from llmconsole.engine.gateway.proxy import Gateway
@@ -172,6 +180,83 @@ def test_a_body_over_the_cap_is_refused_from_its_length_before_it_is_read():
     run(main())
 
 
+def test_a_body_without_a_length_is_held_to_the_lower_chunked_cap():
+    # A chunked body can only be refused once it is read past its cap, so that cap is lower: a
+    # flood of them costs the door 1 MiB each, and a client with a larger body sends its length.
+    async def main():
+        stub = Stub()
+        await stub.start()
+        gw = await _gateway(stub.url, limits=DoorLimits(max_chunked_body_bytes=256 * 1024))
+        body = json.dumps({"prompt": "z" * 400_000}).encode()  # over the chunked cap, far under 16 MiB
+
+        def pieces(data: bytes):
+            async def gen():
+                for i in range(0, len(data), 64 * 1024):
+                    yield data[i : i + 64 * 1024]
+
+            return gen()
+
+        try:
+            async with aiohttp.ClientSession() as c:
+                answer = b""
+                try:
+                    async with c.post(f"{gw.url}/g/g/v1/completions", data=pieces(body)) as r:
+                        assert r.status == 413
+                        answer = await r.read()
+                except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
+                    pass  # the gateway may close before the client reads the 413
+                if answer:
+                    assert b"Content-Length" in answer and b"262144" in answer
+                assert gw.door.rejected["too_large"] == 1 and stub.started == 0
+                hdrs = {"Content-Type": "application/json"}
+                async with c.post(f"{gw.url}/g/g/v1/completions", data=body, headers=hdrs) as r:
+                    assert r.status == 200  # the same body with its length passes
+                async with c.post(
+                    f"{gw.url}/g/g/v1/completions", data=pieces(json.dumps({"prompt": "z" * 200_000}).encode())
+                ) as r:
+                    assert r.status == 200  # a chunked body under its cap reaches the engine
+            assert stub.started == 2 and gw.door.rejected["too_large"] == 1 and gw.door.budget.used == 0
+        finally:
+            await gw.close()
+            await stub.runner.cleanup()
+
+    run(main())
+
+
+def test_a_connection_reads_in_small_pieces_until_its_body_is_let_in():
+    # A refused header must not cost a 256 KiB read of the body behind it; a body that is let in
+    # is read in large pieces, and the next request on the connection starts small again.
+    async def main():
+        stub = Stub()
+        await stub.start()
+        gw = await _gateway(stub.url)
+        try:
+            body = json.dumps({"prompt": "q" * 300_000}).encode()
+            reader, writer = await _raw(gw, _head(length=len(body)) + body[:1000])
+            deadline = time.monotonic() + 5
+            while not any(c.body_since for c in gw.door.conns.values()) and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            (conn,) = gw.door.conns.values()
+            assert conn.body_since is not None and conn.transport.max_size == 256 * 1024
+            writer.write(body[1000:])
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200")
+            while conn.idle_since is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            assert conn.idle_since is not None and conn.transport.max_size == 16 * 1024
+            writer.close()
+            _, fresh = await _raw(gw, b"POST /g/g/v1/comp")
+            while len(gw.door.conns) < 2 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            assert {c.transport.max_size for c in gw.door.conns.values()} == {16 * 1024}
+            fresh.close()
+        finally:
+            await gw.close()
+            await stub.runner.cleanup()
+
+    run(main())
+
+
 def test_large_bodies_share_the_budget_and_small_ones_never_wait():
     async def main():
         stub = Stub()
@@ -225,6 +310,36 @@ def test_idle_slow_header_and_slow_body_connections_are_closed_and_counted():
                     assert r.status == 200
                 await asyncio.sleep(2.5)
                 assert gw.door.open_connections == 0 and gw.door.rejected["header_timeout"] == 2
+        finally:
+            await gw.close()
+            await stub.runner.cleanup()
+
+    run(main())
+
+
+def test_connections_that_expire_together_are_closed_a_batch_per_sweep():
+    # Closing thousands of sockets in one turn of the event loop stalls every stream the gateway
+    # relays; the door closes at most a batch per sweep and the rest in the next sweeps.
+    async def main():
+        stub = Stub()
+        await stub.start()
+        gw = await _gateway(stub.url, limits=DoorLimits(header_timeout_s=1.0))
+        n = _CLOSES_PER_SWEEP * 2 + 22
+        try:
+            conns = await asyncio.gather(*(_raw(gw, b"POST /g/g/v1/comp") for _ in range(n)))
+            steps, seen = [], 0
+            deadline = time.monotonic() + 10
+            while seen < n and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)  # shorter than a sweep: at most one sweep between looks
+                now = gw.door.rejected["header_timeout"]
+                if now != seen:
+                    steps.append(now - seen)
+                    seen = now
+            assert seen == n, f"{seen} of {n} closed"
+            assert max(steps) <= _CLOSES_PER_SWEEP and len(steps) >= 3, steps
+            for r, w in conns:
+                assert await _closed_within(r, 2.0) == b""
+                w.close()
         finally:
             await gw.close()
             await stub.runner.cleanup()

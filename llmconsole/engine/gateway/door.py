@@ -16,7 +16,10 @@ gateway.json) with a safe default, and every refusal is counted by reason
                   Linux a socket that has sent nothing at all waits in the kernel first, for as
                   long, without the daemon ever seeing it: TCP_DEFER_ACCEPT.)
   too_large       a body over `max_body_bytes` is refused with 413 before it is read (from
-                  Content-Length), or as soon as a chunked body passes the cap.
+                  Content-Length). A body without one (chunked) can only be refused once it has
+                  been read past its cap, so its cap is lower, `max_chunked_body_bytes`: a
+                  client with a larger body says its length, and a flood of chunked bodies
+                  costs the door a sixteenth of what it would at the full cap.
   body_timeout    a body must arrive within `body_timeout_s` of its header.
   body_budget     bodies over 64 KiB share `body_budget_bytes` of memory (held until their
                   request ends); one that finds no room within `body_timeout_s` is answered 503.
@@ -29,10 +32,15 @@ gateway.json) with a safe default, and every refusal is counted by reason
   unauthorized    the gateway key, when one is required (see proxy.py).
   descriptors     accept() itself ran out of descriptors (the limit was lowered under us).
 
-The door keeps no timer per request: one sweep a second walks the idle connections oldest
-first (stopping at the first that is young enough, and after 256 closes, so that sockets opened
-together do not all close, and reconnect, in one go) and the busy ones, so the request path pays
-for none of this but two dictionary moves.
+The door keeps no timer per request: a sweep four times a second walks the idle connections
+oldest first (stopping at the first that is young enough, and after 64 closes, so that sockets
+opened together do not all close, and reconnect, in one go) and the busy ones, so the request path
+pays for none of this but two dictionary moves.
+
+Everything here runs on the event loop that relays every first token, so the door's work comes
+in small pieces: what one turn of the loop does (a batch of accepts, a sweep's closes) is what a
+first token may wait behind. Under a flood (bench/bench_gateway_attack.py) turns of 100-190 ms
+were measured with batches of 64 accepts and 256 closes.
 """
 
 from __future__ import annotations
@@ -57,16 +65,24 @@ log = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
 SMALL_BODY_BYTES = 64 * 1024  # bodies up to this size never wait for the body budget
-_ACCEPT_BATCH = 64  # connections accepted per wake-up of the listening socket
-_SWEEP_S = 1.0
+_ACCEPT_BATCH = 16  # connections accepted per wake-up of the listening socket (per turn of the loop)
+_SWEEP_S = 0.25
 _DESCRIPTOR_RETRY_S = 0.5
 # A connection idle for less than this is not closed to make room: a client that has just
 # connected, or just had its answer, is about to send its request.
 _EVICT_GRACE_S = 0.5
 # Idle connections closed per sweep at most: connections opened together (a flood of idle
 # sockets) expire together, and closing thousands at once (and accepting their reconnections)
-# would stall the event loop for everyone else; the rest go in the next sweeps.
-_CLOSES_PER_SWEEP = 256
+# would stall the event loop for everyone else; the rest go in the next sweeps (256 a second).
+_CLOSES_PER_SWEEP = 64
+# Bytes a client connection's transport reads at a time until its request has been let in. A
+# client that sends its header and a 60 MiB body in one go fills the socket; each read hands the
+# event loop that much (and, over loopback, the kernel's work of sending more) before the header
+# can be refused. With asyncio's 256 KiB a refusal cost the door 1.5 ms of CPU and its loop's
+# turns reached 70 ms under 90 such clients; at 16 KiB, 0.7 ms and 11-24 ms. A body that is
+# let in (and holds the body budget) is read 256 KiB at a time again.
+_FIRST_READ_BYTES = 16 * 1024
+_BODY_READ_BYTES = 256 * 1024
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]", "ip6-localhost"})
 
@@ -76,6 +92,9 @@ class DoorLimits:
     """The door's settings. `max_connections` None sizes the cap from the descriptor limit."""
 
     max_body_bytes: int = 16 * MiB  # a 128K-token prompt is under 1 MiB of JSON; room for images
+    # Bodies sent without a Content-Length (the OpenAI SDKs, curl and requests all send one);
+    # never more than max_body_bytes.
+    max_chunked_body_bytes: int = 1 * MiB
     body_budget_bytes: int = 64 * MiB  # bodies over 64 KiB held at once
     max_connections: int | None = None
     reserved_fds: int = 256  # kept for supervision, whatever clients do
@@ -89,6 +108,7 @@ class DoorLimits:
     def __post_init__(self) -> None:
         for name in (
             "max_body_bytes",
+            "max_chunked_body_bytes",
             "body_budget_bytes",
             "reserved_fds",
             "upstream_connections",
@@ -198,7 +218,22 @@ def allowed_hosts(bound_host: str, limits: DoorLimits) -> frozenset[str] | None:
 
 
 class BodyTooLarge(Exception):
-    pass
+    """The body is over its cap: `limit_bytes`, the cap it passed, and whether it came without a
+    Content-Length (held to the lower cap for chunked bodies)."""
+
+    def __init__(self, limit_bytes: int, chunked: bool) -> None:
+        super().__init__(limit_bytes, chunked)
+        self.limit_bytes = limit_bytes
+        self.chunked = chunked
+
+    def describe(self, max_body_bytes: int) -> str:
+        if self.chunked:
+            return (
+                f"the request body, sent without a Content-Length, is over the gateway's limit of "
+                f"{self.limit_bytes} bytes for such bodies; send its Content-Length (bodies up to "
+                f"{max_body_bytes} bytes)"
+            )
+        return f"the request body is over the gateway's limit of {self.limit_bytes} bytes"
 
 
 class BodyBusy(Exception):
@@ -248,6 +283,15 @@ class BodyBudget:
 
 
 # --- connections ----------------------------------------------------------------------------
+
+
+def _read_size(transport: asyncio.BaseTransport, n: int) -> None:
+    """Set how many bytes a socket transport reads at a time: `max_size` of CPython's selector
+    transport (a class attribute, 256 KiB, shadowed here per connection); a loop whose
+    transports have none keeps its own."""
+    if isinstance(getattr(transport, "max_size", None), int):
+        with contextlib.suppress(AttributeError):
+            transport.max_size = n  # type: ignore[attr-defined]
 
 
 @dataclass(eq=False)
@@ -464,6 +508,7 @@ class Door:
     # --- what the server and the gateway tell the door ---------------------------------------
 
     def opened(self, h: RequestHandler, transport: asyncio.Transport) -> None:
+        _read_size(transport, _FIRST_READ_BYTES)
         now = time.monotonic()
         self.conns[h] = Connection(transport, now, now)
         self._idle[h] = None
@@ -498,6 +543,7 @@ class Door:
         if c is None or c.cut is not None or h not in self.conns:
             return
         c.body_since = None
+        _read_size(c.transport, _FIRST_READ_BYTES)  # the next request on it starts over
         if c.transport.get_write_buffer_size():
             c.draining = True
             return
@@ -532,7 +578,7 @@ class Door:
         lim = self.limits
         length = request.content_length
         if length is not None and length > lim.max_body_bytes:
-            raise BodyTooLarge()
+            raise BodyTooLarge(lim.max_body_bytes, chunked=False)
         if c is not None:
             c.body_since = time.monotonic()
         held = 0
@@ -541,17 +587,20 @@ class Door:
                 if length > SMALL_BODY_BYTES:
                     await self.budget.take(length, lim.body_timeout_s)
                     held = length
+                    if c is not None:
+                        _read_size(c.transport, _BODY_READ_BYTES)
                 body = await request.content.readexactly(length) if length else b""
             else:
+                cap = min(lim.max_chunked_body_bytes, lim.max_body_bytes)
                 parts: list[bytes] = []
                 size = 0
                 async for chunk in request.content.iter_any():
                     size += len(chunk)
-                    if size > lim.max_body_bytes:
-                        raise BodyTooLarge()
+                    if size > cap:
+                        raise BodyTooLarge(cap, chunked=True)
                     if size > SMALL_BODY_BYTES and not held:
-                        await self.budget.take(lim.max_body_bytes, lim.body_timeout_s)
-                        held = lim.max_body_bytes
+                        await self.budget.take(cap, lim.body_timeout_s)
+                        held = cap
                     parts.append(chunk)
                 body = b"".join(parts)
                 if held:

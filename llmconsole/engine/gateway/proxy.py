@@ -253,25 +253,16 @@ class Gateway:
             cl = request.content_length
             if cl is not None and cl > self.limits.max_body_bytes:
                 self.door.reject("too_large")
+                too_large = BodyTooLarge(self.limits.max_body_bytes, chunked=False)
                 return _closing(
-                    error_response(
-                        413,
-                        f"the request body is over the gateway's limit of {self.limits.max_body_bytes} bytes",
-                        "request_too_large",
-                    )
+                    error_response(413, too_large.describe(self.limits.max_body_bytes), "request_too_large")
                 )
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits for it before a body
         try:
             body, held = await self.door.read_body(request, conn)
-        except BodyTooLarge:
+        except BodyTooLarge as e:
             self.door.reject("too_large")
-            return _closing(
-                error_response(
-                    413,
-                    f"the request body is over the gateway's limit of {self.limits.max_body_bytes} bytes",
-                    "request_too_large",
-                )
-            )
+            return _closing(error_response(413, e.describe(self.limits.max_body_bytes), "request_too_large"))
         except BodyBusy as e:
             self.door.reject("body_budget")
             return _closing(error_response(503, f"{e}; retry later", "body_budget", headers={"Retry-After": "1"}))
