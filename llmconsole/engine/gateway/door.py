@@ -37,10 +37,14 @@ oldest first (stopping at the first that is young enough, and after 64 closes, s
 opened together do not all close, and reconnect, in one go) and the busy ones, so the request path
 pays for none of this but two dictionary moves.
 
-Everything here runs on the event loop that relays every first token, so the door's work comes
-in small pieces: what one turn of the loop does (a batch of accepts, a sweep's closes) is what a
-first token may wait behind. Under a flood (bench/bench_gateway_attack.py) turns of 100-190 ms
-were measured with batches of 64 accepts and 256 closes.
+Everything here runs on the event loop that relays every first token, and what one turn of the
+loop does is what a first token may wait behind. So the door's work comes in small pieces: 4
+accepts per turn (each connection then costs its turns to be read, refused and closed: about a
+millisecond of CPU for a refused 60 MiB body), 8 closes per turn of a sweep, 16 KiB per read
+until a body is let in. A burst of clients (a hundred refusals at once) is then spread over
+many short turns, with the streams' events between them, instead of one long turn. Under
+bench/bench_gateway_attack.py turns of 100-190 ms were measured with batches of 64 accepts and
+256 closes and 256 KiB reads.
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ log = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
 SMALL_BODY_BYTES = 64 * 1024  # bodies up to this size never wait for the body budget
-_ACCEPT_BATCH = 16  # connections accepted per wake-up of the listening socket (per turn of the loop)
+_ACCEPT_BATCH = 4  # connections accepted per wake-up of the listening socket (per turn of the loop)
 _SWEEP_S = 0.25
 _DESCRIPTOR_RETRY_S = 0.5
 # A connection idle for less than this is not closed to make room: a client that has just
@@ -74,7 +78,9 @@ _EVICT_GRACE_S = 0.5
 # Idle connections closed per sweep at most: connections opened together (a flood of idle
 # sockets) expire together, and closing thousands at once (and accepting their reconnections)
 # would stall the event loop for everyone else; the rest go in the next sweeps (256 a second).
+# A sweep closes them a few per turn of the loop (each close frees what the client had queued).
 _CLOSES_PER_SWEEP = 64
+_CLOSES_PER_TURN = 8
 # Bytes a client connection's transport reads at a time until its request has been let in. A
 # client that sends its header and a 60 MiB body in one go fills the socket; each read hands the
 # event loop that much (and, over loopback, the kernel's work of sending more) before the header
@@ -623,18 +629,24 @@ class Door:
             await asyncio.sleep(_SWEEP_S)
             # How late the event loop ran this: what everything on it (supervision too) waited.
             self.loop_lag_max_s = max(self.loop_lag_max_s, time.monotonic() - due)
+            now = time.monotonic()
             try:
-                self.sweep(time.monotonic())
+                self.sweep_busy(now)
+                for _ in range(_CLOSES_PER_SWEEP // _CLOSES_PER_TURN):
+                    if self.sweep_idle(now, _CLOSES_PER_TURN) < _CLOSES_PER_TURN:
+                        break
+                    await asyncio.sleep(0)  # a turn of the loop between batches: streams go on
             except Exception:  # the door must keep sweeping whatever one connection does
                 log.exception("gateway door sweep failed")
 
-    def sweep(self, now: float) -> None:
-        lim = self.limits
-        expired = now - lim.header_timeout_s
+    def sweep_idle(self, now: float, most: int) -> int:
+        """Close up to `most` connections idle past the header timeout, oldest first; returns
+        how many it closed."""
+        expired = now - self.limits.header_timeout_s
         idle_out: list[RequestHandler] = []
         for h in self._idle:
             since = self.conns[h].idle_since
-            if since is not None and since > expired or len(idle_out) >= _CLOSES_PER_SWEEP:
+            if since is not None and since > expired or len(idle_out) >= most:
                 break
             idle_out.append(h)
         for h in idle_out:
@@ -642,6 +654,10 @@ class Door:
             # A connection that never completed a request header is a refusal; one that waited
             # for its next request is only a keep-alive that ended.
             self._cut(h, c, "header_timeout" if c.requests == 0 else "idle", counted=c.requests == 0)
+        return len(idle_out)
+
+    def sweep_busy(self, now: float) -> None:
+        """Cut busy connections past their body or write timeout."""
         for h in list(self._busy):
             b = self.conns.get(h)
             if b is None:
