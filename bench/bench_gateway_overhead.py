@@ -10,7 +10,11 @@ and budget, Host check).
   tok/s    32 streams at saturation, in alternating blocks direct / gateway / direct / gateway;
            output tokens per second of each and the ratio (target: >= 95% of direct)
 
-    .venv/bin/python bench/bench_gateway_overhead.py --model .models/tiny
+On a small host, `--engine-cpus 1` gives the engine a core of its own, as a GPU server's engine
+computes off the CPU the gateway uses; unpinned, the engine's threads on every core make each
+extra hop wait for a core, which is the host's cost more than the gateway's.
+
+    .venv/bin/python bench/bench_gateway_overhead.py --model .models/tiny [--engine-cpus 1]
 """
 
 from __future__ import annotations
