@@ -405,6 +405,7 @@ class GatewayService:
                     "frozen": g.controller.frozen,
                     "in_flight": st.in_flight,
                     "queued": st.queued,
+                    "admitted_total": st.admitted_total,
                 }
             )
         return out
