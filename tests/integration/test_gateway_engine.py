@@ -258,8 +258,14 @@ def test_an_engine_restart_under_live_streams_completes_every_stream(gcli):
     clients = [threading.Thread(target=client) for _ in range(4)]
     for t in clients:
         t.start()
-    time.sleep(3.0)  # streams are in flight when the restart is asked for
-    in_flight = gcli.engine("g1")["controller"]["in_flight"]
+    # Streams are in flight when the restart is asked for. Waited for, not slept on: on a busy
+    # 2-core CI host the four clients once had nothing in flight 3 s after they started.
+    in_flight = wait_until(
+        lambda: gcli.engine("g1")["controller"]["in_flight"],
+        120,
+        0.2,
+        lambda: f"streams in flight before the restart (client errors so far: {failures[:3]!r})",
+    )
     gcli("engine", "restart", "g1")
     gcli.wait_engine("g1", lambda x: x["state"] == "ready" and x["pid"] != e["pid"], timeout_s=300)
     time.sleep(2.0)
