@@ -260,12 +260,13 @@ def test_an_engine_restart_under_live_streams_completes_every_stream(gcli):
         t.start()
     # Streams are in flight when the restart is asked for. Waited for, not slept on: on a busy
     # 2-core CI host the four clients once had nothing in flight 3 s after they started.
-    in_flight = wait_until(
-        lambda: gcli.engine("g1")["controller"]["in_flight"],
+    in_flight = wait_until(  # on a timeout it shows the window's whole state (queued, open ...)
+        lambda: gcli.engine("g1")["controller"],
         120,
         0.2,
         lambda: f"streams in flight before the restart (client errors so far: {failures[:3]!r})",
-    )
+        ok=lambda c: c["in_flight"] > 0,
+    )["in_flight"]
     gcli("engine", "restart", "g1")
     gcli.wait_engine("g1", lambda x: x["state"] == "ready" and x["pid"] != e["pid"], timeout_s=300)
     time.sleep(2.0)
