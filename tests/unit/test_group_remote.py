@@ -21,7 +21,7 @@ from aiohttp import web
 from llmconsole.console.commands.group import format_groups
 from llmconsole.console.members import MemberError, member_url
 from llmconsole.daemon.api.window import _remote_members
-from llmconsole.daemon.services.gateway_service import GatewayService
+from llmconsole.daemon.services.gateway_service import REFUSED_SINCE_CHECK, GatewayService
 from llmconsole.engine.fleet import Fleet
 from llmconsole.engine.gateway.membership import GroupError, Membership
 from llmconsole.engine.gateway.remote import RemoteMember, check_url, split_member
@@ -222,6 +222,45 @@ def test_a_request_failed_by_an_engine_going_away_is_served_by_another(tmp_path,
             await svc.close()
             for s in (a, b, c):
                 await s.stop()
+
+    asyncio.run(main())
+
+
+def test_a_member_a_request_found_refusing_says_why_before_its_checks_do(tmp_path, monkeypatch):
+    """A request can find another host's engine gone before the next health check: the member is
+    out at once, and the state says why rather than showing a passed check and no reason."""
+    monkeypatch.delenv("LLMCONSOLE_GATEWAY_KEY", raising=False)
+    monkeypatch.delenv("LLMCONSOLE_GATEWAY_PORT", raising=False)
+
+    async def main():
+        a, b = Stub("a", chunks=1), Stub("b", chunks=1)
+        await a.start()
+        await b.start()
+        svc = GatewayService(Fleet(Paths(tmp_path / "data", tmp_path / "run").ensure()), port=0)
+        svc.watch.interval_s = 3600  # the test says when the checks run
+        await svc.start()
+        try:
+            svc.set_group("mix", ["a@h1", "b@h2"], {"a@h1": _member(a, "a@h1"), "b@h2": _member(b, "b@h2")})
+            await svc.check_remotes()
+            assert svc.group_state("mix")["members"]["a@h1"]["health"] == {
+                "checked": True,
+                "answering": True,
+                "reason": None,
+                "failures": 0,
+            }
+            await a.stop()  # a's port closes between two checks
+            async with aiohttp.ClientSession() as c:
+                results = [await _post(c, svc.gateway.group_url("mix"), None) for _ in range(2)]
+            assert [s for s, _ in results] == [200, 200] and b.started == 2  # resent to b
+            down = svc.group_state("mix")["members"]["a@h1"]
+            assert not down["ready"] and down["resent"] == 1, down
+            assert down["health"]["answering"] and down["health"]["reason"] == REFUSED_SINCE_CHECK
+            await svc.check_remotes()  # the next round says what it found
+            health = svc.group_state("mix")["members"]["a@h1"]["health"]
+            assert health["failures"] == 1 and "Connect call failed" in health["reason"], health
+        finally:
+            await svc.close()
+            await b.stop()
 
     asyncio.run(main())
 

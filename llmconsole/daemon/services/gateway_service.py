@@ -58,6 +58,9 @@ from llmconsole.engine.status import EngineState, EngineStatus
 log = logging.getLogger(__name__)
 
 SYNC_INTERVAL_S = 0.25
+# Another host's engine refused a request's connection after its last health check passed: it is
+# out of the group at once, and its checks say more at their next round.
+REFUSED_SINCE_CHECK = "refused a connection since its last health check; out until a check passes"
 _SETTING_KEYS = ("target_ms", "signal", "min_window", "max_window", "start_window", "kp", "ki", "kd")
 PORT_ENV = "LLMCONSOLE_GATEWAY_PORT"
 HOST_ENV = "LLMCONSOLE_GATEWAY_HOST"
@@ -378,10 +381,16 @@ class GatewayService:
 
     def _members_state(self, engines: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """A group's engines as the control API shows them; another host's with what its checks
-        found (never its key)."""
-        return {
-            name: {**e, "health": self.watch.state_json(name)} if e.get("remote") else e for name, e in engines.items()
-        }
+        found (never its key), and why it is out when a request took it out before a check did."""
+        out = {}
+        for name, e in engines.items():
+            if e.get("remote"):
+                health = self.watch.state_json(name)
+                if not e["ready"] and health["answering"] and health["reason"] is None:
+                    health = {**health, "reason": REFUSED_SINCE_CHECK}
+                e = {**e, "health": health}
+            out[name] = e
+        return out
 
     # --- named groups ---------------------------------------------------------------------
 
