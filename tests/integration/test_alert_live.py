@@ -29,14 +29,12 @@ from llmconsole.engine.alerts.response_settings import cpu_has_avx512
 from tests.support.daemon import daemon_home
 from tests.support.engine_flags import tiny_engine_flags
 from tests.support.paths import ROOT
+from tests.support.tools import needs_tool
 from tests.support.waiting import wait_until
 
 pytestmark = [
     pytest.mark.engine,
-    pytest.mark.skipif(
-        shutil.which("prometheus") is None,
-        reason="prometheus missing: `make setup` installs Debian's prometheus package",
-    ),
+    needs_tool("prometheus"),
 ]
 
 RULES = ROOT / "deploy" / "prometheus" / "llmconsole-rules.yml"

@@ -30,7 +30,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-SSHD = shutil.which("sshd") or next((p for p in ("/usr/sbin/sshd", "/sbin/sshd") if Path(p).exists()), None)
+from tests.support.tools import find_tool, require_tool
+
+SSHD = find_tool("sshd")
 
 
 def free_port() -> int:
@@ -48,7 +50,7 @@ def keygen(path: Path, comment: str) -> str:
 class Sshd:
     def __init__(self, root: Path, name: str, authorized_key: str):
         if SSHD is None:
-            pytest.skip("sshd is not installed (openssh-server; `make setup` installs it)")
+            require_tool("sshd")
         self.root, self.name = root, name
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.host_key = root / "host_ed25519"
@@ -212,7 +214,7 @@ class SshFleet:
 @pytest.fixture(scope="module")
 def ssh_fleet():
     if SSHD is None:
-        pytest.skip("sshd is not installed (openssh-server; `make setup` installs it)")
+        require_tool("sshd")
     root = Path(tempfile.mkdtemp(prefix="llmc-ssh-", dir="/tmp"))
     os.chmod(root, 0o700)
     fleet = SshFleet(root)

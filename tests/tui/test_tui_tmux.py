@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -19,9 +18,10 @@ import pytest
 
 from tests.support.daemon import daemon_home
 from tests.support.engine_flags import tiny_engine_flags
+from tests.support.tools import needs_tool
 from tests.support.waiting import wait_until
 
-pytestmark = [pytest.mark.engine, pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")]
+pytestmark = [pytest.mark.engine, needs_tool("tmux")]
 
 ENGINE_FLAGS = tiny_engine_flags()
 BINARY = Path(sys.executable).parent / "llmconsole"

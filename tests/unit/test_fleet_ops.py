@@ -19,6 +19,7 @@ from llmconsole.console.spec_flags import add_spec_flags, spec_overrides
 from llmconsole.engine.runtime import Runtime
 from llmconsole.engine.spec import EngineSpec
 from tests.support.paths import ROOT  # noqa: E402
+from tests.support.tools import needs_tool
 
 PROM = ROOT / "deploy" / "prometheus"
 DASHBOARD = ROOT / "deploy" / "grafana" / "llmconsole-fleet.json"
@@ -133,9 +134,7 @@ def test_status_shows_nodes_when_reported_else_tp_by_pp():
 
 # --- Prometheus: targets from the hosts file, the shipped scrape config ---------------------
 
-needs_promtool = pytest.mark.skipif(
-    shutil.which("promtool") is None, reason="promtool missing: `make setup` installs Debian's prometheus package"
-)
+needs_promtool = needs_tool("promtool")
 
 
 def _write_fleet_hosts(home: Path) -> None:

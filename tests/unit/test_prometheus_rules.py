@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 
 import pytest
 
 from tests.support.paths import ROOT
+from tests.support.tools import needs_tool
 
 RULES = ROOT / "deploy" / "prometheus" / "llmconsole-rules.yml"
 TESTS = sorted((ROOT / "deploy" / "prometheus" / "tests").glob("*.yml"))
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("promtool") is None, reason="promtool missing: `make setup` installs Debian's prometheus package"
-)
+pytestmark = needs_tool("promtool")
 
 
 def test_rules_file_is_valid():
