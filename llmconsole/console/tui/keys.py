@@ -47,7 +47,7 @@ class KeySpec:
     palette: bool = True  # listed in the command palette
     key_display: str | None = None
     title: str = ""  # the longer name the palette and the help use
-    where: str = ""  # where it acts, when narrower than its context (the help and the README say)
+    where: str = ""  # where it acts, when narrower than its context (the help and docs/keys.md say)
 
     @property
     def long_name(self) -> str:

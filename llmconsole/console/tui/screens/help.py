@@ -95,7 +95,7 @@ class HelpScreen(ModalScreen[None]):
 
 
 def markdown_key_table() -> str:
-    """The README's key table, from the same table as the footer, the palette and this screen."""
+    """The key table of docs/keys.md, from the same table as the footer, the palette and this screen."""
     names = {"question_mark": "?", "plus": "+", "minus": "-", "escape": "Esc"}
     rows = ["| key | id | where | does |", "| --- | --- | --- | --- |"]
     for spec in KEYS:

@@ -1,4 +1,4 @@
-"""Rewrite the README's key table from the bindings table: `.venv/bin/python docs/update_readme_keys.py`."""
+"""Rewrite the key table in docs/keys.md from the bindings table: `.venv/bin/python docs/update_keys.py`."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ sys.path.insert(0, str(ROOT))
 
 from llmconsole.console.tui.screens.help import markdown_key_table  # noqa: E402
 
-readme = ROOT / "README.md"
-text = readme.read_text()
+keys_md = ROOT / "docs" / "keys.md"
+text = keys_md.read_text()
 new, n = re.subn(
     r"(<!-- keys:begin[^\n]*-->\n).*?(\n<!-- keys:end -->)",
     lambda m: m.group(1) + markdown_key_table() + m.group(2),
@@ -20,6 +20,6 @@ new, n = re.subn(
     flags=re.S,
 )
 if n != 1:
-    sys.exit("README.md has no keys:begin/keys:end markers")
-readme.write_text(new)
-print("README key table updated")
+    sys.exit("docs/keys.md has no keys:begin/keys:end markers")
+keys_md.write_text(new)
+print("docs/keys.md key table updated")
