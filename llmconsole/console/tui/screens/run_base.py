@@ -29,6 +29,7 @@ from llmconsole.console.tui.keys import bindings_for
 from llmconsole.console.tui.messages import RunFinished, RunPolled, RunProgressed, RunStarted
 from llmconsole.console.tui.screens.confirm import ConfirmScreen
 from llmconsole.console.tui.screens.run_link import NO_DAEMON, RunLink
+from llmconsole.console.tui.table_fit import fit_table
 from llmconsole.console.tui.view import EngineView
 from llmconsole.console.tui.widgets.chart import ChartBox
 from llmconsole.console.tui.widgets.footer import ConsoleFooter
@@ -125,8 +126,12 @@ class RunScreen(Screen[None], Generic[PreparedT, EventT, OutcomeT]):
         yield ConsoleFooter()
 
     def on_resize(self) -> None:
-        """Charts beside the table where the screen is wide, above it where not."""
+        """Charts beside the table where the screen is wide, above it where not; the table
+        fitted again to its new width."""
         self.query_one("#run-body").set_class(self.size.width >= SIDE_BY_SIDE, "-side")
+        table = getattr(self, "_table", None)
+        if table is not None:
+            self.set_table(*table)
 
     def chart(self, chart_id: str, spec: ChartSpec) -> None:
         self.query_one(f"#{chart_id}", ChartBox).show(spec)
@@ -317,14 +322,33 @@ class RunScreen(Screen[None], Generic[PreparedT, EventT, OutcomeT]):
     def render_status(self) -> None: ...
     def finished_with(self, outcome: OutcomeT | None, error: str | None) -> None: ...
 
-    def set_table(self, headers: Sequence[str], rows: list[list[str]]) -> None:
+    # How a screen's table gives way when narrow (table_fit.py): shorter headers, the columns
+    # left out first, the free-text columns cut last.
+    TABLE_SHORT: Mapping[str, str] = {}
+    TABLE_DROP: tuple[str, ...] = ()
+    TABLE_CUT: tuple[str, ...] = ()
+
+    def table_width(self) -> int:
+        """The columns the table has: half the screen beside the charts, else all of it (less
+        the scrollbar)."""
+        width = self.size.width or self.app.size.width
+        return max(40, (width // 2 if width >= SIDE_BY_SIDE else width) - 2)
+
+    def set_table(self, headers: Sequence[str], rows: list[list[str]]) -> tuple[str, ...]:
+        """Show the table fitted to its width; the headers of the columns left out."""
+        self._table = (tuple(headers), [list(r) for r in rows])
+        fitted = fit_table(
+            headers, rows, self.table_width(), short=self.TABLE_SHORT, drop=self.TABLE_DROP, cut=self.TABLE_CUT
+        )
         t = self.query_one("#run-table", DataTable)
-        if not t.columns:
-            for i, h in enumerate(headers):
+        if tuple(str(c.label) for c in t.columns.values()) != fitted.headers:
+            t.clear(columns=True)
+            for i, h in enumerate(fitted.headers):
                 t.add_column(h, key=str(i))
         t.clear()
-        for r in rows:
+        for r in fitted.rows:
             t.add_row(*r)
+        return fitted.hidden
 
     # --- keys ------------------------------------------------------------------------------
 
