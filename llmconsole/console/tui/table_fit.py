@@ -10,7 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from textual.widgets import DataTable
+
+SIDE_BY_SIDE = 150  # screen columns from which a run screen's charts sit beside its table
 CELL_PADDING = 2  # DataTable pads each cell by one column on either side
 MIN_CUT_WIDTH = 12  # a cut cell keeps at least this much: enough to tell rows apart
 
@@ -71,3 +75,41 @@ def fit_table(
             if len(r[i]) > keep:
                 r[i] = r[i][: keep - 1] + "…"
     return FittedTable(tuple(heads), body, tuple(hidden))
+
+
+class FittedTableScreen:
+    """What a run screen needs to show its `#run-table` fitted (mixed into RunScreen): how its
+    table gives way, and the last table given, to fit again on a resize."""
+
+    TABLE_SHORT: Mapping[str, str] = {}
+    TABLE_DROP: tuple[str, ...] = ()
+    TABLE_CUT: tuple[str, ...] = ()
+    _table: tuple[tuple[str, ...], list[list[str]]] | None = None
+
+    def table_width(self) -> int:
+        """The columns the table has: half the screen beside the charts, else all of it (less
+        the scrollbar)."""
+        me: Any = self
+        width = int(me.size.width or me.app.size.width)
+        return max(40, (width // 2 if width >= SIDE_BY_SIDE else width) - 2)
+
+    def set_table(self, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> tuple[str, ...]:
+        """Show the table fitted to its width; the headers of the columns left out."""
+        self._table = (tuple(headers), [list(r) for r in rows])
+        fitted = fit_table(
+            headers, rows, self.table_width(), short=self.TABLE_SHORT, drop=self.TABLE_DROP, cut=self.TABLE_CUT
+        )
+        me: Any = self
+        t = me.query_one("#run-table", DataTable)
+        if tuple(str(c.label) for c in t.columns.values()) != fitted.headers:
+            t.clear(columns=True)
+            for i, h in enumerate(fitted.headers):
+                t.add_column(h, key=str(i))
+        t.clear()
+        for r in fitted.rows:
+            t.add_row(*r)
+        return fitted.hidden
+
+    def refit_table(self) -> None:
+        if self._table is not None:
+            self.set_table(*self._table)

@@ -13,7 +13,7 @@ into the screen's view. Opening the screen of an engine whose run is under way p
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pydantic import BaseModel
@@ -29,7 +29,7 @@ from llmconsole.console.tui.keys import bindings_for
 from llmconsole.console.tui.messages import RunFinished, RunPolled, RunProgressed, RunStarted
 from llmconsole.console.tui.screens.confirm import ConfirmScreen
 from llmconsole.console.tui.screens.run_link import NO_DAEMON, RunLink
-from llmconsole.console.tui.table_fit import fit_table
+from llmconsole.console.tui.table_fit import SIDE_BY_SIDE, FittedTableScreen
 from llmconsole.console.tui.view import EngineView
 from llmconsole.console.tui.widgets.chart import ChartBox
 from llmconsole.console.tui.widgets.footer import ConsoleFooter
@@ -40,14 +40,13 @@ if TYPE_CHECKING:
     from llmconsole.console.tui.source import Dial
 
 POLL_S = 1.0
-SIDE_BY_SIDE = 150  # columns from which the charts sit beside the table
 
 PreparedT = TypeVar("PreparedT")  # what the form becomes: the typed request and what is derived from it
 EventT = TypeVar("EventT")  # a progress event, as the runner's own value
 OutcomeT = TypeVar("OutcomeT")  # the run's outcome, likewise
 
 
-class RunScreen(Screen[None], Generic[PreparedT, EventT, OutcomeT]):
+class RunScreen(FittedTableScreen, Screen[None], Generic[PreparedT, EventT, OutcomeT]):
     """A subclass names its FIELDS (name, label, default, placeholder), builds its typed request
     from the form (`prepare`, ValueError for bad input; `request_of`), reads the daemon's JSON back
     as the runner's own values (`event_from_json`, `outcome_from_json`) and shows its events
@@ -129,9 +128,7 @@ class RunScreen(Screen[None], Generic[PreparedT, EventT, OutcomeT]):
         """Charts beside the table where the screen is wide, above it where not; the table
         fitted again to its new width."""
         self.query_one("#run-body").set_class(self.size.width >= SIDE_BY_SIDE, "-side")
-        table = getattr(self, "_table", None)
-        if table is not None:
-            self.set_table(*table)
+        self.refit_table()
 
     def chart(self, chart_id: str, spec: ChartSpec) -> None:
         self.query_one(f"#{chart_id}", ChartBox).show(spec)
@@ -321,34 +318,6 @@ class RunScreen(Screen[None], Generic[PreparedT, EventT, OutcomeT]):
     def cancelled(self) -> None: ...
     def render_status(self) -> None: ...
     def finished_with(self, outcome: OutcomeT | None, error: str | None) -> None: ...
-
-    # How a screen's table gives way when narrow (table_fit.py): shorter headers, the columns
-    # left out first, the free-text columns cut last.
-    TABLE_SHORT: Mapping[str, str] = {}
-    TABLE_DROP: tuple[str, ...] = ()
-    TABLE_CUT: tuple[str, ...] = ()
-
-    def table_width(self) -> int:
-        """The columns the table has: half the screen beside the charts, else all of it (less
-        the scrollbar)."""
-        width = self.size.width or self.app.size.width
-        return max(40, (width // 2 if width >= SIDE_BY_SIDE else width) - 2)
-
-    def set_table(self, headers: Sequence[str], rows: list[list[str]]) -> tuple[str, ...]:
-        """Show the table fitted to its width; the headers of the columns left out."""
-        self._table = (tuple(headers), [list(r) for r in rows])
-        fitted = fit_table(
-            headers, rows, self.table_width(), short=self.TABLE_SHORT, drop=self.TABLE_DROP, cut=self.TABLE_CUT
-        )
-        t = self.query_one("#run-table", DataTable)
-        if tuple(str(c.label) for c in t.columns.values()) != fitted.headers:
-            t.clear(columns=True)
-            for i, h in enumerate(fitted.headers):
-                t.add_column(h, key=str(i))
-        t.clear()
-        for r in fitted.rows:
-            t.add_row(*r)
-        return fitted.hidden
 
     # --- keys ------------------------------------------------------------------------------
 
