@@ -82,9 +82,20 @@ class EngineStatus:
             num_requests_waiting=m.waiting if m else None,
             generation_tok_s=m.generation_tok_s if m else None,
             prompt_tok_s=m.prompt_tok_s if m else None,
+            # histogram_quantile's interpolation inside the bucket (kept for older clients); the
+            # bucket itself is beside it: what a person should read (metrics/percentile.py).
             p99_ttft_s=m.p99_ttft_s if m else None,
             p99_e2e_s=m.p99_e2e_s if m else None,
+            p99_ttft_bounds_s=m.percentile_bounds.get("p99_ttft_s") if m else None,
+            p99_e2e_bounds_s=m.percentile_bounds.get("p99_e2e_s") if m else None,
+            p99_ttft_text=_pct_text(m, "p99_ttft_s"),
+            p99_e2e_text=_pct_text(m, "p99_e2e_s"),
             metrics_stale=m.stale if m else None,
             kernel_requested=self.spec.get("kernel", "stock"),
         )
         return d
+
+
+def _pct_text(m: WindowedMetrics | None, key: str) -> str | None:
+    p = m.percentile(key) if m is not None else None
+    return p.text() if p is not None and p.lower_s != p.upper_s else None

@@ -153,8 +153,31 @@ def test_the_sweep_chart_from_the_runners_own_events():
     assert by["points (req/s at p99 ms)"].y == (2.0, 3.0, 2.1, 3.5)
     assert by["Pareto front"].x == (480.0, 650.0, 700.0)  # P1 is dominated by P3
     assert any(label.startswith("knee: ") for label in by)
-    slo = by["SLO p99 e2e 5000 ms"]
-    assert slo.x == (5000.0, 5000.0) and spec.x_lim[1] >= 5000.0
+    # The SLO (5,000 ms) lies far past the points (480-700 ms): at the edge, with its value,
+    # and the axis keeps the points' width.
+    slo = by["SLO p99 e2e 5,000 ms →"]
+    assert slo.kind == "points" and set(slo.x) == {max(slo.x)} and max(slo.x) < spec.x_lim[1] < 1000
+
+
+def test_the_sweep_axis_scales_to_its_points_and_the_slo_goes_to_the_edge():
+    """Two points 324 and 369 ms under a 10,000 ms SLO: an axis to 15,000 ms put both in its first
+    column and hid the Pareto front."""
+    from llmconsole.console.tui.sweep_view import sweep_plan
+    from tests.support.sweep_points import FORM, point
+
+    a, b = point(1, 4, 1, 2.0, 324.0), point(2, 4, 2, 3.0, 369.0)
+    spec = sweep_chart(sweep_plan("t1", {**FORM, "slo": "p99_e2e_ms=10000"}), (a, b))
+    lo, hi = spec.x_lim
+    assert lo <= 324 and 369 <= hi and (369 - 324) / (hi - lo) > 0.5  # the points span most of the axis
+    by = {s.label: s for s in spec.series}
+    assert "SLO p99 e2e 10,000 ms →" in by and lo < by["SLO p99 e2e 10,000 ms →"].x[0] <= hi
+    # Near the points the SLO stretches the axis and is drawn where it is.
+    near = sweep_chart(sweep_plan("t1", {**FORM, "slo": "p99_e2e_ms=400"}), (a, b))
+    line = {s.label: s for s in near.series}["SLO p99 e2e 400 ms"]
+    assert line.x == (400.0, 400.0) and near.x_lim[0] <= 324 and 400 <= near.x_lim[1]
+    # Every point past the SLO: it sits at the left edge.
+    low = sweep_chart(sweep_plan("t1", {**FORM, "slo": "p99_e2e_ms=20"}), (a, b))
+    assert "← SLO p99 e2e 20 ms" in {s.label for s in low.series} and low.x_lim[0] > 20
 
 
 def test_repeats_spread_draws_error_bars():
@@ -286,3 +309,47 @@ def test_a_restart_is_a_gap_a_late_sample_is_not_and_a_setting_holds():
     assert ys[:5] == (1.0, 1.0, 1.0, 2.0, 2.0) and ys[5:8] == (None, None, None) and ys[-1] == 3.0
     _, held = downsample(x, y, 0.0, 10.0, 10, hold=True)
     assert None not in held and held[6] == 2.0
+
+
+# --- tables fitted to their width -----------------------------------------------------------------
+
+
+def _widest(headers, rows) -> int:
+    from llmconsole.console.tui.table_fit import CELL_PADDING
+
+    return sum(max([len(h), *(len(r[i]) for r in rows)]) + CELL_PADDING for i, h in enumerate(headers))
+
+
+def test_the_sweep_table_keeps_params_throughput_and_latency_at_80_and_160_columns():
+    """At 160 columns the table sits beside the chart in half the screen: it used to lose its
+    right-hand columns, latency among them. Narrow, the utilizations go first."""
+    from llmconsole.console.tui.screens.sweep import SweepScreen
+    from llmconsole.console.tui.sweep_view import sweep_plan, table
+    from llmconsole.console.tui.table_fit import fit_table
+    from tests.support.sweep_points import FORM, P1, P2, P3, P4
+
+    headers, rows, _ = table(sweep_plan("t1", FORM), (P1, P2, P3, P4))
+    for width in (78, 58):  # the table's room at 160 (beside the chart) and 80 columns, and narrower
+        fitted = fit_table(
+            headers, rows, width, short=SweepScreen.TABLE_SHORT, drop=SweepScreen.TABLE_DROP, cut=SweepScreen.TABLE_CUT
+        )
+        assert fitted.headers[:3] == ("params", "req/s", "p99 ms") and _widest(fitted.headers, fitted.rows) <= width
+        assert [r[2] for r in fitted.rows] == [r[2] for r in rows]  # latency whole
+        assert set(fitted.hidden) <= {"bandwidth util", "compute util", "memory (GiB)"}
+    wide = fit_table(headers, rows, 200)
+    assert wide.headers == tuple(headers) and wide.hidden == ()
+
+
+def test_the_trial_table_cuts_params_and_reasons_together_and_keeps_both_starts():
+    from llmconsole.console.tui.screens.tune import TuneScreen
+    from llmconsole.console.tui.table_fit import fit_table
+    from llmconsole.console.tui.tune_view import TRIAL_HEADERS
+
+    why = "did not start: KV cache of 2,097,152 bytes cannot hold one request of max_model_len 2048"
+    rows = [["0", "infeasible", "-", "-", "max_num_seqs=2, max_num_batched_tokens=2048", why]]
+    fitted = fit_table(
+        TRIAL_HEADERS, rows, 78, short=TuneScreen.TABLE_SHORT, drop=TuneScreen.TABLE_DROP, cut=TuneScreen.TABLE_CUT
+    )
+    assert _widest(fitted.headers, fitted.rows) <= 78 and fitted.hidden == ("requests",)
+    params, reason = fitted.rows[0][-2], fitted.rows[0][-1]
+    assert params.startswith("max_num_seqs=2") and reason.startswith("did not start") and reason.endswith("…")

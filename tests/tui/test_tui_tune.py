@@ -274,8 +274,10 @@ def test_snapshot_tune_under_way(snap_compare, size):
     assert snap_compare(app, terminal_size=size, run_before=run_before)
 
 
-@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("size", [*SIZES, pytest.param((160, 50), id="160x50")])
 def test_snapshot_tune_done(snap_compare, size):
+    """At 160 columns the table sits beside the chart in half the screen: it keeps its main
+    columns (shorter headers, the least needed left out) rather than losing its right-hand ones."""
     app, _ = make_recorded_app()
 
     async def run_before(pilot) -> None:
@@ -300,3 +302,24 @@ def test_the_recorded_tune_reads_back_and_charts_every_trial():
             assert screen.query_one("#knob-chart").plot.spec.title != knob  # the next knob
 
     asyncio.run(go())
+
+
+def test_a_study_with_no_feasible_trial_says_each_reason_on_screen_and_in_the_cli():
+    """Every trial refused at start used to end on "no config met the constraints", the reasons
+    only in the study's journal."""
+    import dataclasses
+
+    from llmconsole.console.commands.tune import render
+    from llmconsole.console.tui.tune_view import with_prior
+
+    why = "did not start: KV cache too small for one request of max_model_len 2048"
+    bad = tuple(_outcome(n, 2**n, "infeasible", None, 0, why) for n in range(3))
+    r = dataclasses.replace(_result(winner=False), trials=bad)
+    lines = outcome_lines(r)
+    assert "no config met the constraints" in lines and f"  trials 0, 1, 2: {why}" in lines
+    assert any(line.startswith("what to change: give knobs values the engine can start with") for line in lines)
+    out = render(r)
+    assert f"trials 0, 1, 2: {why}" in out and "what to change:" in out
+    # While it runs, the status line says why the last trial was out.
+    v = with_prior(TuneView(budget=Budget(trials=6)), bad)
+    assert best_text(v) == f"best so far: no feasible trial yet · trial 2 infeasible: {why}"

@@ -205,9 +205,12 @@ def test_ranges_from_the_planner_for_the_tiny_model(tiny_model):
     assert (by["max_model_len"].low, by["max_model_len"].high) == (160, 2048)  # the model's own limit
     assert space.sources["max_num_batched_tokens=128,512".split("=")[0]] == "given"
     assert by["kv_cache_memory_bytes"].choices[0] < 20 * 65536 < by["kv_cache_memory_bytes"].choices[-1]
+    # Every KV size serves one request of the longest max_model_len searched (2,048: 16 blocks
+    # and the null block), so none is refused at start.
+    assert by["kv_cache_memory_bytes"].choices[0] == 17 * 65536
     assert "engine limits" in space.sources["gateway_max_window"] and by["gateway_max_window"].high == 32
     assert space.start["max_num_seqs"] == 9 and "KV cache holds 9" in space.start_why["max_num_seqs"]
-    assert space.start["gateway_max_window"] == 16 and space.start["kernel"] is None
+    assert space.start["gateway_max_window"] == 16 and space.start["kernel"] == "stock"
     assert any(line.startswith("first trial: max_num_seqs=9") for line in space.describe())
     # The load's concurrency caps the start when it is lower than what the KV holds.
     assert derive_space(knobs, facts, input_len=100, output_len=60, concurrency=4).start["max_num_seqs"] == 4

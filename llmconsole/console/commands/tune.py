@@ -27,6 +27,7 @@ from llmconsole.engine.tune.request import TuneRequest, default
 from llmconsole.engine.tune.search import SEARCHES
 from llmconsole.engine.tune.settings import TuneSettings
 from llmconsole.engine.tune.tuner import TuneProgress, Tuner, TuneResult
+from llmconsole.engine.tune.verdict import infeasible_lines
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -60,7 +61,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--dry-run",
         action="store_true",
-        help="print the knobs, their ranges and where they come from, and the first trial; run nothing",
+        help="print the knobs, their ranges and where they come from, and exactly what trial 0 runs; run nothing",
     )
     p.add_argument("--seed", type=int, default=default("seed"), help="the sampler's seed")
     p.add_argument(
@@ -157,6 +158,8 @@ def render(result: TuneResult) -> str:
         if w
         else "no config met the constraints",
     ]
+    if w is None:
+        lines += infeasible_lines(result.trials)
     return "\n".join(lines)
 
 
@@ -181,7 +184,8 @@ def cmd_tune(ns: argparse.Namespace) -> int:
             except DaemonError as err:
                 raise CliError(f"the winner was not applied: {err}") from None
     if ns.json:
-        print(json.dumps({**result.to_json(), "applied": applied}, indent=2, default=str))
+        why = infeasible_lines(result.trials) if result.winner is None else []
+        print(json.dumps({**result.to_json(), "applied": applied, "no_winner_why": why}, indent=2, default=str))
     else:
         print(render(result))
         if applied:

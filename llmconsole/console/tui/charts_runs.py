@@ -35,7 +35,7 @@ def sweep_chart(plan: SweepPlan, points: Sequence[PointResult]) -> ChartSpec:
     front = [i for i in pareto_front(analysed) if i in lat]
     front.sort(key=lambda i: lat[i])
     k = knee(analysed, plan.knee_threshold, plan.knee_units).index
-    x_top = nice_max(max([*lat.values(), limit or 0.0]) * 1.1)
+    x_lo, x_top, slo_inside = latency_axis(list(lat.values()), limit)
     y_top = nice_max(max(thr.values()) * 1.15)
     series: list[Series] = []
     if len(front) > 1:
@@ -72,11 +72,45 @@ def sweep_chart(plan: SweepPlan, points: Sequence[PointResult]) -> ChartSpec:
                 f"knee: {points[k].label}", (lat[k],), (thr[k],), COLOURS["knee"], kind="points", marker="◆", glyph="◆"
             )
         )
-    if limit is not None:
-        series.append(Series(f"SLO p99 e2e {limit:g} ms", (limit, limit), (0.0, y_top), COLOURS["slo"], glyph="│"))
+    if limit is not None and slo_inside:
+        series.append(Series(f"SLO p99 e2e {limit:,g} ms", (limit, limit), (0.0, y_top), COLOURS["slo"], glyph="│"))
+    elif limit is not None:  # far off the data: at the edge it lies beyond, with its value
+        right = limit > x_top
+        edge = x_top - (x_top - x_lo) * 0.01 if right else x_lo + (x_top - x_lo) * 0.01
+        arrow = "→" if right else "←"
+        label = f"SLO p99 e2e {limit:,g} ms {arrow}" if right else f"{arrow} SLO p99 e2e {limit:,g} ms"
+        ys = tuple(y_top * f for f in (0.2, 0.4, 0.6, 0.8))
+        series.append(Series(label, (edge,) * len(ys), ys, COLOURS["slo"], kind="points", marker=arrow, glyph=arrow))
     else:
         series.append(Series("no p99 end-to-end SLO given", (), (), COLOURS["slo"], glyph=" "))
-    return ChartSpec(title, tuple(series), "req/s", "p99 end-to-end (ms)", x_lim=(0.0, x_top), y_lim=(0.0, y_top))
+    return ChartSpec(title, tuple(series), "req/s", "p99 end-to-end (ms)", x_lim=(x_lo, x_top), y_lim=(0.0, y_top))
+
+
+# A reference line (the SLO) up to this many times the data's span beyond it stretches the axis
+# to show it; farther, it is drawn at the edge with its value, and the points keep the width.
+REFERENCE_STRETCH = 0.5
+
+
+def latency_axis(values: Sequence[float], limit: float | None) -> tuple[float, float, bool]:
+    """The x axis (low, high) for the points' latencies, and whether the SLO line is on it.
+
+    The axis starts at 0 where the points lie near it (a latency is read against 0), else a
+    little below the lowest point, so close points do not share one column; it stops a little
+    past the highest. The SLO joins when it lies within half the axis' span of it."""
+    lo, hi = min(values), max(values)
+    span = max(hi - lo, hi * 0.1, 1.0)
+    x_lo = 0.0 if lo <= span else lo - span * 0.15
+    x_hi = hi + span * 0.15
+    inside = False
+    if limit is not None:
+        if x_lo <= limit <= x_hi:
+            inside = True
+        elif x_hi < limit <= x_hi + (x_hi - x_lo) * REFERENCE_STRETCH:
+            inside, x_hi = True, limit + span * 0.05
+        elif x_lo - (x_hi - x_lo) * REFERENCE_STRETCH <= limit < x_lo:
+            inside, x_lo = True, max(0.0, limit - span * 0.05)
+    x_top = nice_max(x_hi) if x_lo == 0 else x_hi
+    return x_lo, x_top, inside
 
 
 def _marks(trials: Sequence[TrialOutcome], x_of: Any) -> list[Series]:

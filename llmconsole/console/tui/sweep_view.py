@@ -10,7 +10,7 @@ tested without an engine.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,6 +140,13 @@ def table(plan: SweepPlan, points: tuple[PointResult, ...]) -> tuple[tuple[str, 
     partial = SweepResult(plan, points, EngineTarget("", "", "", "", {}), "running", 0.0, 0.0, True)
     rows, notes = table_rows(partial)
     return HEADERS, rows, notes
+
+
+def hidden_note(hidden: Sequence[str]) -> list[str]:
+    """Which columns the table left out at this width, and where they are."""
+    if not hidden:
+        return []
+    return [f"left out at this width: {', '.join(hidden)} (a wider terminal shows them; results.csv has them)"]
 
 
 def outcome_lines(result: SweepResult, files: Mapping[str, Any]) -> list[str]:

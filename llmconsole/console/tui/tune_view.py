@@ -21,6 +21,7 @@ from llmconsole.engine.tune.request import TuneRequest
 from llmconsole.engine.tune.settings import TuneSettings
 from llmconsole.engine.tune.space import Budget, TrialOutcome
 from llmconsole.engine.tune.tuner import TuneProgress, TuneResult
+from llmconsole.engine.tune.verdict import infeasible_lines
 
 # The form's fields and their safe small defaults: a short study around the running config.
 TUNE_FIELDS: tuple[tuple[str, str, str, str], ...] = (
@@ -75,7 +76,7 @@ def confirm_question(engine: str, settings: TuneSettings, view: EngineView | Non
     knobs = "; ".join(k.describe() for k in settings.knobs)
     return (
         f"Tune engine {engine} for {settings.budget.describe()} over {knobs}, at {settings.load.label} "
-        f"({settings.search} search). {tune_text(settings, view)} "
+        f"({settings.search} search). Trial 0 runs {params_text(settings.first_trial)}. {tune_text(settings, view)} "
         "Each trial may RESTART the engine on another config; clients get errors or waits meanwhile. "
         "The engine's knobs are put back at the end; a cancel keeps the study to resume."
     )
@@ -179,6 +180,9 @@ def left_s(view: TuneView, since_s: float = 0.0) -> float | None:
 def best_text(view: TuneView) -> str:
     b = view.best
     if b is None:
+        bad = [t for t in view.trials if t.state == "infeasible"]
+        if bad:  # why the last one was out, where the operator looks first
+            return f"best so far: no feasible trial yet · trial {bad[-1].number} infeasible: {bad[-1].reason or '-'}"
         return "best so far: no feasible trial yet"
     return f"best so far: trial {b.number} · {params_text(b.params)} · {b.goodput_req_s:.2f} req/s goodput"
 
@@ -238,6 +242,8 @@ def outcome_lines(result: TuneResult) -> list[str]:
         lines.append(f"recommended: {params_text(w.params)} ({w.mean_req_s:.2f} req/s goodput)")
     elif result.status == "done":
         lines.append("no config met the constraints")
+    if w is None:
+        lines += infeasible_lines(result.trials)
     lines.append(
         f"the engine's knobs are back on config {result.original.config_id}"
         if result.restored

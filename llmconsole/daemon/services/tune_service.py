@@ -37,6 +37,7 @@ from llmconsole.engine.tune.ranges import derive_space
 from llmconsole.engine.tune.settings import TuneSettings
 from llmconsole.engine.tune.space import Budget, Knob, clamp_to_workload, parse_knob, split_params
 from llmconsole.engine.tune.tuner import Tuner
+from llmconsole.engine.tune.verdict import infeasible_lines
 
 log = logging.getLogger(__name__)
 
@@ -297,6 +298,7 @@ class TuneService:
             "ranges": space.sources,
             "proposal": result.winner.params if result.winner else None,
             "proposal_req_s": result.winner.mean_req_s if result.winner else None,
+            "why_no_proposal": infeasible_lines(result.trials) if result.winner is None else [],
             "applied": None,
         }
         if result.winner and cfg.get("apply") and result.winner.params != base_spec:

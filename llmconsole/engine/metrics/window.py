@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from llmconsole.engine.metrics.page import COUNTER_FIELDS, HISTOGRAM_FIELDS, HistogramSample, ScrapeSample
+from llmconsole.engine.metrics.percentile import Percentile, bucket_percentile
 
 
 @dataclass(frozen=True)
@@ -49,9 +50,20 @@ class WindowedMetrics:
     # requests_in_window) over the last `percentile_window_s`; no request in it, no percentile.
     rate_window_s: float | None = None
     percentile_window_s: float | None = None
+    # Each percentile field's bucket, [lower_s, upper_s] (upper null past the last finite bound):
+    # what the figures can tell apart. The fields above hold histogram_quantile's interpolation
+    # inside that bucket, for the controller and older clients; what is shown renders the bucket
+    # (percentile.py).
+    percentile_bounds: dict[str, list[float | None]] = dataclasses.field(default_factory=dict)
     stale: bool = False
     scrape_errors: int = 0
     last_error: str | None = None
+
+    def percentile(self, key: str) -> Percentile | None:
+        """`p99_queue_s` with its bucket; None when the window has no such figure."""
+        from llmconsole.engine.metrics.percentile import percentile_from
+
+        return percentile_from(dataclasses.asdict(self), key)
 
 
 def _is_reset(newer: ScrapeSample, older: ScrapeSample) -> bool:
@@ -112,9 +124,17 @@ class MetricsWindow:
                 if delta is not None and delta.count > 0:
                     seen[h] = delta
 
+        bounds: dict[str, list[float | None]] = {}
+
         def q(h: str, quantile: float) -> float | None:
             delta = seen.get(h)
-            return delta.quantile(quantile) if delta is not None else None
+            if delta is None:
+                return None
+            value = delta.quantile(quantile)
+            p = bucket_percentile(quantile, delta.upper_bounds, delta.cumulative_counts, value)
+            if p is not None:
+                bounds[f"p{round(quantile * 100)}_{h}_s"] = p.bounds_json()
+            return value
 
         e2e = seen.get("e2e")
         cache = sample.cache
@@ -148,6 +168,7 @@ class MetricsWindow:
             block_size=cache.block_size if cache else None,
             rate_window_s=self.rate_window_s,
             percentile_window_s=self.percentile_window_s,
+            percentile_bounds=bounds,
             scrape_errors=self._errors,
         )
         self._last = snap

@@ -3,11 +3,17 @@ shape, else the engine's own limits; each knob says which, so the operator sees 
 
 The planner (plan/planner.py, plan/kv_math.py) knows what the KV cache holds: for the workload's lengths,
 how many requests fit at once. Past that, requests that grow into new blocks preempt one another,
-so the batch-size range stops at twice that and the first trial starts at it (or lower, where the
-prompt-length rule or the workload's own concurrency says so). max_model_len runs from what the
-workload needs to what the model and the KV pool can serve; the KV size from a quarter to twice
-the workload's concurrency in requests of its length. Without a shape (a hub name not cached,
+so the batch-size range stops at twice that (and at vLLM's 256) and the first trial starts at it
+(or lower, where the prompt-length rule or the workload's own concurrency says so). max_model_len
+runs from what the workload needs to what the model and the KV pool can serve. The KV size runs
+from a quarter to twice the running pool, but never below one request of the longest
+max_model_len the space may run (vLLM refuses to start such a config) and the load's requests,
+nor above the memory the engine may take on this host. Without a shape (a hub name not cached,
 no config.json) the ranges come from the running config and vLLM's limits.
+
+Every value the first trial runs is computed here (`TuneSpace.first`, by the same
+`start_config` the search asks with), so a dry run, the console's question and the study's
+trial 0 cannot disagree.
 
 A knob given with values keeps them ("given"); a knob named without values (`--knob
 max_num_seqs`) gets its range here.
@@ -23,6 +29,13 @@ from llmconsole.engine.plan.kv_math import KvLayout, cdiv, kv_bytes_for
 from llmconsole.engine.tune.space import Knob, default_space
 
 VLLM_MAX_NUM_SEQS = 256  # vLLM's default, and the top of a range the planner cannot bound
+# vLLM's token budget when none is given (engine/arg_utils.py, the OpenAI server on CPU; and
+# SchedulerConfig's own default): what an engine without the field runs.
+VLLM_DEFAULT_BATCHED_TOKENS = 2048
+# A KV size the tune may try takes at most this share of the host memory free now (beside the
+# running pool, which a restart gives back): the rest is for the engine's weights, other engines
+# and the host itself.
+KV_SHARE_OF_FREE_MEMORY = 0.5
 
 
 @dataclass(frozen=True)
@@ -50,6 +63,8 @@ class KvFacts:
     model_max_len: int | None
     recommended_seqs: int
     rule: str
+    max_model_len: int = 0  # the running config's (or the model's default)
+    free_memory_bytes: int | None = None  # host memory free now, for the KV sizes' ceiling
 
 
 @dataclass(frozen=True)
@@ -59,15 +74,28 @@ class TuneSpace:
     start: dict[str, Any]  # the first trial's values (before snapping to the lattice)
     start_why: dict[str, str]
     kv: KvFacts | None = None
+    running: dict[str, Any] = field(default_factory=dict)  # each knob's value in the running config
+
+    @property
+    def first(self) -> dict[str, Any]:
+        """What trial 0 runs: the start on each knob's lattice, by the function the search asks with."""
+        from llmconsole.engine.tune.search import start_config
+
+        return start_config(self.knobs, self.start)
+
+    def first_text(self) -> str:
+        """Trial 0, each value with why it was chosen and what the engine runs now."""
+        parts = []
+        for k, v in self.first.items():
+            notes = [self.start_why[k]] if k in self.start_why else []
+            now = self.running.get(k)
+            notes.append(f"runs {now} now" if now is not None else "unset now")
+            parts.append(f"{k}={v} ({'; '.join(notes)})")
+        return "first trial: " + ", ".join(parts)
 
     def describe(self) -> list[str]:
         lines = [f"{k.describe()}  ({self.sources.get(k.name, 'given')})" for k in self.knobs]
-        lines.append(
-            "first trial: "
-            + ", ".join(
-                f"{k}={v} ({self.start_why[k]})" if k in self.start_why else f"{k}={v}" for k, v in self.start.items()
-            )
-        )
+        lines.append(self.first_text())
         return lines
 
 
@@ -109,7 +137,19 @@ def kv_facts(facts: EngineFacts, workload_tokens: int) -> KvFacts | None:
         plan.shape.default_max_model_len if plan.shape else None,
         int(rec.value) if rec else VLLM_MAX_NUM_SEQS,
         rec.rule if rec else "vLLM's default",
+        plan.capacity.max_model_len,
+        _free_memory_bytes(),
     )
+
+
+def _free_memory_bytes() -> int | None:
+    """The host memory free now (psutil); None where it cannot be read."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except Exception:  # a host figure missing is a range without a ceiling, not a failed tune
+        return None
 
 
 def derive_space(
@@ -134,21 +174,68 @@ def derive_space(
             out.append(Knob("kernel", choices=("stock",)))
             sources[k.name] = f"runtime: stock only ({facts.custom_kernel_refusal})"
             continue
-        knob, why = _range(k.name, spec, kv, need, concurrency)
+        knob, why = _range(k.name, spec, kv, need, concurrency, _top_model_len(knobs, spec, kv, need))
         out.append(knob)
         sources[k.name] = why
+    out, sources = _seqs_within_token_budget(out, sources, spec, {k.name for k in knobs if k.open})
     start, start_why = _start(out, spec, kv, concurrency, facts.window)
-    return TuneSpace(tuple(out), sources, start, start_why, kv)
+    running = {k.name: _running(k.name, spec, facts.window) for k in out}
+    return TuneSpace(tuple(out), sources, start, start_why, kv, running)
 
 
-def _range(name: str, spec: dict[str, Any], kv: KvFacts | None, need: int, concurrency: int | None) -> tuple[Knob, str]:
+def _running(name: str, spec: dict[str, Any], window: dict[str, int] | None) -> Any:
+    if name in ("gateway_min_window", "gateway_max_window"):
+        return (window or {}).get(name.removeprefix("gateway_"))
+    if name == "kernel":
+        return spec.get("kernel") or "stock"
+    return spec.get(name)
+
+
+def _top_model_len(knobs: Sequence[Knob], spec: dict[str, Any], kv: KvFacts | None, need: int) -> int:
+    """The longest max_model_len the space may run: every KV size tried must serve one request
+    of it, or vLLM refuses to start."""
+    for k in knobs:
+        if k.name == "max_model_len" and not k.open:
+            return max(k.choices) if k.choices else k.bounds[1]
+        if k.name == "max_model_len" and kv is not None:
+            return max(need, min(x for x in (kv.max_model_len_that_fits, kv.model_max_len) if x) or need)
+    run = spec.get("max_model_len") or (kv.max_model_len if kv is not None else None)
+    return max(need, int(run or need))
+
+
+def _seqs_within_token_budget(
+    knobs: list[Knob], sources: dict[str, str], spec: dict[str, Any], derived: set[str]
+) -> tuple[list[Knob], dict[str, str]]:
+    """vLLM refuses a token budget below max_num_seqs: a derived batch-size range stops at the
+    smallest budget the space may run."""
+    if "max_num_seqs" not in derived:
+        return knobs, sources
+    mbt = next((k for k in knobs if k.name == "max_num_batched_tokens"), None)
+    if mbt is not None:
+        least = min(mbt.choices) if mbt.choices else mbt.bounds[0]
+    else:
+        least = int(spec.get("max_num_batched_tokens") or VLLM_DEFAULT_BATCHED_TOKENS)
+    out = []
+    for k in knobs:
+        if k.name == "max_num_seqs" and not k.choices and k.bounds[1] > least:
+            k = Knob(k.name, low=min(k.bounds[0], least), high=least)
+            sources = {**sources, k.name: sources[k.name] + f"; at most the smallest token budget ({least})"}
+        out.append(k)
+    return out, sources
+
+
+def _range(
+    name: str, spec: dict[str, Any], kv: KvFacts | None, need: int, concurrency: int | None, top_len: int
+) -> tuple[Knob, str]:
     seqs = int(spec.get("max_num_seqs") or VLLM_MAX_NUM_SEQS)
     if name == "max_num_seqs":
         if kv is not None and kv.requests_at_once >= 1:
-            high = max(2, min(VLLM_MAX_NUM_SEQS, 2 * kv.requests_at_once))
+            twice = 2 * kv.requests_at_once
+            high = max(2, min(VLLM_MAX_NUM_SEQS, twice))
+            cap = f", capped at vLLM's {VLLM_MAX_NUM_SEQS}" if twice > VLLM_MAX_NUM_SEQS else ""
             return Knob(name, low=1, high=high), (
-                f"planner: the KV cache ({kv.kv_cache_bytes:,} bytes) holds {kv.requests_at_once} requests of "
-                f"{need} tokens at once; up to twice that"
+                f"planner: the running KV cache ({kv.kv_cache_bytes:,} bytes) holds {kv.requests_at_once} requests of "
+                f"{need} tokens at once; up to twice that{cap}"
             )
         k = default_space(spec, concurrency or seqs)[0]
         return (
@@ -156,8 +243,15 @@ def _range(name: str, spec: dict[str, Any], kv: KvFacts | None, need: int, concu
             f"engine limits: up to twice the running max_num_seqs or the load's concurrency (vLLM's cap {VLLM_MAX_NUM_SEQS})",
         )
     if name == "max_num_batched_tokens":
-        k = default_space(spec, concurrency or seqs)[1]
-        return k, "engine limits: a quarter to twice the running token budget (vLLM's default 2048)"
+        run = spec.get("max_num_batched_tokens")
+        base = int(run) if run else VLLM_DEFAULT_BATCHED_TOKENS
+        sizes = tuple(sorted({max(64, base // 4), max(64, base // 2), base, base * 2}))
+        what = (
+            f"the running token budget ({base})"
+            if run
+            else f"vLLM's default token budget ({base}, the engine sets none)"
+        )
+        return Knob(name, choices=sizes), f"engine limits: a quarter to twice {what}"
     if name == "max_model_len":
         if kv is not None:
             high = (
@@ -174,12 +268,7 @@ def _range(name: str, spec: dict[str, Any], kv: KvFacts | None, need: int, concu
         return Knob(name, low=need, high=top), "engine limits: from the workload's need to the running max_model_len"
     if name == "kv_cache_memory_bytes":
         if kv is not None:
-            c = max(1, concurrency or kv.requests_at_once or 1)
-            layout = _layout(kv)
-            sizes = tuple(sorted({kv_bytes_for(layout, need, max(1, c * n // 4)) for n in (1, 2, 4, 8)}))
-            return Knob(name, choices=sizes), (
-                f"planner: KV for a quarter to twice the load's {c} requests of {need} tokens"
-            )
+            return _kv_range(kv, top_len)
         run = spec.get("kv_cache_memory_bytes")
         if run:
             return Knob(
@@ -203,6 +292,30 @@ def _range(name: str, spec: dict[str, Any], kv: KvFacts | None, need: int, concu
 
 def _layout(kv: KvFacts) -> KvLayout:
     return KvLayout(kv.block_size, kv.kv_bytes_per_token)
+
+
+def _kv_range(kv: KvFacts, top_len: int) -> tuple[Knob, str]:
+    """A quarter to twice the running pool, each size raised to the least that starts (one
+    request of the longest max_model_len the space may run, and the null block) and kept under
+    what the host can give. A pool smaller than the load's requests only preempts: the search
+    measures that; one that cannot hold a single request does not start at all."""
+    layout = _layout(kv)
+    floor = kv_bytes_for(layout, top_len, 1)
+    ceiling = None
+    if kv.free_memory_bytes is not None:
+        ceiling = max(floor, kv.kv_cache_bytes + int(kv.free_memory_bytes * KV_SHARE_OF_FREE_MEMORY))
+    bpb = layout.bytes_per_block
+    sizes = set()
+    for share in (0.25, 0.5, 1.0, 2.0):
+        size = max(floor, int(kv.kv_cache_bytes * share) // bpb * bpb)
+        sizes.add(min(size, ceiling) if ceiling is not None else size)
+    why = (
+        f"planner: a quarter to twice the running KV cache ({kv.kv_cache_bytes:,} bytes), at least "
+        f"{floor:,} bytes (one request of max_model_len {top_len})"
+    )
+    if ceiling is not None:
+        why += f", at most {ceiling:,} bytes (the running pool and {KV_SHARE_OF_FREE_MEMORY:.0%} of the host's free memory)"
+    return Knob("kv_cache_memory_bytes", choices=tuple(sorted(sizes))), why
 
 
 def _start(
@@ -232,6 +345,12 @@ def _start(
                 continue
         if k.name in ("gateway_min_window", "gateway_max_window") and window:
             start[k.name] = window.get(k.name.removeprefix("gateway_"))
+            continue
+        if k.name == "max_num_batched_tokens" and not spec.get(k.name):
+            start[k.name], why[k.name] = VLLM_DEFAULT_BATCHED_TOKENS, "vLLM's default"
+            continue
+        if k.name == "kernel" and not spec.get(k.name):
+            start[k.name] = "stock"
             continue
         start[k.name] = spec.get(k.name)
     return start, why

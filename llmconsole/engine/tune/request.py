@@ -8,6 +8,7 @@ The field defaults are the CLI's defaults: they live here, once.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -91,9 +92,10 @@ class TuneRequest(BaseModel):
             output_len=longest(lout),
             concurrency=int(loads[0].value) if closed else None,
         )
+        space = dataclasses.replace(space, knobs=clamp_to_workload(space.knobs, need))
         settings = TuneSettings(
             plan,
-            clamp_to_workload(space.knobs, need),
+            space.knobs,
             parse_budget(self.budget),
             seed=self.seed,
             eta=self.eta,
@@ -105,13 +107,15 @@ class TuneRequest(BaseModel):
         return settings, space
 
 
+DEFAULT_KNOBS = ("max_num_seqs", "max_num_batched_tokens")
+
+
 def default_knobs(spec: dict[str, object]) -> tuple[Knob, ...]:
-    """Batch size and token budget (the two knobs that move goodput most on any device), and the
-    KV size when the engine runs with an explicit one; their ranges come from derive_space."""
-    names = ["max_num_seqs", "max_num_batched_tokens"] + (
-        ["kv_cache_memory_bytes"] if spec.get("kv_cache_memory_bytes") else []
-    )
-    return tuple(Knob(n) for n in names)
+    """Batch size and token budget, the two knobs that move goodput most on any device, and
+    exactly the ones `tune --help` and the console's form name; their ranges come from
+    derive_space. The KV size and max_model_len move only when asked for: a default search
+    that shrinks the KV cache below one request of max_model_len cannot start a single trial."""
+    return tuple(Knob(n) for n in DEFAULT_KNOBS)
 
 
 def longest(d: LengthDist) -> int:

@@ -32,6 +32,13 @@ class TuneSettings:
     search: str = "pattern"
 
     @property
+    def first_trial(self) -> dict[str, Any]:
+        """What a fresh study's trial 0 runs: the same function the search asks with (search.py)."""
+        from llmconsole.engine.tune.search import start_config
+
+        return start_config(self.knobs, self.start)
+
+    @property
     def load(self) -> LoadLevel:
         return self.plan.loads[0]
 

@@ -145,7 +145,7 @@ def clamp_to_workload(knobs: Sequence[Knob], needed_len: int) -> tuple[Knob, ...
 
 def default_space(spec: dict[str, Any], concurrency_hint: int) -> tuple[Knob, ...]:
     """Batch size and per-step token budget around the running config: the two knobs that move
-    goodput most on any device. The KV size joins when the engine runs with an explicit one."""
+    goodput most on any device (the planner's ranges: ranges.py)."""
     seqs = int(spec.get("max_num_seqs") or 256)
     top = max(4, min(256, 2 * max(seqs, concurrency_hint)))
     knobs = [Knob("max_num_seqs", low=1, high=top)]
@@ -154,9 +154,6 @@ def default_space(spec: dict[str, Any], concurrency_hint: int) -> tuple[Knob, ..
     knobs.append(
         Knob("max_num_batched_tokens", choices=tuple(sorted({max(64, base // 4), max(64, base // 2), base, base * 2})))
     )
-    kv = spec.get("kv_cache_memory_bytes")
-    if kv:
-        knobs.append(Knob("kv_cache_memory_bytes", choices=(int(kv) // 2, int(kv), int(kv) * 2)))
     return tuple(knobs)
 
 

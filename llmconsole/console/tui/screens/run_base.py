@@ -13,7 +13,7 @@ into the screen's view. Opening the screen of an engine whose run is under way p
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pydantic import BaseModel
@@ -29,6 +29,7 @@ from llmconsole.console.tui.keys import bindings_for
 from llmconsole.console.tui.messages import RunFinished, RunPolled, RunProgressed, RunStarted
 from llmconsole.console.tui.screens.confirm import ConfirmScreen
 from llmconsole.console.tui.screens.run_link import NO_DAEMON, RunLink
+from llmconsole.console.tui.table_fit import SIDE_BY_SIDE, FittedTableScreen
 from llmconsole.console.tui.view import EngineView
 from llmconsole.console.tui.widgets.chart import ChartBox
 from llmconsole.console.tui.widgets.footer import ConsoleFooter
@@ -39,14 +40,13 @@ if TYPE_CHECKING:
     from llmconsole.console.tui.source import Dial
 
 POLL_S = 1.0
-SIDE_BY_SIDE = 150  # columns from which the charts sit beside the table
 
 PreparedT = TypeVar("PreparedT")  # what the form becomes: the typed request and what is derived from it
 EventT = TypeVar("EventT")  # a progress event, as the runner's own value
 OutcomeT = TypeVar("OutcomeT")  # the run's outcome, likewise
 
 
-class RunScreen(Screen[None], Generic[PreparedT, EventT, OutcomeT]):
+class RunScreen(FittedTableScreen, Screen[None], Generic[PreparedT, EventT, OutcomeT]):
     """A subclass names its FIELDS (name, label, default, placeholder), builds its typed request
     from the form (`prepare`, ValueError for bad input; `request_of`), reads the daemon's JSON back
     as the runner's own values (`event_from_json`, `outcome_from_json`) and shows its events
@@ -125,8 +125,10 @@ class RunScreen(Screen[None], Generic[PreparedT, EventT, OutcomeT]):
         yield ConsoleFooter()
 
     def on_resize(self) -> None:
-        """Charts beside the table where the screen is wide, above it where not."""
+        """Charts beside the table where the screen is wide, above it where not; the table
+        fitted again to its new width."""
         self.query_one("#run-body").set_class(self.size.width >= SIDE_BY_SIDE, "-side")
+        self.refit_table()
 
     def chart(self, chart_id: str, spec: ChartSpec) -> None:
         self.query_one(f"#{chart_id}", ChartBox).show(spec)
@@ -316,15 +318,6 @@ class RunScreen(Screen[None], Generic[PreparedT, EventT, OutcomeT]):
     def cancelled(self) -> None: ...
     def render_status(self) -> None: ...
     def finished_with(self, outcome: OutcomeT | None, error: str | None) -> None: ...
-
-    def set_table(self, headers: Sequence[str], rows: list[list[str]]) -> None:
-        t = self.query_one("#run-table", DataTable)
-        if not t.columns:
-            for i, h in enumerate(headers):
-                t.add_column(h, key=str(i))
-        t.clear()
-        for r in rows:
-            t.add_row(*r)
 
     # --- keys ------------------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from llmconsole.console.tui.sweep_view import (
     current_text,
     fold_sweep,
     headline,
+    hidden_note,
     outcome_lines,
     sweep_request,
     table,
@@ -48,6 +49,16 @@ class SweepScreen(RunScreen[Prepared, SweepProgress, Outcome]):
     WHAT = "sweep"
     KEY = "S"
     YES = "Sweep"
+    # Narrow, the table keeps params, throughput and latency: the utilizations go first.
+    TABLE_SHORT = {
+        "throughput (req/s)": "req/s",
+        "P99 latency (ms)": "p99 ms",
+        "memory (GiB)": "mem GiB",
+        "compute util": "compute",
+        "bandwidth util": "bandwidth",
+    }
+    TABLE_DROP = ("bandwidth util", "compute util", "memory (GiB)")
+    TABLE_CUT = ("params",)
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
@@ -94,9 +105,9 @@ class SweepScreen(RunScreen[Prepared, SweepProgress, Outcome]):
         self.render_status()
         if ev.result is not None:
             headers, rows, notes = table(self.plan, self.view.points)
-            self.set_table(headers, rows)
+            hidden = self.set_table(headers, rows)
             self.chart("sweep-chart", sweep_chart(self.plan, self.view.points))
-            self._notes([f"[{i}] {n}" for i, n in enumerate(notes, 1)])
+            self._notes(hidden_note(hidden) + [f"[{i}] {n}" for i, n in enumerate(notes, 1)])
 
     def cancelled(self) -> None:
         if self.view is not None:
@@ -136,7 +147,7 @@ class SweepScreen(RunScreen[Prepared, SweepProgress, Outcome]):
         self.result, self.files = outcome
         self.view = dataclasses.replace(self.view, eta_s=0.0)
         headers, rows, notes = table(self.plan, self.result.points)
-        self.set_table(headers, rows)
+        hidden = self.set_table(headers, rows)
         self.chart("sweep-chart", sweep_chart(self.plan, self.result.points))
         self.query_one("#run-status", Static).update(
             Text.assemble(
@@ -148,5 +159,5 @@ class SweepScreen(RunScreen[Prepared, SweepProgress, Outcome]):
         )
         # Whether the engine is back on its config first: on a short screen the notes scroll.
         lines = outcome_lines(self.result, self.files)[1:] + picks_text(self.result, analyse(self.result))
-        lines += [f"[{i}] {n}" for i, n in enumerate(notes, 1)]
+        lines += hidden_note(hidden) + [f"[{i}] {n}" for i, n in enumerate(notes, 1)]
         self._notes(lines, "" if self.result.restored else "bold red")

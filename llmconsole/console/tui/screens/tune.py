@@ -89,6 +89,12 @@ class TuneScreen(RunScreen[TunePrepared, TuneEvent, TuneResult]):
     WHAT = "tune"
     KEY = "T"
     YES = "Tune"
+    # Narrow, the table keeps the trial, its state, goodput and why: the request count goes
+    # first, the params and the reason are cut last (the line under the status and the notes
+    # at the end say each infeasible trial's reason in full).
+    TABLE_SHORT = {"goodput (req/s)": "req/s", "requests": "reqs"}
+    TABLE_DROP = ("requests",)
+    TABLE_CUT = ("params", "why")
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)

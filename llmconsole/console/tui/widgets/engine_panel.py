@@ -17,16 +17,17 @@ from textual.widgets import Static
 
 from llmconsole.console.tui import progress
 from llmconsole.console.tui.view import (
+    NA,
     EngineView,
     HostView,
     fmt_bytes,
     fmt_count,
-    fmt_ms,
     fmt_pct,
     fmt_rate,
     na,
 )
 from llmconsole.console.tui.widgets.gauges import Figures, Gauge, LatencyTable
+from llmconsole.engine.metrics.percentile import percentile_text
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,12 @@ class EnginePanel(Vertical):
         def pair(key: str) -> tuple[str, str]:
             if engine is not None and engine.metrics and not any_requests:
                 return "-", "-"  # figures, but no request in the window: no percentile, not an old one
-            return fmt_ms(m(f"p50_{key}_s")), fmt_ms(m(f"p99_{key}_s"))
+            # The bucket each percentile falls in: a figure inside it would be finer than the data.
+            metrics = engine.metrics if engine is not None else {}
+            return (
+                percentile_text(metrics, f"p50_{key}_s", NA, compact=True),
+                percentile_text(metrics, f"p99_{key}_s", NA, compact=True),
+            )
 
         table = [
             ("TTFT", *pair("ttft")),

@@ -11,7 +11,8 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import DataTable
 
-from llmconsole.console.tui.view import EngineView, Snapshot, fmt_count, fmt_ms, fmt_pct, fmt_rate, fmt_uptime, na
+from llmconsole.console.tui.view import NA, EngineView, Snapshot, fmt_count, fmt_pct, fmt_rate, fmt_uptime, na
+from llmconsole.engine.metrics.percentile import percentile_text
 
 STATE_STYLES = {
     "ready": "green",
@@ -47,7 +48,7 @@ def engine_cells(e: EngineView) -> dict[str, str | Text]:
         "kv": fmt_pct(e.metric("kv_cache_usage")),
         "running": fmt_count(e.metric("running")),
         "gen": fmt_rate(e.metric("generation_tok_s")),
-        "ttft": fmt_ms(e.metric("p99_ttft_s")),
+        "ttft": percentile_text(e.metrics, "p99_ttft_s", NA, compact=True),
     }
 
 
