@@ -134,6 +134,11 @@ def test_host_names():
     assert host_allowed("localhost:1234", loop) and host_allowed("127.0.0.1", loop) and host_allowed("[::1]:9", loop)
     assert host_allowed("127.1.2.3:80", loop) and host_allowed(None, loop)
     assert not host_allowed("evil.example:1234", loop) and not host_allowed("localhost.evil.example", loop)
+    # Loopback literals only, never a prefix: a DNS-rebinding name resolves wherever its owner likes.
+    for name in ("127.attacker.example", "127.attacker.example:80", "127.0.0.1.nip.io", "127.", "127.0.0.256"):
+        assert not host_allowed(name, loop), name
+    assert host_allowed("127.255.0.1:8", loop) and host_allowed("[0:0:0:0:0:0:0:1]:8", loop)
+    assert host_allowed("gw.lan", loop | {"gw.lan"})
     assert host_allowed("evil.example", None)  # bound elsewhere: the operator's call
 
 
@@ -478,10 +483,11 @@ def test_host_header_must_name_loopback():
                     ("[::1]:5", 200),
                     ("gw.lan", 200),
                     ("127.0.0.1", 200),
+                    ("127.attacker.example", 403),
                 ):
                     async with c.post(f"{gw.url}/g/g/v1/completions", json={}, headers={"Host": host}) as r:
                         assert r.status == status, host
-            assert gw.door.rejected["host"] == 1 and stub.started == 4
+            assert gw.door.rejected["host"] == 2 and stub.started == 4
         finally:
             await gw.close()
             await stub.runner.cleanup()
