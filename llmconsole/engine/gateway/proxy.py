@@ -65,7 +65,13 @@ from llmconsole.engine.gateway.door import (
     request_fault,
 )
 from llmconsole.engine.gateway.group import EngineGroup, RequestRecord, Upstream
-from llmconsole.engine.gateway.upstream import UpstreamError, UpstreamPool, UpstreamRefused, UpstreamResponse
+from llmconsole.engine.gateway.upstream import (
+    UpstreamDown,
+    UpstreamError,
+    UpstreamPool,
+    UpstreamRefused,
+    UpstreamResponse,
+)
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +188,11 @@ class Gateway:
     async def start(self) -> str:
         # The window, not the pool, bounds concurrency; the pool's bound keeps the engines' side
         # inside the descriptors the door set aside for it.
-        self._pool = UpstreamPool(self.limits.upstream_connections)
+        self._pool = UpstreamPool(
+            self.limits.upstream_connections,
+            first_byte_timeout_s=self.limits.upstream_first_byte_timeout_s,
+            idle_timeout_s=self.limits.upstream_idle_timeout_s,
+        )
         self.door.make_server(self._handle)
         try:
             self.port = await self.door.listen(self.host, self.port)
@@ -401,28 +411,21 @@ class Gateway:
                             queue_s,
                             "no engine of the group became ready in time",
                         )
-                    await asyncio.sleep(_NOT_READY_RETRY_S)
-                    continue
-                try:
-                    return await self._forward(request, group, up, path, body, arrived, queue_s, conn)
-                except _EngineRefused:
-                    group.mark_down(up)  # it restarts: wait for it in the queue, within the bound
-                    up.resent += 1
-                    if time.monotonic() >= deadline:
-                        return self._refuse(
-                            group,
-                            up.name,
-                            path,
-                            503,
-                            outcomes.ENGINE_ERROR,
-                            arrived,
-                            queue_s,
-                            f"engine {up.name} is not accepting connections",
-                        )
-                    await asyncio.sleep(_NOT_READY_RETRY_S)
+                else:
+                    try:
+                        return await self._forward(request, group, up, path, body, arrived, queue_s, conn)
+                    except _EngineRefused as e:
+                        group.mark_down(up)  # it restarts: wait for it in the queue, within the bound
+                        up.resent += 1
+                        if time.monotonic() >= deadline:
+                            return self._refuse(
+                                group, up.name, path, 503, outcomes.ENGINE_ERROR, arrived, queue_s, str(e)
+                            )
             finally:
                 if admit:
                     group.admission.release()
+            # The seat is given back before waiting: a request waiting for an engine holds none.
+            await asyncio.sleep(_NOT_READY_RETRY_S)
 
     def _address(self, up: Upstream) -> tuple[str, int, str]:
         """(host, port, Host header) of an engine's URL, parsed once."""
@@ -445,7 +448,7 @@ class Gateway:
         host, port, host_header = self._address(up)
         target = path.encode() + b"?" + query if query else path.encode()
         head = request_head(method, target, host_header, headers, up.api_key, len(body))
-        return await self._upstreams().request(host, port, head, body)
+        return await self._upstreams().request(host, port, head, body, track=up.inflight)
 
     async def _forward(
         self,
@@ -471,14 +474,17 @@ class Gateway:
         try:
             try:
                 r = await self._send(up, request.method, path, query, headers, body)
-            except UpstreamRefused as e:
+            except (UpstreamRefused, UpstreamDown) as e:
                 raise _EngineRefused(str(e)) from e
             except UnsafeRequest as e:
                 return self._bad_request(str(e))
             try:
                 out_headers = CIMultiDict((k, v) for k, v in r.headers if k.lower() not in _DROP_RESPONSE_HEADERS)
                 if r.content_type != "text/event-stream":
-                    data = await r.read()
+                    try:
+                        data = await r.read()
+                    except UpstreamDown as e:
+                        raise _EngineRefused(str(e)) from e  # nothing reached the client yet
                     if r.status >= 500 and await self._going_away(up):
                         # Nothing reached the client: the request goes to the group's next engine.
                         raise _EngineRefused(f"engine {up.name} answered {r.status} as it went away")
