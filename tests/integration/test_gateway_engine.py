@@ -156,13 +156,16 @@ def test_a_query_that_decodes_to_a_second_request_never_reaches_the_engine(gcli)
         answer = b""
         while chunk := sock.recv(65536):
             answer += chunk
-    assert answer.startswith(b"HTTP/1.1 400 "), answer[:300]
-    assert b"cannot be forwarded" in answer
+
+    def served() -> dict[tuple[str, str], float]:
+        after = _engine_requests(engine_url)
+        return {k: after[k] - before.get(k, 0.0) for k in after if after[k] != before.get(k, 0.0)}
+
+    assert served() == {}, f"the engine served {served()}; the client got {answer[:300]!r}"
+    assert answer.startswith(b"HTTP/1.1 400 ") and b"cannot be forwarded" in answer, answer[:300]
     status, _ = _post(f"{e['gateway_url']}/v1/completions", json.loads(body))
     assert status == 200
-    after = _engine_requests(engine_url)
-    served = {k: after[k] - before.get(k, 0.0) for k in after if after[k] != before.get(k, 0.0)}
-    assert served == {("POST", "/v1/completions"): 1.0}, served
+    assert served() == {("POST", "/v1/completions"): 1.0}
 
 
 def test_window_command_sets_freezes_and_refuses_bad_input(gcli):

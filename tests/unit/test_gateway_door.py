@@ -116,12 +116,17 @@ def test_limits_validate_and_size_the_connection_cap_from_descriptors():
     assert connection_cap(DoorLimits(max_connections=100), nofile=20000) == 100
     assert connection_cap(DoorLimits(max_connections=100_000), nofile=1024) == 512  # never into the reserve
     assert DoorLimits.from_json({"header_timeout_s": 5, "allowed_hosts": ["GW.lan"]}).allowed_hosts == ("gw.lan",)
+    # An engine's first token may take minutes of queue and prefill: the defaults wait for it.
+    assert (lim.upstream_first_byte_timeout_s, lim.upstream_idle_timeout_s) == (300.0, 60.0)
+    assert DoorLimits.from_json({"upstream_first_byte_timeout_s": 900}).upstream_first_byte_timeout_s == 900
     for bad in (
         {"nope": 1},
         {"max_body_bytes": 0},
         {"body_budget_bytes": 10, "max_body_bytes": 20},
         {"write_timeout_s": -1},
         {"allowed_hosts": "x"},
+        {"upstream_first_byte_timeout_s": 0},
+        {"upstream_idle_timeout_s": "60"},
     ):
         with pytest.raises(ValueError):
             DoorLimits.from_json(bad)
