@@ -31,7 +31,12 @@ connection without waiting for it to read, up to `client_buffer_bytes`, so a slo
 admission slot only while the engine is still generating for it (or, past that buffer, until the
 door's write timeout cuts it). An engine that dies mid-stream ends the client's stream with an
 error event (`data: {"error": ...}`, which the OpenAI clients raise) and an aborted body, never
-a clean end that would pass truncated text off as whole.
+a clean end that would pass truncated text off as whole. An engine that answers nothing is cut by
+the door's upstream timeouts (upstream.py: no first body byte in `upstream_first_byte_timeout_s`,
+a stream silent for `upstream_idle_timeout_s`): 502, or the same error event mid-stream. Another
+host's engine marked down by its health checks has its silent answers cut at once (group.py):
+their seats go back to the window, and a request nothing of which reached its client goes to
+the group's next engine, as a refused one does.
 """
 
 from __future__ import annotations
