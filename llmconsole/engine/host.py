@@ -12,7 +12,10 @@ the supervisor can refuse an answer on an engine's port that does not come from 
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import socket
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -193,22 +196,74 @@ _TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
 _TCP_LISTEN = b"0A"
 
 
-def listening_socket_inodes(port: int) -> frozenset[int] | None:
-    """Inodes of the TCP sockets listening on `port` (any address, IPv4 and IPv6), or None where
-    the kernel's tables cannot be read (not Linux).
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def listening_socket_inodes(port: int, host: str | None = None) -> frozenset[int] | None:
+    """Inodes of the TCP sockets listening on `port` whose address overlaps `host`'s (IPv4 and
+    IPv6), or None where the kernel's tables cannot be read (not Linux). Overlapping: the same
+    address, a wildcard (0.0.0.0, ::) on either side, or any address when `host` is None or does
+    not resolve. A listener on 127.0.0.2:PORT does not overlap an engine on 127.0.0.1:PORT: a
+    client of the engine never reaches it, so it is no stranger on the engine's port.
 
     The kernel writes its listening sockets first, then every connection; the rows are made as
     they are read. So the read stops at the first row that is not listening, and the cost is the
     host's listeners, not its connections: under a flood of connections a full read of these
     tables takes tens of milliseconds, and the health check reads them every second. Finding
     nothing that way, it reads the whole tables before saying nothing listens."""
-    found = _listening_rows(port, listeners_only=True)
+    addresses = host_addresses(host)
+    found = _listening_rows(port, listeners_only=True, addresses=addresses)
     if found is not None and not found:
-        found = _listening_rows(port, listeners_only=False)
+        found = _listening_rows(port, listeners_only=False, addresses=addresses)
     return found
 
 
-def _listening_rows(port: int, *, listeners_only: bool) -> frozenset[int] | None:
+def host_addresses(host: str | None) -> frozenset[Address] | None:
+    """The addresses a socket bound to `host` listens on; None for any (a wildcard, or a name
+    that does not resolve: then every listener on the port overlaps)."""
+    if host is None or host in ("", "*"):
+        return None
+    try:
+        addrs = {ipaddress.ip_address(host.strip("[]"))}
+    except ValueError:
+        try:
+            infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        except OSError:
+            return None
+        addrs = {ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos}
+    if not addrs or any(a.is_unspecified for a in addrs):
+        return None
+    return frozenset(_plain(a) for a in addrs)
+
+
+def _plain(addr: Address) -> Address:
+    """An IPv4-mapped IPv6 address as the IPv4 address it is."""
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped
+    return addr
+
+
+def _row_address(hex_addr: bytes) -> Address:
+    """The kernel's hex local address (each 32-bit word in the host's byte order)."""
+    raw = bytes.fromhex(hex_addr.decode())
+    if sys.byteorder == "little":
+        raw = b"".join(raw[k : k + 4][::-1] for k in range(0, len(raw), 4))
+    return _plain(ipaddress.ip_address(raw))
+
+
+def _overlaps(hex_addr: bytes, addresses: frozenset[Address] | None) -> bool:
+    if addresses is None:
+        return True
+    try:
+        addr = _row_address(hex_addr)
+    except ValueError:
+        return True  # a row we cannot read is not taken for someone else's
+    return addr.is_unspecified or addr in addresses
+
+
+def _listening_rows(
+    port: int, *, listeners_only: bool, addresses: frozenset[Address] | None = None
+) -> frozenset[int] | None:
     found: set[int] = set()
     readable = False
     for table in _TCP_TABLES:
@@ -228,7 +283,8 @@ def _listening_rows(port: int, *, listeners_only: bool) -> frozenset[int] | None
                         break
                     continue
                 try:
-                    if int(fields[1].rsplit(b":", 1)[1], 16) == port:
+                    local, _, hex_port = fields[1].rpartition(b":")
+                    if int(hex_port, 16) == port and _overlaps(local, addresses):
                         found.add(int(fields[9]))
                 except ValueError:
                     continue

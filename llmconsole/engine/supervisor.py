@@ -170,7 +170,7 @@ def port_holder(host: str, port: int) -> str | None:
         except OSError as e:
             if e.errno != errno.EADDRINUSE:
                 return None  # e.g. an address this host does not have: vLLM will say so itself
-            inodes = listening_socket_inodes(port)
+            inodes = listening_socket_inodes(port, host)
             holders = socket_holders(inodes) if inodes else []
             return ", ".join(holders) if holders else "another process"
     return None
@@ -538,14 +538,17 @@ class EngineSupervisor:
         return await self._answered_by_engine()
 
     async def _answered_by_engine(self) -> bool:
-        """Whether what answers on the port is this engine: every socket listening there must
-        belong to its process tree. Another engine or a stranger on the port is never healthy.
+        """Whether what answers on the port is this engine: every socket listening there on an
+        address that overlaps the engine's must belong to its process tree. Another engine or a
+        stranger on the engine's address and port is never healthy; a listener on another
+        address with the same port number (127.0.0.2:PORT beside 127.0.0.1:PORT) is no one's
+        business here.
 
         The kernel's tables and /proc are read in a thread: the gateway shares this event loop,
         and those reads block for milliseconds (more while a flood holds many connections)."""
         assert self.proc is not None and self.port is not None
         pid, port = self.proc.pid, self.port
-        listening = await asyncio.to_thread(listening_socket_inodes, port)
+        listening = await asyncio.to_thread(listening_socket_inodes, port, self.spec.host)
         if listening is None:
             return True  # this host cannot tell (no /proc): the answer is all there is
         if listening and listening == self._owned_listeners:

@@ -12,12 +12,14 @@ from __future__ import annotations
 import concurrent.futures
 import getpass
 import json
+import socket
 import threading
 import time
 import urllib.error
 import urllib.request
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from llmconsole.db import Store
 from tests.support.client_team import ClientTeam
@@ -118,6 +120,52 @@ def test_completions_and_chat_pass_through_unchanged(gcli):
     root = gw.rsplit("/g/", 1)[0]
     status, g = _post(f"{root}/v1/completions", body)
     assert status == 200 and _strip_ids(json.loads(g)) == _strip_ids(plain)
+
+
+def _engine_requests(engine_url: str) -> dict[tuple[str, str], float]:
+    """The engine's own count of the HTTP requests it served, by (method, handler): vLLM's
+    http_requests_total (its /metrics and /health are not counted; a path it has no route for
+    is counted as handler "none")."""
+    with urllib.request.urlopen(f"{engine_url}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    out: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "http_requests_total":
+                key = (sample.labels["method"], sample.labels["handler"])
+                out[key] = out.get(key, 0.0) + sample.value
+    return out
+
+
+def test_a_query_that_decodes_to_a_second_request_never_reaches_the_engine(gcli):
+    """The smuggling query: percent-decoded, it ends the request line and starts a second
+    request (POST /sleep). The gateway refuses it with 400 and the engine counts no request;
+    the next, ordinary request is the one and only request the engine gets."""
+    e = gcli.engine("g1")
+    engine_url = e["url"]
+    host, port = e["gateway_url"].removeprefix("http://").split("/", 1)[0].rsplit(":", 1)
+    before = _engine_requests(engine_url)
+    body = json.dumps({"model": "tiny", "prompt": "hi", "max_tokens": 2}).encode()
+    query = "?x%20HTTP/1.1%0D%0AHost:%20a%0D%0AContent-Length:%200%0D%0A%0D%0APOST%20/sleep?level=1%20HTTP/1.1%0D%0AX:"
+    request = (
+        f"POST /g/g1/v1/completions{query} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode() + body
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        sock.sendall(request)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+
+    def served() -> dict[tuple[str, str], float]:
+        after = _engine_requests(engine_url)
+        return {k: after[k] - before.get(k, 0.0) for k in after if after[k] != before.get(k, 0.0)}
+
+    assert served() == {}, f"the engine served {served()}; the client got {answer[:300]!r}"
+    assert answer.startswith(b"HTTP/1.1 400 ") and b"cannot be forwarded" in answer, answer[:300]
+    status, _ = _post(f"{e['gateway_url']}/v1/completions", json.loads(body))
+    assert status == 200
+    assert served() == {("POST", "/v1/completions"): 1.0}
 
 
 def test_window_command_sets_freezes_and_refuses_bad_input(gcli):

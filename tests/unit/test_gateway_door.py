@@ -23,11 +23,12 @@ from llmconsole.engine.gateway.door import (
     host_allowed,
     host_name,
 )
-from llmconsole.engine.gateway.group import EngineGroup, RequestRecord, Upstream
+from llmconsole.engine.gateway.group import SILENT_WHEN_DOWN_S, EngineGroup, RequestRecord, Upstream
 from llmconsole.engine.gateway.pid import PidSettings
 from llmconsole.engine.gateway.proxy import Gateway
 from llmconsole.engine.metrics.latency import Slo
 from llmconsole.engine.tune.guard import window_figures
+from tests.support.recording_upstream import Recording
 from tests.support.stub_upstream import Stub
 
 MiB = 1024 * 1024
@@ -115,12 +116,17 @@ def test_limits_validate_and_size_the_connection_cap_from_descriptors():
     assert connection_cap(DoorLimits(max_connections=100), nofile=20000) == 100
     assert connection_cap(DoorLimits(max_connections=100_000), nofile=1024) == 512  # never into the reserve
     assert DoorLimits.from_json({"header_timeout_s": 5, "allowed_hosts": ["GW.lan"]}).allowed_hosts == ("gw.lan",)
+    # An engine's first token may take minutes of queue and prefill: the defaults wait for it.
+    assert (lim.upstream_first_byte_timeout_s, lim.upstream_idle_timeout_s) == (300.0, 60.0)
+    assert DoorLimits.from_json({"upstream_first_byte_timeout_s": 900}).upstream_first_byte_timeout_s == 900
     for bad in (
         {"nope": 1},
         {"max_body_bytes": 0},
         {"body_budget_bytes": 10, "max_body_bytes": 20},
         {"write_timeout_s": -1},
         {"allowed_hosts": "x"},
+        {"upstream_first_byte_timeout_s": 0},
+        {"upstream_idle_timeout_s": "60"},
     ):
         with pytest.raises(ValueError):
             DoorLimits.from_json(bad)
@@ -134,6 +140,11 @@ def test_host_names():
     assert host_allowed("localhost:1234", loop) and host_allowed("127.0.0.1", loop) and host_allowed("[::1]:9", loop)
     assert host_allowed("127.1.2.3:80", loop) and host_allowed(None, loop)
     assert not host_allowed("evil.example:1234", loop) and not host_allowed("localhost.evil.example", loop)
+    # Loopback literals only, never a prefix: a DNS-rebinding name resolves wherever its owner likes.
+    for name in ("127.attacker.example", "127.attacker.example:80", "127.0.0.1.nip.io", "127.", "127.0.0.256"):
+        assert not host_allowed(name, loop), name
+    assert host_allowed("127.255.0.1:8", loop) and host_allowed("[0:0:0:0:0:0:0:1]:8", loop)
+    assert host_allowed("gw.lan", loop | {"gw.lan"})
     assert host_allowed("evil.example", None)  # bound elsewhere: the operator's call
 
 
@@ -478,10 +489,11 @@ def test_host_header_must_name_loopback():
                     ("[::1]:5", 200),
                     ("gw.lan", 200),
                     ("127.0.0.1", 200),
+                    ("127.attacker.example", 403),
                 ):
                     async with c.post(f"{gw.url}/g/g/v1/completions", json={}, headers={"Host": host}) as r:
                         assert r.status == status, host
-            assert gw.door.rejected["host"] == 1 and stub.started == 4
+            assert gw.door.rejected["host"] == 2 and stub.started == 4
         finally:
             await gw.close()
             await stub.runner.cleanup()
@@ -625,6 +637,70 @@ def test_an_engine_that_dies_mid_stream_ends_the_stream_with_an_error_not_a_clea
             up.server.close()
 
     run(main())
+
+
+def test_a_frozen_member_marked_down_gives_its_window_seats_back_at_once():
+    """Another host's engine that accepts requests and then answers nothing: once its health
+    checks mark it down, the requests it went silent on are cut, their seats go back to the
+    window at once, and since nothing reached their clients they are served by the engine that
+    joins the group next. (Before, they held their seats until the engine's connection closed.)"""
+
+    async def main():
+        frozen = Recording(on_request=time.monotonic, frozen=True)
+        good = Recording()
+        await frozen.start()
+        await good.start()
+        gw = Gateway("127.0.0.1")
+        group = gw.add_group(
+            EngineGroup(
+                "g",
+                [Upstream("e@far", frozen.url, remote=True)],
+                settings=PidSettings(start_window=4, min_window=1),
+                controlled=False,
+                queue_timeout_s=30.0,
+            )
+        )
+        await gw.start()
+        try:
+            async with aiohttp.ClientSession() as c:
+
+                async def post() -> int:
+                    async with c.post(f"{gw.url}/g/g/v1/completions", json={"prompt": "x"}) as r:
+                        await r.read()
+                        return r.status
+
+                clients = [asyncio.create_task(post()) for _ in range(2)]
+                await _until(lambda: len(frozen.requests) == 2, "both requests at the frozen engine")
+                assert group.admission.in_flight == 2
+                # Silent for as long as the gateway waits before it calls an answer abandoned.
+                await _until(
+                    lambda: all(time.monotonic() - r.seen >= SILENT_WHEN_DOWN_S for r in frozen.requests),
+                    "the engine silent",
+                )
+                assert group.admission.in_flight == 2  # silence alone cuts nothing
+                group.set_upstream("e@far", frozen.url, False, remote=True)  # its checks failed
+                for _ in range(20):
+                    await asyncio.sleep(0)  # a few turns of the loop, no waiting on the engine
+                assert group.admission.in_flight == 0 and not any(t.done() for t in clients)
+                await _until(lambda: group.admission.queued == 2, "both requests waiting for an engine")
+                group.set_upstream("e2", good.url, True)
+                assert await asyncio.gather(*clients) == [200, 200]
+            assert len(good.requests) == 2
+            assert {r.engine for r in group.records} == {"e2"}
+        finally:
+            await gw.close()
+            await frozen.stop()
+            await good.stop()
+
+    run(main())
+
+
+async def _until(pred, what: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s} s: {what}")
+        await asyncio.sleep(0.02)
 
 
 def test_engine_errors_client_errors_and_what_counts_against_an_engine():

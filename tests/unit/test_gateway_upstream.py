@@ -1,14 +1,17 @@
 """The gateway's connections to engines (engine/gateway/upstream.py) against scripted raw HTTP
 servers: every body framing, answers split at every byte, keep-alive reuse, a connection the
-engine closed while idle, refusal, and an answer that breaks off."""
+engine closed while idle, refusal, an answer that breaks off, and an engine that stops answering
+without closing (the first-byte and idle timeouts, TCP keepalive)."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
+import time
 
 import pytest
 
-from llmconsole.engine.gateway.upstream import UpstreamBroken, UpstreamPool, UpstreamRefused
+from llmconsole.engine.gateway.upstream import UpstreamBroken, UpstreamPool, UpstreamRefused, UpstreamTimeout
 
 HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n"
 
@@ -187,5 +190,94 @@ def test_the_pool_bounds_connections_and_a_waiting_request_gets_one():
         assert srv.connections == 1
         await pool.close()
         srv.server.close()
+
+    asyncio.run(main())
+
+
+class Silent:
+    """An engine that stops answering without closing: it reads requests and sends `answer`
+    (possibly nothing, or a stream's head and first event), then nothing more."""
+
+    def __init__(self, answer: bytes = b"") -> None:
+        self.answer = answer
+        self.writers: list[asyncio.StreamWriter] = []
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.writers.append(writer)
+        await reader.readuntil(b"\r\n\r\n")
+        if self.answer:
+            writer.write(self.answer)
+        await reader.read()  # until the gateway closes
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self.server.sockets[0].getsockname()[1]
+
+    def close(self) -> None:
+        for w in self.writers:
+            w.transport.abort()
+        self.server.close()
+
+
+def test_an_engine_that_stops_answering_is_timed_out_at_the_default_limits():
+    """The pool's sweep at the default timeouts, with its clock moved on instead of waiting:
+    nothing at all within 300 s of the request, or a stream silent for 60 s once it began, ends
+    the answer with UpstreamTimeout. Just short of either, nothing is cut (a long prefill is no
+    fault), and time the reader held the answer paused does not count."""
+
+    async def main():
+        nothing = Silent()
+        stream_head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+        began = Silent(stream_head + b"9\r\ndata: 1\n\n\r\n")
+        head_only = Silent(stream_head)
+        pool = UpstreamPool(8)
+        try:
+            ports = [await s.start() for s in (nothing, began, head_only)]
+            waiting = asyncio.create_task(pool.request("127.0.0.1", ports[0], HEAD, b"{}"))
+            streaming = await pool.request("127.0.0.1", ports[1], HEAD, b"{}")
+            assert await streaming.next_chunk() == b"data: 1\n\n"
+            prefill = await pool.request("127.0.0.1", ports[2], HEAD, b"{}")  # head in, no token yet
+            assert not waiting.done()
+            now = time.monotonic()
+            assert pool.sweep(now + 59) == 0
+            assert pool.sweep(now + 61) == 1  # the stream that went silent
+            with pytest.raises(UpstreamTimeout, match="silent for 60 s"):
+                await streaming.next_chunk()
+            assert pool.sweep(now + 299) == 0  # a slow first token is still waited for
+            assert pool.sweep(now + 301) == 2
+            with pytest.raises(UpstreamTimeout, match="no answer within 300 s"):
+                await waiting
+            with pytest.raises(UpstreamTimeout, match="no answer within 300 s"):
+                await prefill.next_chunk()
+            assert pool.open_connections == 0
+            # A paused answer (its reader is slow) is not the engine's silence.
+            paused = await pool.request("127.0.0.1", ports[1], HEAD, b"{}")
+            paused._conn.pause()
+            assert pool.sweep(time.monotonic() + 3600) == 0
+        finally:
+            await pool.close()
+            for s in (nothing, began, head_only):
+                s.close()
+
+    asyncio.run(main())
+
+
+def test_engine_connections_probe_with_tcp_keepalive():
+    async def main():
+        srv = Scripted([b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"])
+        port = await srv.start()
+        pool = UpstreamPool(4)
+        try:
+            await (await pool.request("127.0.0.1", port, HEAD, b"{}")).read()
+            [conn] = list(pool._all)
+            sock = conn.transport.get_extra_info("socket")
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+            if hasattr(socket, "TCP_KEEPIDLE"):
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 5
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL) == 2
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == 3
+        finally:
+            await pool.close()
+            srv.server.close()
 
     asyncio.run(main())

@@ -150,3 +150,33 @@ def test_the_listener_read_stops_at_the_first_connection_row_and_the_whole_table
     assert host_mod.listening_socket_inodes(8080) == frozenset({13})
     monkeypatch.setattr(host_mod, "_TCP_TABLES", (str(tmp_path / "absent"),))
     assert host_mod.listening_socket_inodes(8080) is None  # no tables: cannot tell
+
+
+def test_only_a_listener_whose_address_overlaps_the_engines_counts(tmp_path, monkeypatch):
+    """Rows of listeners on port 8080 (0x1F90) at several addresses, as the kernel writes them
+    on a little-endian host: an engine on 127.0.0.1 shares its port with the one on 127.0.0.1
+    and the wildcards (0.0.0.0, ::, an IPv4-mapped 127.0.0.1), never with 127.0.0.2 or ::1."""
+
+    if sys.byteorder != "little":
+        pytest.skip("the rows below are written as a little-endian kernel writes them")
+    header = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+
+    def row(sl: int, local: str, inode: int) -> str:
+        return f"{sl:4d}: {local}:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 {inode}\n"
+
+    v4 = tmp_path / "tcp"
+    v4.write_text(header + row(0, "0100007F", 1) + row(1, "0200007F", 2) + row(2, "00000000", 3))
+    v6 = tmp_path / "tcp6"
+    v6.write_text(
+        header
+        + row(0, "00000000000000000000000001000000", 4)  # ::1
+        + row(1, "00000000000000000000000000000000", 5)  # ::
+        + row(2, "0000000000000000FFFF00000100007F", 6)  # ::ffff:127.0.0.1
+    )
+    monkeypatch.setattr(host_mod, "_TCP_TABLES", (str(v4), str(v6)))
+    assert host_mod.listening_socket_inodes(8080, "127.0.0.1") == frozenset({1, 3, 5, 6})
+    assert host_mod.listening_socket_inodes(8080, "127.0.0.2") == frozenset({2, 3, 5})
+    assert host_mod.listening_socket_inodes(8080, "::1") == frozenset({3, 4, 5})
+    # A wildcard engine, no host, or a name that does not resolve: every listener on the port.
+    for host in ("0.0.0.0", "::", None, "no-such-host.invalid"):
+        assert host_mod.listening_socket_inodes(8080, host) == frozenset(range(1, 7)), host

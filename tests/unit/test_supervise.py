@@ -9,6 +9,7 @@ import errno
 import json
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -217,6 +218,36 @@ def test_a_stranger_answering_on_the_port_is_not_the_engine(tmp_path, fake):
     finally:
         stranger.kill()
         stranger.wait()
+
+
+def test_a_listener_on_another_address_with_the_engines_port_number_is_no_stranger(tmp_path, fake):
+    """A user who binds 127.0.0.2:PORT beside an engine on 127.0.0.1:PORT reaches none of its
+    clients: the engine stays healthy (it was counted as a stranger, and the engine was killed,
+    crash-looped and rolled back)."""
+
+    async def main():
+        async with _session() as http:
+            sup = await _ready(tmp_path, fake, http)
+            beside = socket.socket()
+            try:
+                beside.bind(("127.0.0.2", sup.port))
+                beside.listen()
+                answers: list[bool] = []
+                asked = sup._answered_by_engine
+
+                async def counted() -> bool:
+                    answers.append(await asked())
+                    return answers[-1]
+
+                sup._answered_by_engine = counted
+                await until(lambda: len(answers) >= 3, what="three health checks with the listener beside")
+                assert all(answers) and sup.state == EngineState.READY
+                assert sup._foreign_note is None
+            finally:
+                beside.close()
+                await sup.stop()
+
+    asyncio.run(main())
 
 
 def test_a_port_in_use_is_refused_at_start_and_changes_nothing(tmp_path, fake):

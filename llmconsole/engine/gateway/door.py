@@ -29,6 +29,19 @@ gateway.json) with a safe default, and every refusal is counted by reason
                   the latest; see `client_buffer_bytes`).
   host            the Host header must name loopback (or one of `allowed_hosts`) when the
                   gateway listens on loopback: a browser page cannot reach it by DNS rebinding.
+                  Loopback is an IP literal (any of 127.0.0.0/8, ::1) or `localhost`; a name
+                  is never judged by its prefix (`127.attacker.example` resolves wherever its
+                  owner wants).
+  bad_request     a CR, LF or NUL anywhere in the request line or a header, or a space in the
+                  method, path, query or a header name, once percent-decoded or as sent: 400.
+                  Such a request is never forwarded, whatever an engine's parser would make of
+                  it (a decoded CRLF in a query once ended the gateway's upstream request line
+                  and started a second request, with the engine's key, on a path of its choosing).
+  upstream        not a refusal of the door's but its limits on the engines' side:
+                  `upstream_first_byte_timeout_s` from sending a request to the first byte of its
+                  answer's body (a stream's first token, or a whole answer that is not
+                  streamed), `upstream_idle_timeout_s` between a stream's chunks after that;
+                  either ends the request with a 502 (see upstream.py).
   unauthorized    the gateway key, when one is required (see proxy.py).
   descriptors     accept() itself ran out of descriptors (the limit was lowered under us).
 
@@ -54,7 +67,9 @@ import collections
 import contextlib
 import dataclasses
 import errno
+import ipaddress
 import logging
+import re
 import resource
 import socket
 import time
@@ -91,6 +106,11 @@ _FIRST_READ_BYTES = 16 * 1024
 _BODY_READ_BYTES = 256 * 1024
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]", "ip6-localhost"})
+# What no part of a request line may hold, decoded or not: each ends the line, a field or a
+# string wherever a parser downstream of the gateway would not expect it.
+_LINE_BREAKERS = re.compile(r"[\x00\r\n ]")
+_FIELD_BREAKERS = re.compile(rb"[\x00\r\n]")
+_NOT_TARGET = re.compile(r"[^\x21-\x7e]")  # a request target as sent is visible ASCII only
 
 
 @dataclass(frozen=True)
@@ -110,6 +130,13 @@ class DoorLimits:
     write_timeout_s: float = 30.0
     client_buffer_bytes: int = 1 * MiB  # a stream's bytes held for a slow client before it waits
     allowed_hosts: tuple[str, ...] = ()  # Host names accepted beside loopback's
+    # From a request sent to an engine to its answer's first body byte: a stream's first token
+    # (its queue wait and prefill, which a busy engine stretches to tens of seconds), or the
+    # whole answer of a request that does not stream. Raise it for long unstreamed generations.
+    upstream_first_byte_timeout_s: float = 300.0
+    # Between a stream's chunks once it has begun (vLLM sends every few tokens; a preempted
+    # request may wait its turn for some seconds). Time the client is slow to read does not count.
+    upstream_idle_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -129,7 +156,13 @@ class DoorLimits:
             )
         if self.max_connections is not None and (not isinstance(self.max_connections, int) or self.max_connections < 1):
             raise ValueError(f"max_connections must be a positive integer or null, not {self.max_connections!r}")
-        for name in ("header_timeout_s", "body_timeout_s", "write_timeout_s"):
+        for name in (
+            "header_timeout_s",
+            "body_timeout_s",
+            "write_timeout_s",
+            "upstream_first_byte_timeout_s",
+            "upstream_idle_timeout_s",
+        ):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0 < value <= 3600:
                 raise ValueError(f"{name} must be in (0, 3600] seconds, not {value!r}")
@@ -190,7 +223,15 @@ def connection_cap(limits: DoorLimits, nofile: int | None = None) -> int:
 
 
 def is_loopback(host: str) -> bool:
-    return host.lower() in LOOPBACK_NAMES or host.startswith("127.")
+    """Whether `host` is a loopback name or IP literal (any of 127.0.0.0/8, ::1). A name that only
+    starts like one (`127.attacker.example`) is not: its owner's DNS says where it points."""
+    h = host.lower()
+    if h in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(h[1:-1] if h.startswith("[") and h.endswith("]") else h).is_loopback
+    except ValueError:
+        return False
 
 
 def host_name(header: str) -> str:
@@ -210,7 +251,7 @@ def host_allowed(header: str | None, allowed: frozenset[str] | None) -> bool:
     if allowed is None or header is None:
         return True
     name = host_name(header)
-    return name in allowed or name.startswith("127.")
+    return name in allowed or is_loopback(name)
 
 
 def allowed_hosts(bound_host: str, limits: DoorLimits) -> frozenset[str] | None:
@@ -218,6 +259,29 @@ def allowed_hosts(bound_host: str, limits: DoorLimits) -> frozenset[str] | None:
     if not is_loopback(bound_host):
         return None if not limits.allowed_hosts else frozenset(limits.allowed_hosts) | {bound_host.lower()}
     return LOOPBACK_NAMES | frozenset(limits.allowed_hosts)
+
+
+# --- what may be forwarded ---------------------------------------------------------------------
+
+
+def request_fault(request: web.BaseRequest) -> str | None:
+    """What in a request could end a line of the request the gateway makes from it, or None.
+    Checked as sent and as percent-decoded: the engine gets the raw form, but no honest client
+    needs a CR, LF or NUL in either, and refusing them here keeps them from every parser and
+    log behind the door."""
+    url = request.rel_url
+    for what, text in (("path", url.raw_path), ("query", url.raw_query_string)):
+        if _NOT_TARGET.search(text):
+            return f"the {what} holds a character that must be percent-encoded"
+    for what, text in (("method", request.method), ("path", request.path), ("query", request.query_string)):
+        if _LINE_BREAKERS.search(text):
+            return f"the {what} holds a CR, LF, NUL or space"
+    for name, value in request.raw_headers:
+        if _FIELD_BREAKERS.search(name) or b" " in name or b"\t" in name:
+            return "a header name holds a CR, LF, NUL or space"
+        if _FIELD_BREAKERS.search(value):
+            return f"header {name.decode('latin-1')!r} holds a CR, LF or NUL"
+    return None
 
 
 # --- the body budget ----------------------------------------------------------------------------

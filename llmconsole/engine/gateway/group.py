@@ -16,12 +16,19 @@ import hmac
 import itertools
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from llmconsole.engine.gateway.admission import Admission
 from llmconsole.engine.gateway.measures import LatencySample, TraceSample
 from llmconsole.engine.gateway.pid import PidController, PidSettings
+from llmconsole.engine.gateway.upstream import UpstreamDown, UpstreamResponse
+
+# An answer whose engine is marked down is cut when the engine has sent nothing on it for this
+# long: a frozen engine's answers have been silent for as long as its health checks went
+# unanswered (seconds), while one that goes down to be restarted may still stream the answers
+# it is finishing.
+SILENT_WHEN_DOWN_S = 1.0
 
 
 @dataclass
@@ -40,10 +47,22 @@ class Upstream:
     requests: int = 0  # requests sent to it since it joined, for the group's per-engine counts
     resent: int = 0  # of those, the ones it refused or failed as it went away, sent again
     down_at: float | None = None  # when a request last found it refusing (monotonic s)
+    # Its answers still open, for cutting them when it is marked down (see release).
+    inflight: set[UpstreamResponse] = field(default_factory=set, repr=False, compare=False)
 
     @property
     def routable(self) -> bool:
         return self.ready and not self.held
+
+    def release(self, reason: str, silent_s: float = SILENT_WHEN_DOWN_S) -> int:
+        """Cut its open answers that have been silent for `silent_s`: their requests fail (or go
+        to another engine, when nothing of them reached the client) and give their window seats
+        back now, instead of waiting on an engine that is not answering. Returns how many."""
+        now = time.monotonic()
+        cut = [r for r in self.inflight if r.silent_s(now) >= silent_s]
+        for r in cut:
+            r.cut(UpstreamDown(f"engine {self.name} was marked down ({reason})"))
+        return len(cut)
 
 
 # How a request ended. Only an engine's own failures count against it (and its config) in the
@@ -152,7 +171,13 @@ class EngineGroup:
             up.url = url.rstrip("/")
         up.api_key = api_key
         up.remote = remote
+        was_ready = up.ready
         up.ready = bool(ready and up.url)
+        if remote and was_ready and not up.ready:
+            # Another host's engine that failed its health checks: nothing will come of the
+            # requests it went silent on. (This host's engines are the supervisor's: one that
+            # stops or restarts drains first, and one that hangs is killed, which ends them.)
+            up.release("its health checks failed")
         self.refresh_open()
 
     def remove_upstream(self, name: str) -> None:

@@ -6,7 +6,11 @@
   /health                                                the gateway itself
 
 Before any body is read, the door (door.py) has checked the connection's limits, the Host
-header and the key; the body is read under a size cap and a memory budget. Bodies and streamed
+header, that nothing in the request line or headers could end a line of the request made from
+it, and the key; the body is read under a size cap and a memory budget. The request to the engine
+is written by h11, which refuses to write anything that is not HTTP, from the path the gateway
+routed to (one of the paths above, never the client's), the client's query as it was sent (still
+percent-encoded), and the client's headers less hop-by-hop ones and its key. Bodies and streamed
 chunks then pass through unchanged, byte for byte. Each request waits for a slot of its group's
 admission gate (see admission.py), goes to the group's least-loaded ready engine, and is
 measured: queue time, TTFT and end-to-end at the gateway.
@@ -27,7 +31,12 @@ connection without waiting for it to read, up to `client_buffer_bytes`, so a slo
 admission slot only while the engine is still generating for it (or, past that buffer, until the
 door's write timeout cuts it). An engine that dies mid-stream ends the client's stream with an
 error event (`data: {"error": ...}`, which the OpenAI clients raise) and an aborted body, never
-a clean end that would pass truncated text off as whole.
+a clean end that would pass truncated text off as whole. An engine that answers nothing is cut by
+the door's upstream timeouts (upstream.py: no first body byte in `upstream_first_byte_timeout_s`,
+a stream silent for `upstream_idle_timeout_s`): 502, or the same error event mid-stream. Another
+host's engine marked down by its health checks has its silent answers cut at once (group.py):
+their seats go back to the window, and a request nothing of which reached its client goes to
+the group's next engine, as a refused one does.
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ from typing import Any, cast
 from urllib.parse import urlsplit
 
 import aiohttp
+import h11
 from aiohttp import web
 from aiohttp.http_writer import StreamWriter
 from multidict import CIMultiDict
@@ -57,9 +67,16 @@ from llmconsole.engine.gateway.door import (
     DoorLimits,
     allowed_hosts,
     host_allowed,
+    request_fault,
 )
 from llmconsole.engine.gateway.group import EngineGroup, RequestRecord, Upstream
-from llmconsole.engine.gateway.upstream import UpstreamError, UpstreamPool, UpstreamRefused, UpstreamResponse
+from llmconsole.engine.gateway.upstream import (
+    UpstreamDown,
+    UpstreamError,
+    UpstreamPool,
+    UpstreamRefused,
+    UpstreamResponse,
+)
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +96,8 @@ def completion_tokens(tail: bytes) -> int | None:
     return int(found[-1]) if found else None
 
 
-# Hop-by-hop and framing headers are the gateway's own business, and the client's key is not the
-# engine's; everything else passes.
+# Hop-by-hop and framing headers are the gateway's own business (it answered any Expect itself),
+# and the client's key is not the engine's; everything else passes.
 _DROP_HEADERS = frozenset(
     {
         "connection",
@@ -95,9 +112,11 @@ _DROP_HEADERS = frozenset(
         "te",
         "trailer",
         "authorization",
+        "expect",
     }
 )
-_DROP_RESPONSE_HEADERS = _DROP_HEADERS - {"authorization"}
+_DROP_RESPONSE_HEADERS = _DROP_HEADERS - {"authorization", "expect"}
+_DROP_REQUEST_HEADERS = frozenset(h.encode() for h in _DROP_HEADERS)
 _NOT_READY_RETRY_S = 0.2
 _GONE_PROBE_S = 2.0
 
@@ -113,6 +132,36 @@ def error_response(
 def _closing(resp: web.Response) -> web.Response:
     resp.force_close()
     return resp
+
+
+class UnsafeRequest(Exception):
+    """h11 would not write the request to the engine: something in it is not HTTP."""
+
+
+def request_head(
+    method: str, target: bytes, host_header: str, headers: list[tuple[bytes, bytes]], key: str | None, length: int
+) -> bytes:
+    """An engine request's line and headers as h11 writes them (it checks every byte of the
+    target, names and values, so no part of a request can end a line or start another one)."""
+    fields = [(b"Host", host_header.encode()), *headers]
+    if key:
+        fields.append((b"Authorization", b"Bearer " + key.encode()))
+    if length or method == "POST":
+        fields.append((b"Content-Length", str(length).encode()))
+    try:
+        return h11.Connection(h11.CLIENT).send(h11.Request(method=method, target=target, headers=fields)) or b""
+    except h11.LocalProtocolError as e:
+        raise UnsafeRequest(str(e)) from None
+
+
+def forwarded_headers(raw: tuple[tuple[bytes, bytes], ...]) -> list[tuple[bytes, bytes]]:
+    """The client's headers an engine gets: less the hop-by-hop ones, those its Connection
+    header names, and its key."""
+    hop = set(_DROP_REQUEST_HEADERS)
+    for name, value in raw:
+        if name.lower() == b"connection":
+            hop.update(t.strip().lower() for t in value.split(b","))
+    return [(k, v) for k, v in raw if k.lower() not in hop]
 
 
 class Gateway:
@@ -144,7 +193,11 @@ class Gateway:
     async def start(self) -> str:
         # The window, not the pool, bounds concurrency; the pool's bound keeps the engines' side
         # inside the descriptors the door set aside for it.
-        self._pool = UpstreamPool(self.limits.upstream_connections)
+        self._pool = UpstreamPool(
+            self.limits.upstream_connections,
+            first_byte_timeout_s=self.limits.upstream_first_byte_timeout_s,
+            idle_timeout_s=self.limits.upstream_idle_timeout_s,
+        )
         self.door.make_server(self._handle)
         try:
             self.port = await self.door.listen(self.host, self.port)
@@ -217,6 +270,9 @@ class Gateway:
                     "forbidden_host",
                 )
             )
+        fault = request_fault(request)
+        if fault is not None:
+            return self._bad_request(fault)
         path = request.path
         group: EngineGroup | None = None
         if path.startswith("/g/"):
@@ -291,6 +347,10 @@ class Gateway:
             if held:
                 self.door.budget.give(held)
 
+    def _bad_request(self, why: str) -> web.Response:
+        self.door.reject("bad_request")
+        return _closing(error_response(400, f"the request cannot be forwarded: {why}", "invalid_request_error"))
+
     def _group_for_model(self, model: str | None) -> EngineGroup | None:
         if len(self.groups) == 1:
             return next(iter(self.groups.values()))
@@ -306,7 +366,7 @@ class Gateway:
             if up is None:
                 continue
             try:
-                r = await self._send(up, "GET", _MODELS_PATH, "", [], b"")
+                r = await self._send(up, "GET", _MODELS_PATH, b"", [], b"")
                 body = await r.read()
                 if r.status == 200:
                     data.extend(json.loads(body).get("data", []))
@@ -356,28 +416,21 @@ class Gateway:
                             queue_s,
                             "no engine of the group became ready in time",
                         )
-                    await asyncio.sleep(_NOT_READY_RETRY_S)
-                    continue
-                try:
-                    return await self._forward(request, group, up, path, body, arrived, queue_s, conn)
-                except _EngineRefused:
-                    group.mark_down(up)  # it restarts: wait for it in the queue, within the bound
-                    up.resent += 1
-                    if time.monotonic() >= deadline:
-                        return self._refuse(
-                            group,
-                            up.name,
-                            path,
-                            503,
-                            outcomes.ENGINE_ERROR,
-                            arrived,
-                            queue_s,
-                            f"engine {up.name} is not accepting connections",
-                        )
-                    await asyncio.sleep(_NOT_READY_RETRY_S)
+                else:
+                    try:
+                        return await self._forward(request, group, up, path, body, arrived, queue_s, conn)
+                    except _EngineRefused as e:
+                        group.mark_down(up)  # it restarts: wait for it in the queue, within the bound
+                        up.resent += 1
+                        if time.monotonic() >= deadline:
+                            return self._refuse(
+                                group, up.name, path, 503, outcomes.ENGINE_ERROR, arrived, queue_s, str(e)
+                            )
             finally:
                 if admit:
                     group.admission.release()
+            # The seat is given back before waiting: a request waiting for an engine holds none.
+            await asyncio.sleep(_NOT_READY_RETRY_S)
 
     def _address(self, up: Upstream) -> tuple[str, int, str]:
         """(host, port, Host header) of an engine's URL, parsed once."""
@@ -392,22 +445,15 @@ class Gateway:
         return addr
 
     async def _send(
-        self, up: Upstream, method: str, path: str, query: str, headers: list[str], body: bytes
+        self, up: Upstream, method: str, path: str, query: bytes, headers: list[tuple[bytes, bytes]], body: bytes
     ) -> UpstreamResponse:
-        """One request to an engine: the client's headers (less hop-by-hop ones and its key),
-        the engine's own key, the body as read."""
+        """One request to an engine: `path` (one the gateway serves), the client's raw `query`,
+        `headers` (see forwarded_headers), the engine's own key, the body as read. UnsafeRequest
+        when h11 would not write it."""
         host, port, host_header = self._address(up)
-        lines = [
-            f"{method} {path}?{query} HTTP/1.1" if query else f"{method} {path} HTTP/1.1",
-            f"Host: {host_header}",
-            *headers,
-        ]
-        if up.api_key:
-            lines.append(f"Authorization: Bearer {up.api_key}")
-        if body or method == "POST":
-            lines.append(f"Content-Length: {len(body)}")
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
-        return await self._upstreams().request(host, port, head, body)
+        target = path.encode() + b"?" + query if query else path.encode()
+        head = request_head(method, target, host_header, headers, up.api_key, len(body))
+        return await self._upstreams().request(host, port, head, body, track=up.inflight)
 
     async def _forward(
         self,
@@ -420,7 +466,8 @@ class Gateway:
         queue_s: float,
         conn: Connection | None,
     ) -> web.StreamResponse:
-        headers = [f"{k}: {v}" for k, v in request.headers.items() if k.lower() not in _DROP_HEADERS]
+        headers = forwarded_headers(request.raw_headers)
+        query = request.rel_url.raw_query_string.encode("utf-8", "surrogateescape")
         dispatched = time.monotonic()
         up.outstanding += 1
         up.requests += 1
@@ -431,13 +478,18 @@ class Gateway:
         r: UpstreamResponse | None = None
         try:
             try:
-                r = await self._send(up, request.method, path, request.query_string, headers, body)
-            except UpstreamRefused as e:
+                r = await self._send(up, request.method, path, query, headers, body)
+            except (UpstreamRefused, UpstreamDown) as e:
                 raise _EngineRefused(str(e)) from e
+            except UnsafeRequest as e:
+                return self._bad_request(str(e))
             try:
                 out_headers = CIMultiDict((k, v) for k, v in r.headers if k.lower() not in _DROP_RESPONSE_HEADERS)
                 if r.content_type != "text/event-stream":
-                    data = await r.read()
+                    try:
+                        data = await r.read()
+                    except UpstreamDown as e:
+                        raise _EngineRefused(str(e)) from e  # nothing reached the client yet
                     if r.status >= 500 and await self._going_away(up):
                         # Nothing reached the client: the request goes to the group's next engine.
                         raise _EngineRefused(f"engine {up.name} answered {r.status} as it went away")
@@ -539,7 +591,7 @@ class Gateway:
         503 once its engine core is dead, and nothing once its server has stopped. Its failures
         then were its end (a stop, a crash), not the requests'."""
         try:
-            r = await asyncio.wait_for(self._send(up, "GET", "/health", "", [], b""), _GONE_PROBE_S)
+            r = await asyncio.wait_for(self._send(up, "GET", "/health", b"", [], b""), _GONE_PROBE_S)
             try:
                 await asyncio.wait_for(r.read(), _GONE_PROBE_S)
             finally:

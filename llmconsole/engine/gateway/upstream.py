@@ -11,18 +11,32 @@ A connection is reused once its answer has fully arrived. One that the engine cl
 sat idle is noticed (it leaves the pool); one that closes just as it is reused, before any byte
 of an answer, is retried once on a new connection. An answer that breaks off after it began
 raises UpstreamBroken to whoever reads it.
+
+An engine that stops answering without closing (frozen, or its host gone) is found three ways:
+TCP keepalive probes on every connection (a host that is gone: about 11 s of silence), the
+pool's timeouts (no first body byte within `first_byte_timeout_s` of the request, or a stream
+silent for `idle_timeout_s`; checked by one sweep a second, no timer per request; time the
+reader held the answer paused does not count), and whoever marks the engine down: `cut` ends
+an answer at once, and the answers of one engine are tracked for that (see Upstream.inflight).
+The request bytes themselves are the caller's, written by a library that validates them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import socket
 import time
 from collections.abc import AsyncIterator
 
 _MAX_HEAD_BYTES = 64 * 1024
 _PAUSE_BYTES = 256 * 1024  # an answer buffered this far ahead of its reader pauses the socket
 _RESUME_BYTES = 64 * 1024
+# Keepalive probes on engine connections: the first after 5 s of silence, then every 2 s, and 3
+# unanswered ones close the connection. Probes are answered by the peer's kernel, so they find a
+# host or network that is gone; a frozen engine process is the timeouts' business.
+_KEEPALIVE_IDLE_S, _KEEPALIVE_INTERVAL_S, _KEEPALIVE_PROBES = 5, 2, 3
 _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILER, _UNTIL_CLOSE, _DONE = range(8)
 
 
@@ -38,11 +52,22 @@ class UpstreamBroken(UpstreamError):
     """The engine's answer broke off, or was not HTTP."""
 
 
+class UpstreamTimeout(UpstreamBroken):
+    """The engine sent nothing within the first-byte timeout, or a stream went silent."""
+
+
+class UpstreamDown(UpstreamBroken):
+    """The engine was marked down while this answer was open: it was ended without waiting."""
+
+
 class UpstreamResponse:
     """One answer: status and headers at once, then the body as it arrives."""
 
-    def __init__(self, conn: _Conn) -> None:
+    def __init__(self, conn: _Conn, track: set[UpstreamResponse] | None = None) -> None:
         self._conn: _Conn | None = conn
+        self._track = track
+        if track is not None:
+            track.add(self)
         self.status = 0
         self.headers: list[tuple[str, str]] = []
         self.content_type = ""
@@ -65,13 +90,20 @@ class UpstreamResponse:
     def _feed_eof(self) -> None:
         self._eof = True
         self._conn = None  # back in the pool, or closed: no longer this answer's
+        self._untrack()
         self._wake()
+
+    def _untrack(self) -> None:
+        if self._track is not None:
+            self._track.discard(self)
+            self._track = None
 
     def _fail(self, exc: BaseException) -> None:
         if self._eof:
             return
         self._error = exc
         self._conn = None
+        self._untrack()
         if not self.head_ready.done():
             self.head_ready.set_exception(exc)
             self.head_ready.exception()  # retrieved: request() re-raises it
@@ -121,8 +153,23 @@ class UpstreamResponse:
         """Done with this answer before its end: its connection is closed (vLLM then aborts
         the request); after its end, nothing to do."""
         conn, self._conn = self._conn, None
+        self._untrack()
         if conn is not None and not self._eof:
             conn.abort()
+
+    def silent_s(self, now: float) -> float:
+        """Seconds since its engine last sent anything on this answer's connection."""
+        conn = self._conn
+        return 0.0 if conn is None else now - conn.last_rx
+
+    def cut(self, exc: UpstreamError) -> None:
+        """End this answer now, from outside (its engine was marked down): whoever waits for its
+        head or its next bytes gets `exc`, and its connection closes."""
+        conn = self._conn
+        if conn is not None and conn.resp is self:
+            conn._broken(exc)
+        else:
+            self._fail(exc)
 
 
 class _Conn(asyncio.Protocol):
@@ -140,17 +187,22 @@ class _Conn(asyncio.Protocol):
         self.received = False  # any byte of the current answer
         self.closed = False
         self.idle_since = 0.0
+        self.sent_at = 0.0  # when the current request was sent (monotonic s)
+        self.last_rx = 0.0  # when the engine last sent anything (or reading resumed)
+        self.body_begun = False  # any byte of the current answer's body
         self._paused = False
 
     # --- asyncio ----------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        keepalive(transport.get_extra_info("socket"))
 
     def data_received(self, data: bytes) -> None:
         if self.resp is None:
             self.abort()  # bytes nobody asked for: this connection cannot be trusted
             return
+        self.last_rx = time.monotonic()
         self.received = True
         self.buf += data
         try:
@@ -183,7 +235,9 @@ class _Conn(asyncio.Protocol):
         self.resp = resp
         self.state = _HEAD
         self.received = False
+        self.body_begun = False
         self.keep_alive = True
+        self.sent_at = self.last_rx = time.monotonic()
         self.transport.write(data)
 
     def pause(self) -> None:
@@ -194,6 +248,7 @@ class _Conn(asyncio.Protocol):
     def resume(self) -> None:
         if self._paused and self.transport is not None and not self.closed:
             self._paused = False
+            self.last_rx = time.monotonic()  # the time it was paused was the reader's
             self.transport.resume_reading()
 
     def abort(self) -> None:
@@ -272,6 +327,7 @@ class _Conn(asyncio.Protocol):
                 break
         del buf[:pos]
         if out:
+            self.body_begun = True
             resp._feed(out[0] if len(out) == 1 else b"".join(out))
         if done:
             self._complete()
@@ -336,16 +392,43 @@ class _Conn(asyncio.Protocol):
             self.abort()
 
 
+def keepalive(sock: socket.socket | None) -> None:
+    """Turn on TCP keepalive with short probes (where the platform has the options)."""
+    if sock is None:
+        return
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for name, value in (
+            ("TCP_KEEPIDLE", _KEEPALIVE_IDLE_S),
+            ("TCP_KEEPINTVL", _KEEPALIVE_INTERVAL_S),
+            ("TCP_KEEPCNT", _KEEPALIVE_PROBES),
+        ):
+            option = getattr(socket, name, None)
+            if option is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, option, value)
+
+
 class UpstreamPool:
     """Keep-alive connections per engine address, at most `limit` open at once (a request that
     finds them all busy waits for one)."""
 
     # vLLM's server (uvicorn) closes a connection idle for 5 s: reuse only younger ones, so that
     # a reuse rarely races that close (the retry covers the rest).
-    def __init__(self, limit: int, connect_timeout_s: float = 5.0, keepalive_s: float = 4.0) -> None:
+    def __init__(
+        self,
+        limit: int,
+        connect_timeout_s: float = 5.0,
+        keepalive_s: float = 4.0,
+        *,
+        first_byte_timeout_s: float = 300.0,
+        idle_timeout_s: float = 60.0,
+    ) -> None:
         self.limit = limit
         self.connect_timeout_s = connect_timeout_s
         self.keepalive_s = keepalive_s
+        self.first_byte_timeout_s = first_byte_timeout_s
+        self.idle_timeout_s = idle_timeout_s
+        self._sweeper: asyncio.Task[None] | None = None
         self._idle_conns: dict[tuple[str, int], list[_Conn]] = {}
         self._open = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
@@ -355,14 +438,20 @@ class UpstreamPool:
     def open_connections(self) -> int:
         return self._open
 
-    async def request(self, host: str, port: int, head: bytes, body: bytes) -> UpstreamResponse:
+    async def request(
+        self, host: str, port: int, head: bytes, body: bytes, track: set[UpstreamResponse] | None = None
+    ) -> UpstreamResponse:
         """Send `head` (the request line and headers, ending in the blank line) and `body`;
         returns once the answer's status and headers are in. UpstreamRefused when nothing
-        reached the engine; UpstreamBroken when its answer was not one."""
+        reached the engine; UpstreamBroken when its answer was not one (UpstreamTimeout when
+        none came in time, UpstreamDown when it was cut). The answer sits in `track` while it
+        is open."""
         key = (host, port)
+        if self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever(), name="upstream-sweep")
         for attempt in (0, 1):
             conn, reused = await self._acquire(key)
-            resp = UpstreamResponse(conn)
+            resp = UpstreamResponse(conn, track)
             conn.send(head + body if body else head, resp)
             try:
                 await resp.head_ready
@@ -443,7 +532,35 @@ class UpstreamPool:
                 fut.set_result(None)
                 return
 
+    async def _sweep_forever(self) -> None:
+        every_s = min(1.0, self.idle_timeout_s / 4, self.first_byte_timeout_s / 4)
+        while True:
+            await asyncio.sleep(every_s)
+            self.sweep(time.monotonic())
+
+    def sweep(self, now: float) -> int:
+        """End the answers whose engine is past a timeout; returns how many."""
+        late = []
+        for conn in self._all:
+            if conn.resp is None or conn._paused:
+                continue
+            if not conn.body_begun:
+                if now - conn.sent_at > self.first_byte_timeout_s:
+                    late.append(
+                        (conn, f"no answer within {self.first_byte_timeout_s:g} s (upstream_first_byte_timeout_s)")
+                    )
+            elif now - conn.last_rx > self.idle_timeout_s:
+                late.append((conn, f"its stream went silent for {self.idle_timeout_s:g} s (upstream_idle_timeout_s)"))
+        for conn, why in late:
+            conn._broken(UpstreamTimeout(why))
+        return len(late)
+
     async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+            self._sweeper = None
         for conn in list(self._all):
             conn.abort()
         self._idle_conns.clear()
