@@ -26,6 +26,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+Socket = socket.socket  # Paths has a `socket` of its own (the path): the type, by another name
+
 # sun_path is 108 bytes on Linux, including the terminating NUL.
 _MAX_SOCKET_PATH_BYTES = 107
 
@@ -163,7 +165,7 @@ class Paths:
             check_private_dir(d)
         return self
 
-    def connect_control(self, timeout_s: float | None = None) -> socket.socket:
+    def connect_control(self, timeout_s: float | None = None) -> Socket:
         """A connection to the control socket, made only once the directories, the socket file
         and the process listening on it are known to be this user's (UnsafeDirectory or
         UntrustedSocket otherwise, with nothing sent). OSError when no daemon listens."""
