@@ -5,7 +5,8 @@ real sshd on loopback (`llmconsole daemon dial-stdio` on the far side), with one
 from before (stopped: no vLLM is started). The console selects that engine, so it reads its log
 from mute. Then mute's daemon hangs (SIGSTOP): ssh logs in, dial-stdio connects, and nothing ever
 answers, as a hung daemon or a black-holed link behaves. A log read of mute's engine is then out
-for its whole timeout, and the console's polls, which refresh every host, must go on meanwhile.
+for its whole timeout, and the console's polls, which refresh every host, must go on meanwhile;
+a stop of everything names mute as not answering after a poll's timeout, not a command's.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import pytest
 
 from llmconsole.console.hosts import LOCAL_HOST, HostCatalog
 from llmconsole.console.ssh import SSH_COMMAND_ENV
-from llmconsole.console.tui import make_app
+from llmconsole.console.tui import Command, make_app
 from llmconsole.console.tui.fleet_source import FleetSource
 from llmconsole.console.tui.widgets.fleet_table import FleetTable
 from llmconsole.engine.fleet import STATE_VERSION
@@ -125,6 +126,12 @@ def test_a_host_that_stops_answering_never_holds_up_the_others_refresh(mute_and_
             )
             assert section("local").state == "up" and section("local").error is None
             assert section("mute").state in ("slow", "not answering")
+
+            # Stopping everything asks every host at once, and names the one that says nothing.
+            reply: list[dict[str, Any]] = []
+            threading.Thread(target=lambda: reply.append(source.send(Command("stop_all"))), daemon=True).start()
+            await pilot_wait(pilot, lambda: reply, "stop-all's reply", 90, 0.1)
+            assert reply[0] == {"stopped": [], "missed": [f"mute (no answer within {source.POLL_TIMEOUT_S:.0f} s)"]}
 
     try:
         asyncio.run(go())

@@ -29,13 +29,13 @@ from llmconsole.console.tui import toasts
 from llmconsole.console.tui.actions import ConsoleActions
 from llmconsole.console.tui.history import SpecMemory
 from llmconsole.console.tui.keys import bindings_for, check_keymap
+from llmconsole.console.tui.log_reader import LogReading
 from llmconsole.console.tui.logfilter import LogView
 from llmconsole.console.tui.messages import (
     CommandFailed,
     CommandSent,
     DaemonLost,
     HistoryFetched,
-    LogRead,
     PollFailed,
     StatusPolled,
 )
@@ -57,7 +57,7 @@ class _Switching:
     restarted: bool = False
 
 
-class ConsoleApp(ConsoleActions, App[str]):
+class ConsoleApp(LogReading, ConsoleActions, App[str]):
     CSS_PATH = Path(__file__).parent / "console.tcss"  # absolute: subclasses live elsewhere
     TITLE = "llmconsole"
     BINDINGS = bindings_for("app")
@@ -92,7 +92,7 @@ class ConsoleApp(ConsoleActions, App[str]):
         self.polls_applied = 0  # polls that brought a status
         self.polls_done = 0  # polls that finished, whatever they brought
         self.fetches_done = 0  # answers (or failures) of the daemon's stored history
-        self.log_reading = False  # a read of the selected engine's log is out
+        self._logs_out: set[str] = set()  # engines whose log read is out (log_reader.py)
         self.log_reads_done = 0  # log reads that finished, whatever they brought
         self._timer: Timer | None = None
         self._polling = False
@@ -148,44 +148,6 @@ class ConsoleApp(ConsoleActions, App[str]):
             self.post_message(PollFailed(f"{type(e).__name__}: {e}"))
             return
         self.post_message(StatusPolled(snapshot))
-
-    def _want_log(self) -> None:
-        """Read the selected engine's log, unless a read is still out (a slow host's): then the
-        newest poll shows without it, and a later poll asks again."""
-        if self.log_reading or self.snapshot is None:
-            return
-        try:
-            request = getattr(self.screen, "log_request", None)
-            wanted = request() if request else None
-        except Exception:  # a screen still composing has no selection yet
-            wanted = None
-        if wanted is None or self.snapshot.engine(wanted[0]) is None:
-            return
-        self.log_reading = True
-        self._read_log(wanted)
-
-    @work(thread=True, group="logs", exit_on_error=False)
-    def _read_log(self, request: tuple[str, int | None, int]) -> None:
-        name, offset, max_bytes = request
-        try:
-            d = self.source.logs(name, offset=offset, max_bytes=max_bytes)
-            chunk = LogChunk(name, str(d.get("text", "")), int(d.get("offset", 0)), int(d.get("size", 0)), offset)
-        except Exception:
-            chunk = None  # the log is a nicety; the next poll tries again
-        self.post_message(LogRead(name, chunk))
-
-    def on_log_read(self, message: LogRead) -> None:
-        self.log_reading = False
-        self.log_reads_done += 1
-        chunk = message.chunk
-        if chunk is None or self.snapshot is None or self.snapshot.engine(chunk.name) is None:
-            return
-        try:
-            if chunk.from_offset is None:
-                self.logs[chunk.name] = chunk
-            self._render_active(chunk)
-        except Exception as e:
-            self.report_failure("showing the log", e)
 
     def on_status_polled(self, message: StatusPolled) -> None:
         try:
@@ -261,8 +223,8 @@ class ConsoleApp(ConsoleActions, App[str]):
                 self.report_failure(event.worker.name or "a background task", event.worker.error)
             if event.worker.group == "poll":
                 self._polled(self.retry_s)
-            if event.worker.group == "logs":
-                self.log_reading = False
+            if event.worker.group == "logs":  # never: _read_log posts its failures
+                self._logs_out.clear()
 
     # --- commands -------------------------------------------------------------------------
 
