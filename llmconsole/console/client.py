@@ -118,8 +118,13 @@ class ControlTransport(httpx.BaseTransport):
 
     def __init__(self, paths: Paths):
         paths.verify()  # the directories: before any connection is tried
+        # httpx's own limits for a transport of its own (100 connections, 20 kept alive).
         self._pool = httpcore.ConnectionPool(
-            uds=str(paths.socket), network_backend=_CheckedUnixBackend(), max_keepalive_connections=4, retries=0
+            uds=str(paths.socket),
+            network_backend=_CheckedUnixBackend(),
+            max_connections=100,
+            max_keepalive_connections=20,
+            keepalive_expiry=5.0,
         )
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
