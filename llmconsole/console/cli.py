@@ -508,7 +508,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_s,
         default=HOST_TIMEOUT_S,
         metavar="S",
-        help=f"across hosts: how long one host may take to answer before it is reported slow (default {HOST_TIMEOUT_S:.0f})",
+        help=f"across hosts: how long one host may take to answer before it is reported slow "
+        f"(default {HOST_TIMEOUT_S:.0f})",
     )
     st.add_argument(
         "--watch",

@@ -245,7 +245,7 @@ class _Answering:
 
 def test_a_host_whose_read_times_out_is_slow_and_the_others_are_reported():
     gpu1, gpu2 = Host("gpu1", Destination.parse("gpu1")), Host("gpu2", Destination.parse("gpu2"))
-    reports = gather([gpu1, gpu2], 20.0, clients={"gpu1": _Answering(), "gpu2": _Silent()})  # type: ignore[dict-item]
+    reports = gather([gpu1, gpu2], 20.0, clients={"gpu1": _Answering(), "gpu2": _Silent()})
     assert reports[0].running and reports[0].engines == [{"name": "e1"}] and reports[0].answered
     slow = reports[1]
     assert slow.slow and slow.reachable and not slow.running and not slow.answered
@@ -257,7 +257,8 @@ def test_a_host_that_never_returns_is_given_up_on_after_its_timeout():
     released = threading.Event()
     gpu1, gpu2 = Host("gpu1", Destination.parse("gpu1")), Host("gpu2", Destination.parse("gpu2"))
     try:
-        reports = gather([gpu1, gpu2], 0.5, clients={"gpu1": _Answering(), "gpu2": _Silent(released)})  # type: ignore[dict-item]
+        clients = {"gpu1": _Answering(), "gpu2": _Silent(released)}
+        reports = gather([gpu1, gpu2], 0.5, clients=clients)
         assert not released.is_set(), "gather returned while gpu2's question was still out"
         assert reports[0].running and reports[1].slow and "no answer within" in (reports[1].error or "")
     finally:

@@ -295,6 +295,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=float,
         default=HOST_TIMEOUT_S,
         metavar="S",
-        help=f"how long one host may take to answer before its last known targets are kept (default {HOST_TIMEOUT_S:.0f})",
+        help=f"how long one host may take to answer before its last known targets are kept "
+        f"(default {HOST_TIMEOUT_S:.0f})",
     )
     t.set_defaults(func=cmd_targets)

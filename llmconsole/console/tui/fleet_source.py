@@ -9,9 +9,9 @@ and its last figures, and does not hold up the others, whose new figures show at
 ssh cannot reach shows ssh's reason; its client backs off (1 s, 2 s, ... a minute) and the polls
 in between are answered at once from the backoff. What asks every host at once (the alerts, a
 stop of everything, closing at quit) asks them in parallel and waits a bounded time: a host that
-took the connection and never answers is named as such, the others' answers are not held up. No daemon is started by a poll, nor by any
-command but an engine start, which starts its host's daemon as `llmconsole engine start
-ENGINE@HOST` does.
+took the connection and never answers is named as such, the others' answers are not held up.
+No daemon is started by a poll, nor by any command but an engine start, which starts its host's
+daemon as `llmconsole engine start ENGINE@HOST` does.
 """
 
 from __future__ import annotations
@@ -42,14 +42,16 @@ class _Link:
     def __init__(self, host: Host, poll_timeout_s: float, dial: Callable[..., DaemonClient]) -> None:
         self.host, self.poll_timeout_s, self.dial = host, poll_timeout_s, dial
         self.lock = threading.Lock()  # one command at a time per host
+        self._dialing = threading.Lock()  # the polls' client is made once, whichever thread asks first
         self._poll: DaemonClient | None = None
         self._commands: DaemonClient | None = None
         self.session_id: int | None = None
 
     def poller(self) -> DaemonClient:
-        if self._poll is None:
-            self._poll = self.dial(self.host, timeout_s=self.poll_timeout_s)
-        return self._poll
+        with self._dialing:
+            if self._poll is None:
+                self._poll = self.dial(self.host, timeout_s=self.poll_timeout_s)
+            return self._poll
 
     def status(self) -> dict[str, Any]:
         return self.poller().status()
