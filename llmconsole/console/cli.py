@@ -22,6 +22,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import httpx
 from pydantic import ValidationError
 
 from llmconsole import __version__
@@ -757,6 +758,9 @@ def main(argv: list[str] | None = None) -> int:
     except DaemonNotRunning as e:
         print(f"llmconsole: {e}", file=sys.stderr)
         return EXIT_NO_DAEMON
+    except httpx.TimeoutException as e:  # the host (or this daemon) took the connection, then said nothing
+        print(f"llmconsole: no answer in time ({e}); whether it acted is not known: check its status", file=sys.stderr)
+        return EXIT_UNREACHABLE
     except UnsafeDirectory as e:
         print(f"llmconsole: {e}", file=sys.stderr)
         return EXIT_USAGE
