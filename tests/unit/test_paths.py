@@ -124,7 +124,6 @@ import os, socket, sys
 path, drop_uid = sys.argv[1], int(sys.argv[2])
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 s.bind(path)
-os.chmod(path, 0o666)
 if drop_uid >= 0:
     os.setuid(drop_uid)  # bound as root in root's folder, but listening as another user
 s.listen(8)
@@ -170,9 +169,14 @@ class StandIn:
 
     def received(self) -> str:
         """Everything any client sent it (the stand-in is stopped to read it whole)."""
-        self.proc.terminate()
+        self.stop()
         out, _ = self.proc.communicate(timeout=10)
         return out
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
 
 
 def _shared_base() -> Path:
@@ -187,16 +191,16 @@ def test_dial_stdio_refuses_a_folder_and_socket_made_by_another_user():
     """As over SSH with no XDG_RUNTIME_DIR: the socket's folder in /tmp was made first by another
     user, who listens there. dial-stdio sends it nothing (the request carries an API key)."""
     base = _shared_base()
+    runtime = base / "llmconsole"
+    runtime.mkdir(mode=0o700)
+    os.chown(runtime, 65534, 65534)
+    stand_in = StandIn(runtime / "control.sock", as_other=True)
     try:
-        runtime = base / "llmconsole"
-        runtime.mkdir(mode=0o700)
-        os.chown(runtime, 65534, 65534)
-        stand_in = StandIn(runtime / "control.sock", as_other=True)
         env = {"XDG_RUNTIME_DIR": str(base), "XDG_DATA_HOME": str(base / "data"), "HOME": str(base)}
-        env_home = {k: v for k, v in os.environ.items() if k != "LLMCONSOLE_HOME"}
+        inherited = {k: v for k, v in os.environ.items() if k != "LLMCONSOLE_HOME"}
         r = subprocess.run(
             [sys.executable, "-m", "llmconsole.console.cli", "daemon", "dial-stdio"],
-            env={**env_home, **env},
+            env={**inherited, **env},
             input=START_WITH_KEY,
             capture_output=True,
             text=True,
@@ -210,18 +214,19 @@ def test_dial_stdio_refuses_a_folder_and_socket_made_by_another_user():
             DaemonClient(resolve(env))
         assert not (base / "data").exists(), "no daemon was started for a folder that is not ours"
     finally:
+        stand_in.stop()
         shutil.rmtree(base, ignore_errors=True)
 
 
 @needs_root
-def test_a_listener_of_another_user_in_your_own_folder_is_refused_before_a_byte(tmp_path):
+def test_a_listener_of_another_user_in_your_own_folder_is_refused_before_a_byte():
     """The folders and the socket file are this user's; only the process listening is not (the
     kernel's SO_PEERCRED says so). Every client refuses it with nothing sent."""
     base = _shared_base()
+    home = base / "home"
+    p = resolve({"LLMCONSOLE_HOME": str(home)}).ensure()
+    stand_in = StandIn(p.socket, as_other=False)
     try:
-        home = base / "home"
-        p = resolve({"LLMCONSOLE_HOME": str(home)}).ensure()
-        stand_in = StandIn(p.socket, as_other=False)
         assert p.socket.stat().st_uid == 0
         with DaemonClient(p) as c, pytest.raises(UntrustedSocket, match="runs as uid 65534, not as you") as e:
             c.start_engine("x", api_key="sk-secret-key")
@@ -241,6 +246,7 @@ def test_a_listener_of_another_user_in_your_own_folder_is_refused_before_a_byte(
         assert r.returncode == 2 and f"the process answering on {p.socket} runs as uid 65534" in r.stderr
         assert stand_in.received() == ""
     finally:
+        stand_in.stop()
         shutil.rmtree(base, ignore_errors=True)
 
 
