@@ -9,14 +9,24 @@ Each of these directories must be the user's own: a directory in /tmp can be cre
 anyone, who could then answer on the control socket or redirect the pid file. A directory owned
 by someone else, writable by others, or that is a symbolic link is refused with its path and the
 fix; it is never used, and never followed.
+
+The control socket itself is trusted only after two more checks, made by every client before it
+sends a byte (the local client, `daemon dial-stdio` on the far side of an SSH session, the
+console's sources): the socket file is a socket owned by this user, and the process listening on
+it (SO_PEERCRED) runs as this user. Root is trusted too: it can read and replace anything of the
+user's already.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import stat
+import struct
 from dataclasses import dataclass
 from pathlib import Path
+
+Socket = socket.socket  # Paths has a `socket` of its own (the path): the type, by another name
 
 # sun_path is 108 bytes on Linux, including the terminating NUL.
 _MAX_SOCKET_PATH_BYTES = 107
@@ -48,6 +58,50 @@ def check_private_dir(path: Path) -> None:
         raise UnsafeDirectory(
             f"{path} is writable by others (mode {stat.S_IMODE(st.st_mode):04o}); "
             f"run `chmod go-w {path}` (llmconsole makes its directories 0700)"
+        )
+
+
+class UntrustedSocket(UnsafeDirectory):
+    """The control socket, or the process answering on it, is not this user's: whoever it is
+    could read every request (API keys among them) and answer with anything."""
+
+
+def trusted_uid(uid: int) -> bool:
+    """This user, or root (who can act as anyone here anyway)."""
+    return uid in (os.getuid(), 0)
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process on the other end of a connected Unix socket (the kernel's word)."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return int(uid)
+
+
+def check_control_socket(path: Path) -> None:
+    """Refuse (UntrustedSocket) a control socket file that is not a socket owned by this user (or
+    root). A missing one is fine: connecting to it then fails as "no daemon"."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise UntrustedSocket(f"{path} is not a socket; nothing was sent to it. Remove it and start the daemon again")
+    if not trusted_uid(st.st_uid):
+        raise UntrustedSocket(
+            f"{path} belongs to uid {st.st_uid}, not to you (uid {os.getuid()}); nothing was sent to it. "
+            "Someone else's process may be posing as your daemon: remove it (as its owner)"
+        )
+
+
+def check_control_peer(sock: socket.socket, path: Path) -> None:
+    """Refuse (UntrustedSocket) a connection whose listening process is not this user's (or
+    root's): checked after connect, before the first byte is sent."""
+    uid = peer_uid(sock)
+    if not trusted_uid(uid):
+        raise UntrustedSocket(
+            f"the process answering on {path} runs as uid {uid}, not as you (uid {os.getuid()}); "
+            "nothing was sent to it. Someone else's process may be posing as your daemon"
         )
 
 
@@ -110,6 +164,22 @@ class Paths:
         for d in (self.data_dir, self.runtime_dir, self.logs_dir):
             check_private_dir(d)
         return self
+
+    def connect_control(self, timeout_s: float | None = None) -> Socket:
+        """A connection to the control socket, made only once the directories, the socket file
+        and the process listening on it are known to be this user's (UnsafeDirectory or
+        UntrustedSocket otherwise, with nothing sent). OSError when no daemon listens."""
+        self.verify()
+        check_control_socket(self.socket)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(timeout_s)
+            sock.connect(str(self.socket))
+            check_control_peer(sock, self.socket)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
 
 
 def resolve(env: dict[str, str] | None = None) -> Paths:

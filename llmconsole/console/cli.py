@@ -22,6 +22,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import httpx
 from pydantic import ValidationError
 
 from llmconsole import __version__
@@ -39,6 +40,7 @@ from llmconsole.console.cli_common import (  # noqa: F401  (re-exported for scri
     use_host,
 )
 from llmconsole.console.client import DaemonClient, DaemonError, DaemonNotRunning, HostUnreachable
+from llmconsole.console.host_status import HOST_TIMEOUT_S
 from llmconsole.console.hosts import LOCAL_HOST, Host, HostCatalog, HostsError, client_for, split_engine
 from llmconsole.console.spec_flags import add_spec_flags, read_api_key, spec_overrides
 from llmconsole.engine.spec import EngineSpec, KernelUnavailable, validation_messages
@@ -82,6 +84,16 @@ def parallel_text(e: dict[str, Any]) -> str:
     return f"tp{tp}xpp{pp}" + (f" {backend}" if backend else "")
 
 
+def _positive_s(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds above 0")
+    return value
+
+
 def format_status(status: dict[str, Any]) -> str:
     engines = status["engines"]
     if not engines:
@@ -115,6 +127,8 @@ def format_hosts_status(reports: list[Any]) -> str:
         head = r.host.label
         if r.status is not None:
             body = format_status(r.status)
+        elif r.slow:
+            body = f"slow: {r.error}"
         elif not r.reachable:
             body = f"unreachable: {r.error}"
         else:
@@ -127,16 +141,17 @@ def _status_across(ns: argparse.Namespace, hosts: list[Host]) -> int:
     from llmconsole.console.host_status import gather
 
     # Long-lived clients: with --watch an unreachable host is retried with backoff, not per round.
-    clients = {h.name: client_for(h, timeout_s=30.0) for h in hosts}
+    timeout_s = ns.host_timeout
+    clients = {h.name: client_for(h, timeout_s=timeout_s) for h in hosts}
     try:
         while True:
-            reports = gather(hosts, clients=clients)
+            reports = gather(hosts, timeout_s, clients=clients)
             if ns.json:
                 print(json.dumps({"hosts": [r.to_json() for r in reports]}, indent=2))
             else:
                 print(format_hosts_status(reports))
             if not ns.watch:
-                return 0 if all(r.reachable for r in reports) else EXIT_UNREACHABLE
+                return 0 if all(r.answered for r in reports) else EXIT_UNREACHABLE
             time.sleep(ns.watch)
             print()
     finally:
@@ -490,9 +505,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     st = sub.add_parser("status", help="engines and their live figures")
     st.add_argument(
-        "--all-hosts", action="store_true", help="every host of the hosts file and this one; unreachable hosts say why"
+        "--all-hosts",
+        action="store_true",
+        help="every host of the hosts file and this one; unreachable and slow hosts say why",
     )
     st.add_argument("--json", action="store_true")
+    st.add_argument(
+        "--host-timeout",
+        type=_positive_s,
+        default=HOST_TIMEOUT_S,
+        metavar="S",
+        help=f"across hosts: how long one host may take to answer before it is reported slow "
+        f"(default {HOST_TIMEOUT_S:.0f})",
+    )
     st.add_argument(
         "--watch",
         type=float,
@@ -713,6 +738,7 @@ def _dispatch(ns: argparse.Namespace, argv: list[str]) -> int:
 
 def _status_ns(ns: argparse.Namespace) -> argparse.Namespace:
     ns.cmd, ns.json, ns.watch, ns.all_hosts = "status", False, None, False
+    ns.host_timeout = HOST_TIMEOUT_S
     return ns
 
 
@@ -738,6 +764,9 @@ def main(argv: list[str] | None = None) -> int:
     except DaemonNotRunning as e:
         print(f"llmconsole: {e}", file=sys.stderr)
         return EXIT_NO_DAEMON
+    except httpx.TimeoutException as e:  # the host (or this daemon) took the connection, then said nothing
+        print(f"llmconsole: no answer in time ({e}); whether it acted is not known: check its status", file=sys.stderr)
+        return EXIT_UNREACHABLE
     except UnsafeDirectory as e:
         print(f"llmconsole: {e}", file=sys.stderr)
         return EXIT_USAGE

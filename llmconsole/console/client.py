@@ -10,13 +10,16 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
+import httpcore
 import httpx
 
 from llmconsole.engine.startup_log import read_tail
 from llmconsole.engine.tune.ranges import EngineFacts
-from llmconsole.paths import Paths
+from llmconsole.paths import Paths, check_control_peer, check_control_socket
 
 
 class DaemonNotRunning(RuntimeError):
@@ -50,6 +53,87 @@ class DaemonError(RuntimeError):
         return "\n".join(lines)
 
 
+def _as_httpx(e: Exception) -> httpx.TransportError:
+    """httpcore's exception as httpx's of the same name (httpx has one for each)."""
+    cls = getattr(httpx, type(e).__name__, None)
+    if isinstance(cls, type) and issubclass(cls, httpx.TransportError):
+        return cls(str(e))
+    return httpx.TransportError(str(e))
+
+
+def send_through(pool: httpcore.ConnectionPool, request: httpx.Request) -> httpx.Response:
+    """One httpx request through an httpcore pool, read whole; httpcore's errors as httpx's.
+    Anything else a connection raises (a host that cannot be reached, a socket that is not
+    ours) goes to the caller as it is."""
+    assert isinstance(request.stream, httpx.SyncByteStream)
+    req = httpcore.Request(
+        method=request.method,
+        url=httpcore.URL(
+            scheme=request.url.raw_scheme,
+            host=request.url.raw_host,
+            port=request.url.port,
+            target=request.url.raw_path,
+        ),
+        headers=request.headers.raw,
+        content=request.stream,
+        extensions=request.extensions,
+    )
+    try:
+        resp = pool.handle_request(req)
+        try:
+            content = resp.read()
+        finally:
+            resp.close()
+    except (
+        httpcore.TimeoutException,
+        httpcore.NetworkError,
+        httpcore.ProtocolError,
+        httpcore.UnsupportedProtocol,
+    ) as e:
+        raise _as_httpx(e) from None
+    return httpx.Response(
+        status_code=resp.status, headers=resp.headers, stream=httpx.ByteStream(content), extensions=resp.extensions
+    )
+
+
+class _CheckedUnixBackend(httpcore.SyncBackend):
+    """Unix-socket connections that are used only once the socket file and the process
+    listening on it are known to be this user's (paths.py): a request can carry an API key."""
+
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> httpcore.NetworkStream:
+        check_control_socket(Path(path))
+        stream = super().connect_unix_socket(path, timeout=timeout, socket_options=socket_options)
+        try:
+            check_control_peer(stream.get_extra_info("socket"), Path(path))
+        except BaseException:
+            stream.close()
+            raise
+        return stream
+
+
+class ControlTransport(httpx.BaseTransport):
+    """HTTP over this host's control socket, every connection checked before its first byte."""
+
+    def __init__(self, paths: Paths):
+        paths.verify()  # the directories: before any connection is tried
+        # httpx's own limits for a transport of its own (100 connections, 20 kept alive).
+        self._pool = httpcore.ConnectionPool(
+            uds=str(paths.socket),
+            network_backend=_CheckedUnixBackend(),
+            max_connections=100,
+            max_keepalive_connections=20,
+            keepalive_expiry=5.0,
+        )
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        return send_through(self._pool, request)
+
+    def close(self) -> None:
+        self._pool.close()
+
+
 class DaemonClient:
     """The control API of one daemon: this host's through `paths` (its Unix socket), or another
     host's through `transport` (console/hosts.py's Host.client builds one over SSH)."""
@@ -65,10 +149,10 @@ class DaemonClient:
         if transport is None:
             if paths is None:
                 raise ValueError("a DaemonClient needs the local paths or a transport")
-            # A socket in a directory someone else controls could be anyone's daemon: refuse it
-            # (UnsafeDirectory) before a request, which may carry an API key, is sent.
-            paths = paths.verify()
-            transport = httpx.HTTPTransport(uds=str(paths.socket))
+            # A socket in a directory someone else controls, or answered by someone else's
+            # process, could be anyone's daemon: refuse it (UnsafeDirectory, UntrustedSocket)
+            # before a request, which may carry an API key, is sent.
+            transport = ControlTransport(paths)
         self.paths = paths
         self.where = where or (str(paths.socket) if paths is not None else "the daemon")
         self._http = httpx.Client(transport=transport, base_url="http://llmconsole", timeout=timeout_s)

@@ -5,6 +5,12 @@ dial-stdio` and speaks the control API's HTTP into the pipe. Nothing is parsed h
 both ways until either side closes. The daemon is started first if none runs (unless
 --no-start), as a local console would start it. The peer the daemon sees (SO_PEERCRED) is this
 process, so its audit log names the SSH login's user.
+
+The socket is the one of the SSH login's user, often in /tmp (XDG_RUNTIME_DIR is unset in many
+SSH sessions), where anyone could have made the folder and a socket first. So the bridge is
+opened only after the same checks as a local client's (paths.py `connect_control`): the folders
+are the user's own, and so are the socket and the process listening on it. Anything else is
+refused with exit status 2 and its reason on stderr, before a byte of the console's is read or sent.
 """
 
 from __future__ import annotations
@@ -14,8 +20,9 @@ import socket
 import sys
 import threading
 
-from llmconsole.paths import Paths
+from llmconsole.paths import Paths, UnsafeDirectory
 
+EXIT_UNSAFE = 2
 EXIT_NO_DAEMON = 3
 _CHUNK = 64 * 1024
 
@@ -51,16 +58,26 @@ def bridge(sock: socket.socket, fd_in: int, fd_out: int) -> None:
 
 
 def _connect(paths: Paths) -> socket.socket | None:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    """The checked connection (UnsafeDirectory when it is not the user's), or None: no daemon."""
     try:
-        sock.connect(str(paths.socket))
+        sock = paths.connect_control()
+    except UnsafeDirectory:
+        raise
     except OSError:
-        sock.close()
         return None
+    sock.settimeout(None)
     return sock
 
 
 def dial_stdio(paths: Paths, start: bool = True) -> int:
+    try:
+        return _dial(paths, start)
+    except UnsafeDirectory as e:
+        print(f"llmconsole: {e}", file=sys.stderr)
+        return EXIT_UNSAFE
+
+
+def _dial(paths: Paths, start: bool) -> int:
     sock = _connect(paths)
     if sock is None and start:
         from llmconsole.console.client import DaemonNotRunning, ensure_daemon

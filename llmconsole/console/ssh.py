@@ -26,7 +26,7 @@ from typing import Any
 import httpcore
 import httpx
 
-from llmconsole.console.client import DaemonNotRunning, HostUnreachable
+from llmconsole.console.client import DaemonNotRunning, HostUnreachable, send_through
 
 SSH_COMMAND_ENV = "LLMCONSOLE_SSH_COMMAND"
 EXIT_SSH_FAILED = 255  # ssh's own exit status when the connection itself fails
@@ -272,14 +272,6 @@ class SshBackend(httpcore.NetworkBackend):
         time.sleep(seconds)
 
 
-def _mapped(e: httpcore.ConnectError | Exception) -> httpx.TransportError:
-    """httpcore's exception as httpx's of the same name (httpx has one for each)."""
-    cls = getattr(httpx, type(e).__name__, None)
-    if isinstance(cls, type) and issubclass(cls, httpx.TransportError):
-        return cls(str(e))
-    return httpx.TransportError(str(e))
-
-
 class SshTransport(httpx.BaseTransport):
     """An httpx transport to one remote host's daemon through ssh, with backoff after failures."""
 
@@ -297,36 +289,13 @@ class SshTransport(httpx.BaseTransport):
         wait = self.backoff.wait_s()
         if wait > 0:
             raise HostUnreachable(self.host, self.backoff.reason or "it failed a moment ago", retry_in_s=wait)
-        assert isinstance(request.stream, httpx.SyncByteStream)
-        req = httpcore.Request(
-            method=request.method,
-            url=httpcore.URL(
-                scheme=request.url.raw_scheme,
-                host=request.url.raw_host,
-                port=request.url.port,
-                target=request.url.raw_path,
-            ),
-            headers=request.headers.raw,
-            content=request.stream,
-            extensions=request.extensions,
-        )
         try:
-            resp = self._pool.handle_request(req)
-            try:
-                content = resp.read()
-            finally:
-                resp.close()
+            resp = send_through(self._pool, request)
         except HostUnreachable as e:
             self.backoff.failed(e.reason)
             raise
-        except httpcore.TimeoutException as e:
-            raise _mapped(e) from None
-        except (httpcore.NetworkError, httpcore.ProtocolError, httpcore.UnsupportedProtocol) as e:
-            raise _mapped(e) from None
         self.backoff.succeeded()
-        return httpx.Response(
-            status_code=resp.status, headers=resp.headers, stream=httpx.ByteStream(content), extensions=resp.extensions
-        )
+        return resp
 
     def close(self) -> None:
         self._pool.close()

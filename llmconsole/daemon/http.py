@@ -10,9 +10,9 @@ state (or an apply that was tried and rolled back), 503 a service this daemon do
 from __future__ import annotations
 
 import logging
+import os
 import pwd
 import socket
-import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -24,10 +24,13 @@ from llmconsole.engine.modes.guarded_apply import ApplyFailed, ApplyRefused
 from llmconsole.engine.plan.validate import ConfigDoesNotFit
 from llmconsole.engine.spec import validation_messages
 from llmconsole.engine.supervisor import EngineBusy
+from llmconsole.paths import peer_uid, trusted_uid
 
 log = logging.getLogger(__name__)
 
 SESSION_HEADER = "X-Llmconsole-Session"
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class NotFound(LookupError):
@@ -59,17 +62,42 @@ async def json_body(request: web.Request) -> dict[str, Any]:
     return body
 
 
-def peer_user(request: web.Request) -> str:
-    """Who is on the other end of the socket (SO_PEERCRED), for the daemon's audit log."""
+def request_uid(request: web.Request) -> int | None:
+    """The uid of the process on the other end of the request's socket (SO_PEERCRED)."""
     sock = request.transport.get_extra_info("socket") if request.transport else None
     if sock is None:
+        return None
+    try:
+        return peer_uid(sock)
+    except (AttributeError, OSError):
+        return None
+
+
+def peer_user(request: web.Request) -> str:
+    """Who is on the other end of the socket (SO_PEERCRED), for the daemon's audit log."""
+    uid = request_uid(request)
+    if uid is None:
         return "unknown"
     try:
-        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        _pid, uid, _gid = struct.unpack("3i", creds)
         return pwd.getpwuid(uid).pw_name
-    except (AttributeError, OSError, KeyError):
+    except KeyError:
         return "unknown"
+
+
+@web.middleware
+async def this_user_only(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The control socket answers this user (and root) only. Its folder and mode keep others out
+    already; this holds when they were loosened (a chmod, a shared runtime dir), and for a
+    socket that is not a Unix one (the kernel cannot say who is there) nobody is let in."""
+    sock = request.transport.get_extra_info("socket") if request.transport else None
+    uid = request_uid(request) if sock is not None and sock.family == socket.AF_UNIX else None
+    if uid is None or not trusted_uid(uid):
+        who = "a peer the kernel cannot name" if uid is None else f"uid {uid}"
+        log.warning(
+            "refused %s %s from %s: this daemon answers uid %d only", request.method, request.path, who, os.getuid()
+        )
+        return error_response(403, f"this daemon answers its own user (uid {os.getuid()}) only, not {who}")
+    return await handler(request)
 
 
 def session_of(request: web.Request) -> int | None:
@@ -100,9 +128,6 @@ def error_for(e: Exception) -> web.Response | None:
     if isinstance(e, (ValueError, TypeError)):  # RollbackError, GroupError, ModeError, bad values
         return error_response(400, str(e))
     return None
-
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @web.middleware

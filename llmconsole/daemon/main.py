@@ -22,6 +22,7 @@ from llmconsole.daemon.api import make_app
 from llmconsole.daemon.api.engines import STOP, STOP_ENGINES
 from llmconsole.daemon.context import DaemonContext
 from llmconsole.daemon.hosted import HostedServices
+from llmconsole.daemon.http import this_user_only
 from llmconsole.daemon.services.gateway_service import GatewayService, PortTaken
 from llmconsole.daemon.services.rollback import on_config_failed
 from llmconsole.db import Store, StoreError
@@ -96,6 +97,7 @@ async def serve(paths: Paths, policy: SupervisionPolicy | None = None) -> None:
     services = HostedServices.build(ctx)  # modes, alerts, /metrics, tunes, console-started runs
     await services.start()
     app = make_app(ctx, services)
+    app.middlewares.insert(0, this_user_only)  # before anything reads a request: whose is it?
     sampler = asyncio.create_task(_sample_forever(fleet, recorder), name="recorder")
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -147,3 +149,68 @@ def test_remote_daemon_stop_over_ssh(gamma):
     assert "daemon on gamma stopped; engines keep serving" in r.stdout
     assert not (gamma.remote_home / "run" / "control.sock").exists()
     assert gamma("--host", "gamma", "daemon", "status", check=False).returncode == 3
+
+
+# --- a host that takes the connection and never answers ----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def quiet(ssh_fleet):
+    """This host's daemon (answering), and host `quiet`: a real sshd whose remote command reads
+    what it is sent and never answers, as a hung daemon or a black-holed link behaves."""
+    ssh_fleet.host("quiet")
+    silent = ssh_fleet.root / "silent.sh"
+    silent.write_text("#!/bin/sh\n# takes whatever the console sends; answers nothing, ever\nexec cat >/dev/null\n")
+    silent.chmod(0o755)
+    home = short_home("llmc-q-")
+    (home / "hosts.toml").write_text(
+        f'[hosts.quiet]\ndestination = "quiet"\ncommand = "{silent}"\nmetrics = "127.0.0.1:9"\n'
+    )
+    c = Cli(home)
+    c.env[SSH_COMMAND_ENV] = ssh_fleet.ssh_command
+    c("daemon", "start")
+    yield c
+    stop_daemon(home)
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def test_status_all_hosts_shows_every_answer_and_names_the_silent_host_slow(quiet):
+    r = quiet("status", "--all-hosts", "--json", check=False)
+    assert r.returncode == 4, r.stderr
+    hosts = {h["host"]: h for h in json.loads(r.stdout)["hosts"]}
+    assert hosts["local"]["running"] and hosts["local"]["status"]["engines"] == []
+    q = hosts["quiet"]
+    assert q["slow"] and q["reachable"] and not q["running"] and q["status"] is None
+    assert q["error"] == "no answer within 20 s: the host took the connection, then said nothing"
+    r = quiet("status", "--all-hosts", "--host-timeout", "5", check=False)
+    assert r.returncode == 4
+    assert "local (this host)\n  no engines" in r.stdout
+    assert "quiet\n  slow: no answer within 5 s: the host took the connection, then said nothing" in r.stdout
+
+
+def test_prometheus_targets_watch_outlives_a_silent_host(quiet, tmp_path):
+    """Two rounds are written for the host that answers; the silent one keeps what is known of it
+    (its `metrics` entry) and is named slow on stderr; the watch goes on."""
+    out = tmp_path / "sd"
+    argv = ["hosts", "prometheus-targets", "--out", str(out), "--watch", "1", "--local-name", "here"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llmconsole.console.cli", *argv],
+        env=quiet.env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    try:
+        rounds = [proc.stdout.readline() for _ in range(2)]  # one line a round; "" if it died
+        assert all(line.startswith(f"{out / 'llmconsole.json'}: 2 exporter(s)") for line in rounds), rounds
+        assert proc.poll() is None, "the watch ended"
+        targets = {t["labels"]["host"]: t["targets"] for t in json.loads((out / "llmconsole.json").read_text())}
+        assert targets["quiet"] == ["127.0.0.1:9"]
+        assert targets["here"][0].startswith("127.0.0.1:")
+    finally:
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=60)
+    assert "quiet: slow: no answer within 20 s: the host took the connection, then said nothing" in stderr
+    assert "Traceback" not in stderr

@@ -46,7 +46,11 @@ async def replay(pilot, settle: bool = True) -> None:
     app = pilot.app
     source = app.source
     for _ in range(1000):
-        if app.polls_done >= len(source.frames) and (app.fetches_done or not source.stored):
+        if (
+            app.polls_done >= len(source.frames)
+            and (app.fetches_done or not source.stored)
+            and not app.log_reading  # the selected engine's log, read after its poll
+        ):
             break
         await pilot.pause(0.01)
     else:

@@ -19,6 +19,12 @@ def _run(*keys: str, extra_frames=None):
         for k in keys:
             await pilot.press(k)
             await pilot.pause(0.05)
+        # A key that changes the selection polls once, and the log of the new selection is read
+        # after that poll, by a worker of its own: wait for both.
+        for _ in range(500):
+            if pilot.app.settled:
+                break
+            await pilot.pause(0.01)
         # The log screen's first chunk comes from a poll in a worker thread: on a loaded host it
         # can take longer than the pauses above, so wait for it (other screens have no offset).
         for _ in range(500):

@@ -3,11 +3,14 @@ errors, and a real sshd on loopback carrying the control API (dial-stdio) to a s
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
+import httpx
 import pytest
 
 from llmconsole.console.client import DaemonNotRunning, HostUnreachable
+from llmconsole.console.host_status import gather
 from llmconsole.console.hosts import (
     LOCAL,
     Destination,
@@ -211,3 +214,52 @@ def test_commands_that_run_on_the_host_go_there_as_typed(monkeypatch, tmp_path):
     ]
     sent_code[0] = 255
     assert cli.main(["--host", "gpu1", "plan", "--model", "/m"]) == 4
+
+
+# --- every host's report, bounded ------------------------------------------------------------
+
+
+class _Silent:
+    """A client whose host took the connection and says nothing: its read times out, or (a
+    transport with no timeout of its own) it blocks until released."""
+
+    def __init__(self, block: threading.Event | None = None):
+        self.block = block
+
+    def status(self) -> dict:
+        if self.block is not None:
+            self.block.wait(60)
+        raise httpx.ReadTimeout("gpu2 sent nothing for 20.0 s")
+
+    def close(self) -> None:
+        pass
+
+
+class _Answering:
+    def status(self) -> dict:
+        return {"engines": [{"name": "e1"}]}
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_host_whose_read_times_out_is_slow_and_the_others_are_reported():
+    gpu1, gpu2 = Host("gpu1", Destination.parse("gpu1")), Host("gpu2", Destination.parse("gpu2"))
+    reports = gather([gpu1, gpu2], 20.0, clients={"gpu1": _Answering(), "gpu2": _Silent()})
+    assert reports[0].running and reports[0].engines == [{"name": "e1"}] and reports[0].answered
+    slow = reports[1]
+    assert slow.slow and slow.reachable and not slow.running and not slow.answered
+    assert slow.error == "no answer within 20 s: the host took the connection, then said nothing"
+    assert slow.to_json()["slow"] is True
+
+
+def test_a_host_that_never_returns_is_given_up_on_after_its_timeout():
+    released = threading.Event()
+    gpu1, gpu2 = Host("gpu1", Destination.parse("gpu1")), Host("gpu2", Destination.parse("gpu2"))
+    try:
+        clients = {"gpu1": _Answering(), "gpu2": _Silent(released)}
+        reports = gather([gpu1, gpu2], 0.5, clients=clients)
+        assert not released.is_set(), "gather returned while gpu2's question was still out"
+        assert reports[0].running and reports[1].slow and "no answer within" in (reports[1].error or "")
+    finally:
+        released.set()

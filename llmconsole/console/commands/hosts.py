@@ -11,6 +11,10 @@ reaches a host's exporter only through an address the operator opened: `metrics 
 in the hosts file (an SSH tunnel's local end, or the address after setting
 LLMCONSOLE_METRICS_BIND on that host). A host whose exporter is only on its own loopback is left
 out, and the reason printed.
+
+Hosts are asked in parallel, each for at most --host-timeout. One that does not answer in time
+(slow), cannot be reached, or fails otherwise keeps its last known targets, and the reason is
+printed on stderr: with --watch the files keep being rewritten for every other host.
 """
 
 from __future__ import annotations
@@ -23,12 +27,16 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
+
 from llmconsole.console.cli_common import EXIT_USAGE, CliError
 from llmconsole.console.client import DaemonClient, DaemonError, DaemonNotRunning, HostUnreachable
+from llmconsole.console.host_status import GRACE_S, HOST_TIMEOUT_S, slow_reason
 from llmconsole.console.hosts import Host, HostCatalog, client_for
 from llmconsole.console.ssh import ssh_command
 
@@ -111,19 +119,22 @@ class TargetScan:
     SSH for the others). Long-lived with --watch: clients keep their backoff, and a host that
     is down keeps its last known targets (Prometheus then shows it down, rather than gone)."""
 
-    def __init__(self, hosts: list[Host], local_name: str):
+    def __init__(self, hosts: list[Host], local_name: str, timeout_s: float = HOST_TIMEOUT_S):
         self.hosts = hosts
         self.local_name = local_name
+        self.timeout_s = timeout_s
         self.clients: dict[str, DaemonClient] = {}
         self.last: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
         self._names: dict[str, str] = {}
+        self._pending: dict[str, Future[tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]]] = {}
+        self._pool = ThreadPoolExecutor(max_workers=max(1, min(8, len(hosts))), thread_name_prefix="targets")
 
     def label(self, host: Host) -> str:
         return self.local_name if host.is_local else host.name
 
     def _client(self, host: Host) -> DaemonClient:
         if host.name not in self.clients:
-            self.clients[host.name] = client_for(host, timeout_s=20.0)
+            self.clients[host.name] = client_for(host, timeout_s=self.timeout_s)
         return self.clients[host.name]
 
     def _reachable_as(self, host: Host, bound: str, port: int) -> str | None:
@@ -161,11 +172,11 @@ class TargetScan:
                 else:
                     exporters.append({"targets": [addr], "labels": labels})
         except HostUnreachable as e:
-            notes.append(f"{host.name}: unreachable: {e.reason}")
-            kept = self.last.get(host.name)
-            if kept is not None:
-                return kept[0], kept[1], notes
-            return exporters, engines, notes
+            return self._kept(host, exporters, engines, notes + [f"{host.name}: unreachable: {e.reason}"])
+        except httpx.TimeoutException:
+            return self._kept(host, exporters, engines, notes + [f"{host.name}: slow: {slow_reason(self.timeout_s)}"])
+        except httpx.TransportError as e:
+            return self._kept(host, exporters, engines, notes + [f"{host.name}: {type(e).__name__}: {e}"])
         except (DaemonNotRunning, DaemonError) as err:
             notes.append(f"{host.name}: {err}")
             return exporters, engines, notes
@@ -184,16 +195,46 @@ class TargetScan:
         self.last[host.name] = (exporters, engines)
         return exporters, engines, notes
 
+    def _kept(
+        self, host: Host, exporters: list[dict[str, Any]], engines: list[dict[str, Any]], notes: list[str]
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
+        """A host that did not answer: its last known targets (Prometheus then shows it down,
+        rather than gone), else what is known without asking it (its `metrics` entry)."""
+        kept = self.last.get(host.name)
+        if kept is not None:
+            return kept[0], kept[1], [f"{n}; its last known targets are kept" for n in notes]
+        return exporters, engines, notes
+
     def scan(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
-        exporters, engines, notes = [], [], []
+        """Every host, asked in parallel, waited for about one host timeout at most. A host whose
+        question from an earlier round is still out is not asked again; it keeps its last known
+        targets until that question ends."""
         for host in self.hosts:
-            x, e, n = self.scan_host(host)
+            if host.name not in self._pending:
+                self._pending[host.name] = self._pool.submit(self.scan_host, host)
+        # A host makes two calls (status, exporter), each bounded by the client's timeout.
+        wait(list(self._pending.values()), timeout=2 * self.timeout_s + GRACE_S)
+        exporters: list[dict[str, Any]] = []
+        engines: list[dict[str, Any]] = []
+        notes: list[str] = []
+        for host in self.hosts:
+            future = self._pending[host.name]
+            if future.done():
+                del self._pending[host.name]
+                try:
+                    x, e, n = future.result()
+                except Exception as err:  # a bug or an answer not foreseen: that host only
+                    x, e, n = self._kept(host, [], [], [f"{host.name}: {type(err).__name__}: {err}"])
+            else:
+                static = [{"targets": [host.metrics], "labels": {"host": self.label(host)}}] if host.metrics else []
+                x, e, n = self._kept(host, static, [], [f"{host.name}: slow: {slow_reason(2 * self.timeout_s)}"])
             exporters += x
             engines += e
             notes += n
         return exporters, engines, notes
 
     def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
         for c in self.clients.values():
             c.close()
 
@@ -213,7 +254,7 @@ def cmd_targets(ns: argparse.Namespace) -> int:
         raise CliError(f"no hosts: {catalog.path} lists none and --no-local leaves out this one", EXIT_USAGE)
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
-    scan = TargetScan(hosts, ns.local_name or socket.gethostname())
+    scan = TargetScan(hosts, ns.local_name or socket.gethostname(), ns.host_timeout)
     try:
         while True:
             exporters, engines, notes = scan.scan()
@@ -249,4 +290,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     t.add_argument("--no-local", action="store_true", help="leave this host out")
     t.add_argument("--local-name", metavar="NAME", help="this host's `host` label (default: its host name)")
     t.add_argument("--watch", type=float, default=None, metavar="S", help="rewrite the files every S seconds")
+    t.add_argument(
+        "--host-timeout",
+        type=float,
+        default=HOST_TIMEOUT_S,
+        metavar="S",
+        help=f"how long one host may take to answer before its last known targets are kept "
+        f"(default {HOST_TIMEOUT_S:.0f})",
+    )
     t.set_defaults(func=cmd_targets)

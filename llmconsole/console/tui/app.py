@@ -3,7 +3,9 @@
 Data flows one way. A thread worker polls the source and posts `StatusPolled` (or `DaemonLost`);
 the UI thread keeps the newest snapshot, adds it to the bounded histories and lets only the
 active screen render it. The next poll is armed when the current one has been applied, so a slow
-daemon stretches the period instead of piling up requests. Commands run in their own thread
+daemon stretches the period instead of piling up requests. The selected engine's log is read by
+a worker of its own (`LogRead`), one read at a time: a host that takes a log read and never
+answers holds up that read only, never the poll that refreshes every host. Commands run in their own thread
 workers and come back as `CommandSent` or `CommandFailed`. Every failure ends as a notification:
 nothing a daemon or an engine does can stop the console.
 """
@@ -27,6 +29,7 @@ from llmconsole.console.tui import toasts
 from llmconsole.console.tui.actions import ConsoleActions
 from llmconsole.console.tui.history import SpecMemory
 from llmconsole.console.tui.keys import bindings_for, check_keymap
+from llmconsole.console.tui.log_reader import LogReading
 from llmconsole.console.tui.logfilter import LogView
 from llmconsole.console.tui.messages import (
     CommandFailed,
@@ -54,7 +57,7 @@ class _Switching:
     restarted: bool = False
 
 
-class ConsoleApp(ConsoleActions, App[str]):
+class ConsoleApp(LogReading, ConsoleActions, App[str]):
     CSS_PATH = Path(__file__).parent / "console.tcss"  # absolute: subclasses live elsewhere
     TITLE = "llmconsole"
     BINDINGS = bindings_for("app")
@@ -89,6 +92,8 @@ class ConsoleApp(ConsoleActions, App[str]):
         self.polls_applied = 0  # polls that brought a status
         self.polls_done = 0  # polls that finished, whatever they brought
         self.fetches_done = 0  # answers (or failures) of the daemon's stored history
+        self._logs_out: set[str] = set()  # engines whose log read is out (log_reader.py)
+        self.log_reads_done = 0  # log reads that finished, whatever they brought
         self._timer: Timer | None = None
         self._polling = False
         self._poll_again = False
@@ -115,12 +120,7 @@ class ConsoleApp(ConsoleActions, App[str]):
         if self._polling:
             return
         self._polling = True
-        try:
-            request = getattr(self.screen, "log_request", None)
-            wanted = request() if request else None
-        except Exception:  # a screen still composing has no selection yet
-            wanted = None
-        self._poll(wanted)
+        self._poll()
 
     def poll_soon(self) -> None:
         """Poll now (after a command), without starting a second chain of polls."""
@@ -137,7 +137,7 @@ class ConsoleApp(ConsoleActions, App[str]):
         self._poll_again = False
 
     @work(thread=True, group="poll", exit_on_error=False)
-    def _poll(self, log_request: tuple[str, int | None, int] | None) -> None:
+    def _poll(self) -> None:
         try:
             status = self.source.poll()
             snapshot = Snapshot.parse(status)
@@ -147,15 +147,7 @@ class ConsoleApp(ConsoleActions, App[str]):
         except Exception as e:
             self.post_message(PollFailed(f"{type(e).__name__}: {e}"))
             return
-        chunk = None
-        if log_request is not None and snapshot.engine(log_request[0]) is not None:
-            name, offset, max_bytes = log_request
-            try:
-                d = self.source.logs(name, offset=offset, max_bytes=max_bytes)
-                chunk = LogChunk(name, str(d.get("text", "")), int(d.get("offset", 0)), int(d.get("size", 0)), offset)
-            except Exception:
-                chunk = None  # the log is a nicety; the next poll tries again
-        self.post_message(StatusPolled(snapshot, chunk))
+        self.post_message(StatusPolled(snapshot))
 
     def on_status_polled(self, message: StatusPolled) -> None:
         try:
@@ -166,13 +158,11 @@ class ConsoleApp(ConsoleActions, App[str]):
             self.history.add(message.snapshot)
             self.specs.add(message.snapshot)
             self._follow_switches(message.snapshot)
-            chunk = message.logs
-            if chunk is not None and chunk.from_offset is None:
-                self.logs[chunk.name] = chunk
             for gone in [n for n in self.logs if message.snapshot.engine(n) is None]:
                 del self.logs[gone]
             self.polls_applied += 1
-            self._render_active(chunk)
+            self._render_active(None)
+            self._want_log()
             if was_lost:
                 self.notify("the daemon answers again")
             self.refresh_bindings_if_changed()
@@ -233,6 +223,8 @@ class ConsoleApp(ConsoleActions, App[str]):
                 self.report_failure(event.worker.name or "a background task", event.worker.error)
             if event.worker.group == "poll":
                 self._polled(self.retry_s)
+            if event.worker.group == "logs":  # never: _read_log posts its failures
+                self._logs_out.clear()
 
     # --- commands -------------------------------------------------------------------------
 

@@ -7,19 +7,24 @@ the 1 Hz poll. A poll asks every host that has no question pending, in parallel,
 the answers at most WAIT_S: a host that is slow (or whose ssh hangs) keeps its question pending
 and its last figures, and does not hold up the others, whose new figures show at once. A host
 ssh cannot reach shows ssh's reason; its client backs off (1 s, 2 s, ... a minute) and the polls
-in between are answered at once from the backoff. No daemon is started by a poll, nor by any
-command but an engine start, which starts its host's daemon as `llmconsole engine start
-ENGINE@HOST` does.
+in between are answered at once from the backoff. What asks every host at once (the alerts, a
+stop of everything, closing at quit) asks them in parallel and waits a bounded time: a host that
+took the connection and never answers is named as such, the others' answers are not held up.
+No daemon is started by a poll, nor by any command but an engine start, which starts its host's
+daemon as `llmconsole engine start ENGINE@HOST` does.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
+
+import httpx
 
 from llmconsole.console.client import DaemonClient, DaemonError, DaemonNotRunning, HostUnreachable, ensure_daemon
 from llmconsole.console.hosts import Host, client_for
@@ -37,14 +42,16 @@ class _Link:
     def __init__(self, host: Host, poll_timeout_s: float, dial: Callable[..., DaemonClient]) -> None:
         self.host, self.poll_timeout_s, self.dial = host, poll_timeout_s, dial
         self.lock = threading.Lock()  # one command at a time per host
+        self._dialing = threading.Lock()  # the polls' client is made once, whichever thread asks first
         self._poll: DaemonClient | None = None
         self._commands: DaemonClient | None = None
         self.session_id: int | None = None
 
     def poller(self) -> DaemonClient:
-        if self._poll is None:
-            self._poll = self.dial(self.host, timeout_s=self.poll_timeout_s)
-        return self._poll
+        with self._dialing:
+            if self._poll is None:
+                self._poll = self.dial(self.host, timeout_s=self.poll_timeout_s)
+            return self._poll
 
     def status(self) -> dict[str, Any]:
         return self.poller().status()
@@ -71,6 +78,15 @@ class _Link:
             self._commands.close()
             self._commands = None
 
+    def alerts(self) -> dict[str, Any]:
+        return self.poller().alerts()
+
+    def engines(self) -> list[dict[str, Any]]:
+        """The host's engines, asked with the polls' timeout: a host that does not answer is
+        known for it in seconds, not after a command's minutes."""
+        engines: list[dict[str, Any]] = self.poller().status()["engines"]
+        return engines
+
     def close(self) -> None:
         if self._commands is not None and self.session_id is not None:
             try:
@@ -96,6 +112,32 @@ def _outcome(call: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any] | None,
         return None, f"{type(e).__name__}: {e}", True, None
 
 
+def _in_parallel(calls: dict[str, Callable[[], Any]], timeout_s: float) -> dict[str, Future[Any]]:
+    """Start each call in a thread of its own (a daemon thread: one stuck on a host that never
+    answers must not keep the console's process alive at exit) and wait for all of them at most
+    `timeout_s`; what is not done by then is the caller's to name."""
+    futures: dict[str, Future[Any]] = {}
+    for name, call in calls.items():
+        future: Future[Any] = Future()
+
+        def run(call: Callable[[], Any] = call, future: Future[Any] = future) -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(call())
+            except BaseException as e:  # noqa: BLE001 - handed to the caller through the future
+                future.set_exception(e)
+
+        threading.Thread(target=run, daemon=True, name=f"host-{name}").start()
+        futures[name] = future
+    wait(list(futures.values()), timeout=timeout_s)
+    return futures
+
+
+def _no_answer(timeout_s: float) -> str:
+    return f"no answer within {timeout_s:.0f} s"
+
+
 class FleetSource:
     """A StateSource over `hosts`; engines are ENGINE@HOST (tui/fleet.py)."""
 
@@ -103,6 +145,8 @@ class FleetSource:
     POLL_TIMEOUT_S = 15.0  # a host's first request includes ssh's own connection and login
     WAIT_S = 0.8  # how long a poll waits for the hosts before showing what it has
     FIRST_WAIT_S = 5.0  # the first poll: long enough that the first screen is not empty
+    STOP_ALL_S = 240.0  # a stop of everything: each host's engines drain (the daemon's own bound) in parallel
+    CLOSE_S = 5.0  # quitting: each host's session is ended in parallel, the slow ones left behind
 
     def __init__(
         self,
@@ -172,16 +216,22 @@ class FleetSource:
         return client.samples(engine, since_s=since_s, points=points)
 
     def alerts(self) -> dict[str, Any]:
-        """Every host's alerts, asked in parallel; a host that does not answer is a note."""
+        """Every host's alerts, asked in parallel and waited for at most a poll's timeout; a host
+        that does not answer (or was not asked: its poll is out) is a note."""
         names = [n for n, s in self.states.items() if s.reachable and n not in self._pending]
-        futures = {n: self._pool.submit(_outcome, self.links[n].poller().alerts) for n in names}
+        futures = _in_parallel(
+            {n: functools.partial(_outcome, self.links[n].alerts) for n in names}, self.POLL_TIMEOUT_S + 1.0
+        )
         answers: dict[str, dict[str, Any] | str] = {}
         for name, state in self.states.items():
-            if name in futures:
-                answer, error, _, _ = futures[name].result()
-                answers[name] = answer if answer is not None else (error or "no answer")
-            else:
+            future = futures.get(name)
+            if future is None:
                 answers[name] = f"{state.error or 'not answering'} (not asked)"
+            elif not future.done():
+                answers[name] = _no_answer(self.POLL_TIMEOUT_S)
+            else:
+                answer, error, _, _ = future.result()
+                answers[name] = answer if answer is not None else (error or "no answer")
         return fleet_alerts(answers)
 
     def dialer(self, key: str) -> tuple[str, Dial]:
@@ -217,27 +267,43 @@ class FleetSource:
             return carry_out(link.commander(), bare)
 
     def _stop_all(self) -> dict[str, Any]:
-        """Every host's serving engines, host by host; a host that cannot be reached is said."""
-        stopped: list[str] = []
+        """Every host's serving engines, all hosts at once; a host that cannot be reached, or
+        does not answer, is said (its engines are left as they are)."""
+        stopped: dict[str, list[str]] = {name: [] for name in self.links}
         missed: list[str] = []
+
+        def stop_host(name: str, link: _Link) -> None:
+            serving = [e["name"] for e in link.engines() if e.get("state") in STOPPABLE]
+            with link.lock:
+                c = link.commander()
+                for engine in serving:
+                    c.stop_engine(engine)
+                    stopped[name].append(engine_key(engine, name))
+
+        calls: dict[str, Callable[[], Any]] = {}
         for name, link in self.links.items():
             if not self.states[name].reachable:
                 missed.append(f"{name} ({self.states[name].error})")
+            else:
+                calls[name] = functools.partial(stop_host, name, link)
+        futures = _in_parallel(calls, self.STOP_ALL_S)
+        for name, future in futures.items():
+            if not future.done():
+                missed.append(f"{name} ({_no_answer(self.STOP_ALL_S)})")
                 continue
-            try:
-                with link.lock:
-                    c = link.commander()
-                    for e in c.status()["engines"]:
-                        if e.get("state") in STOPPABLE:
-                            c.stop_engine(e["name"])
-                            stopped.append(engine_key(e["name"], name))
-            except HostUnreachable as e:
-                missed.append(f"{name} ({e.reason})")
-            except DaemonNotRunning:
-                continue  # no daemon there, so no engine serves there
-        return {"stopped": stopped, "missed": missed}
+            error = future.exception()
+            if isinstance(error, HostUnreachable):
+                missed.append(f"{name} ({error.reason})")
+            elif error is None or isinstance(error, DaemonNotRunning):
+                continue  # done, or no daemon there (so no engine serves there)
+            elif isinstance(error, httpx.TimeoutException):
+                missed.append(f"{name} ({_no_answer(self.POLL_TIMEOUT_S)})")
+            else:
+                missed.append(f"{name} ({type(error).__name__}: {error})")
+        return {"stopped": [key for name in self.links for key in stopped[name]], "missed": missed}
 
     def close(self) -> None:
+        """Every host's clients closed at once (its operator session ended first); a host that
+        does not answer within CLOSE_S is left to its own timeouts, in a daemon thread."""
         self._pool.shutdown(wait=False, cancel_futures=True)
-        for link in self.links.values():
-            link.close()
+        _in_parallel({name: link.close for name, link in self.links.items()}, self.CLOSE_S)

@@ -11,10 +11,18 @@ from llmconsole.console.tui.view import LogChunk, Snapshot
 
 
 class StatusPolled(Message):
-    def __init__(self, snapshot: Snapshot, logs: LogChunk | None) -> None:
+    def __init__(self, snapshot: Snapshot) -> None:
         super().__init__()
         self.snapshot = snapshot
-        self.logs = logs
+
+
+class LogRead(Message):
+    """A piece of the selected engine's log (None: the read failed; the next poll asks again)."""
+
+    def __init__(self, name: str, chunk: LogChunk | None) -> None:
+        super().__init__()
+        self.name = name
+        self.chunk = chunk
 
 
 class HistoryFetched(Message):
