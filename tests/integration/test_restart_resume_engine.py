@@ -120,16 +120,20 @@ def _kill_daemon_at(c: Cli, phase: str, *command: str) -> dict:
         [sys.executable, "-m", "llmconsole.console.cli", *command],
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
+        text=True,
     )
+
+    def paused() -> list[str] | None:
+        if marker.exists():
+            return marker.read_text().split()
+        if cmd.poll():  # refused: it will never get there
+            raise AssertionError(f"llmconsole {' '.join(command)} exited {cmd.returncode}: {cmd.stderr.read()}")
+        return None
+
     try:
-        said = wait_until(
-            lambda: marker.read_text().split() if marker.exists() else None,
-            START_S,
-            0.1,
-            lambda: f"the daemon to pause at {phase} (command exited {cmd.poll()})",
-        )
+        said = wait_until(paused, START_S, 0.1, f"the daemon to pause at {phase}")
     finally:
         cmd.kill()  # before the daemon: it must not live on to start a daemon of its own
         cmd.wait()
