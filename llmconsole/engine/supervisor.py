@@ -689,6 +689,7 @@ class EngineSupervisor:
         except Exception:  # a bug here must not leave the engine unsupervised silently
             log.exception("engine %s: supervision failed", self.name)
             self.last_error = "supervision failed; see the daemon log"
+            self._end_change("failed", self.last_error)
             self._set_state(EngineState.FAILED)
 
     async def _watch(self) -> tuple[str, int | None, bool]:
