@@ -21,10 +21,11 @@ from aiohttp import web
 from llmconsole.daemon.api import make_app
 from llmconsole.daemon.api.engines import STOP, STOP_ENGINES
 from llmconsole.daemon.context import DaemonContext
+from llmconsole.daemon.fault_points import pause_hook
 from llmconsole.daemon.hosted import HostedServices
 from llmconsole.daemon.http import this_user_only
 from llmconsole.daemon.services.gateway_service import GatewayService, PortTaken
-from llmconsole.daemon.services.rollback import on_config_failed
+from llmconsole.daemon.services.rollback import close_interrupted, on_change_ended, on_config_failed
 from llmconsole.db import Store, StoreError
 from llmconsole.db.recorder import Recorder
 from llmconsole.engine.fleet import Fleet
@@ -79,15 +80,18 @@ def freeze_startup_heap() -> int:
 
 
 async def serve(paths: Paths, policy: SupervisionPolicy | None = None) -> None:
-    fleet = Fleet(paths, policy)
+    fleet = Fleet(paths, policy, pause_at=pause_hook(paths.data_dir))
     # The store opens first: a database that is damaged or not ours stops the daemon with the
     # store's message (and the file untouched) before any engine is adopted or started.
     store = Store.open(paths.database)
     recorder = Recorder(store, stable_after_s=fleet.policy.stable_after_s)
     fleet.status_listeners.append(recorder.observe)
+    fleet.change_listeners.append(on_change_ended(store))
     for line in await fleet.open():
         log.info("resumed %s", line)
     recorder.close_orphans(fleet.statuses())
+    for line in close_interrupted(store, fleet.found):
+        log.warning("%s", line)
     for st in fleet.statuses():
         recorder.observe(st)
     gateway = GatewayService(fleet, store=store)  # the engines' front door and window loop
@@ -159,6 +163,7 @@ def main() -> int:
         paths = resolve().ensure()
         policy = SupervisionPolicy.from_env()
         PolicySettings.from_env()  # the auto mode policy's: a bad one stops the daemon here, saying why
+        pause_hook(paths.data_dir)  # a test's fault-injection point that names no phase: say so here
     except (UnsafeDirectory, ValueError) as e:
         print(f"llmconsole daemon: {e}", file=sys.stderr)
         return EXIT_CONFIG

@@ -64,6 +64,13 @@ class Actions(StorePart):
                 .values(outcome=outcome, detail_json=to_json(merged))
             )
 
+    def unfinished_actions(self) -> list[Action]:
+        """Actions logged as begun whose outcome was never written (the daemon died meanwhile),
+        oldest first."""
+        q = select(ActionRow).where(col(ActionRow.outcome) == "pending").order_by(col(ActionRow.id))
+        with self._read() as conn:
+            return [Action(**r._mapping) for r in conn.execute(q)]
+
     def action(self, action_id: int) -> Action | None:
         with self._read() as conn:
             r = conn.execute(select(ActionRow).where(col(ActionRow.id) == action_id)).first()

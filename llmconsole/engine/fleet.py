@@ -15,6 +15,15 @@ moved, a field from a newer version) stays, verbatim, and its engine stays liste
 with the reason until `engine start` finds it valid again. A write that fails (a full disk, no
 file descriptor left) never stops supervision: the engines' records stay in memory, every
 status says the file is not saved, and the write is retried until it succeeds.
+
+A restart (an operator's, a rollback, a mode switch) writes its target to the file as the
+engine's `change`, with the engine desired running, before the old process is stopped; each
+process record names the config it runs. A daemon killed half-way through leaves one of three
+states, and the next daemon resumes each (`_load_one`): the old process still runs (it is
+adopted, on the old config; the change is not made), no process runs (the target is started,
+as a fresh start: one that never comes up is rolled back as a failed apply is), or the target's
+process is starting (it is adopted). What it found for each engine is kept in `found`, for the
+actions the dead daemon left unfinished.
 """
 
 from __future__ import annotations
@@ -41,8 +50,11 @@ from llmconsole.engine.spec import EngineSpec, validation_messages
 from llmconsole.engine.spec_checks import check_name, enforce_kernel, spec_device
 from llmconsole.engine.status import EngineState, EngineStatus
 from llmconsole.engine.supervisor import (
+    ChangeEnded,
     EngineBusy,
     EngineSupervisor,
+    PauseAt,
+    PendingChange,
     PortInUse,
     SupervisionPolicy,
     port_holder,
@@ -106,9 +118,13 @@ def _stand_in_spec(raw: dict[str, Any]) -> EngineSpec:
 
 
 class Fleet:
-    def __init__(self, paths: Paths, policy: SupervisionPolicy | None = None):
+    def __init__(self, paths: Paths, policy: SupervisionPolicy | None = None, pause_at: PauseAt | None = None):
         self.paths = paths
         self.policy = policy or SupervisionPolicy()
+        self.pause_at = pause_at  # a fault-injection point for tests (see EngineSupervisor)
+        # What the daemon found of each engine at its start ("engine running on config X (the
+        # target)", ...): what the actions a dead daemon left unfinished are closed with.
+        self.found: dict[str, str] = {}
         self.probe = HostProbe()
         self.engines: dict[str, EngineSupervisor] = {}
         self._http: aiohttp.ClientSession | None = None
@@ -119,6 +135,8 @@ class Fleet:
         self.config_failed_listeners: list[Callable[[str], None]] = []
         # What adds to each status before it is reported (the gateway: its URL and window).
         self.status_annotators: list[Callable[[EngineStatus], EngineStatus]] = []
+        # Who records how a restart asked for by an action ended (the daemon's action log).
+        self.change_listeners: list[ChangeEnded] = []
         # Why the state file could not be written (None: every record is saved), and the task
         # that retries the write meanwhile.
         self.record_error: str | None = None
@@ -228,7 +246,17 @@ class Fleet:
         self._persist()
         return sup
 
-    async def restart(self, name: str, spec: EngineSpec | None = None, force: bool = False) -> EngineSupervisor:
+    async def restart(
+        self,
+        name: str,
+        spec: EngineSpec | None = None,
+        force: bool = False,
+        *,
+        action_id: int | None = None,
+        done_outcome: str = "done",
+    ) -> EngineSupervisor:
+        """Restart `name` (on `spec`). With `action_id`, that action is ended (`done_outcome`,
+        `failed` or `cancelled`) when the target serves or is given up on: see change_listeners."""
         sup = self.get(name)
         if spec is None and sup.stored is not None:
             spec = sup.revalidate()
@@ -242,7 +270,7 @@ class Fleet:
         self.enforce_fit(name, target, force)
         # Its own listener is on its port until the restart stops it: probe only another port.
         self._check_port(name, target.host, target.port, probe=not (sup.state.running and target.port == sup.port))
-        await sup.restart(spec)
+        await sup.restart(spec, action_id, done_outcome)
         self._persist()
         return sup
 
@@ -332,9 +360,18 @@ class Fleet:
             probe=self.probe,
             on_change=self._changed,
             on_crash_loop=lambda s: self._notify(self.config_failed_listeners, s.name),
+            pause_at=self.pause_at,
+            on_change_end=self._change_ended,
         )
         sup.record_error = self.record_error
         return sup
+
+    def _change_ended(self, sup: EngineSupervisor, change: PendingChange, outcome: str, reason: str | None) -> None:
+        for listener in self.change_listeners:
+            try:
+                listener(sup, change, outcome, reason)
+            except Exception:
+                log.exception("a listener failed on the end of %s's restart", sup.name)
 
     def _changed(self, sup: EngineSupervisor) -> None:
         self._persist()
@@ -362,7 +399,11 @@ class Fleet:
                     stored.get("runtime") if stored is not None else sup.runtime.model_dump() if sup.runtime else None
                 ),
                 "port": sup.port,
-                "desired": "running" if sup.desired_running else "stopped",
+                # A restart under way wants the engine running all along, its old process stopped.
+                "desired": "running" if sup.desired_running or sup.change is not None else "stopped",
+                "change": None
+                if sup.change is None
+                else {"spec": _spec_to_record(sup.change.target), "from_config_id": sup.change.from_config_id},
                 "state": str(sup.state),
                 "restarts": sup.restarts,
                 "last_error": sup.last_error,
@@ -373,6 +414,7 @@ class Fleet:
                     "create_time": rec.create_time,
                     "port": rec.port,
                     "argv": list(rec.argv),
+                    "config_id": rec.config_id,
                 },
             }
         return engines
@@ -391,6 +433,12 @@ class Fleet:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
+        # The rename itself must be on disk before a restart stops anything it names.
+        dir_fd = os.open(self.paths.data_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
 
     def _persist(self, retry: bool = True) -> bool:
         """Write the state file. On failure the records stay in memory, every engine's status
@@ -483,12 +531,23 @@ class Fleet:
             sup.state = EngineState.FAILED
         self.engines[name] = sup
         proc = rec.get("process")
-        record = ProcessRecord(proc["pid"], proc["create_time"], proc["port"], tuple(proc["argv"])) if proc else None
+        record = (
+            ProcessRecord(proc["pid"], proc["create_time"], proc["port"], tuple(proc["argv"]), proc.get("config_id"))
+            if proc
+            else None
+        )
+        change = self._stored_change(name, rec.get("change")) if error is None else None
+        if error is not None and rec.get("change"):
+            log.error("engine %s: a restart was under way, but the stored spec no longer validates: not resumed", name)
+        self.found[name] = f"engine stopped on config {sup.config_id}"
+        if change is not None:
+            return self._resume_change(name, sup, change, record)
         if error is not None:
             log.error("engine %s: stored spec no longer valid: %s", name, error)
             sup.mark_invalid({"spec": rec["spec"], "runtime": rec.get("runtime")}, error)
             sup.desired_running = rec.get("desired") == "running"  # kept for when it is valid again
             if record is not None and sup.adopt(record, sup.restarts):
+                self.found[name] = f"engine running on config {sup.config_id} (pid {record.pid}); its spec is invalid"
                 sup.last_error = (
                     f"stored spec no longer valid: {error}; it keeps serving, but cannot be "
                     f"restarted until that is fixed and `llmconsole engine start {name}` is run"
@@ -498,6 +557,49 @@ class Fleet:
         if rec.get("desired") != "running":
             return f"{name}: stopped"
         if record is not None and sup.adopt(record, sup.restarts):
+            self.found[name] = f"engine running on config {sup.config_id} (pid {record.pid})"
             return f"{name}: adopted pid {record.pid}"
         sup.resume_after_lost(sup.restarts + 1, "the engine died while no daemon was supervising it")
+        self.found[name] = f"no process: restarted config {sup.config_id}"
         return f"{name}: not running any more; restarting"
+
+    @staticmethod
+    def _stored_change(name: str, raw: Any) -> PendingChange | None:
+        """The restart a previous daemon left under way, or None (none, or its target no
+        longer validates: then the engine resumes as it was, and the log says why)."""
+        if not isinstance(raw, dict) or not isinstance(raw.get("spec"), dict):
+            return None
+        try:
+            return PendingChange(EngineSpec(**raw["spec"]), str(raw.get("from_config_id") or ""))
+        except (ValidationError, TypeError, ValueError) as e:
+            log.error(
+                "engine %s: a restart was under way, but its target no longer validates (%s): not resumed",
+                name,
+                "; ".join(validation_messages(e)) if isinstance(e, ValidationError) else e,
+            )
+            return None
+
+    def _resume_change(
+        self, name: str, sup: EngineSupervisor, change: PendingChange, record: ProcessRecord | None
+    ) -> str:
+        """Carry on the restart a previous daemon died in. Whichever process the file records
+        and still runs (checked to be the engine: create time, command line, port) is adopted,
+        on the config it was launched with; with none, the target is started."""
+        target = change.target.config_id
+        if record is not None:
+            # A record written before configs were kept in it is the spec's process.
+            on_target = (record.config_id or sup.config_id) == target
+            if on_target:
+                sup.change = change
+            if sup.adopt(record, sup.restarts, fresh=on_target):
+                if on_target:
+                    self.found[name] = f"engine running on config {target} (the target)"
+                    return f"{name}: adopted pid {record.pid}, starting the target config {target} of a restart"
+                self.found[name] = (
+                    f"engine running on config {sup.config_id} (the old config); the change to {target} was not made"
+                )
+                return f"{name}: adopted pid {record.pid} on the old config; the restart to {target} was not made"
+            sup.change = None
+        sup.resume_change(change)
+        self.found[name] = f"no process: started the target config {target}"
+        return f"{name}: a restart was under way and no process runs: starting its target config {target}"

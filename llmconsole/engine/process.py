@@ -31,6 +31,10 @@ class ProcessRecord:
     create_time: float
     port: int
     argv: tuple[str, ...]
+    # The config the process was launched on: after a restart cut short by the daemon's death,
+    # the next daemon tells the old config's process from the target's by it. None in records
+    # written before it was kept.
+    config_id: str | None = None
 
 
 def _same_command(cmdline: list[str], argv: list[str]) -> bool:
@@ -65,7 +69,9 @@ class EngineProcess:
         return self._popen is None
 
     @classmethod
-    def launch(cls, argv: list[str], env_extra: dict[str, str], log_path: Path, port: int) -> EngineProcess:
+    def launch(
+        cls, argv: list[str], env_extra: dict[str, str], log_path: Path, port: int, config_id: str | None = None
+    ) -> EngineProcess:
         env = dict(os.environ)
         env.update(env_extra)
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -90,7 +96,7 @@ class EngineProcess:
             create_time = psutil.Process(popen.pid).create_time()
         except (psutil.Error, OSError):
             create_time = time.time()
-        return cls(ProcessRecord(popen.pid, create_time, port, tuple(argv)), popen)
+        return cls(ProcessRecord(popen.pid, create_time, port, tuple(argv), config_id), popen)
 
     @classmethod
     def adopt(cls, record: ProcessRecord) -> EngineProcess | None:

@@ -10,6 +10,16 @@ the config as crash-looping and supervision gives up on it (the fleet may then r
 An answer on the engine's port counts only when the socket listening there belongs to the
 engine's own process tree: a stranger on the port (or another engine started on it) is never
 taken for the engine.
+
+A restart (an operator's, a rollback, a mode switch) is a change that must survive the daemon's
+death at any point: before the old process is stopped, the target spec is recorded as the
+engine's pending change (`change`) and the fleet writes it to its state file (fsync'd); a daemon
+that starts finds it there beside the process record, and carries the change on (see
+Fleet._load_one). The change is cleared once the target config serves, or fails to.
+
+`pause_at` is a fault-injection point for tests, inert unless given (the daemon gives it only
+when LLMCONSOLE_TEST_PAUSE_AT is set: daemon/fault_points.py): it is awaited at each phase of a
+restart (PAUSE_PHASES) so a test can kill the daemon there.
 """
 
 from __future__ import annotations
@@ -26,7 +36,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -141,6 +151,35 @@ class FailureCounter:
         return RestartDecision(give_up, delay)
 
 
+# The phases of a restart where the daemon's death must leave a state the next daemon resumes:
+# the intent saved (the old process still runs), the old process stopped (none runs), the new
+# one launched and starting.
+PAUSE_INTENT_SAVED = "restart-intent-saved"
+PAUSE_OLD_STOPPED = "restart-old-stopped"
+PAUSE_NEW_STARTING = "restart-new-starting"
+PAUSE_PHASES = (PAUSE_INTENT_SAVED, PAUSE_OLD_STOPPED, PAUSE_NEW_STARTING)
+
+PauseAt = Callable[[str, str], Awaitable[None]]  # (engine name, phase)
+
+
+@dataclass(frozen=True)
+class PendingChange:
+    """A restart under way: the config it goes to and the one it leaves. `action_id`: the
+    action in the store that asked for it, ended with `done_outcome` once the target serves (or
+    `failed`, `cancelled`) through the fleet's change listeners; None for a caller that records
+    its own outcome (a guarded apply) or for a change a previous daemon left (its action was
+    closed as interrupted)."""
+
+    target: EngineSpec
+    from_config_id: str
+    action_id: int | None = None
+    done_outcome: str = "done"
+
+
+# (the supervisor, the change, its outcome, why: None when it is done)
+ChangeEnded = Callable[["EngineSupervisor", PendingChange, str, str | None], None]
+
+
 class EngineBusy(RuntimeError):
     """The request does not fit the engine's current state (e.g. start while running)."""
 
@@ -203,6 +242,8 @@ class EngineSupervisor:
         probe: HostProbe | None = None,
         on_change: Callable[[EngineSupervisor], None] | None = None,
         on_crash_loop: Callable[[EngineSupervisor], None] | None = None,
+        pause_at: PauseAt | None = None,
+        on_change_end: ChangeEnded | None = None,
     ) -> None:
         self.name = name
         self.spec = spec
@@ -212,6 +253,8 @@ class EngineSupervisor:
         self._probe = probe
         self._on_change = on_change or (lambda s: None)
         self._on_crash_loop = on_crash_loop or (lambda s: None)
+        self._pause_at = pause_at
+        self._on_change_end = on_change_end or (lambda s, c, o, r: None)
 
         self.state = EngineState.STOPPED
         self.desired_running = False
@@ -236,6 +279,8 @@ class EngineSupervisor:
         self.stored: dict[str, Any] | None = None
         self.spec_error: str | None = None
         self.record_error: str | None = None  # set by the fleet while its state file cannot be written
+        # A restart under way, saved before the old process is stopped (see the module docstring).
+        self.change: PendingChange | None = None
         self._owned_listeners: frozenset[int] | None = None
         self._foreign_note: str | None = None
         self._metrics: WindowedMetrics | None = None
@@ -273,21 +318,56 @@ class EngineSupervisor:
 
     async def stop(self, drain_timeout_s: float | None = None) -> None:
         async with self._lock:
+            self._end_change("cancelled", "stopped before the target config served")
             await self._stop_locked(drain_timeout_s)
 
-    async def restart(self, spec: EngineSpec | None = None) -> None:
+    async def restart(
+        self, spec: EngineSpec | None = None, action_id: int | None = None, done_outcome: str = "done"
+    ) -> None:
+        """Stop the engine and start it on `spec` (or its spec). The target is saved first (the
+        fleet's state file, fsync'd): a daemon killed at any point after that carries it on. A
+        target that cannot be saved is refused (EngineBusy), with nothing stopped."""
         async with self._lock:
             if spec is None and self.stored is not None:
                 raise EngineBusy(f"engine {self.name} cannot be restarted: {self.spec_error}")
+            self._end_change("cancelled", "another restart was asked for before the target config served")
+            self.change = PendingChange(
+                spec if spec is not None else self.spec, self.config_id, action_id, done_outcome
+            )
+            self._on_change(self)
+            if self.record_error is not None and self.proc is not None and self.proc.poll() is None:
+                self.change = None
+                raise EngineBusy(
+                    f"engine {self.name} was not restarted (it keeps serving config {self.config_id}): "
+                    f"its target could not be saved first: {self.record_error}"
+                )
+            await self._pause(PAUSE_INTENT_SAVED)
             await self._stop_locked(None)
+            await self._pause(PAUSE_OLD_STOPPED)
             if spec is not None:
                 self._apply_spec(spec)
             self._reset_for_fresh_start()
             self._set_state(EngineState.STARTING)
             self._run_task = asyncio.create_task(self._run(first_launch_is_fresh=True), name=f"run-{self.name}")
 
-    def adopt(self, record: ProcessRecord, restarts: int) -> bool:
-        """Take over a running engine left by a previous daemon. False if it is gone."""
+    def _end_change(self, outcome: str, reason: str | None) -> None:
+        """The change under way (if any) ended: clear it, and say so to whoever records it."""
+        change, self.change = self.change, None
+        if change is not None:
+            try:
+                self._on_change_end(self, change, outcome, reason)
+            except Exception:  # recording it must never stop supervision
+                log.exception("engine %s: recording the end of a restart failed", self.name)
+
+    async def _pause(self, phase: str) -> None:
+        if self._pause_at is not None:
+            await self._pause_at(self.name, phase)
+
+    def adopt(self, record: ProcessRecord, restarts: int, fresh: bool = False) -> bool:
+        """Take over a running engine left by a previous daemon. False if it is gone.
+
+        `fresh`: the process is a restart's target that had not served yet, so if it never comes
+        up its config failed as a fresh start's does (no retry; the fleet may roll it back)."""
         proc = EngineProcess.adopt(record)
         self.restarts = restarts
         self.desired_running = True
@@ -297,8 +377,17 @@ class EngineSupervisor:
         self.port = record.port
         self.started_at_s = record.create_time
         self._set_state(EngineState.STARTING)
-        self._run_task = asyncio.create_task(self._run(first_launch_is_fresh=False), name=f"run-{self.name}")
+        self._run_task = asyncio.create_task(self._run(first_launch_is_fresh=fresh), name=f"run-{self.name}")
         return True
+
+    def resume_change(self, change: PendingChange) -> None:
+        """Carry on a restart a previous daemon left with no process running: start its target,
+        as a fresh start (one that never comes up is not retried; the fleet may roll it back)."""
+        self.change = change
+        self._apply_spec(change.target)
+        self._reset_for_fresh_start()
+        self._set_state(EngineState.STARTING)
+        self._run_task = asyncio.create_task(self._run(first_launch_is_fresh=True), name=f"run-{self.name}")
 
     def resume_after_lost(self, restarts: int, reason: str) -> None:
         """The engine should be running but its process is gone (it died with no daemon)."""
@@ -516,7 +605,9 @@ class EngineSupervisor:
         self._owned_listeners = None
         self._foreign_note = None
         self.started_at_s = time.time()
-        self.proc = EngineProcess.launch(argv, self.spec.launch_env(self.runtime), self.log_path, self.port)
+        self.proc = EngineProcess.launch(
+            argv, self.spec.launch_env(self.runtime), self.log_path, self.port, self.spec.config_id
+        )
 
     def _run_log(self) -> str:
         try:
@@ -584,12 +675,15 @@ class EngineSupervisor:
                         if self.proc is None:  # nothing runs: the launch itself failed
                             self.last_error = f"could not launch: {e}"
                             self.desired_running = False
+                            self._end_change("failed", self.last_error)
                             self._set_state(EngineState.FAILED)
                             return
                         log.exception("engine %s: launched pid %d, then failed", self.name, self.proc.pid)
                     # The new pid must reach the state file before anything else (the fleet keeps
                     # it in memory and retries if the file cannot be written just now).
                     self._on_change(self)
+                    if self.change is not None:
+                        await self._pause(PAUSE_NEW_STARTING)
                 outcome, code, was_ready = await self._watch()
                 await self._after_exit(outcome, code, was_ready, fresh)
                 fresh = False
@@ -598,6 +692,7 @@ class EngineSupervisor:
         except Exception:  # a bug here must not leave the engine unsupervised silently
             log.exception("engine %s: supervision failed", self.name)
             self.last_error = "supervision failed; see the daemon log"
+            self._end_change("failed", self.last_error)
             self._set_state(EngineState.FAILED)
 
     async def _watch(self) -> tuple[str, int | None, bool]:
@@ -640,6 +735,7 @@ class EngineSupervisor:
             await asyncio.sleep(p.poll_interval_s)
 
     def _became_ready(self) -> None:
+        self._end_change("done", None)  # the restart's target serves (recorded before it says ready)
         self.ready_at_s = time.time()
         self._ready_mono = time.monotonic()
         self.facts = parse_facts(self._run_log())
@@ -674,6 +770,7 @@ class EngineSupervisor:
         log.warning("engine %s: %s (%s)", self.name, outcome, reason)
 
         if self.stored is not None:
+            self._end_change("failed", f"{reason}; stored spec no longer valid: {self.spec_error}")
             # It ran on a spec that no longer validates: nothing can be relaunched from that.
             self.last_error = f"{reason}; not restarted: stored spec no longer valid: {self.spec_error}"
             self._set_state(EngineState.CRASHED)
@@ -686,6 +783,7 @@ class EngineSupervisor:
             # roll the engine back to the config it ran before).
             self.desired_running = False
             self.gave_up_reason = f"the config asked for never came up: {reason}"
+            self._end_change("failed", self.gave_up_reason)
             self._set_state(EngineState.FAILED)
             self._on_crash_loop(self)
             return

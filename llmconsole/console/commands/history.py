@@ -80,6 +80,22 @@ def format_versions(engine: str, entries: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def format_actions(engine: str, actions: list[dict[str, Any]]) -> str:
+    """The engine's action log, oldest first: when, who, what, from which config to which, how it
+    ended, and why (an error, or what a daemon found of an action its predecessor left unfinished)."""
+    if not actions:
+        return f"{engine}: no recorded actions"
+    lines = [f"{engine} actions:"]
+    for a in actions:
+        change = f"{a['from_config_id'] or '-'} -> {a['to_config_id'] or '-'}"
+        lines.append(f"  {_when(a['at'])}  {a['actor']:<10} {a['kind']:<10} {change:<27} {a['outcome']}")
+        detail = a.get("detail") or {}
+        for key in ("found", "error"):
+            if detail.get(key):
+                lines.append(f"      {key}: {detail[key]}")
+    return "\n".join(lines)
+
+
 def _engines_known_to_daemon() -> set[str] | None:
     """The daemon's engines, or None when no daemon runs (history works without one)."""
     from llmconsole.console.client import DaemonClient
@@ -103,8 +119,32 @@ def cmd_history(ns: argparse.Namespace) -> int:
             raise CliError(f"no engine named {ns.engine!r} has run{known}", EXIT_USAGE)
         engines = [ns.engine] if ns.engine else ran
         result = {name: [v.to_json() for v in versions(store, name)] for name in engines}
+        acts = (
+            {
+                name: [
+                    {
+                        "id": a.id,
+                        "at": a.at,
+                        "actor": a.actor,
+                        "kind": a.kind,
+                        "from_config_id": a.from_config_id,
+                        "to_config_id": a.to_config_id,
+                        "outcome": a.outcome,
+                        "automatic": a.automatic,
+                        "detail": a.detail,
+                    }
+                    for a in store.actions(engine=name)
+                ]
+                for name in engines
+            }
+            if ns.actions
+            else {}
+        )
     if ns.json:
-        print(json.dumps({"engines": result}, indent=2))
+        print(json.dumps({"engines": result, **({"actions": acts} if ns.actions else {})}, indent=2))
+        return 0
+    if ns.actions:
+        print("\n\n".join(format_actions(name, acts[name]) for name in engines) or "no engine has run yet")
         return 0
     if not result:
         print("no engine has run yet")
@@ -321,6 +361,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     h = sub.add_parser("history", help="config versions of each engine, their verdicts and diffs")
     h.add_argument("engine", nargs="?", help="one engine (default: all that ever ran)")
     h.add_argument("--json", action="store_true")
+    h.add_argument(
+        "--actions",
+        action="store_true",
+        help="the action log instead: every change, who made it, how it ended (interrupted: what was found)",
+    )
     h.set_defaults(func=cmd_history)
 
     r = sub.add_parser("rollback", help="restart an engine on an earlier config (asks first)")

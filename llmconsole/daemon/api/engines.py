@@ -30,20 +30,19 @@ Errors are {"error": "...", "details": [...]} with 400 (bad input: nothing was c
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
 from llmconsole import __version__
-from llmconsole.daemon.context import CONTEXT, DaemonContext, context_of
+from llmconsole.daemon.context import CONTEXT, context_of
 from llmconsole.daemon.http import error_response, json_body, peer_user, session_of
-from llmconsole.daemon.services.rollback import ActionLog
+from llmconsole.daemon.services.rollback import ActionLog, drained
 from llmconsole.daemon.services.startup import StartupProgress
 from llmconsole.engine.fleet import Fleet
 from llmconsole.engine.spec import EngineSpec, fill_secrets
@@ -123,18 +122,6 @@ async def get_status(request: web.Request) -> web.Response:
     )
 
 
-@contextlib.asynccontextmanager
-async def _drained(ctx: DaemonContext, name: str, drain_timeout_s: float | None) -> AsyncIterator[None]:
-    """Around a stop or restart: hold the engine at the gateway until its requests in flight
-    finish, then let the action run (see GatewayService.held)."""
-    if ctx.gateway is None or name not in ctx.fleet.engines:
-        yield
-        return
-    timeout = ctx.fleet.policy.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
-    async with ctx.gateway.held(name, timeout):
-        yield
-
-
 def _engine_handler(action: str) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def handler(request: web.Request) -> web.Response:
         ctx = context_of(request)
@@ -163,15 +150,17 @@ def _engine_handler(action: str) -> Callable[[web.Request], Awaitable[web.Respon
             if action == "start":
                 await fleet.start(name, spec, force=bool(body.get("force")))
             elif action == "restart":
-                async with _drained(ctx, name, drain):
-                    await fleet.restart(name, spec, force=bool(body.get("force")))
+                async with drained(ctx, name, drain):
+                    # Ended `done` once the target serves (or failed): see on_change_ended.
+                    await fleet.restart(name, spec, force=bool(body.get("force")), action_id=action_id)
             elif action == "stop":
-                async with _drained(ctx, name, drain):
+                async with drained(ctx, name, drain):
                     await fleet.stop(name, drain)
         except (ValueError, TypeError, EngineBusy) as e:  # refused: recorded, then answered by the middleware
             actions.end(action_id, "refused", {"error": str(e)})
             raise
-        actions.end(action_id, "done")
+        if action != "restart":
+            actions.end(action_id, "done")
         log.info("%s %s by %s", action, name, peer_user(request))
         return web.json_response(fleet.get(name).status().to_json(), status=202 if action != "stop" else 200)
 

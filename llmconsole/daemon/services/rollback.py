@@ -1,7 +1,10 @@
 """Rollback to a stored config version, and the audit log every change goes through.
 
 Every action is committed to the store before it is carried out, and its outcome after, so a
-daemon that dies half-way leaves a record that says what it was doing. A config the supervisor
+daemon that dies half-way leaves a record that says what it was doing; the next daemon closes
+each such record as `interrupted`, with what it found of the engine (close_interrupted). A
+rollback drains the engine through the gateway first, as `engine restart` does (drained), so
+the restart cuts no request in flight. A config the supervisor
 gives up on (a crash loop, or a start that never came up) is rolled back here automatically to
 the engine's last known-good config.
 """
@@ -11,13 +14,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
 from llmconsole.daemon.context import DaemonContext
 from llmconsole.db import Store
 from llmconsole.db.versions import RollbackError, choose_target, spec_from_version
 from llmconsole.engine.spec import EngineSpec
+from llmconsole.engine.supervisor import ChangeEnded, EngineSupervisor, PendingChange
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +95,19 @@ class ActionLog:
         self.end(action_id, "done", outcome)
 
 
+@contextlib.asynccontextmanager
+async def drained(ctx: DaemonContext, name: str, drain_timeout_s: float | None) -> AsyncIterator[None]:
+    """Around a stop, restart or rollback: hold the engine at the gateway until its requests in
+    flight finish (within `drain_timeout_s`, default the supervision policy's), then let the
+    action run (see GatewayService.held): a planned restart cuts no stream."""
+    if ctx.gateway is None or name not in ctx.fleet.engines:
+        yield
+        return
+    timeout = ctx.fleet.policy.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
+    async with ctx.gateway.held(name, timeout):
+        yield
+
+
 async def rollback(
     ctx: DaemonContext,
     name: str,
@@ -134,11 +151,12 @@ async def rollback(
         detail={"reason": reason} if reason else None,
     )
     try:
-        await ctx.fleet.restart(name, spec)
+        async with drained(ctx, name, None):
+            # Ended `applied` once the target serves (or failed): see on_change_ended.
+            await ctx.fleet.restart(name, spec, action_id=action_id, done_outcome="applied")
     except Exception as e:
         actions.end(action_id, "failed", {"error": str(e)})
         raise
-    actions.end(action_id, "applied")
     log.info(
         "rolled %s back from %s to %s (%s)",
         name,
@@ -147,6 +165,40 @@ async def rollback(
         "automatic" if automatic else actor,
     )
     return {"engine": name, "from_config_id": current.config_id, "to_config_id": spec.config_id, "action_id": action_id}
+
+
+INTERRUPTED = "interrupted"
+
+
+def on_change_ended(store: Store) -> ChangeEnded:
+    """The fleet's listener for restarts asked for by an action (a restart, a rollback): the
+    action ends when the target config serves, not when its process is launched, so one the
+    daemon dies during is left unfinished, and the next daemon closes it as interrupted."""
+    actions = ActionLog(store)
+
+    def listener(sup: EngineSupervisor, change: PendingChange, outcome: str, reason: str | None) -> None:
+        if change.action_id is None:
+            return
+        if outcome == "done":
+            actions.end(change.action_id, change.done_outcome)
+        else:
+            actions.end(change.action_id, outcome, {"error": reason})
+
+    return listener
+
+
+def close_interrupted(store: Store, found: Mapping[str, str]) -> list[str]:
+    """At daemon start: end every action a dead daemon left with no outcome as `interrupted`,
+    with what this daemon found of its engine (`found`: Fleet.found, e.g. "engine running on
+    config X (the target)"). Returns a line per action closed, for the daemon log."""
+    lines = []
+    for a in store.unfinished_actions():
+        what = found.get(a.engine or "", "the daemon stopped before the action ended")
+        if a.engine is not None and a.engine not in found:
+            what = f"engine {a.engine} is no longer known to the daemon"
+        store.update_action_outcome(a.id, INTERRUPTED, {"found": what})
+        lines.append(f"action {a.id} ({a.kind} of {a.engine or 'the daemon'}) was interrupted; found: {what}")
+    return lines
 
 
 def on_config_failed(ctx: DaemonContext) -> Callable[[str], None]:
