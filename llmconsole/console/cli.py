@@ -78,8 +78,9 @@ def parallel_text(e: dict[str, Any]) -> str:
 
 def format_status(status: dict[str, Any]) -> str:
     engines = status["engines"]
+    warnings = [f"warning: {w}" for w in (status.get("daemon") or {}).get("warnings") or []]
     if not engines:
-        return "no engines (start one with `llmconsole engine start NAME --model DIR`)"
+        return "\n".join(["no engines (start one with `llmconsole engine start NAME --model DIR`)", *warnings])
     columns = list(_COLUMNS)
     if any(parallel_text(e) != "1" for e in engines):  # only where some engine spans workers
         columns.insert(3, ("PARALLEL", parallel_text))
@@ -99,7 +100,7 @@ def format_status(status: dict[str, Any]) -> str:
         lines.append(f"warning: {record_error}")
         if e.get("kernel_note") and e.get("kernel"):  # the engine runs another kernel than asked
             lines.append(f"{e['name']}: kernel {e['kernel']} ({e['kernel_note']})")
-    return "\n".join(lines)
+    return "\n".join(lines + warnings)
 
 
 def format_hosts_status(reports: list[Any]) -> str:

@@ -19,6 +19,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from llmconsole.atomic import write_atomic
+
 UNIT_NAME = "llmconsole.service"
 
 
@@ -100,9 +102,7 @@ def install(env: Mapping[str, str] | None = None, force: bool = False) -> tuple[
             raise FileExistsError(str(path))
         replaced = True
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_atomic(path, text, mode=0o644)
     return path, replaced
 
 

@@ -23,14 +23,13 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
-import tempfile
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import aiohttp
 from pydantic import ValidationError
 
+from llmconsole.atomic import write_atomic
 from llmconsole.engine.host import HostProbe, tree_rss_bytes
 from llmconsole.engine.modes.memory import with_default_kv
 from llmconsole.engine.plan.validate import Neighbour, Verdict, explicit_kv_bytes
@@ -380,17 +379,7 @@ class Fleet:
     def _write_state(self) -> None:
         data = json.dumps({"version": STATE_VERSION, "engines": self._records()}, indent=1)
         self.paths.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd, tmp = tempfile.mkstemp(dir=self.paths.data_dir, prefix=".engines.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:  # mkstemp creates it 0600
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.paths.state_file)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        write_atomic(self.paths.state_file, data)  # 0600: it holds secret env values
 
     def _persist(self, retry: bool = True) -> bool:
         """Write the state file. On failure the records stay in memory, every engine's status

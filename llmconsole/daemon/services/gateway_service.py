@@ -37,7 +37,6 @@ import logging
 import os
 import secrets
 import stat
-import tempfile
 import time
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
@@ -45,6 +44,7 @@ from typing import Any
 
 import aiohttp
 
+from llmconsole.atomic import set_aside, write_atomic
 from llmconsole.db import Store
 from llmconsole.engine.fleet import Fleet, UnknownEngine
 from llmconsole.engine.gateway.door import DoorLimits
@@ -93,6 +93,7 @@ class GatewayService:
         self.store = store  # None: the trace then lives in memory only
         self.host = host or os.environ.get(HOST_ENV) or "127.0.0.1"
         self._file = fleet.paths.data_dir / "gateway.json"
+        self.settings_error: str | None = None  # why gateway.json was not read, when it was not
         self.key_file = fleet.paths.data_dir / "gateway.key"
         self.remotes_file = fleet.paths.data_dir / "remote-members.json"
         self.remotes: dict[str, RemoteMember] = self._read_remotes()  # ENGINE@HOST -> where, key
@@ -292,7 +293,7 @@ class GatewayService:
 
     def door_state(self) -> dict[str, Any]:
         """The door for the control API: URL, limits, connections, refusals, where the key is."""
-        return {**state_of(self.gateway), "key_source": self.key_source()}
+        return {**state_of(self.gateway), "key_source": self.key_source(), "settings_error": self.settings_error}
 
     # --- a restart of one engine ------------------------------------------------------------
 
@@ -521,17 +522,34 @@ class GatewayService:
         """Written whole and replaced at once, 0600 from the start (mkstemp's mode)."""
         if not self.remotes and not self.remotes_file.exists():
             return
-        fd, tmp = tempfile.mkstemp(dir=self.remotes_file.parent, prefix=".remote-members.", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(members_json(self.remotes), indent=1))
-        os.replace(tmp, self.remotes_file)
+        write_atomic(self.remotes_file, json.dumps(members_json(self.remotes), indent=1))
 
     def _read_file(self) -> dict[str, Any]:
+        """gateway.json, or {} when there is none. One that cannot be read (torn by a crash of an
+        older version, edited by hand) is never silently replaced: it is set aside as
+        gateway.json.corrupt-<time>, the daemon starts with the defaults, and says so in its log
+        and its status (settings_error) for as long as this daemon runs."""
         try:
             data = json.loads(self._file.read_text())
-            return data if isinstance(data, dict) else {}
-        except (OSError, ValueError):
+            if not isinstance(data, dict):
+                raise ValueError(f"expected a JSON object, found {type(data).__name__}")
+            return data
+        except FileNotFoundError:
             return {}
+        except (OSError, ValueError) as e:
+            why = str(e)
+        try:
+            aside: Path | None = set_aside(self._file)
+        except OSError as e:
+            aside = None
+            log.error("could not set %s aside (%s)", self._file, e)
+        self.settings_error = (
+            f"{self._file} could not be read ({why}); "
+            + (f"it was kept as {aside.name}; " if aside is not None else "")
+            + "the gateway started with the default port, groups and limits"
+        )
+        log.error("%s", self.settings_error)
+        return {}
 
     def _save(self) -> None:
         groups = dict(self._saved_groups)
@@ -548,11 +566,7 @@ class GatewayService:
         saved: dict[str, Any] = {"port": self.gateway.port, "groups": groups, "members": self.membership.to_json()}
         if self._saved_limits is not None:
             saved["limits"] = self._saved_limits  # the operator's, kept as written
-        data = json.dumps(saved, indent=1)
-        fd, tmp = tempfile.mkstemp(dir=self._file.parent, prefix=".gateway.", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            f.write(data)
-        os.replace(tmp, self._file)
+        write_atomic(self._file, json.dumps(saved, indent=1))
 
 
 def write_trace(store: Store, samples: list[tuple[str, TraceSample]]) -> int:

@@ -14,10 +14,10 @@ import asyncio
 import dataclasses
 import json
 import logging
-import os
 import time
 from typing import Any
 
+from llmconsole.atomic import write_atomic
 from llmconsole.daemon.context import DaemonContext
 from llmconsole.engine.alerts.response_settings import GroupGate
 from llmconsole.engine.modes.guarded_apply import ApplyFailed, ApplyRefused, guarded_apply
@@ -54,9 +54,7 @@ class ModeService:
             return []
 
     def _save(self) -> None:
-        tmp = self._file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"auto": sorted(self.auto)}))
-        os.replace(tmp, self._file)
+        write_atomic(self._file, json.dumps({"auto": sorted(self.auto)}))
 
     def device_of(self, name: str) -> str:
         device = self.fleet.get(name).status().device

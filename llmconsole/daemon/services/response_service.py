@@ -19,12 +19,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import time
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
+from llmconsole.atomic import write_atomic
 from llmconsole.daemon.context import DaemonContext
 from llmconsole.daemon.services.rollback import rollback
 from llmconsole.engine.alerts import rules as ar
@@ -86,9 +86,7 @@ class ResponseService:
         """Replace the settings (ValueError leaves them as they were) and keep them on disk."""
         self.settings = validate_settings(data)
         self._apply_for_s()
-        tmp = self.settings_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.settings, indent=1))
-        os.replace(tmp, self.settings_path)
+        write_atomic(self.settings_path, json.dumps(self.settings, indent=1))
         return self.settings
 
     # --- lifecycle ------------------------------------------------------------------------
