@@ -170,7 +170,11 @@ def _daemon_service(ns: argparse.Namespace) -> int:
             path, replaced = service_unit.install(force=ns.force)
         except FileExistsError:
             raise CliError(f"{service_unit.unit_path()} exists and differs; --force replaces it", EXIT_USAGE) from None
+        except ValueError as e:
+            raise CliError(str(e), EXIT_USAGE) from None
         print(f"{'replaced' if replaced else 'wrote'} {path}")
+        settings = ", ".join(service_unit.daemon_settings(os.environ)) or "none set in this shell"
+        print(f"wrote {service_unit.env_file_path()} (0600): the daemon's settings ({settings})")
         print("then, to start it now and at every boot:")
         for line in service_unit.next_steps():
             print(f"  {line}")
