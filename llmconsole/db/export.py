@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, BinaryIO, TextIO
 
 from llmconsole.db import report
 from llmconsole.db.charts import Series, line_chart
@@ -72,19 +72,26 @@ def prepare_out_dir(out: Path) -> Path:
     return out
 
 
-def create_file(path: Path, binary: bool = False) -> IO[Any]:
+def _open_new(path: Path) -> int:
     """A new file of the bundle, 0600. O_EXCL|O_NOFOLLOW: whatever is already at that name (a
     symbolic link planted there, say) is never followed nor overwritten: ExportError instead."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        fd = os.open(path, flags, 0o600)
+        return os.open(path, flags, 0o600)
     except FileExistsError:
         raise ExportError(
             f"{path} appeared while the bundle was being written; it was left as it is and not followed"
         ) from None
-    if binary:
-        return os.fdopen(fd, "wb")
-    return os.fdopen(fd, "w", encoding="utf-8", newline="")
+
+
+def create_file(path: Path) -> TextIO:
+    """A new text file of the bundle (see _open_new)."""
+    return os.fdopen(_open_new(path), "w", encoding="utf-8", newline="")
+
+
+def create_binary_file(path: Path) -> BinaryIO:
+    """A new binary file of the bundle (see _open_new)."""
+    return os.fdopen(_open_new(path), "wb")
 
 
 def make_folder(path: Path) -> None:

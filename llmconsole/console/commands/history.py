@@ -200,7 +200,7 @@ def _export_tar(ns: argparse.Namespace) -> None:
 def _unpack(data: IO[bytes], out: Path) -> list[str]:
     """A bundle's tar stream into `out` (checked and created as an export folder): plain files and
     folders only, nothing outside `out`, each file new at 0600 and never through a link."""
-    from llmconsole.db.export import ExportError, create_file, make_folder, prepare_out_dir
+    from llmconsole.db.export import ExportError, create_binary_file, make_folder, prepare_out_dir
 
     try:
         prepare_out_dir(out)
@@ -220,7 +220,7 @@ def _unpack(data: IO[bytes], out: Path) -> list[str]:
                     continue
                 src = tar.extractfile(member)
                 assert src is not None
-                with create_file(target, binary=True) as dst:
+                with create_binary_file(target) as dst:
                     shutil.copyfileobj(src, dst)
             except (ExportError, FileNotFoundError) as e:
                 raise CliError(f"refusing {member.name!r} in the bundle: {e}") from None
