@@ -12,7 +12,9 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 
@@ -58,3 +60,62 @@ def set_aside(path: Path, why: str = "corrupt") -> Path:
     os.rename(path, aside)
     fsync_folder(path.parent)
     return aside
+
+
+class FileWriter:
+    """Writes one file through write_atomic in a thread of its own, off the caller's event loop:
+    an fsync can take tens of milliseconds on a busy disk, and the loop that waits for it also
+    relays every stream's first tokens.
+
+    Writes happen in the order asked for, and contents asked for while a write is under way are
+    coalesced: only the latest is written next, and every caller waiting on one of them learns
+    when it is durable (its Future: done once a write holding that content, or a later one, has
+    been fsynced and renamed into place; an OSError if that write failed). A missing folder is
+    created (0700) first.
+    """
+
+    def __init__(self, path: Path, mode: int = 0o600) -> None:
+        self.path = path
+        self.mode = mode
+        self._lock = threading.Lock()
+        self._latest: str | bytes | None = None
+        self._waiters: list[Future[None]] = []
+        self._scheduled = False
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"write-{path.name}")
+
+    def submit(self, data: str | bytes) -> Future[None]:
+        done: Future[None] = Future()
+        with self._lock:
+            self._latest = data
+            self._waiters.append(done)
+            if not self._scheduled:
+                self._scheduled = True
+                self._pool.submit(self._write_latest)
+        return done
+
+    def write(self, data: str | bytes) -> None:
+        """Write and wait (outside an event loop, or where blocking is intended): in order with
+        everything submitted before."""
+        self.submit(data).result()
+
+    def _write_latest(self) -> None:
+        with self._lock:
+            data, waiters = self._latest, self._waiters
+            self._latest, self._waiters, self._scheduled = None, [], False
+        if data is None:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            write_atomic(self.path, data, self.mode)
+        except BaseException as e:
+            for w in waiters:
+                w.set_exception(e)
+            if not isinstance(e, Exception):
+                raise
+            return
+        for w in waiters:
+            w.set_result(None)
+
+    def close(self) -> None:
+        """Finish what was asked for, then stop the thread."""
+        self._pool.shutdown(wait=True)

@@ -21,15 +21,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
 import aiohttp
 from pydantic import ValidationError
 
-from llmconsole.atomic import write_atomic
+from llmconsole.atomic import FileWriter
 from llmconsole.engine.host import HostProbe, tree_rss_bytes
 from llmconsole.engine.modes.memory import with_default_kv
 from llmconsole.engine.plan.validate import Neighbour, Verdict, explicit_kv_bytes
@@ -127,6 +129,9 @@ class Fleet:
         self._unreadable: dict[str, Any] = {}
         # Per engine, the value of every secret-named env var it has run with (the latest one).
         self._secret_env: dict[str, dict[str, str]] = {}
+        # The state file is written (and fsynced) in a thread of its own, in order, never on the
+        # event loop that relays the gateway's streams (see _changed and _save).
+        self._writer = FileWriter(paths.state_file)
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -218,13 +223,13 @@ class Fleet:
             await sup.start()
         else:
             await sup.start(spec)
-        self._persist()
+        await self._save()
         return sup
 
     async def stop(self, name: str, drain_timeout_s: float | None = None) -> EngineSupervisor:
         sup = self.get(name)
         await sup.stop(drain_timeout_s)
-        self._persist()
+        await self._save()
         return sup
 
     async def restart(self, name: str, spec: EngineSpec | None = None, force: bool = False) -> EngineSupervisor:
@@ -242,7 +247,7 @@ class Fleet:
         # Its own listener is on its port until the restart stops it: probe only another port.
         self._check_port(name, target.host, target.port, probe=not (sup.state.running and target.port == sup.port))
         await sup.restart(spec)
-        self._persist()
+        await self._save()
         return sup
 
     async def remove(self, name: str) -> None:
@@ -251,7 +256,7 @@ class Fleet:
             raise EngineBusy(f"engine {name} is {sup.state}; stop it before removing it")
         del self.engines[name]
         self._secret_env.pop(name, None)
-        self._persist()
+        await self._save()
 
     def launch_spec(self, spec: EngineSpec) -> EngineSpec:
         """`spec` as the fleet launches it: a CPU engine given no KV size gets the default memory
@@ -336,9 +341,35 @@ class Fleet:
         return sup
 
     def _changed(self, sup: EngineSupervisor) -> None:
-        self._persist()
-        if self.status_listeners:
-            self._notify(self.status_listeners, sup.status())
+        """A supervisor's state moved: the state file is rewritten off the loop, and the listeners
+        hear of the change once that write is durable (so a daemon killed after the recorder saw
+        a new pid always finds that pid in the state file)."""
+        status = sup.status() if self.status_listeners else None
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a synchronous caller): write here
+            self._persist()
+            if status is not None:
+                self._notify(self.status_listeners, dataclasses.replace(status, record_error=self.record_error))
+            return
+        written = self._writer.submit(self._state_json())
+
+        def report(f: Future[None]) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody to tell
+                loop.call_soon_threadsafe(self._change_saved, f, status)
+
+        written.add_done_callback(report)
+
+    def _change_saved(self, written: Future[None], status: EngineStatus | None) -> None:
+        error = written.exception()
+        if isinstance(error, OSError):
+            self._save_failed(error, retry=True)
+        elif error is not None:
+            log.error("engine state file %s not saved", self.paths.state_file, exc_info=error)
+        else:
+            self._saved()
+        if status is not None:
+            self._notify(self.status_listeners, dataclasses.replace(status, record_error=self.record_error))
 
     @staticmethod
     def _notify(listeners: list[Callable[[_T], None]], value: _T) -> None:
@@ -376,10 +407,31 @@ class Fleet:
             }
         return engines
 
+    def _state_json(self) -> str:
+        return json.dumps({"version": STATE_VERSION, "engines": self._records()}, indent=1)
+
     def _write_state(self) -> None:
-        data = json.dumps({"version": STATE_VERSION, "engines": self._records()}, indent=1)
+        """Write and wait (at open and close only: blocking there is intended), in order with the
+        writes under way. 0600: the file holds secret env values."""
         self.paths.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        write_atomic(self.paths.state_file, data)  # 0600: it holds secret env values
+        self._writer.write(self._state_json())
+
+    async def _save(self) -> bool:
+        """Write the state file off the loop and return once it is durable (an operator's action
+        is reported done only then); False, with the engines' record_error set and a retry
+        started, when it could not be written."""
+        try:
+            await asyncio.wrap_future(self._writer.submit(self._state_json()))
+        except OSError as e:
+            self._save_failed(e, retry=True)
+            return False
+        self._saved()
+        return True
+
+    def _saved(self) -> None:
+        if self.record_error is not None:
+            log.warning("engine state file %s is saved again", self.paths.state_file)
+            self._set_record_error(None)
 
     def _persist(self, retry: bool = True) -> bool:
         """Write the state file. On failure the records stay in memory, every engine's status
@@ -390,9 +442,7 @@ class Fleet:
         except OSError as e:
             self._save_failed(e, retry)
             return False
-        if self.record_error is not None:
-            log.warning("engine state file %s is saved again", self.paths.state_file)
-            self._set_record_error(None)
+        self._saved()
         return True
 
     def _save_failed(self, e: OSError, retry: bool) -> None:
@@ -415,7 +465,7 @@ class Fleet:
         pause, longest = self._save_retry_s
         while self.record_error is not None:
             await asyncio.sleep(pause)
-            if self._persist():
+            if await self._save():
                 return
             pause = min(longest, pause * 2)
 
