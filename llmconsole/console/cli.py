@@ -90,6 +90,8 @@ def format_status(status: dict[str, Any]) -> str:
     for e in engines:
         if e.get("last_error") and (e["state"] in ("failed", "crashed", "unhealthy", "invalid") or e.get("spec_error")):
             lines.append(f"{e['name']}: {e['last_error']}")
+        if e.get("port_note"):
+            lines.append(f"{e['name']}: {e['port_note']}")
         if e.get("state") == "crashed" and e.get("next_restart_in_s") is not None:
             lines.append(
                 f"{e['name']}: {e.get('consecutive_failures', 0)} failed run(s) in a row; restarting after a "

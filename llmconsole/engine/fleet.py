@@ -392,6 +392,7 @@ class Fleet:
                     stored.get("runtime") if stored is not None else sup.runtime.model_dump() if sup.runtime else None
                 ),
                 "port": sup.port,
+                "port_note": sup.port_note,
                 "desired": "running" if sup.desired_running else "stopped",
                 "state": str(sup.state),
                 "restarts": sup.restarts,
@@ -516,6 +517,7 @@ class Fleet:
         self._secret_env[name] = {str(k): str(v) for k, v in (rec.get("secret_env") or {}).items()}
         sup.runtime = runtime
         sup.port = rec.get("port")
+        sup.port_note = rec.get("port_note")
         sup.restarts = int(rec.get("restarts", 0))
         sup.last_error = rec.get("last_error")
         if rec.get("state") == str(EngineState.FAILED):

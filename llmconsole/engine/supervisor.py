@@ -216,7 +216,10 @@ class EngineSupervisor:
         self.state = EngineState.STOPPED
         self.desired_running = False
         self.runtime: runtime_mod.Runtime | None = spec.runtime
+        # Asked for (spec.port), or picked once and then kept for every restart and relaunch (the
+        # fleet stores it): other hosts' groups hold this engine's URL.
         self.port: int | None = spec.port
+        self.port_note: str | None = None  # why the picked port moved, when it had to
         self.proc: EngineProcess | None = None
         self.restarts = 0
         self.crash_looping = False
@@ -343,6 +346,7 @@ class EngineSupervisor:
     def _apply_spec(self, spec: EngineSpec) -> None:
         if spec.port is not None:
             self.port = spec.port
+            self.port_note = None  # the operator chose a port: whatever moved before is settled
         self.spec = spec
         self.runtime = spec.runtime
         self.stored = None
@@ -395,6 +399,7 @@ class EngineSupervisor:
             gave_up_reason=self.gave_up_reason if self.state == EngineState.FAILED else None,
             spec_error=self.spec_error,
             record_error=self.record_error,
+            port_note=self.port_note,
             kv_cache_tokens=self.facts.kv_cache_tokens if self.facts else None,
             max_concurrency=self.facts.max_concurrency if self.facts else None,
             max_concurrency_len=self.facts.max_concurrency_len if self.facts else None,
@@ -489,13 +494,18 @@ class EngineSupervisor:
             self.port = free_port(_connect_host(self.spec.host))
         elif self.spec.port is None and (holder := port_holder(self.spec.host, self.port)) is not None:
             # The port picked for it before is someone else's now; only a port asked for is kept.
-            log.warning(
-                "engine %s: port %d, picked for it before, is held by %s now; picking another",
-                self.name,
-                self.port,
-                holder,
-            )
+            # Moving changes its URL: this host's groups follow at their next sync, another host's
+            # group that holds it does not, so the move is said loudly and stays in the status.
+            old = self.port
             self.port = free_port(_connect_host(self.spec.host))
+            self.port_note = (
+                f"port {old}, picked for it before, was held by {holder} at "
+                f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime())}: it moved to {self.port}. "
+                f"This host's groups follow; a group on another host that holds {self.name} keeps "
+                f"http://...:{old} until it is set again (`llmconsole group set`), or give the "
+                f"engine a fixed --port"
+            )
+            log.error("engine %s: %s", self.name, self.port_note)
         argv = self.spec.argv(self.runtime, self.port)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
