@@ -137,3 +137,40 @@ def test_listeners_hear_of_a_change_once_the_state_file_holds_it(tmp_path, fake,
     assert len({st.pid for st, _ in running}) == 2  # the first run and the restart
     for st, disk in running:  # whoever heard of a pid could already find it in the file
         assert disk["process"] is not None and disk["process"]["pid"] == st.pid, (st.state, st.pid, disk["process"])
+
+
+def test_gateway_settings_are_written_off_the_loop_and_saved_waits_for_them(tmp_path, monkeypatch):
+    from llmconsole.daemon.services.gateway_service import GatewayService
+
+    monkeypatch.delenv("LLMCONSOLE_GATEWAY_PORT", raising=False)
+    paths = _paths(tmp_path)
+    real_fsync = os.fsync
+    loop_thread = threading.get_ident()
+    ticks = 0
+    fsyncs: list[tuple[bool, int]] = []
+
+    def slow_fsync(fd: int) -> None:
+        before = ticks
+        time.sleep(SLOW_FSYNC_S)
+        real_fsync(fd)
+        fsyncs.append((threading.get_ident() != loop_thread, ticks - before))
+
+    async def heartbeat() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.002)
+
+    async def main() -> None:
+        svc = GatewayService(Fleet(paths, FAST), port=0)
+        beat = asyncio.create_task(heartbeat())
+        monkeypatch.setattr(os, "fsync", slow_fsync)
+        try:
+            svc._save()
+            await svc.saved()
+            assert json.loads((paths.data_dir / "gateway.json").read_text())["groups"] == {}
+        finally:
+            beat.cancel()
+
+    asyncio.run(main())
+    assert fsyncs and all(off_loop and n > 0 for off_loop, n in fsyncs), fsyncs

@@ -39,12 +39,13 @@ import secrets
 import stat
 import time
 from collections.abc import AsyncIterator, Mapping
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from llmconsole.atomic import set_aside, write_atomic
+from llmconsole.atomic import FileWriter, set_aside
 from llmconsole.db import Store
 from llmconsole.engine.fleet import Fleet, UnknownEngine
 from llmconsole.engine.gateway.door import DoorLimits
@@ -97,6 +98,12 @@ class GatewayService:
         self.key_file = fleet.paths.data_dir / "gateway.key"
         self.remotes_file = fleet.paths.data_dir / "remote-members.json"
         self.remotes: dict[str, RemoteMember] = self._read_remotes()  # ENGINE@HOST -> where, key
+        # Both files are written in threads of their own, off the loop that relays the streams;
+        # an operator's change is reported done once they are durable (saved()).
+        self._writer = FileWriter(self._file)
+        self._remotes_writer = FileWriter(self.remotes_file)
+        self._remotes_on_disk = self.remotes_file.exists()
+        self._unsaved: list[Future[None]] = []
         self.watch = RemoteWatch()
         self._http: aiohttp.ClientSession | None = None
         self._watch_task: asyncio.Task[None] | None = None
@@ -135,6 +142,7 @@ class GatewayService:
             raise port_taken("gateway", self.host, self._port, e, how) from None
         self.sync()
         self._save()
+        await self.saved()
         self.fleet.status_annotators.append(self.annotate)
         self._task = asyncio.create_task(self._loop(), name="gateway-control")
         # Other hosts' engines: a small pool of its own, apart from the requests' connections.
@@ -151,6 +159,10 @@ class GatewayService:
                 except asyncio.CancelledError:
                     pass
         self._save()
+        try:
+            await self.saved()
+        except OSError as e:
+            log.error("%s could not be saved as the gateway closed: %s", self._file, e)
         await self.gateway.close()
         if self._http is not None:
             await self._http.close()
@@ -519,10 +531,35 @@ class GatewayService:
         return read_members(data, str(self.remotes_file))
 
     def _save_remotes(self) -> None:
-        """Written whole and replaced at once, 0600 from the start (mkstemp's mode)."""
-        if not self.remotes and not self.remotes_file.exists():
+        """Written whole and replaced at once, 0600 from the start (it holds keys)."""
+        if not self.remotes and not self._remotes_on_disk:
             return
-        write_atomic(self.remotes_file, json.dumps(members_json(self.remotes), indent=1))
+        self._remotes_on_disk = True
+        self._written(self._remotes_writer.submit(json.dumps(members_json(self.remotes), indent=1)))
+
+    def _written(self, write: Future[None]) -> None:
+        """Keep track of a write until saved() is awaited. Without a running loop (a caller that is
+        not the daemon's loop) the write is waited for here."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            write.result()
+            return
+        # Writes that went well need no more watching; a failed one waits for saved() to say so.
+        self._unsaved = [f for f in self._unsaved if not f.done() or f.exception() is not None]
+        self._unsaved.append(write)
+
+        def logged(f: Future[None]) -> None:
+            if (e := f.exception()) is not None:
+                log.error("gateway settings not saved: %s", e)
+
+        write.add_done_callback(logged)
+
+    async def saved(self) -> None:
+        """Wait until every settings write asked for so far is durable; OSError if one failed."""
+        pending, self._unsaved = self._unsaved, []
+        for write in pending:
+            await asyncio.wrap_future(write)
 
     def _read_file(self) -> dict[str, Any]:
         """gateway.json, or {} when there is none. One that cannot be read (torn by a crash of an
@@ -566,7 +603,7 @@ class GatewayService:
         saved: dict[str, Any] = {"port": self.gateway.port, "groups": groups, "members": self.membership.to_json()}
         if self._saved_limits is not None:
             saved["limits"] = self._saved_limits  # the operator's, kept as written
-        write_atomic(self._file, json.dumps(saved, indent=1))
+        self._written(self._writer.submit(json.dumps(saved, indent=1)))
 
 
 def write_trace(store: Store, samples: list[tuple[str, TraceSample]]) -> int:
