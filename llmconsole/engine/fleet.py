@@ -162,6 +162,7 @@ class Fleet:
                 self.paths.state_file,
                 ", ".join(f"{n} pid {r.pid}" for n, s in self.engines.items() if (r := s.process_record())) or "none",
             )
+        await asyncio.sleep(0)  # the listeners hear of the last changes, now saved, before we return
         if self._http is not None:
             await self._http.close()
 
