@@ -13,6 +13,7 @@ import signal
 import time
 from collections.abc import Callable
 
+import psutil
 import pytest
 
 from llmconsole.console.cli import format_status
@@ -52,6 +53,13 @@ def fake(tmp_path):
     engine.kill_all()
 
 
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def _paths(tmp_path) -> Paths:
     return Paths(data_dir=tmp_path / "data", runtime_dir=tmp_path / "run").ensure()
 
@@ -78,7 +86,9 @@ def test_a_picked_port_is_kept_through_crashes_stops_restarts_and_a_new_daemon(t
         await until(lambda: e.state == EngineState.READY and e.spec.max_num_seqs == 4, what="on the new config")
         assert e.port == picked
         await fleet.close()  # the daemon goes; the engine keeps serving
-        os.kill(e.proc.pid, signal.SIGKILL)  # and dies while no daemon watches
+        dead = e.proc.pid
+        os.kill(dead, signal.SIGKILL)  # and dies while no daemon watches
+        await until(lambda: not _alive(dead), what="the engine gone, its port with it")
         again = Fleet(paths, FAST)
         await again.open()  # the next daemon relaunches it
         try:
