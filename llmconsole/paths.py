@@ -36,15 +36,16 @@ class UnsafeDirectory(ValueError):
     """A directory llmconsole keeps private state in is not safely the user's own."""
 
 
-def check_private_dir(path: Path) -> None:
+def check_private_dir(path: Path, fix: str | None = None) -> None:
     """Refuse (UnsafeDirectory) `path` unless it is a real directory (not a symbolic link),
-    owned by this user, that nobody else may write to. A missing directory is fine."""
+    owned by this user, that nobody else may write to. A missing directory is fine. `fix` is what
+    the message tells the user to do instead (default: about llmconsole's own directories)."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         return
     uid = os.getuid()
-    fix = (
+    fix = fix or (
         "remove it (as its owner) so llmconsole can create its own, or point LLMCONSOLE_HOME "
         "(or XDG_RUNTIME_DIR) at a directory of yours"
     )

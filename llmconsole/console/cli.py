@@ -96,8 +96,9 @@ def _positive_s(text: str) -> float:
 
 def format_status(status: dict[str, Any]) -> str:
     engines = status["engines"]
+    warnings = [f"warning: {w}" for w in (status.get("daemon") or {}).get("warnings") or []]
     if not engines:
-        return "no engines (start one with `llmconsole engine start NAME --model DIR`)"
+        return "\n".join(["no engines (start one with `llmconsole engine start NAME --model DIR`)", *warnings])
     columns = list(_COLUMNS)
     if any(parallel_text(e) != "1" for e in engines):  # only where some engine spans workers
         columns.insert(3, ("PARALLEL", parallel_text))
@@ -107,6 +108,8 @@ def format_status(status: dict[str, Any]) -> str:
     for e in engines:
         if e.get("last_error") and (e["state"] in ("failed", "crashed", "unhealthy", "invalid") or e.get("spec_error")):
             lines.append(f"{e['name']}: {e['last_error']}")
+        if e.get("port_note"):
+            lines.append(f"{e['name']}: {e['port_note']}")
         if e.get("state") == "crashed" and e.get("next_restart_in_s") is not None:
             lines.append(
                 f"{e['name']}: {e.get('consecutive_failures', 0)} failed run(s) in a row; restarting after a "
@@ -117,7 +120,7 @@ def format_status(status: dict[str, Any]) -> str:
         lines.append(f"warning: {record_error}")
         if e.get("kernel_note") and e.get("kernel"):  # the engine runs another kernel than asked
             lines.append(f"{e['name']}: kernel {e['kernel']} ({e['kernel_note']})")
-    return "\n".join(lines)
+    return "\n".join(lines + warnings)
 
 
 def format_hosts_status(reports: list[Any]) -> str:
@@ -190,7 +193,11 @@ def _daemon_service(ns: argparse.Namespace) -> int:
             path, replaced = service_unit.install(force=ns.force)
         except FileExistsError:
             raise CliError(f"{service_unit.unit_path()} exists and differs; --force replaces it", EXIT_USAGE) from None
+        except ValueError as e:
+            raise CliError(str(e), EXIT_USAGE) from None
         print(f"{'replaced' if replaced else 'wrote'} {path}")
+        settings = ", ".join(service_unit.daemon_settings(os.environ)) or "none set in this shell"
+        print(f"wrote {service_unit.env_file_path()} (0600): the daemon's settings ({settings})")
         print("then, to start it now and at every boot:")
         for line in service_unit.next_steps():
             print(f"  {line}")

@@ -6,6 +6,11 @@ Markdown report that ties them together (for people). With `session_id` the span
 operator session's, and everything that happened on the host meanwhile is in it, automatic
 actions included, because that is what a colleague needs to understand what the operator saw.
 
+The bundle is the user's alone: its folder must be theirs and writable by nobody else (a folder
+someone else owns or may write to is refused before anything is written), every file is created
+new at 0600 and never through a symbolic link, so nobody can read the bundle or redirect a
+file of it elsewhere.
+
 Nothing secret leaves: values under secret-named keys (api_key, *token*, *secret*, password)
 and every string given in `secrets` are redacted everywhere, and the finished bundle is
 searched for those strings once more before the call returns.
@@ -21,7 +26,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, TextIO
 
 from llmconsole.db import report
 from llmconsole.db.charts import Series, line_chart
@@ -40,10 +45,61 @@ from llmconsole.db.records import (
 from llmconsole.db.schema import METRIC_FIELDS, SWEEP_FIGURES
 from llmconsole.db.scrub import scrub, scrub_text
 from llmconsole.db.store import Store
+from llmconsole.paths import UnsafeDirectory, check_private_dir
 
 
 class ExportError(Exception):
     """The bundle could not be written safely; the message says why."""
+
+
+_FOLDER_FIX = "export into a new directory of yours (llmconsole creates it 0700)"
+
+
+def prepare_out_dir(out: Path) -> Path:
+    """`out` made ready for a bundle: created 0700 if missing, else refused (ExportError, nothing
+    written) unless it is an empty real directory of this user's that nobody else may write to."""
+    try:
+        check_private_dir(out, _FOLDER_FIX)  # before mkdir: a link there is not followed even to create
+        if out.exists() and any(out.iterdir()):
+            raise ExportError(f"{out} is not empty; export into a new directory")
+        try:
+            out.mkdir(parents=True, mode=0o700)
+        except FileExistsError:
+            pass
+        check_private_dir(out, _FOLDER_FIX)  # whoever created it, it must be ours now
+    except UnsafeDirectory as e:
+        raise ExportError(f"refusing to export there: {e}") from None
+    return out
+
+
+def _open_new(path: Path) -> int:
+    """A new file of the bundle, 0600. O_EXCL|O_NOFOLLOW: whatever is already at that name (a
+    symbolic link planted there, say) is never followed nor overwritten: ExportError instead."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(path, flags, 0o600)
+    except FileExistsError:
+        raise ExportError(
+            f"{path} appeared while the bundle was being written; it was left as it is and not followed"
+        ) from None
+
+
+def create_file(path: Path) -> TextIO:
+    """A new text file of the bundle (see _open_new)."""
+    return os.fdopen(_open_new(path), "w", encoding="utf-8", newline="")
+
+
+def create_binary_file(path: Path) -> BinaryIO:
+    """A new binary file of the bundle (see _open_new)."""
+    return os.fdopen(_open_new(path), "wb")
+
+
+def make_folder(path: Path) -> None:
+    """A new folder of the bundle (0700); one already there is refused as create_file does."""
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        raise ExportError(f"{path} appeared while the bundle was being written; it was left as it is") from None
 
 
 @dataclass(frozen=True)
@@ -132,10 +188,7 @@ def export_bundle(
     `logs` maps a name (usually the engine's) to a log file to clip into the bundle; `secrets`
     are strings that must not appear in it (API keys the caller knows of).
     """
-    out = Path(out_dir)
-    if out.exists() and any(out.iterdir()):
-        raise ExportError(f"{out} is not empty; export into a new directory")
-    out.mkdir(parents=True, exist_ok=True, mode=0o700)
+    out = prepare_out_dir(Path(out_dir))
     known = [s for s in secrets if s]
     snap = collect(store, session_id=session_id, since_s=since_s, until_s=until_s)
     written: list[str] = []
@@ -157,7 +210,7 @@ def export_bundle(
     }
     for name, records in tables.items():
         path = out / f"{name}.jsonl"
-        with open(path, "w", encoding="utf-8") as f:
+        with create_file(path) as f:
             for r in records:
                 f.write(json.dumps(clean(_jsonable(r)), sort_keys=True) + "\n")
         written.append(path.name)
@@ -168,14 +221,14 @@ def export_bundle(
 
     log_notes: dict[str, str] = {}
     if logs:
-        (out / "logs").mkdir(mode=0o700, exist_ok=True)
+        make_folder(out / "logs")
         for name, src in logs.items():
             safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
             rel = f"logs/{safe}.log"
             if not Path(src).is_file():
                 log_notes[name] = f"not found: {src}"
                 continue
-            with open(out / rel, "w", encoding="utf-8") as dst:
+            with create_file(out / rel) as dst:
                 n = clip_file(
                     Path(src), dst, snap.span.since_s, snap.span.until_s, lambda line: scrub_text(line, known)
                 )
@@ -185,7 +238,8 @@ def export_bundle(
     plots = _write_plots(out, snap)
     written.extend(plots)
     report_text = report.render(snap, plots=plots, logs=log_notes, files=written + ["report.md"])
-    (out / "report.md").write_text(scrub_text(report_text, known), encoding="utf-8")
+    with create_file(out / "report.md") as f:
+        f.write(scrub_text(report_text, known))
     written.append("report.md")
 
     _verify_clean(out, written, known)
@@ -205,7 +259,7 @@ def _utc(t: float | None) -> str:
 
 
 def _write_samples_csv(path: Path, samples: Iterable[MetricSample], clean: Callable[[Any], Any]) -> str:
-    with open(path, "w", newline="", encoding="utf-8") as f:
+    with create_file(path) as f:
         w = csv.writer(f)
         w.writerow(["engine", "at_s", "at_utc", "resolution_s", *METRIC_FIELDS])
         for s in samples:
@@ -228,7 +282,7 @@ def _write_points_csv(path: Path, points: Iterable[SweepPoint], clean: Callable[
         for k in p.params:
             if k not in param_keys:
                 param_keys.append(k)
-    with open(path, "w", newline="", encoding="utf-8") as f:
+    with create_file(path) as f:
         w = csv.writer(f)
         w.writerow(
             [
@@ -268,7 +322,7 @@ def _cell(v: Any) -> Any:
 
 
 def _write_plots(out: Path, snap: ExportSnapshot) -> list[str]:
-    (out / "plots").mkdir(mode=0o700, exist_ok=True)
+    make_folder(out / "plots")
     engines = sorted({s.engine for s in snap.samples})
 
     def series(field: str, label: str = "") -> list[Series]:
@@ -288,7 +342,8 @@ def _write_plots(out: Path, snap: ExportSnapshot) -> list[str]:
     )
     written = []
     for name, (title, data, y_label) in charts.items():
-        (out / "plots" / name).write_text(line_chart(title, data, y_label), encoding="utf-8")
+        with create_file(out / "plots" / name) as f:
+            f.write(line_chart(title, data, y_label))
         written.append(f"plots/{name}")
     return written
 

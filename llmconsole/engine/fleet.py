@@ -30,16 +30,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
-import os
-import tempfile
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
 import aiohttp
 from pydantic import ValidationError
 
+from llmconsole.atomic import FileWriter
 from llmconsole.engine.host import HostProbe, tree_rss_bytes
 from llmconsole.engine.modes.memory import with_default_kv
 from llmconsole.engine.plan.validate import Neighbour, Verdict, explicit_kv_bytes
@@ -146,6 +147,9 @@ class Fleet:
         self._unreadable: dict[str, Any] = {}
         # Per engine, the value of every secret-named env var it has run with (the latest one).
         self._secret_env: dict[str, dict[str, str]] = {}
+        # The state file is written (and fsynced) in a thread of its own, in order, never on the
+        # event loop that relays the gateway's streams (see _changed and _save).
+        self._writer = FileWriter(paths.state_file)
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -176,6 +180,7 @@ class Fleet:
                 self.paths.state_file,
                 ", ".join(f"{n} pid {r.pid}" for n, s in self.engines.items() if (r := s.process_record())) or "none",
             )
+        await asyncio.sleep(0)  # the listeners hear of the last changes, now saved, before we return
         if self._http is not None:
             await self._http.close()
 
@@ -237,13 +242,13 @@ class Fleet:
             await sup.start()
         else:
             await sup.start(spec)
-        self._persist()
+        await self._save()
         return sup
 
     async def stop(self, name: str, drain_timeout_s: float | None = None) -> EngineSupervisor:
         sup = self.get(name)
         await sup.stop(drain_timeout_s)
-        self._persist()
+        await self._save()
         return sup
 
     async def restart(
@@ -271,7 +276,7 @@ class Fleet:
         # Its own listener is on its port until the restart stops it: probe only another port.
         self._check_port(name, target.host, target.port, probe=not (sup.state.running and target.port == sup.port))
         await sup.restart(spec, action_id, done_outcome)
-        self._persist()
+        await self._save()
         return sup
 
     async def remove(self, name: str) -> None:
@@ -280,7 +285,7 @@ class Fleet:
             raise EngineBusy(f"engine {name} is {sup.state}; stop it before removing it")
         del self.engines[name]
         self._secret_env.pop(name, None)
-        self._persist()
+        await self._save()
 
     def launch_spec(self, spec: EngineSpec) -> EngineSpec:
         """`spec` as the fleet launches it: a CPU engine given no KV size gets the default memory
@@ -362,6 +367,7 @@ class Fleet:
             on_crash_loop=lambda s: self._notify(self.config_failed_listeners, s.name),
             pause_at=self.pause_at,
             on_change_end=self._change_ended,
+            save_now=self._save,
         )
         sup.record_error = self.record_error
         return sup
@@ -374,9 +380,35 @@ class Fleet:
                 log.exception("a listener failed on the end of %s's restart", sup.name)
 
     def _changed(self, sup: EngineSupervisor) -> None:
-        self._persist()
-        if self.status_listeners:
-            self._notify(self.status_listeners, sup.status())
+        """A supervisor's state moved: the state file is rewritten off the loop, and the listeners
+        hear of the change once that write is durable (so a daemon killed after the recorder saw
+        a new pid always finds that pid in the state file)."""
+        status = sup.status() if self.status_listeners else None
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a synchronous caller): write here
+            self._persist()
+            if status is not None:
+                self._notify(self.status_listeners, dataclasses.replace(status, record_error=self.record_error))
+            return
+        written = self._writer.submit(self._state_json())
+
+        def report(f: Future[None]) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody to tell
+                loop.call_soon_threadsafe(self._change_saved, f, status)
+
+        written.add_done_callback(report)
+
+    def _change_saved(self, written: Future[None], status: EngineStatus | None) -> None:
+        error = written.exception()
+        if isinstance(error, OSError):
+            self._save_failed(error, retry=True)
+        elif error is not None:
+            log.error("engine state file %s not saved", self.paths.state_file, exc_info=error)
+        else:
+            self._saved()
+        if status is not None:
+            self._notify(self.status_listeners, dataclasses.replace(status, record_error=self.record_error))
 
     @staticmethod
     def _notify(listeners: list[Callable[[_T], None]], value: _T) -> None:
@@ -399,6 +431,7 @@ class Fleet:
                     stored.get("runtime") if stored is not None else sup.runtime.model_dump() if sup.runtime else None
                 ),
                 "port": sup.port,
+                "port_note": sup.port_note,
                 # A restart under way wants the engine running all along, its old process stopped.
                 "desired": "running" if sup.desired_running or sup.change is not None else "stopped",
                 "change": None
@@ -419,26 +452,31 @@ class Fleet:
             }
         return engines
 
+    def _state_json(self) -> str:
+        return json.dumps({"version": STATE_VERSION, "engines": self._records()}, indent=1)
+
     def _write_state(self) -> None:
-        data = json.dumps({"version": STATE_VERSION, "engines": self._records()}, indent=1)
+        """Write and wait (at open and close only: blocking there is intended), in order with the
+        writes under way. 0600: the file holds secret env values."""
         self.paths.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd, tmp = tempfile.mkstemp(dir=self.paths.data_dir, prefix=".engines.", suffix=".tmp")
+        self._writer.write(self._state_json())
+
+    async def _save(self) -> bool:
+        """Write the state file off the loop and return once it is durable (an operator's action
+        is reported done only then); False, with the engines' record_error set and a retry
+        started, when it could not be written."""
         try:
-            with os.fdopen(fd, "w") as f:  # mkstemp creates it 0600
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.paths.state_file)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        # The rename itself must be on disk before a restart stops anything it names.
-        dir_fd = os.open(self.paths.data_dir, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+            await asyncio.wrap_future(self._writer.submit(self._state_json()))
+        except OSError as e:
+            self._save_failed(e, retry=True)
+            return False
+        self._saved()
+        return True
+
+    def _saved(self) -> None:
+        if self.record_error is not None:
+            log.warning("engine state file %s is saved again", self.paths.state_file)
+            self._set_record_error(None)
 
     def _persist(self, retry: bool = True) -> bool:
         """Write the state file. On failure the records stay in memory, every engine's status
@@ -449,9 +487,7 @@ class Fleet:
         except OSError as e:
             self._save_failed(e, retry)
             return False
-        if self.record_error is not None:
-            log.warning("engine state file %s is saved again", self.paths.state_file)
-            self._set_record_error(None)
+        self._saved()
         return True
 
     def _save_failed(self, e: OSError, retry: bool) -> None:
@@ -474,7 +510,7 @@ class Fleet:
         pause, longest = self._save_retry_s
         while self.record_error is not None:
             await asyncio.sleep(pause)
-            if self._persist():
+            if await self._save():
                 return
             pause = min(longest, pause * 2)
 
@@ -525,6 +561,7 @@ class Fleet:
         self._secret_env[name] = {str(k): str(v) for k, v in (rec.get("secret_env") or {}).items()}
         sup.runtime = runtime
         sup.port = rec.get("port")
+        sup.port_note = rec.get("port_note")
         sup.restarts = int(rec.get("restarts", 0))
         sup.last_error = rec.get("last_error")
         if rec.get("state") == str(EngineState.FAILED):

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,19 @@ import psutil
 # Seconds of slack when comparing a process's create time with the recorded one (it is
 # derived from boot time and clock ticks, so it wobbles by a tick).
 _CREATE_TIME_SLACK_S = 1.0
+
+# llmconsole's own variables an engine needs: where the compiled kernels are (read by the kernel
+# plugin inside vLLM). LLMCONSOLE_KERNEL itself comes from the spec, never from the daemon.
+_ENGINE_NEEDS = frozenset({"LLMCONSOLE_KERNEL_CACHE"})
+
+
+def engine_environ(daemon_env: Mapping[str, str], spec_env: Mapping[str, str]) -> dict[str, str]:
+    """The environment an engine is launched with: the daemon's, less llmconsole's own variables
+    (the gateway key, the daemon's settings: a model's code or a plugin running in the engine has
+    no business with them), plus the spec's."""
+    env = {k: v for k, v in daemon_env.items() if not k.startswith("LLMCONSOLE_") or k in _ENGINE_NEEDS}
+    env.update(spec_env)
+    return env
 
 
 @dataclass(frozen=True)
@@ -72,8 +86,7 @@ class EngineProcess:
     def launch(
         cls, argv: list[str], env_extra: dict[str, str], log_path: Path, port: int, config_id: str | None = None
     ) -> EngineProcess:
-        env = dict(os.environ)
-        env.update(env_extra)
+        env = engine_environ(os.environ, env_extra)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
         try:

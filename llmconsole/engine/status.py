@@ -51,6 +51,9 @@ class EngineStatus:
     gave_up_reason: str | None = None  # why supervision stopped restarting it (state failed)
     spec_error: str | None = None  # the stored spec no longer validates: it cannot be (re)started
     record_error: str | None = None  # the state file could not be written: this record is not saved
+    # The port picked for it (none was asked for) was taken and it moved: from where, to where,
+    # when, and who must be told (other hosts' groups keep the old URL).
+    port_note: str | None = None
     kv_cache_tokens: int | None = None
     max_concurrency: float | None = None
     max_concurrency_len: int | None = None

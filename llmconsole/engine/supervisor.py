@@ -244,6 +244,7 @@ class EngineSupervisor:
         on_crash_loop: Callable[[EngineSupervisor], None] | None = None,
         pause_at: PauseAt | None = None,
         on_change_end: ChangeEnded | None = None,
+        save_now: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         self.name = name
         self.spec = spec
@@ -255,11 +256,18 @@ class EngineSupervisor:
         self._on_crash_loop = on_crash_loop or (lambda s: None)
         self._pause_at = pause_at
         self._on_change_end = on_change_end or (lambda s, c, o, r: None)
+        # Returns once what on_change reported is durable (the fleet's state file, written off the
+        # event loop); False when it could not be written. A restart awaits it before it stops
+        # anything, so its target outlives the daemon.
+        self._save_now = save_now
 
         self.state = EngineState.STOPPED
         self.desired_running = False
         self.runtime: runtime_mod.Runtime | None = spec.runtime
+        # Asked for (spec.port), or picked once and then kept for every restart and relaunch (the
+        # fleet stores it): other hosts' groups hold this engine's URL.
         self.port: int | None = spec.port
+        self.port_note: str | None = None  # why the picked port moved, when it had to
         self.proc: EngineProcess | None = None
         self.restarts = 0
         self.crash_looping = False
@@ -335,7 +343,8 @@ class EngineSupervisor:
                 spec if spec is not None else self.spec, self.config_id, action_id, done_outcome
             )
             self._on_change(self)
-            if self.record_error is not None and self.proc is not None and self.proc.poll() is None:
+            saved = await self._save_now() if self._save_now is not None else self.record_error is None
+            if not saved and self.proc is not None and self.proc.poll() is None:
                 self.change = None
                 raise EngineBusy(
                     f"engine {self.name} was not restarted (it keeps serving config {self.config_id}): "
@@ -343,6 +352,7 @@ class EngineSupervisor:
                 )
             await self._pause(PAUSE_INTENT_SAVED)
             await self._stop_locked(None)
+            await self._durable()  # "no process" on disk before the target is launched
             await self._pause(PAUSE_OLD_STOPPED)
             if spec is not None:
                 self._apply_spec(spec)
@@ -358,6 +368,12 @@ class EngineSupervisor:
                 self._on_change_end(self, change, outcome, reason)
             except Exception:  # recording it must never stop supervision
                 log.exception("engine %s: recording the end of a restart failed", self.name)
+
+    async def _durable(self) -> None:
+        """Wait until what on_change reported is on disk (the fleet writes off the event loop). A
+        failed write is the fleet's to report and retry: supervision goes on meanwhile."""
+        if self._save_now is not None:
+            await self._save_now()
 
     async def _pause(self, phase: str) -> None:
         if self._pause_at is not None:
@@ -432,6 +448,7 @@ class EngineSupervisor:
     def _apply_spec(self, spec: EngineSpec) -> None:
         if spec.port is not None:
             self.port = spec.port
+            self.port_note = None  # the operator chose a port: whatever moved before is settled
         self.spec = spec
         self.runtime = spec.runtime
         self.stored = None
@@ -484,6 +501,7 @@ class EngineSupervisor:
             gave_up_reason=self.gave_up_reason if self.state == EngineState.FAILED else None,
             spec_error=self.spec_error,
             record_error=self.record_error,
+            port_note=self.port_note,
             kv_cache_tokens=self.facts.kv_cache_tokens if self.facts else None,
             max_concurrency=self.facts.max_concurrency if self.facts else None,
             max_concurrency_len=self.facts.max_concurrency_len if self.facts else None,
@@ -578,13 +596,18 @@ class EngineSupervisor:
             self.port = free_port(_connect_host(self.spec.host))
         elif self.spec.port is None and (holder := port_holder(self.spec.host, self.port)) is not None:
             # The port picked for it before is someone else's now; only a port asked for is kept.
-            log.warning(
-                "engine %s: port %d, picked for it before, is held by %s now; picking another",
-                self.name,
-                self.port,
-                holder,
-            )
+            # Moving changes its URL: this host's groups follow at their next sync, another host's
+            # group that holds it does not, so the move is said loudly and stays in the status.
+            old = self.port
             self.port = free_port(_connect_host(self.spec.host))
+            self.port_note = (
+                f"port {old}, picked for it before, was held by {holder} at "
+                f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime())}: it moved to {self.port}. "
+                f"This host's groups follow; a group on another host that holds {self.name} keeps "
+                f"http://...:{old} until it is set again (`llmconsole group set`), or give the "
+                f"engine a fixed --port"
+            )
+            log.error("engine %s: %s", self.name, self.port_note)
         argv = self.spec.argv(self.runtime, self.port)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
@@ -682,6 +705,7 @@ class EngineSupervisor:
                     # The new pid must reach the state file before anything else (the fleet keeps
                     # it in memory and retries if the file cannot be written just now).
                     self._on_change(self)
+                    await self._durable()
                     if self.change is not None:
                         await self._pause(PAUSE_NEW_STARTING)
                 outcome, code, was_ready = await self._watch()

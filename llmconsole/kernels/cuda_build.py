@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llmconsole.atomic import write_atomic
 from llmconsole.kernels.build import CSRC_DIR, cache_dir
 
 CUDA_SOURCE = CSRC_DIR / "paged_attention.cu"
@@ -305,7 +306,5 @@ def compile_cuda(
     missing = [a for a in archs if a not in result.resources]
     if missing:
         raise CudaBuildError(f"no ptxas resource report for {missing}; nvcc output:\n{log[-4000:]}")
-    tmp_report = report_file.with_suffix(f".{os.getpid()}.tmp")
-    tmp_report.write_text(json.dumps(result.as_dict(), indent=1))
-    os.replace(tmp_report, report_file)
+    write_atomic(report_file, json.dumps(result.as_dict(), indent=1), mode=0o644)
     return result

@@ -3,8 +3,10 @@
 A version started with extra args that mention tokens and a secret env var is rolled back to
 after the engine has moved on (and dropped the variable): the relaunched process has exactly
 the argv and environment it ran with. Meanwhile the secret's value is in no status, history,
-database, log or export, only in the daemon's 0600 state file. One engine serves the module; the
-tests run in file order, each leaving it ready for the next.
+database, log or export, only in the daemon's 0600 state file; variables with short credential
+names (OPENAI_KEY, DB_PASS, ENCRYPTION_KEY) are kept as secrets the same way. The daemon's own
+secrets (its gateway key) never reach the engine. One engine serves the module; the tests run in
+file order, each leaving it ready for the next.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from tests.support.engine_flags import tiny_engine_flags
 pytestmark = pytest.mark.engine
 
 TOKEN = "hf_llmconsole_test_4e9d1b7a"
+SHORT_NAMED = {"OPENAI_KEY": "sk-llmc-short-1f2e", "DB_PASS": "pw-llmc-short-3d4c", "ENCRYPTION_KEY": "enc-llmc-5b6a"}
+GATEWAY_KEY = "llmc-gateway-key-9c8b7a"
 BASE = tiny_engine_flags(served_name="tiny", max_num_seqs=None)
 
 
@@ -29,6 +33,7 @@ def scli(tiny_model):
     with daemon_home("llmc-sec-") as c:
         c.model = tiny_model
         c.runs = {}
+        c.env["LLMCONSOLE_GATEWAY_KEY"] = GATEWAY_KEY  # the daemon's, started by the first command
         yield c
 
 
@@ -65,21 +70,32 @@ def test_a_start_with_token_looking_args_and_a_secret_env_runs_them_and_shows_no
         f"HF_TOKEN={TOKEN}",
         "--env",
         "TOKENIZERS_PARALLELISM=false",
+        *(a for k, v in SHORT_NAMED.items() for a in ("--env", f"{k}={v}")),
     )
     e = _ready(scli)
     argv, env = _cmdline(e["pid"]), _environ(e["pid"])
     assert "--tokenizer-mode=auto" in argv
     assert env["HF_TOKEN"] == TOKEN and env["TOKENIZERS_PARALLELISM"] == "false"
+    assert {k: env[k] for k in SHORT_NAMED} == SHORT_NAMED
+    # The engine runs without the daemon's own secrets and settings.
+    assert "LLMCONSOLE_GATEWAY_KEY" not in env and GATEWAY_KEY not in env.values()
+    assert not [k for k in env if k.startswith("LLMCONSOLE_") and k != "LLMCONSOLE_KERNEL_CACHE"]
     scli.runs["a"] = (e["config_id"], argv)
     # status shows the variable's name, never its value; other variables with their value.
     status = scli("status", "--json").stdout
-    assert TOKEN not in status
+    assert TOKEN not in status and not [v for v in SHORT_NAMED.values() if v in status]
     spec = scli.engine("e1")["spec"]
-    assert spec["env"] == {"HF_TOKEN": "<redacted>", "TOKENIZERS_PARALLELISM": "false"}
+    assert spec["env"] == {
+        "HF_TOKEN": "<redacted>",
+        "TOKENIZERS_PARALLELISM": "false",
+        **{k: "<redacted>" for k in SHORT_NAMED},
+    }
     assert spec["extra_args"] == ["--tokenizer-mode=auto"]
     # The history holds the version as it ran.
     version = json.loads(scli("history", "e1", "--json").stdout)["engines"]["e1"][0]
     assert version["config_id"] == e["config_id"] and version["spec"]["extra_args"] == ["--tokenizer-mode=auto"]
+    history = scli("history", "e1", "--json").stdout
+    assert not [v for v in SHORT_NAMED.values() if v in history]
 
 
 def test_a_rollback_relaunches_exactly_the_argv_and_environment_the_version_ran_with(scli):
@@ -101,13 +117,14 @@ def test_a_rollback_relaunches_exactly_the_argv_and_environment_the_version_ran_
 def test_the_secret_is_kept_only_in_the_private_state_file(scli, tmp_path):
     home = scli.home
     state = home / "engines.json"
-    assert TOKEN in state.read_text() and stat.S_IMODE(state.stat().st_mode) == 0o600
+    secrets = [TOKEN, *SHORT_NAMED.values()]
+    assert all(s in state.read_text() for s in secrets) and stat.S_IMODE(state.stat().st_mode) == 0o600
     for f in [*home.glob("llmconsole.db*"), *home.rglob("*.log")]:
-        assert TOKEN.encode() not in f.read_bytes(), f
+        assert not [s for s in secrets if s.encode() in f.read_bytes()], f
     out = tmp_path / "bundle"
     scli("export", "--out", str(out))
     files = [f for f in out.rglob("*") if f.is_file()]
-    assert files and not [f for f in files if TOKEN.encode() in f.read_bytes()]
+    assert files and not [f for f in files if any(s.encode() in f.read_bytes() for s in secrets)]
     assert "--tokenizer-mode=auto" in (out / "config_versions.jsonl").read_text()
 
 

@@ -51,6 +51,9 @@ class _RecordingService:
     async def check_remotes(self):
         self.calls.append(("check",))
 
+    async def saved(self):
+        """The settings on disk: a change is reported done only after this."""
+
     def group_state(self, name):
         return {"group": name, "engines": list(self.membership.groups[name]), "checked": True}
 

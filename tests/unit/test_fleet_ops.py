@@ -7,6 +7,7 @@ import argparse
 import json
 import re
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -64,6 +65,57 @@ def test_unit_quotes_what_systemd_would_split_or_expand():
     )
     assert 'ExecStart="/opt/my env/bin/llmconsole" daemon start --foreground' in text
     assert "Environment=LLMCONSOLE_HOME=/srv/100%%" in text
+
+
+# Characters that systemd and sh would otherwise take as quoting, expansion or escapes.
+GATEWAY_KEY = 'gw-k3y$HOME"q`x`\\end %s'
+SETTINGS = {
+    "LLMCONSOLE_GATEWAY_KEY": GATEWAY_KEY,
+    "LLMCONSOLE_GATEWAY_PORT": "18555",
+    "LLMCONSOLE_GATEWAY_HOST": "0.0.0.0",
+    "LLMCONSOLE_SUPERVISION": "max_restarts=5",
+    "LLMCONSOLE_MODE_POLICY": "auto",
+}
+
+
+def test_the_unit_reads_the_daemons_settings_and_key_from_a_private_file(cli, tmp_path):
+    """After a reboot the service is the daemon the operator configured: its key (the door stays
+    closed) and its settings come from a 0600 environment file; the unit itself holds no key."""
+    cli.env["HOME"] = str(tmp_path)
+    cli.env.pop("XDG_CONFIG_HOME", None)
+    for k in [k for k in cli.env if k.startswith("LLMCONSOLE_") and k != "LLMCONSOLE_HOME"]:
+        del cli.env[k]  # only what this test sets
+    cli.env.update(SETTINGS)
+    r = cli("daemon", "install", "--user")
+    unit = tmp_path / ".config" / "systemd" / "user" / "llmconsole.service"
+    env_file = tmp_path / ".config" / "llmconsole" / "daemon.env"
+    assert f"wrote {env_file} (0600)" in r.stdout and GATEWAY_KEY not in r.stdout
+    text = unit.read_text()
+    assert f"EnvironmentFile={env_file}" in text.splitlines()
+    assert "gw-k3y" not in text and "LLMCONSOLE_GATEWAY_KEY" not in text
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+    assert stat.S_IMODE(env_file.parent.stat().st_mode) == 0o700
+    # The file says exactly what was set, as systemd reads it (sh reads double quotes alike).
+    shown = subprocess.run(
+        ["sh", "-c", f'set -a; . "{env_file}"; env -0'], env={}, capture_output=True, check=True
+    ).stdout
+    read = dict(e.decode().split("=", 1) for e in shown.split(b"\0") if e.startswith(b"LLMCONSOLE_"))
+    assert read == SETTINGS
+    if shutil.which("systemd-analyze"):
+        v = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
+        assert v.returncode == 0, v.stderr
+    # Uninstalling takes the key away with the unit.
+    cli("daemon", "uninstall")
+    assert not unit.exists() and not env_file.exists()
+
+
+def test_a_setting_the_environment_file_cannot_carry_writes_nothing(cli, tmp_path):
+    cli.env["HOME"] = str(tmp_path)
+    cli.env.pop("XDG_CONFIG_HOME", None)
+    cli.env["LLMCONSOLE_GATEWAY_KEY"] = "two\nlines"
+    r = cli("daemon", "install", "--user", check=False)
+    assert r.returncode == 2 and "LLMCONSOLE_GATEWAY_KEY holds a line break" in r.stderr
+    assert not (tmp_path / ".config" / "systemd").exists() and not (tmp_path / ".config" / "llmconsole").exists()
 
 
 def test_xdg_config_home_moves_the_unit(cli, tmp_path):

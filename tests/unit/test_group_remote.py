@@ -171,6 +171,7 @@ def test_a_group_of_other_hosts_engines_routes_to_each_with_its_own_key_and_keep
         again = GatewayService(Fleet(Paths(data, tmp_path / "run")), port=0)
         assert again.membership.groups == {"far": ("a@h1", "b@h2")} and again.remotes["a@h1"].api_key == "key-of-a"
         again.remove_group("far")
+        await again.saved()
         assert again.remotes == {} and json.loads(path.read_text()) == {"members": {}}
 
     asyncio.run(main())

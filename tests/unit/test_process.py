@@ -6,7 +6,7 @@ import sys
 
 import psutil
 
-from llmconsole.engine.process import EngineProcess, ProcessRecord
+from llmconsole.engine.process import EngineProcess, ProcessRecord, engine_environ
 from tests.support.waiting import wait_until
 
 # A leader with two children, all in the leader's new session, like vLLM's server/core/worker.
@@ -71,7 +71,11 @@ def test_a_script_run_through_its_shebang_line_is_adopted(tmp_path):
     script.chmod(0o755)
     proc = EngineProcess.launch([str(script), "serve", "m", "--port", "18998"], {}, tmp_path / "s.log", 18998)
     try:
-        assert psutil.Process(proc.pid).cmdline()[0] != str(script)
+        # Read once the exec is done: just after the fork the child's command line is empty.
+        cmdline = wait_until(
+            lambda: psutil.Process(proc.pid).cmdline(), 30, 0.05, "the script's exec", ok=lambda c: str(script) in c
+        )
+        assert cmdline[0] != str(script)
         adopted = EngineProcess.adopt(proc.record)
         assert adopted is not None and adopted.poll() is None
         assert (
@@ -84,3 +88,30 @@ def test_a_script_run_through_its_shebang_line_is_adopted(tmp_path):
         )
     finally:
         asyncio.run(proc.terminate(drain_timeout_s=5))
+
+
+def test_an_engine_gets_the_daemons_environment_less_llmconsoles_own_secrets_and_settings(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLMCONSOLE_GATEWAY_KEY", "gw-key-never-in-an-engine")
+    monkeypatch.setenv("LLMCONSOLE_MODE_POLICY", "auto")
+    monkeypatch.setenv("LLMCONSOLE_KERNEL", "custom")  # only the spec asks an engine for the kernel
+    monkeypatch.setenv("LLMCONSOLE_KERNEL_CACHE", str(tmp_path / "kernels"))
+    monkeypatch.setenv("HOME_LIKE_SETTING", "kept")
+    proc = EngineProcess.launch(TREE, {"HF_TOKEN": "hf_from_the_spec"}, tmp_path / "env.log", 18999)
+    try:
+        with open(f"/proc/{proc.pid}/environ", "rb") as f:
+            env = dict(e.decode().split("=", 1) for e in f.read().split(b"\0") if b"=" in e)
+    finally:
+        asyncio.run(proc.kill_group())
+    assert not {k for k in env if k.startswith("LLMCONSOLE_")} - {"LLMCONSOLE_KERNEL_CACHE"}
+    assert env["LLMCONSOLE_KERNEL_CACHE"] == str(tmp_path / "kernels")
+    assert env["HOME_LIKE_SETTING"] == "kept" and env["HF_TOKEN"] == "hf_from_the_spec"
+
+
+def test_the_engine_environment_is_the_daemons_less_llmconsoles_plus_the_specs():
+    daemon = {"PATH": "/bin", "LLMCONSOLE_GATEWAY_KEY": "k", "LLMCONSOLE_HOME": "/h", "LLMCONSOLE_KERNEL": "custom"}
+    assert engine_environ(daemon, {"LLMCONSOLE_KERNEL": "custom", "OMP_NUM_THREADS": "1"}) == {
+        "PATH": "/bin",
+        "LLMCONSOLE_KERNEL": "custom",
+        "OMP_NUM_THREADS": "1",
+    }
+    assert engine_environ(daemon, {}) == {"PATH": "/bin"}

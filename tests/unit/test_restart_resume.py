@@ -11,10 +11,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from llmconsole import atomic as atomic_mod
 from llmconsole.daemon.fault_points import MARKER_NAME, PAUSE_ENV, pause_hook
 from llmconsole.daemon.services.rollback import close_interrupted
 from llmconsole.db import Store
-from llmconsole.engine import fleet as fleet_mod
 from llmconsole.engine.fleet import Fleet
 from llmconsole.engine.status import EngineState
 from llmconsole.engine.supervisor import (
@@ -163,10 +163,11 @@ def test_a_restart_whose_target_cannot_be_saved_is_refused_and_the_engine_serves
         await until(lambda: sup.state == EngineState.READY, what="ready")
         pid = sup.proc.pid
 
-        def full(self):
+        def full(path, data, mode=0o600):
             raise OSError(28, "No space left on device")
 
-        monkeypatch.setattr(fleet_mod.Fleet, "_write_state", full)
+        # Every state write goes through the one atomic writer, in the fleet's writer thread.
+        monkeypatch.setattr(atomic_mod, "write_atomic", full)
         try:
             with pytest.raises(EngineBusy, match="target could not be saved first"):
                 await fleet.restart("e", fake.spec(max_num_seqs=6), force=True)

@@ -54,6 +54,13 @@ def store(tmp_path):
         "private_key",
         "--api-key",
         "--hf-token",
+        "OPENAI_KEY",
+        "DB_PASS",
+        "ENCRYPTION_KEY",
+        "BASIC_AUTH",
+        "GH_PRIVATE",
+        "SSH_PASSPHRASE",
+        "AWS_ACCESS_KEY_ID",
     ],
 )
 def test_credential_names_are_secret(name):
@@ -76,6 +83,11 @@ def test_credential_names_are_secret(name):
         "--ssl-keyfile",
         "--long-prefill-token-threshold",
         "key",
+        "KEYBOARD_LAYOUT",
+        "PASSTHROUGH",
+        "num_key_value_heads",
+        "key_source",
+        "AUTHOR",
     ],
 )
 def test_settings_that_mention_tokens_or_keys_are_not_secret(name):
@@ -179,3 +191,28 @@ def _cpu():
     from llmconsole.engine.runtime import Runtime
 
     return Runtime(kind="python-module", executable="/env/bin/python", device="cpu")
+
+
+# Names that say "credential" without the words API, TOKEN or PASSWORD in full.
+SHORT_NAMED = {"OPENAI_KEY": "sk-short-named-1a2b", "DB_PASS": "pw-short-named-3c4d", "ENCRYPTION_KEY": "enc-5e6f"}
+
+
+def test_short_credential_names_stay_out_of_status_history_and_export(cli, model_dir):
+    """What status shows (the spec's public dict), `llmconsole history` and an export carry the
+    names of these variables, never their values; a setting beside them keeps its value."""
+    spec = _spec(model_dir, env={**SHORT_NAMED, "KEYBOARD_LAYOUT": "us"})
+    public = spec.public_dict()
+    assert public["env"] == {**{k: SECRET_VALUE for k in SHORT_NAMED}, "KEYBOARD_LAYOUT": "us"}
+    assert spec.secret_env() == SHORT_NAMED
+    with Store.open(cli.home / "llmconsole.db") as s:
+        run = s.run_started("e1", spec.config_id, spec_public=public, pid=10, port=8000)
+        s.run_exited(run, 1, "engine said " + " ".join(f"{k}={v}" for k, v in SHORT_NAMED.items()))
+        s.record_action("start", engine="e1", to_config_id=spec.config_id, detail=dict(SHORT_NAMED))
+    history = cli("history", "--json").stdout
+    assert "ENCRYPTION_KEY" in history and "KEYBOARD_LAYOUT" in history
+    cli("export", "--out", str(cli.home / "bundle"))
+    bundle = [p for p in (cli.home / "bundle").rglob("*") if p.is_file()]
+    assert any("ENCRYPTION_KEY" in p.read_text() for p in bundle)
+    for value in SHORT_NAMED.values():
+        assert value not in json.dumps(public) and value not in history
+        assert not [p.name for p in bundle if value in p.read_text()], value

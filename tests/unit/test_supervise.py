@@ -333,7 +333,7 @@ def test_a_failed_state_write_keeps_the_engine_supervised_and_is_retried(tmp_pat
             raise OSError(err, os.strerror(err))
         return real_replace(src, dst, *a, **kw)
 
-    monkeypatch.setattr(fleet_mod.os, "replace", replace_or_fail)
+    monkeypatch.setattr(os, "replace", replace_or_fail)
 
     async def main():
         fleet = Fleet(paths, FAST)

@@ -238,24 +238,33 @@ def _export_tar(ns: argparse.Namespace) -> None:
 
 
 def _unpack(data: IO[bytes], out: Path) -> list[str]:
-    """A bundle's tar stream into `out`: plain files and folders only, nothing outside `out`."""
-    out.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """A bundle's tar stream into `out` (checked and created as an export folder): plain files and
+    folders only, nothing outside `out`, each file new at 0600 and never through a link."""
+    from llmconsole.db.export import ExportError, create_binary_file, make_folder, prepare_out_dir
+
+    try:
+        prepare_out_dir(out)
+    except ExportError as e:
+        raise CliError(str(e), EXIT_USAGE) from None
     names = []
     with tarfile.open(fileobj=data, mode="r|") as tar:
         for member in tar:
             target = (out / member.name).resolve()
             if not (member.isfile() or member.isdir()) or not target.is_relative_to(out.resolve()):
                 raise CliError(f"refusing {member.name!r} in the bundle: not a plain file inside it")
-            if member.isdir():
-                target.mkdir(parents=True, exist_ok=True, mode=0o700)
+            if target == out.resolve():
                 continue
-            target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            src = tar.extractfile(member)
-            assert src is not None
-            with open(target, "wb") as dst:
-                shutil.copyfileobj(src, dst)
-            target.chmod(0o600)
-            names.append(str(target.relative_to(out)))
+            try:
+                if member.isdir():
+                    make_folder(target)
+                    continue
+                src = tar.extractfile(member)
+                assert src is not None
+                with create_binary_file(target) as dst:
+                    shutil.copyfileobj(src, dst)
+            except (ExportError, FileNotFoundError) as e:
+                raise CliError(f"refusing {member.name!r} in the bundle: {e}") from None
+            names.append(str(target.relative_to(out.resolve())))
     return names
 
 
@@ -295,11 +304,13 @@ def _export_across(ns: argparse.Namespace, hosts: list[Host]) -> int:
     """One bundle: each host's export in a folder named after it, and hosts.json saying which
     hosts are in it and why any is not."""
     from llmconsole.console.client import HostUnreachable
+    from llmconsole.db.export import ExportError, create_file, prepare_out_dir
 
     out = Path(ns.out)
-    if out.exists() and any(out.iterdir()):
-        raise CliError(f"{out} is not empty; export into a new directory", EXIT_USAGE)
-    out.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        prepare_out_dir(out)
+    except ExportError as e:
+        raise CliError(str(e), EXIT_USAGE) from None
     index = []
     for host in hosts:
         folder = out / host.name
@@ -322,7 +333,11 @@ def _export_across(ns: argparse.Namespace, hosts: list[Host]) -> int:
             entry.update(ok=False, error=str(e))
             print(f"{host.name}: {e}", file=sys.stderr)
         index.append(entry)
-    (out / "hosts.json").write_text(json.dumps({"exported_at": time.time(), "hosts": index}, indent=2) + "\n")
+    try:
+        with create_file(out / "hosts.json") as f:
+            f.write(json.dumps({"exported_at": time.time(), "hosts": index}, indent=2) + "\n")
+    except ExportError as e:
+        raise CliError(str(e)) from None
     done = sum(1 for e in index if e["ok"])
     print(f"exported {done} of {len(index)} host(s) to {out} (hosts.json lists them)")
     if done == len(index):
@@ -350,8 +365,12 @@ def cmd_export(ns: argparse.Namespace) -> int:
     if ns.tar:
         raise CliError("--tar is what another host's export runs; here give --out DIR", EXIT_USAGE)
     out = Path(ns.out)
-    if out.exists() and any(out.iterdir()):
-        raise CliError(f"{out} is not empty; export into a new directory", EXIT_USAGE)
+    from llmconsole.db.export import ExportError, prepare_out_dir
+
+    try:
+        prepare_out_dir(out)  # refused before anything is fetched
+    except ExportError as e:
+        raise CliError(str(e), EXIT_USAGE) from None
     files = _export_remote(ns, host, out)
     print(f"exported {host.name} to {out}: {len(files)} files")
     return 0

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from llmconsole.atomic import write_atomic
 from llmconsole.console.cli_common import EXIT_USAGE, CliError
 from llmconsole.console.client import DaemonClient, DaemonError, DaemonNotRunning, HostUnreachable
 from llmconsole.console.host_status import GRACE_S, HOST_TIMEOUT_S, slow_reason
@@ -241,10 +241,7 @@ class TargetScan:
 
 def write_json_atomic(path: Path, data: Any) -> None:
     """Prometheus re-reads a file_sd file when it changes: never let it see half of one."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(data, indent=2) + "\n", mode=0o644)
 
 
 def cmd_targets(ns: argparse.Namespace) -> int:

@@ -104,6 +104,12 @@ async def post_daemon_stop(request: web.Request) -> web.Response:
     return web.json_response({"stopping": True, "stop_engines": stop_engines}, status=202)
 
 
+def _daemon_warnings(ctx: DaemonContext) -> list[str]:
+    """What the daemon could not do as configured and did otherwise (never silently)."""
+    gateway = ctx.gateway
+    return [gateway.settings_error] if gateway is not None and gateway.settings_error else []
+
+
 async def get_status(request: web.Request) -> web.Response:
     ctx = context_of(request)
     fleet = ctx.fleet
@@ -115,7 +121,7 @@ async def get_status(request: web.Request) -> web.Response:
         e["startup"] = progress.of(e, now)
     return web.json_response(
         {
-            "daemon": {"pid": os.getpid(), "version": __version__, "time_s": now},
+            "daemon": {"pid": os.getpid(), "version": __version__, "time_s": now, "warnings": _daemon_warnings(ctx)},
             "host": dataclasses.asdict(host),
             "engines": engines,
         }

@@ -89,7 +89,7 @@ async def post_response_config(request: web.Request) -> web.Response:
     with ActionLog(context_of(request).store).change(
         "responses", None, peer_user(request), session_id=session_of(request), before=copy.deepcopy(responses.settings)
     ) as done:
-        done["to"] = responses.configure(body)
+        done["to"] = await responses.configure(body)
     return web.json_response(responses.settings)
 
 

@@ -80,6 +80,7 @@ async def post_window(request: web.Request) -> web.Response:
         state = gateway.change_window(
             name, settings={k: body[k] for k in _SETTINGS if k in body}, freeze=freeze, window=window
         )
+        await gateway.saved()  # done once on disk
         done["to"] = window_facts(state)
     return web.json_response(state)
 
@@ -123,6 +124,7 @@ async def put_group(request: web.Request) -> web.Response:
         "group", name, peer_user(request), session_id=session_of(request), before={"engines": _members(gateway, name)}
     ) as done:
         state = gateway.set_group(name, engines, remote)
+        await gateway.saved()  # done once on disk
         done["to"] = {"engines": _members(gateway, name)}
         if remote:  # where the other hosts' engines are is part of the change; their keys never are
             done["to"]["remote"] = {n: m.url for n, m in sorted(remote.items())}
@@ -142,6 +144,7 @@ async def delete_group(request: web.Request) -> web.Response:
         "group", name, peer_user(request), session_id=session_of(request), before={"engines": _members(gateway, name)}
     ) as done:
         engines = gateway.remove_group(name)
+        await gateway.saved()  # done once on disk
         done["to"] = {"engines": None}
     return web.json_response({"removed": name, "engines": engines})
 

@@ -37,14 +37,15 @@ import logging
 import os
 import secrets
 import stat
-import tempfile
 import time
 from collections.abc import AsyncIterator, Mapping
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from llmconsole.atomic import FileWriter, set_aside
 from llmconsole.db import Store
 from llmconsole.engine.fleet import Fleet, UnknownEngine
 from llmconsole.engine.gateway.door import DoorLimits
@@ -93,9 +94,16 @@ class GatewayService:
         self.store = store  # None: the trace then lives in memory only
         self.host = host or os.environ.get(HOST_ENV) or "127.0.0.1"
         self._file = fleet.paths.data_dir / "gateway.json"
+        self.settings_error: str | None = None  # why gateway.json was not read, when it was not
         self.key_file = fleet.paths.data_dir / "gateway.key"
         self.remotes_file = fleet.paths.data_dir / "remote-members.json"
         self.remotes: dict[str, RemoteMember] = self._read_remotes()  # ENGINE@HOST -> where, key
+        # Both files are written in threads of their own, off the loop that relays the streams;
+        # an operator's change is reported done once they are durable (saved()).
+        self._writer = FileWriter(self._file)
+        self._remotes_writer = FileWriter(self.remotes_file)
+        self._remotes_on_disk = self.remotes_file.exists()
+        self._unsaved: list[Future[None]] = []
         self.watch = RemoteWatch()
         self._http: aiohttp.ClientSession | None = None
         self._watch_task: asyncio.Task[None] | None = None
@@ -134,6 +142,7 @@ class GatewayService:
             raise port_taken("gateway", self.host, self._port, e, how) from None
         self.sync()
         self._save()
+        await self.saved()
         self.fleet.status_annotators.append(self.annotate)
         self._task = asyncio.create_task(self._loop(), name="gateway-control")
         # Other hosts' engines: a small pool of its own, apart from the requests' connections.
@@ -150,6 +159,10 @@ class GatewayService:
                 except asyncio.CancelledError:
                     pass
         self._save()
+        try:
+            await self.saved()
+        except OSError as e:
+            log.error("%s could not be saved as the gateway closed: %s", self._file, e)
         await self.gateway.close()
         if self._http is not None:
             await self._http.close()
@@ -292,7 +305,7 @@ class GatewayService:
 
     def door_state(self) -> dict[str, Any]:
         """The door for the control API: URL, limits, connections, refusals, where the key is."""
-        return {**state_of(self.gateway), "key_source": self.key_source()}
+        return {**state_of(self.gateway), "key_source": self.key_source(), "settings_error": self.settings_error}
 
     # --- a restart of one engine ------------------------------------------------------------
 
@@ -518,20 +531,62 @@ class GatewayService:
         return read_members(data, str(self.remotes_file))
 
     def _save_remotes(self) -> None:
-        """Written whole and replaced at once, 0600 from the start (mkstemp's mode)."""
-        if not self.remotes and not self.remotes_file.exists():
+        """Written whole and replaced at once, 0600 from the start (it holds keys)."""
+        if not self.remotes and not self._remotes_on_disk:
             return
-        fd, tmp = tempfile.mkstemp(dir=self.remotes_file.parent, prefix=".remote-members.", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(members_json(self.remotes), indent=1))
-        os.replace(tmp, self.remotes_file)
+        self._remotes_on_disk = True
+        self._written(self._remotes_writer.submit(json.dumps(members_json(self.remotes), indent=1)))
+
+    def _written(self, write: Future[None]) -> None:
+        """Keep track of a write until saved() is awaited. Without a running loop (a caller that is
+        not the daemon's loop) the write is waited for here."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            write.result()
+            return
+        # Writes that went well need no more watching; a failed one waits for saved() to say so.
+        self._unsaved = [f for f in self._unsaved if not f.done() or f.exception() is not None]
+        self._unsaved.append(write)
+
+        def logged(f: Future[None]) -> None:
+            if (e := f.exception()) is not None:
+                log.error("gateway settings not saved: %s", e)
+
+        write.add_done_callback(logged)
+
+    async def saved(self) -> None:
+        """Wait until every settings write asked for so far is durable; OSError if one failed."""
+        pending, self._unsaved = self._unsaved, []
+        for write in pending:
+            await asyncio.wrap_future(write)
 
     def _read_file(self) -> dict[str, Any]:
+        """gateway.json, or {} when there is none. One that cannot be read (torn by a crash of an
+        older version, edited by hand) is never silently replaced: it is set aside as
+        gateway.json.corrupt-<time>, the daemon starts with the defaults, and says so in its log
+        and its status (settings_error) for as long as this daemon runs."""
         try:
             data = json.loads(self._file.read_text())
-            return data if isinstance(data, dict) else {}
-        except (OSError, ValueError):
+            if not isinstance(data, dict):
+                raise ValueError(f"expected a JSON object, found {type(data).__name__}")
+            return data
+        except FileNotFoundError:
             return {}
+        except (OSError, ValueError) as e:
+            why = str(e)
+        try:
+            aside: Path | None = set_aside(self._file)
+        except OSError as e:
+            aside = None
+            log.error("could not set %s aside (%s)", self._file, e)
+        self.settings_error = (
+            f"{self._file} could not be read ({why}); "
+            + (f"it was kept as {aside.name}; " if aside is not None else "")
+            + "the gateway started with the default port, groups and limits"
+        )
+        log.error("%s", self.settings_error)
+        return {}
 
     def _save(self) -> None:
         groups = dict(self._saved_groups)
@@ -548,11 +603,7 @@ class GatewayService:
         saved: dict[str, Any] = {"port": self.gateway.port, "groups": groups, "members": self.membership.to_json()}
         if self._saved_limits is not None:
             saved["limits"] = self._saved_limits  # the operator's, kept as written
-        data = json.dumps(saved, indent=1)
-        fd, tmp = tempfile.mkstemp(dir=self._file.parent, prefix=".gateway.", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            f.write(data)
-        os.replace(tmp, self._file)
+        self._written(self._writer.submit(json.dumps(saved, indent=1)))
 
 
 def write_trace(store: Store, samples: list[tuple[str, TraceSample]]) -> int:

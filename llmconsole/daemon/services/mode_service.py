@@ -14,10 +14,10 @@ import asyncio
 import dataclasses
 import json
 import logging
-import os
 import time
 from typing import Any
 
+from llmconsole.atomic import FileWriter
 from llmconsole.daemon.context import DaemonContext
 from llmconsole.engine.alerts.response_settings import GroupGate
 from llmconsole.engine.modes.guarded_apply import ApplyFailed, ApplyRefused, guarded_apply
@@ -39,6 +39,7 @@ class ModeService:
         self.fleet, self.store, self.gateway = ctx.fleet, ctx.store, ctx.gateway
         self.policy = policy or PolicySettings.from_env()  # checked at daemon start (main.py)
         self._file = ctx.data_dir / "modes.json"
+        self._writer = FileWriter(self._file)
         self.auto: dict[str, PolicyState] = {}
         self._busy: set[str] = set()
         self._task: asyncio.Task[None] | None = None
@@ -53,10 +54,9 @@ class ModeService:
         except (OSError, ValueError, AttributeError):
             return []
 
-    def _save(self) -> None:
-        tmp = self._file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"auto": sorted(self.auto)}))
-        os.replace(tmp, self._file)
+    async def _save(self) -> None:
+        """Durable when it returns, written off the event loop (the loop relays streams)."""
+        await asyncio.wrap_future(self._writer.submit(json.dumps({"auto": sorted(self.auto)})))
 
     def device_of(self, name: str) -> str:
         device = self.fleet.get(name).status().device
@@ -98,13 +98,13 @@ class ModeService:
             self.auto[name] = PolicyState(
                 Mode(mode_of(sup.spec, self.device_of(name)) or Mode.PERFORMANCE), time.monotonic()
             )
-            self._save()
+            await self._save()
             self._record_auto(name, actor, session_id, was, True)
             return {**self.state(name), "applied": None}
         mode = parse_mode(mode_text)
         if not automatic and name in self.auto:
             del self.auto[name]  # an operator's choice ends the policy's
-            self._save()
+            await self._save()
             self._record_auto(name, actor, session_id, True, False)
         device = self.device_of(name)
         budget = budget_bytes if budget_bytes is not None else cpu_kv_budget_bytes() if device == "cpu" else None

@@ -19,12 +19,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import time
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
+from llmconsole.atomic import FileWriter
 from llmconsole.daemon.context import DaemonContext
 from llmconsole.daemon.services.rollback import rollback
 from llmconsole.engine.alerts import rules as ar
@@ -55,6 +55,7 @@ class ResponseService:
         self.store = ctx.need_store()
         self.gateway = ctx.gateway
         self.settings_path = settings_path or ctx.data_dir / "responses.json"
+        self._writer = FileWriter(self.settings_path)  # off the event loop, in order
         self.settings = self._read_settings()
         self.tracker = ar.AlertTracker()
         self._apply_for_s()
@@ -82,13 +83,12 @@ class ResponseService:
             rules[rule] = ar.Rule(rule, rules[rule].severity, float(seconds), rules[rule].summary)
         self.tracker.rules = rules
 
-    def configure(self, data: dict[str, Any]) -> dict[str, Any]:
-        """Replace the settings (ValueError leaves them as they were) and keep them on disk."""
+    async def configure(self, data: dict[str, Any]) -> dict[str, Any]:
+        """Replace the settings (ValueError leaves them as they were) and keep them on disk: durable
+        when it returns, written off the event loop."""
         self.settings = validate_settings(data)
         self._apply_for_s()
-        tmp = self.settings_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.settings, indent=1))
-        os.replace(tmp, self.settings_path)
+        await asyncio.wrap_future(self._writer.submit(json.dumps(self.settings, indent=1)))
         return self.settings
 
     # --- lifecycle ------------------------------------------------------------------------
