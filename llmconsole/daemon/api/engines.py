@@ -40,7 +40,7 @@ from typing import Any
 from aiohttp import web
 
 from llmconsole import __version__
-from llmconsole.daemon.context import CONTEXT, context_of
+from llmconsole.daemon.context import CONTEXT, DaemonContext, context_of
 from llmconsole.daemon.http import error_response, json_body, peer_user, session_of
 from llmconsole.daemon.services.rollback import ActionLog, drained
 from llmconsole.daemon.services.startup import StartupProgress
