@@ -26,7 +26,8 @@ _MORE = {
     "help": "Every key, as in this table",
     "palette": "Every action, searchable",
     "quit": "Leave the console; every engine keeps serving",
-    "back": "Back to the previous screen",
+    "back": "Back to the previous screen (on the log screen a search is cleared first)",
+    "clear_search": "Clear the log pane's search (shown while there is one)",
     "mode": "The selected engine's memory mode: a guarded restart, rolled back if it fails",
     "performance": "0.90 of memory (GPU utilization, or the CPU budget): the most KV cache",
     "balanced": "0.85 of memory",
@@ -38,7 +39,7 @@ _MORE = {
     "chart_range": "The dashboard's charts: the last 5, 15 or 60 minutes",
     "chart_pick": "The other chart, where the terminal is too short for both (under 30 rows)",
     "full_log": "The log pane: the engine's own lines (quiet), or every line with requests and the daemon's polls",
-    "search_log": "Search the log: lines with the text, highlighted; Esc clears",
+    "search_log": "Search the log: lines with the text, highlighted; Esc clears (each pane keeps its own)",
     "next_knob": "The tune's knob chart: the next knob of the search against goodput",
     "alerts_close": "Back to the previous screen",
 }
