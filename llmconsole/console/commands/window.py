@@ -70,6 +70,28 @@ def format_window(state: dict[str, Any], steps: int = 10) -> str:
     return "\n".join(lines)
 
 
+def _check_bounds(ns: argparse.Namespace, client: Any) -> None:
+    """--min above --max (given, or the one standing) is refused here, in the flags' own words."""
+    if ns.min is not None and ns.max is not None:
+        lo, hi, which = ns.min, ns.max, f"--min {ns.min} is above --max {ns.max}"
+    else:
+        from llmconsole.console.client import DaemonError
+
+        try:
+            state = client.window(ns.engine)
+        except DaemonError as e:
+            raise CliError(str(e), EXIT_USAGE if e.status in (400, 404) else 1) from None
+        lo = ns.min if ns.min is not None else state["min_window"]
+        hi = ns.max if ns.max is not None else state["max_window"]
+        which = (
+            f"--min {lo} is above the window's max {hi}"
+            if ns.min is not None
+            else (f"--max {hi} is below the window's min {lo}")
+        )
+    if lo > hi:
+        raise CliError(f"{which}: min must not exceed max; nothing was changed", EXIT_USAGE)
+
+
 def cmd_window(ns: argparse.Namespace) -> int:
     changes: dict[str, Any] = {}
     for arg, key in (("target_ms", "target_ms"), ("signal", "signal"), ("min", "min_window"), ("max", "max_window")):
@@ -82,6 +104,8 @@ def cmd_window(ns: argparse.Namespace) -> int:
     from llmconsole.console.client import DaemonError
 
     with daemon_client() as client:
+        if ns.min is not None or ns.max is not None:
+            _check_bounds(ns, client)
         try:
             state = client.change_window(ns.engine, **changes) if changes else client.window(ns.engine)
         except DaemonError as e:
