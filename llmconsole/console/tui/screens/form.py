@@ -138,7 +138,7 @@ class EngineFormScreen(ModalScreen[tuple[str, dict[str, Any]] | None]):
                     with Horizontal(classes="form-row"):
                         yield Label(f.label, classes="form-label")
                         if f.kind == "bool":
-                            yield Checkbox("", value=False, id=f"f-{f.name}", compact=True)
+                            yield Checkbox("on", value=False, id=f"f-{f.name}", compact=True)
                         elif f.kind == "tristate":
                             yield Select(
                                 [("vLLM default", "default"), ("on", "on"), ("off", "off")],
