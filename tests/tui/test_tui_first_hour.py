@@ -145,3 +145,31 @@ def test_keys_an_input_takes_are_not_offered_while_it_has_the_focus(recorded_app
             assert "Window" not in shown and "Stop" not in shown, shown
 
     run(go())
+
+
+def test_g_is_offered_only_where_one_chart_shows_at_a_time(recorded_app):
+    async def go():
+        app, _ = recorded_app()
+        async with app.run_test(size=(120, 48)) as pilot:  # room for both charts
+            await replay(pilot)
+            assert app.check_action("switch_chart", ()) is False
+            assert "Chart" not in app.screen.query_one(ConsoleFooter).render().plain
+        app, _ = recorded_app()
+        async with app.run_test(size=(80, 24)) as pilot:  # one chart at a time: g switches
+            await replay(pilot)
+            assert app.check_action("switch_chart", ()) is True
+
+    run(go())
+
+
+def test_help_says_it_scrolls_where_it_is_taller_than_the_screen(recorded_app):
+    async def go():
+        app, _ = recorded_app()
+        async with app.run_test(size=(80, 24)) as pilot:
+            await replay(pilot)
+            await pilot.press("question_mark")
+            await pilot.pause(0.2)
+            box = app.screen.query_one("#help-box")
+            assert box.max_scroll_y > 0 and "scroll" in str(box.border_subtitle)
+
+    run(go())

@@ -57,6 +57,15 @@ class HelpScreen(ModalScreen[None]):
         box = self.query_one("#help-box")
         box.border_title = 'keys  (remap by id in console.toml: \\[keys] stop = "x")'
         box.border_subtitle = "esc closes"
+        self.call_after_refresh(self._say_if_it_scrolls)
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self._say_if_it_scrolls)
+
+    def _say_if_it_scrolls(self) -> None:
+        """Taller than the screen: the box says so, or the keys below its edge go unseen."""
+        box = self.query_one("#help-box", VerticalScroll)
+        box.border_subtitle = "↑/↓ PgUp/PgDn scroll · esc closes" if box.max_scroll_y > 0 else "esc closes"
 
     def _key_text(self, spec: KeySpec) -> str:
         keymap = getattr(self.app, "keymap", {})
