@@ -71,25 +71,20 @@ def format_window(state: dict[str, Any], steps: int = 10) -> str:
 
 
 def _check_bounds(ns: argparse.Namespace, client: Any) -> None:
-    """--min above --max (given, or the one standing) is refused here, in the flags' own words."""
-    if ns.min is not None and ns.max is not None:
-        lo, hi, which = ns.min, ns.max, f"--min {ns.min} is above --max {ns.max}"
-    else:
-        from llmconsole.console.client import DaemonError
+    """One bound given: it must not pass the other, standing one; refused in the flags' words."""
+    from llmconsole.console.client import DaemonError
 
-        try:
-            state = client.window(ns.engine)
-        except DaemonError as e:
-            raise CliError(str(e), EXIT_USAGE if e.status in (400, 404) else 1) from None
-        lo = ns.min if ns.min is not None else state["min_window"]
-        hi = ns.max if ns.max is not None else state["max_window"]
-        which = (
-            f"--min {lo} is above the window's max {hi}"
-            if ns.min is not None
-            else (f"--max {hi} is below the window's min {lo}")
-        )
-    if lo > hi:
-        raise CliError(f"{which}: min must not exceed max; nothing was changed", EXIT_USAGE)
+    try:
+        state = client.window(ns.engine)
+    except DaemonError as e:
+        raise CliError(str(e), EXIT_USAGE if e.status in (400, 404) else 1) from None
+    if ns.min is not None and ns.min > state["max_window"]:
+        which = f"--min {ns.min} is above the window's max {state['max_window']}"
+    elif ns.max is not None and ns.max < state["min_window"]:
+        which = f"--max {ns.max} is below the window's min {state['min_window']}"
+    else:
+        return
+    raise CliError(f"{which}: min must not exceed max; nothing was changed", EXIT_USAGE)
 
 
 def cmd_window(ns: argparse.Namespace) -> int:
@@ -103,8 +98,12 @@ def cmd_window(ns: argparse.Namespace) -> int:
         changes["set"] = ns.set
     from llmconsole.console.client import DaemonError
 
+    if ns.min is not None and ns.max is not None and ns.min > ns.max:
+        raise CliError(
+            f"--min {ns.min} is above --max {ns.max}: min must not exceed max; nothing was changed", EXIT_USAGE
+        )
     with daemon_client() as client:
-        if ns.min is not None or ns.max is not None:
+        if (ns.min is None) != (ns.max is None):
             _check_bounds(ns, client)
         try:
             state = client.change_window(ns.engine, **changes) if changes else client.window(ns.engine)
