@@ -448,7 +448,7 @@ def cmd_engine(ns: argparse.Namespace) -> int:
 
 
 def _follow_logs(client: DaemonClient, ns: argparse.Namespace) -> int:
-    from llmconsole.console.tui.logfilter import from_line_start
+    from llmconsole.console.logtext import from_line_start
 
     chunk = client.logs(ns.name, max_bytes=ns.bytes)
     sys.stdout.write(from_line_start(chunk["text"], cut=chunk["size"] > ns.bytes))

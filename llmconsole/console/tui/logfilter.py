@@ -20,15 +20,6 @@ _POLLED = ("/metrics", "/health")
 _LOCAL = ("127.0.0.1", "[::1]")
 
 
-def from_line_start(text: str, cut: bool) -> str:
-    """A log's tail less the partial line it began in, when the read began past the file's
-    start (`cut`): such a read lands mid-line, and half a line reads as a wrong one."""
-    if not cut:
-        return text
-    _partial, newline, rest = text.partition("\n")
-    return rest if newline else ""
-
-
 def kind(line: str) -> str:
     """`poll` (the daemon's own GET /metrics or /health), `access` (a client's request) or `own`."""
     m = _ACCESS.search(line)
