@@ -180,6 +180,7 @@ def _export_here(ns: argparse.Namespace, out: Path, quiet: bool = False) -> None
                 since_s=since,
                 logs={k: v for k, v in logs.items() if v.exists()},
                 secrets=_known_secrets(paths.state_file),
+                tunes_journal=paths.data_dir / "tuning" / "studies.journal",
             )
         except ExportError as e:
             raise CliError(str(e), EXIT_USAGE) from None
