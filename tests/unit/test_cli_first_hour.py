@@ -14,6 +14,7 @@ from llmconsole.console.sizes import parse_size_bytes
 from llmconsole.console.spec_flags import add_spec_flags, spec_overrides
 from llmconsole.console.tui.estimate import sweep_size_text
 from llmconsole.console.tui.screens.form import FIELDS, _parse
+from llmconsole.console.tui.sweep_view import confirm_question
 from llmconsole.engine.sweep.plan import LoadLevel, SweepPlan
 
 
@@ -73,5 +74,8 @@ def test_the_sweep_question_says_its_size_in_plain_words():
         num_requests=16,
     )
     assert sweep_size_text(plan) == "2 configs x 2 loads = 4 load runs of 16 requests"
+    assert confirm_question("e1", plan, {"max_num_seqs": 4}).startswith(
+        "Sweep engine e1: 2 configs x 2 loads = 4 load runs of 16 requests. "
+    )
     one = SweepPlan("e1", {"max_num_seqs": (4,)}, (LoadLevel("concurrency", 2),), repeats=3, num_requests=16)
     assert sweep_size_text(one) == "1 config x 1 load x 3 repeats = 3 load runs of 16 requests"
