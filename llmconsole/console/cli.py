@@ -13,6 +13,7 @@ named (`local` among them only when named); without a terminal it prints their s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -124,7 +125,7 @@ def _status_across(ns: argparse.Namespace, hosts: list[Host]) -> int:
     clients = {h.name: client_for(h, timeout_s=30.0) for h in hosts}
     try:
         while True:
-            reports = gather(hosts, clients=clients)
+            reports = _only_engine_across(gather(hosts, clients=clients), getattr(ns, "engine", None))
             if ns.json:
                 print(json.dumps({"hosts": [r.to_json() for r in reports]}, indent=2))
             else:
@@ -147,6 +148,19 @@ def _only_engine(status: dict[str, Any], name: str | None) -> dict[str, Any]:
         known = ", ".join(e["name"] for e in status["engines"]) or "none"
         raise CliError(f"no engine named {name!r} (engines: {known})", EXIT_USAGE)
     return {**status, "engines": engines}
+
+
+def _only_engine_across(reports: list[Any], name: str | None) -> list[Any]:
+    """Each host's status narrowed to `name` (a host without it shows none; not an error there,
+    as the engine may live on any of them)."""
+    if name is None:
+        return reports
+    return [
+        dataclasses.replace(r, status={**r.status, "engines": [e for e in r.status["engines"] if e["name"] == name]})
+        if r.status is not None
+        else r
+        for r in reports
+    ]
 
 
 def cmd_status(ns: argparse.Namespace) -> int:

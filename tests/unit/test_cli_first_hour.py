@@ -79,3 +79,15 @@ def test_the_sweep_question_says_its_size_in_plain_words():
     )
     one = SweepPlan("e1", {"max_num_seqs": (4,)}, (LoadLevel("concurrency", 2),), repeats=3, num_requests=16)
     assert sweep_size_text(one) == "1 config x 1 load x 3 repeats = 3 load runs of 16 requests"
+
+
+def test_status_name_across_hosts_keeps_that_engine_on_each_host():
+    from llmconsole.console.cli import _only_engine_across
+    from llmconsole.console.host_status import HostReport
+    from llmconsole.console.hosts import LOCAL_HOST
+
+    status = {"engines": [{"name": "chat"}, {"name": "batch"}], "daemon": {}}
+    reports = [HostReport(LOCAL_HOST, status=status), HostReport(LOCAL_HOST, error="unreachable", reachable=False)]
+    narrowed = _only_engine_across(reports, "chat")
+    assert [e["name"] for e in narrowed[0].engines] == ["chat"] and narrowed[1] == reports[1]
+    assert _only_engine_across(reports, None) == reports
