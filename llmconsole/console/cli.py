@@ -13,6 +13,7 @@ named (`local` among them only when named); without a terminal it prints their s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -148,7 +149,7 @@ def _status_across(ns: argparse.Namespace, hosts: list[Host]) -> int:
     clients = {h.name: client_for(h, timeout_s=timeout_s) for h in hosts}
     try:
         while True:
-            reports = gather(hosts, timeout_s, clients=clients)
+            reports = _only_engine_across(gather(hosts, timeout_s, clients=clients), getattr(ns, "engine", None))
             if ns.json:
                 print(json.dumps({"hosts": [r.to_json() for r in reports]}, indent=2))
             else:
@@ -162,6 +163,30 @@ def _status_across(ns: argparse.Namespace, hosts: list[Host]) -> int:
             c.close()
 
 
+def _only_engine(status: dict[str, Any], name: str | None) -> dict[str, Any]:
+    """The status narrowed to one engine (`status NAME`); an unknown name is refused."""
+    if name is None:
+        return status
+    engines = [e for e in status["engines"] if e["name"] == name]
+    if not engines:
+        known = ", ".join(e["name"] for e in status["engines"]) or "none"
+        raise CliError(f"no engine named {name!r} (engines: {known})", EXIT_USAGE)
+    return {**status, "engines": engines}
+
+
+def _only_engine_across(reports: list[Any], name: str | None) -> list[Any]:
+    """Each host's status narrowed to `name` (a host without it shows none; not an error there,
+    as the engine may live on any of them)."""
+    if name is None:
+        return reports
+    return [
+        dataclasses.replace(r, status={**r.status, "engines": [e for e in r.status["engines"] if e["name"] == name]})
+        if r.status is not None
+        else r
+        for r in reports
+    ]
+
+
 def cmd_status(ns: argparse.Namespace) -> int:
     targets: list[Host] = ns.targets
     if ns.all_hosts or len(targets) > 1:
@@ -169,7 +194,7 @@ def cmd_status(ns: argparse.Namespace) -> int:
         return _status_across(ns, hosts)
     with daemon_client() as c:
         while True:
-            st = c.status()
+            st = _only_engine(c.status(), getattr(ns, "engine", None))
             if ns.json:
                 print(json.dumps(st, indent=2))
             else:
@@ -300,14 +325,36 @@ def _stop_daemon(ns: argparse.Namespace, client: DaemonClient, info: dict[str, A
     until it is gone."""
     if ns.stop_engines:
         confirm(f"Stop the {which} AND every engine it supervises ({info['engines']})?", ns.yes)
+    serving = _serving_names(client)
     client.stop_daemon(stop_engines=ns.stop_engines)
     deadline = time.monotonic() + (120 if ns.stop_engines else 30)
     while time.monotonic() < deadline and client.ping() is not None:
         time.sleep(0.2)
     if client.ping() is not None:
         raise CliError(f"the {which} did not stop in time{log_hint}")
-    print(f"{which} stopped" + ("; engines stopped" if ns.stop_engines else "; engines keep serving"))
+    print(f"{which} stopped; {_engines_after_stop(serving, ns.stop_engines)}")
     return 0
+
+
+_RUNNING = ("starting", "ready", "unhealthy", "stopping")  # states with a live engine process
+
+
+def _serving_names(client: DaemonClient) -> list[str] | None:
+    """The engines that run now (None if the daemon would not say): what a stop leaves serving."""
+    try:
+        return [e["name"] for e in client.status()["engines"] if e["state"] in _RUNNING]
+    except (DaemonError, DaemonNotRunning, KeyError, TypeError):
+        return None
+
+
+def _engines_after_stop(serving: list[str] | None, stopped_them: bool) -> str:
+    """What became of the engines, as it is: none ran, they were stopped, or they keep serving."""
+    if serving is None:
+        return "engines stopped" if stopped_them else "engines that were running keep serving"
+    if not serving:
+        return "no engine was running"
+    names = ", ".join(serving)
+    return f"engines stopped: {names}" if stopped_them else f"engines keep serving: {names}"
 
 
 # --- engines --------------------------------------------------------------------------------
@@ -443,8 +490,10 @@ def cmd_engine(ns: argparse.Namespace) -> int:
 
 
 def _follow_logs(client: DaemonClient, ns: argparse.Namespace) -> int:
+    from llmconsole.console.logtext import from_line_start
+
     chunk = client.logs(ns.name, max_bytes=ns.bytes)
-    sys.stdout.write(chunk["text"])
+    sys.stdout.write(from_line_start(chunk["text"], cut=chunk["size"] > ns.bytes))
     sys.stdout.flush()
     offset = chunk["offset"]
     while ns.follow:
@@ -511,6 +560,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd")
 
     st = sub.add_parser("status", help="engines and their live figures")
+    st.add_argument("engine", nargs="?", metavar="NAME", help="only this engine")
     st.add_argument(
         "--all-hosts",
         action="store_true",

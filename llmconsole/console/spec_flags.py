@@ -14,6 +14,7 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
+from llmconsole.console.sizes import HINT, parse_size_bytes
 from llmconsole.engine.spec import EngineSpec
 
 # Fields with a flag of their own shape (see add_spec_flags).
@@ -27,6 +28,13 @@ def _base_type(annotation: Any) -> tuple[Any, bool]:
         non_none = [a for a in args if a is not type(None)]
         return (non_none[0] if len(non_none) == 1 else annotation), True
     return annotation, False
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size_bytes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r} {e}") from None
 
 
 def add_spec_flags(p: argparse.ArgumentParser) -> None:
@@ -45,6 +53,8 @@ def add_spec_flags(p: argparse.ArgumentParser) -> None:
             choices = typing.get_args(typ)
             kind = type(choices[0])
             g.add_argument(flag, type=kind, choices=choices, default=argparse.SUPPRESS, help=help_text)
+        elif typ is int and name.endswith("_bytes"):
+            g.add_argument(flag, type=_size, default=argparse.SUPPRESS, metavar="SIZE", help=f"{help_text} ({HINT})")
         elif typ in (int, float, str):
             g.add_argument(flag, type=typ, default=argparse.SUPPRESS, metavar=name.upper(), help=help_text)
     g.add_argument(

@@ -1,6 +1,7 @@
 """A session export: everything the store knows about a span of time, for a colleague.
 
-The bundle is a directory: one JSONL file per table (for machines), CSV of metric samples and
+The bundle is a directory: one JSONL file per table, and one of the tunes the tuner's study
+journal holds for the span (tune_export.py) (for machines), CSV of metric samples and
 sweep points (for spreadsheets), the engines' logs clipped to the span, SVG charts and a
 Markdown report that ties them together (for people). With `session_id` the span is that
 operator session's, and everything that happened on the host meanwhile is in it, automatic
@@ -45,6 +46,7 @@ from llmconsole.db.records import (
 from llmconsole.db.schema import METRIC_FIELDS, SWEEP_FIGURES
 from llmconsole.db.scrub import scrub, scrub_text
 from llmconsole.db.store import Store
+from llmconsole.db.tune_export import read_tunes, with_applied
 from llmconsole.paths import UnsafeDirectory, check_private_dir
 
 
@@ -182,11 +184,13 @@ def export_bundle(
     until_s: float | None = None,
     logs: Mapping[str, Path] | None = None,
     secrets: Iterable[str] = (),
+    tunes_journal: Path | None = None,
 ) -> ExportResult:
     """Write the bundle for the span into `out_dir` (created; it must be empty if it exists).
 
     `logs` maps a name (usually the engine's) to a log file to clip into the bundle; `secrets`
-    are strings that must not appear in it (API keys the caller knows of).
+    are strings that must not appear in it (API keys the caller knows of); `tunes_journal` is
+    the tuner's study journal, whose tunes in the span are exported beside the store's records.
     """
     out = prepare_out_dir(Path(out_dir))
     known = [s for s in secrets if s]
@@ -216,6 +220,10 @@ def export_bundle(
         written.append(path.name)
         counts.append((name, len(records)))
 
+    tunes = _tunes(snap, tunes_journal)
+    written.append(_write_tunes(out / "tunes.jsonl", tunes, clean))
+    counts.append(("tunes", len(tunes)))
+
     written.append(_write_samples_csv(out / "metric_samples.csv", snap.samples, clean))
     written.append(_write_points_csv(out / "sweep_points.csv", snap.points, clean))
 
@@ -237,7 +245,7 @@ def export_bundle(
 
     plots = _write_plots(out, snap)
     written.extend(plots)
-    report_text = report.render(snap, plots=plots, logs=log_notes, files=written + ["report.md"])
+    report_text = report.render(snap, plots=plots, logs=log_notes, files=written + ["report.md"], tunes=tunes)
     with create_file(out / "report.md") as f:
         f.write(scrub_text(report_text, known))
     written.append("report.md")
@@ -256,6 +264,20 @@ def _jsonable(record: Any) -> dict[str, Any]:
 
 def _utc(t: float | None) -> str:
     return "" if t is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def _tunes(snap: ExportSnapshot, journal: Path | None) -> list[dict[str, Any]]:
+    """The span's tunes, each with whether its recommendation was applied."""
+    if journal is None:
+        return []
+    return with_applied(read_tunes(journal, snap.span.since_s, snap.span.until_s), snap.actions)
+
+
+def _write_tunes(path: Path, tunes: Iterable[dict[str, Any]], clean: Callable[[Any], Any]) -> str:
+    with create_file(path) as f:
+        for t in tunes:
+            f.write(json.dumps(clean(t), sort_keys=True) + "\n")
+    return path.name
 
 
 def _write_samples_csv(path: Path, samples: Iterable[MetricSample], clean: Callable[[Any], Any]) -> str:

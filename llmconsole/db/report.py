@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from llmconsole.db.records import Action
+from llmconsole.db.tune_export import tune_lines
 
 if TYPE_CHECKING:
     from llmconsole.db.export import ExportSnapshot
@@ -89,7 +90,14 @@ def first_record_s(snap: ExportSnapshot) -> float | None:
     return min(known) if known else None
 
 
-def render(snap: ExportSnapshot, *, plots: list[str], logs: Mapping[str, str], files: list[str]) -> str:
+def render(
+    snap: ExportSnapshot,
+    *,
+    plots: list[str],
+    logs: Mapping[str, str],
+    files: list[str],
+    tunes: Sequence[dict[str, Any]] = (),
+) -> str:
     span = snap.span
     # With no start asked for, the span starts at the first record: say when that was.
     since = span.since_s if span.since_s is not None else first_record_s(snap)
@@ -180,6 +188,8 @@ def render(snap: ExportSnapshot, *, plots: list[str], logs: Mapping[str, str], f
     else:
         lines.append("No actions in this span.")
     lines.append("")
+    if tunes:  # a tune's trial restarts are no actions: its own record says what it did
+        lines += ["### Tunes", "", *tune_lines(tunes), "", "Trials: [tunes.jsonl](tunes.jsonl).", ""]
     if snap.configs:
         lines += ["### Configs", ""]
         for c in snap.configs:

@@ -27,7 +27,8 @@ class RollbackError(ValueError):
 
 @dataclass(frozen=True)
 class VersionEntry:
-    """One config an engine has run, newest first, with its change from the version before it."""
+    """One config an engine has run, newest first, with what changed from the config it was
+    derived from: the one the engine ran just before this one first ran."""
 
     config_id: str
     verdict: str  # known_good | known_bad | pending
@@ -37,7 +38,8 @@ class VersionEntry:
     in_use: bool
     label: str | None
     spec: dict[str, Any]
-    diff_from_previous: tuple[tuple[str, Any, Any], ...]  # (field, previous, this)
+    derived_from: str | None  # the parent config; None for the engine's first
+    diff_from_parent: tuple[tuple[str, Any, Any], ...]  # (field, parent's, this one's)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -49,20 +51,47 @@ class VersionEntry:
             "in_use": self.in_use,
             "label": self.label,
             "spec": self.spec,
-            "diff_from_previous": [{"field": f, "before": a, "after": b} for f, a, b in self.diff_from_previous],
+            "derived_from": self.derived_from,
+            "diff_from_parent": [{"field": f, "before": a, "after": b} for f, a, b in self.diff_from_parent],
         }
 
 
+def parents(store: Store, engine: str) -> dict[str, str | None]:
+    """Each config's parent: the config of the engine's run just before the config's first run.
+
+    A new config comes from the one running then (a change of flags, a mode, a tune's apply),
+    and runs of it later (a rollback to it, a restart) do not change where it came from; so its
+    "what changed" reads the same however the versions are used afterwards."""
+    out: dict[str, str | None] = {}
+    before: str | None = None
+    for run in store.runs(engine):  # oldest first
+        if run.config_id not in out:
+            out[run.config_id] = before
+        before = run.config_id
+    return out
+
+
 def versions(store: Store, engine: str) -> list[VersionEntry]:
-    """The engine's versions, most recently used first; each diffed against the one used before it."""
+    """The engine's versions, most recently used first; each diffed against its parent config."""
     hist = store.config_versions(engine)
+    specs = {h.config_id: h.spec for h in hist}
+    parent_of = parents(store, engine)
     out = []
-    for i, h in enumerate(hist):
-        older = hist[i + 1] if i + 1 < len(hist) else None
-        diff = tuple(config_diff(older.spec, h.spec)) if older else ()
+    for h in hist:
+        parent = parent_of.get(h.config_id)
+        diff = tuple(config_diff(specs[parent], h.spec)) if parent in specs else ()
         out.append(
             VersionEntry(
-                h.config_id, h.verdict, len(h.run_ids), h.first_used_at, h.last_used_at, h.in_use, h.label, h.spec, diff
+                h.config_id,
+                h.verdict,
+                len(h.run_ids),
+                h.first_used_at,
+                h.last_used_at,
+                h.in_use,
+                h.label,
+                h.spec,
+                parent,
+                diff,
             )
         )
     return out

@@ -54,7 +54,8 @@ def test_a_changed_flag_is_a_new_version_with_its_diff(hcli):
     newest, oldest = hist
     assert oldest["config_id"] == a and oldest["verdict"] == "known_good" and not oldest["in_use"]
     assert newest["in_use"] and newest["verdict"] == "known_good"
-    assert newest["diff_from_previous"] == [{"field": "max_num_seqs", "before": 8, "after": 4}]
+    assert newest["derived_from"] == a
+    assert newest["diff_from_parent"] == [{"field": "max_num_seqs", "before": 8, "after": 4}]
     text = hcli("history").stdout
     assert "max_num_seqs: 8 -> 4" in text
     kinds = [k for k, *_ in _actions(hcli)]

@@ -329,3 +329,19 @@ def test_a_scheduled_tune_with_apply_applies_its_winner_and_watches_it(eng):
     assert tune[0].detail["to"] == {"min_window": 4, "max_window": 16}
     sched = [a for a in acts if a.kind == "tune_schedule"]
     assert [a.detail["to"]["schedule"] is None for a in sched] == [False, True]  # set, then turned off
+
+
+def test_an_export_holds_the_tune_its_recommendation_and_its_apply(eng, tmp_path):
+    """A tune's trials restart the engine without actions; the export still says what was tried,
+    what won, and that it was applied (last in this module: it leaves the engine on the winner)."""
+    args = ["--budget", "1", "--knob", "max_num_seqs=2", "--apply", "--json"]
+    out = json.loads(eng("tune", "--engine", "tn", *LOAD, *args, timeout=600).stdout)
+    assert out["winner"]["params"] == {"max_num_seqs": 2}
+    eng("export", "--out", str(tmp_path / "bundle"))
+    tunes = [json.loads(line) for line in (tmp_path / "bundle" / "tunes.jsonl").read_text().splitlines()]
+    tune = next(t for t in tunes if t["study"] == out["study"])
+    assert tune["engine"] == "tn" and [t["params"] for t in tune["trials"]][-1] == {"max_num_seqs": 2}
+    assert tune["recommendation"]["params"] == {"max_num_seqs": 2}
+    assert tune["applied"] is not None
+    report = (tmp_path / "bundle" / "report.md").read_text()
+    assert f"**{out['study']}** (engine tn)" in report.split("## What changed", 1)[1]

@@ -80,7 +80,8 @@ def history_frame(current: str) -> dict[str, Any]:
         "in_use": False,
         "label": None,
         "spec": {},
-        "diff_from_previous": [],
+        "derived_from": None,
+        "diff_from_parent": [],
     }
     now = {
         "config_id": current,
@@ -91,7 +92,8 @@ def history_frame(current: str) -> dict[str, Any]:
         "in_use": True,
         "label": None,
         "spec": {},
-        "diff_from_previous": [{"field": "max_num_seqs", "before": 16, "after": 8}],
+        "derived_from": "0123456789ab",
+        "diff_from_parent": [{"field": "max_num_seqs", "before": 16, "after": 8}],
     }
     frame["history"] = {"t1": [now, older]}
     return frame

@@ -128,7 +128,7 @@ def test_the_log_is_quiet_by_default_v_shows_all_and_slash_searches():
             assert app.snapshot.engine("t1") and app.check_action("stop_engine", ()) is True  # typing was not keys
             await pilot.press("escape")
             await pilot.pause(0.1)
-            assert app.log_view.search == "" and "GET /health" in text(tail)
+            assert app.screen.log_search == "" and "GET /health" in text(tail)
 
     run(go())
 

@@ -151,7 +151,10 @@ def test_quit_sends_no_stop_and_says_the_engines_keep_serving(recorded_app):
             await pilot.press("q")
             await pilot.pause()
         assert source.commands == []
-        assert app.return_value.startswith("engines keep serving: t1 (ready, http://127.0.0.1:")
+        # Clients belong on the gateway (its window, its hold over restarts); the direct URL is beside it.
+        assert app.return_value == (
+            "engines keep serving: t1 (ready, clients use http://127.0.0.1:33971/g/t1/v1; direct http://127.0.0.1:48325)"
+        )
         assert "bad" not in app.return_value
 
     run(go())

@@ -111,3 +111,18 @@ def test_history(snap_compare, size, frames):
     current = frames[-1]["status"]["engines"][0]["config_id"]
     app, _ = make_recorded_app([history_frame(current)])
     assert snap_compare(app, terminal_size=size, run_before=_run("h", "down"))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_mode_menu(snap_compare, size):
+    """Each mode's description wraps in its own column, never under the modes' names."""
+    app, _ = make_recorded_app()
+    assert snap_compare(app, terminal_size=size, run_before=_run("m"))
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_form_enforce_eager_checked(snap_compare, size):
+    """The enforce_eager checkbox, ticked, as one box beside its label."""
+    app, _ = make_recorded_app()
+    keys = ["n", *"t2", *["tab"] * 10, "space"]
+    assert snap_compare(app, terminal_size=size, run_before=_run(*keys))

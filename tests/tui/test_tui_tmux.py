@@ -61,7 +61,7 @@ class Terminal:
             time.sleep(pause_s)
 
     def screen(self) -> str:
-        return self._tmux("capture-pane", "-p")
+        return self._tmux("capture-pane", "-p", "-J")  # -J: a long line the terminal wrapped reads as one
 
     def wait_for(self, pattern: str, timeout_s: float = 60) -> str:
         return wait_until(
@@ -166,7 +166,11 @@ def test_console_in_a_real_terminal(engine_home):
         term.keys("q")
         screen = term.wait_for(r"console exited \d+")
         assert "console exited 0" in screen
-        assert f"engines keep serving: t1 (ready, {url})" in screen
+        # The gateway's URL for clients, the engine's own beside it.
+        assert re.search(
+            rf"engines keep serving: t1 \(ready, clients use http://127\.0\.0\.1:\d+/\S+/v1; direct {re.escape(url)}\)",
+            screen,
+        ), screen
     finally:
         stop.set()
         term.close()

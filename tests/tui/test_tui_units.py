@@ -8,12 +8,13 @@ import pytest
 
 from llmconsole.console.client import DaemonNotRunning
 from llmconsole.console.tui import Command, RecordedSource
+from llmconsole.console.tui.farewell import goodbye
 from llmconsole.console.tui.history import SpecMemory, spec_diff
 from llmconsole.console.tui.keys import KEYS, KeymapError, check_keymap, config_path, load_keymap
 from llmconsole.console.tui.run import run_console
 from llmconsole.console.tui.screens.form import validate_form
 from llmconsole.console.tui.series import SeriesHistory
-from llmconsole.console.tui.view import EngineView, Snapshot, fmt_bytes, fmt_ms, fmt_uptime, goodbye
+from llmconsole.console.tui.view import EngineView, Snapshot, fmt_bytes, fmt_ms, fmt_uptime
 from tests.support.daemon import Cli
 from tests.support.paths import ROOT
 from tests.support.recorded import lost_frame, stream_frames
@@ -161,7 +162,8 @@ def test_formats():
 
 def test_goodbye_names_what_keeps_serving(frames):
     snap = Snapshot.parse(frames[-1]["status"])
-    assert goodbye(snap).startswith("engines keep serving: t1 (ready, http://127.0.0.1:")
+    # The URL clients should use is the gateway's; the engine's own port is beside it.
+    assert goodbye(snap).startswith("engines keep serving: t1 (ready, clients use http://127.0.0.1:33971/g/t1/v1;")
     assert "as last seen" in goodbye(snap, daemon_lost=True)
     assert goodbye(Snapshot()) == "no engines were running; nothing was stopped"
 

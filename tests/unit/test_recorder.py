@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from llmconsole.console.commands.history import format_versions
 from llmconsole.db import Store
 from llmconsole.db.recorder import Recorder
 from llmconsole.db.versions import RollbackError, choose_target, spec_from_version, versions
@@ -87,8 +88,39 @@ def test_runs_verdicts_and_rollback_choice(tmp_path, model_dir):
 
     hist = versions(store, "e1")
     assert [h.config_id for h in hist] == [c.config_id, b.config_id, a.config_id]
-    assert hist[0].diff_from_previous == (("max_num_seqs", 4, 2),)
+    assert hist[0].derived_from == b.config_id and hist[0].diff_from_parent == (("max_num_seqs", 4, 2),)
     assert "sk-secret-1" not in json.dumps([h.to_json() for h in hist])
+
+
+def test_what_changed_is_against_the_parent_config_however_versions_were_used_later(tmp_path, model_dir):
+    """A mode switch, then a rollback to the original: the original is still the first version
+    (nothing changed), and the switched one still says what the switch changed."""
+    clock = Clock()
+    store = Store.open(tmp_path / "db.sqlite")
+    rec = Recorder(store, clock=clock)
+    original = EngineSpec(model=str(model_dir), gpu_memory_utilization=0.85)
+    switched = EngineSpec(model=str(model_dir), kv_cache_memory_bytes=256 << 20)
+    for spec, pid in ((original, 31), (switched, 32), (original, 33)):  # the last: the rollback
+        clock.t += 10
+        rec.observe(status(spec, EngineState.STARTING, pid))
+        clock.t += 10
+        rec.observe(status(spec, EngineState.READY, pid))
+        clock.t += 10
+        rec.observe(status(spec, EngineState.STOPPED, None, last_exit_code=0))
+
+    hist = {h.config_id: h for h in versions(store, "e1")}
+    assert hist[original.config_id].derived_from is None
+    assert hist[original.config_id].diff_from_parent == ()
+    assert hist[switched.config_id].derived_from == original.config_id
+    assert hist[switched.config_id].diff_from_parent == (
+        ("gpu_memory_utilization", 0.85, None),
+        ("kv_cache_memory_bytes", None, 256 << 20),
+    )
+    # The CLI prints the same: `llmconsole history` reads these entries.
+    text = format_versions("e1", [h.to_json() for h in versions(store, "e1")])
+    original_block = text.split(original.config_id, 1)[1].split(switched.config_id, 1)[0]
+    assert "gpu_memory_utilization" not in original_block
+    assert f"from {original.config_id}:" in text and "gpu_memory_utilization: 0.85 -> null" in text
 
 
 def test_same_config_stored_once_and_adopted_run_reused(tmp_path, model_dir):

@@ -75,7 +75,9 @@ def format_versions(engine: str, entries: list[dict[str, Any]]) -> str:
             f" {mark} {e['config_id']}  {e['verdict']:<10}  runs {e['runs']:<3} "
             f"last used {_when(e['last_used_at'])}{label}"
         )
-        for d in e["diff_from_previous"]:
+        if e.get("derived_from"):
+            lines.append(f"       from {e['derived_from']}:")
+        for d in e.get("diff_from_parent", e.get("diff_from_previous", [])):
             lines.append(f"       {d['field']}: {json.dumps(d['before'])} -> {json.dumps(d['after'])}")
     return "\n".join(lines)
 
@@ -150,7 +152,7 @@ def cmd_history(ns: argparse.Namespace) -> int:
         print("no engine has run yet")
         return 0
     print("\n\n".join(format_versions(name, entries) for name, entries in result.items()))
-    print("\n(* in use; each indented line is a change from the version used before it)")
+    print("\n(* in use; the indented lines are a version's changes from the config it was derived from)")
     return 0
 
 
@@ -218,6 +220,7 @@ def _export_here(ns: argparse.Namespace, out: Path, quiet: bool = False) -> None
                 since_s=since,
                 logs={k: v for k, v in logs.items() if v.exists()},
                 secrets=_known_secrets(paths.state_file),
+                tunes_journal=paths.data_dir / "tuning" / "studies.journal",
             )
         except ExportError as e:
             raise CliError(str(e), EXIT_USAGE) from None

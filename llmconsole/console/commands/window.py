@@ -70,6 +70,23 @@ def format_window(state: dict[str, Any], steps: int = 10) -> str:
     return "\n".join(lines)
 
 
+def _check_bounds(ns: argparse.Namespace, client: Any) -> None:
+    """One bound given: it must not pass the other, standing one; refused in the flags' words."""
+    from llmconsole.console.client import DaemonError
+
+    try:
+        state = client.window(ns.engine)
+    except DaemonError as e:
+        raise CliError(str(e), EXIT_USAGE if e.status in (400, 404) else 1) from None
+    if ns.min is not None and ns.min > state["max_window"]:
+        which = f"--min {ns.min} is above the window's max {state['max_window']}"
+    elif ns.max is not None and ns.max < state["min_window"]:
+        which = f"--max {ns.max} is below the window's min {state['min_window']}"
+    else:
+        return
+    raise CliError(f"{which}: min must not exceed max; nothing was changed", EXIT_USAGE)
+
+
 def cmd_window(ns: argparse.Namespace) -> int:
     changes: dict[str, Any] = {}
     for arg, key in (("target_ms", "target_ms"), ("signal", "signal"), ("min", "min_window"), ("max", "max_window")):
@@ -81,7 +98,13 @@ def cmd_window(ns: argparse.Namespace) -> int:
         changes["set"] = ns.set
     from llmconsole.console.client import DaemonError
 
+    if ns.min is not None and ns.max is not None and ns.min > ns.max:
+        raise CliError(
+            f"--min {ns.min} is above --max {ns.max}: min must not exceed max; nothing was changed", EXIT_USAGE
+        )
     with daemon_client() as client:
+        if (ns.min is None) != (ns.max is None):
+            _check_bounds(ns, client)
         try:
             state = client.change_window(ns.engine, **changes) if changes else client.window(ns.engine)
         except DaemonError as e:

@@ -10,6 +10,7 @@ from typing import Any
 
 from llmconsole.console.tui.charts_live import RANGES_S, range_text
 from llmconsole.console.tui.checks import _MODE_STATES, ActionChecks
+from llmconsole.console.tui.farewell import goodbye
 from llmconsole.console.tui.screens.alerts import AlertsScreen
 from llmconsole.console.tui.screens.confirm import ConfirmScreen
 from llmconsole.console.tui.screens.dashboard import DashboardScreen
@@ -22,7 +23,7 @@ from llmconsole.console.tui.screens.run_base import RunScreen
 from llmconsole.console.tui.screens.sweep import SweepScreen
 from llmconsole.console.tui.screens.tune import TuneScreen
 from llmconsole.console.tui.source import Command
-from llmconsole.console.tui.view import EngineView, goodbye
+from llmconsole.console.tui.view import EngineView
 
 _RUN_SCREENS: dict[str, type[RunScreen[Any, Any, Any]]] = {"sweep_engine": SweepScreen, "tune_engine": TuneScreen}
 
@@ -194,10 +195,6 @@ class ConsoleActions(ActionChecks):
     def action_search_log(self) -> None:
         if isinstance(self.screen, (DashboardScreen, LogsScreen)):
             self.screen.open_search()
-
-    def set_log_search(self, text: str) -> None:
-        self.log_view = dataclasses.replace(self.log_view, search=text.strip())
-        self._log_view_changed()
 
     def _log_view_changed(self) -> None:
         if isinstance(self.screen, (DashboardScreen, LogsScreen)):

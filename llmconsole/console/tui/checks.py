@@ -116,7 +116,7 @@ class ActionChecks(_AppBase):
         if action == "switch_chart":
             if not isinstance(self.screen, DashboardScreen):
                 return False
-            return True if self.screen.one_chart else None  # both show: nothing to switch
+            return self.screen.one_chart  # where both charts show there is nothing to switch: hidden
         if action in _LOG_ACTIONS:
             return isinstance(self.screen, (DashboardScreen, LogsScreen))
         if action == "show_alerts":

@@ -44,6 +44,21 @@ def run_s(load: LoadLevel, requests: int, per_request_s: float) -> float:
     return math.ceil(requests / max(1.0, load.value)) * per_request_s
 
 
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def sweep_size_text(plan: SweepPlan) -> str:
+    """`2 configs x 2 loads = 4 load runs of 16 requests`: what the sweep runs, as a product
+    a reader can check (x 3 repeats where each point is run more than once)."""
+    configs, loads = len(plan.server_points()), len(plan.loads)
+    factors = [_count(configs, "config"), _count(loads, "load")]
+    if plan.repeats > 1:
+        factors.append(_count(plan.repeats, "repeat"))
+    runs = configs * loads * plan.repeats
+    return f"{' x '.join(factors)} = {_count(runs, 'load run')} of {plan.num_requests} requests"
+
+
 def _restart_s(engine: EngineView | None) -> tuple[float, str]:
     last = engine.last_start_s if engine is not None else None
     if last is None:

@@ -23,9 +23,10 @@ from textual.binding import Binding, BindingType
 
 # Where each binding lives. Bindings of "app" stay live on the dashboard, detail and log screens
 # (which add "screen"); the modal screens see only their own.
-CONTEXTS = ("app", "screen", "history", "confirm", "form", "help", "mode", "alerts", "run")
+CONTEXTS = ("app", "dashboard", "screen", "history", "confirm", "form", "help", "mode", "alerts", "run")
 _LIVE_TOGETHER = (
     ("app", "screen", "history"),
+    ("app", "dashboard"),
     ("confirm",),
     ("form",),
     ("help",),
@@ -140,6 +141,15 @@ KEYS: tuple[KeySpec, ...] = (
         title="Command palette",
     ),
     KeySpec("quit", "q", "quit", "Quit", title="Quit (engines keep serving)"),
+    KeySpec(
+        "clear_search",
+        "escape",
+        "clear_search",
+        "Clear search",
+        contexts=("dashboard",),
+        palette=False,
+        title="Clear the log pane's search",
+    ),
     KeySpec("back", "escape", "back", "Back", contexts=("screen", "help", "run"), palette=False),
     KeySpec(
         "rollback",
@@ -153,6 +163,21 @@ KEYS: tuple[KeySpec, ...] = (
     KeySpec("no", "n,escape", "answer(False)", "No", contexts=("confirm",), palette=False),
     KeySpec("submit", "ctrl+s", "submit", "Start engine", contexts=("form",), palette=False),
     KeySpec("cancel", "escape", "cancel", "Cancel", contexts=("form",), palette=False),
+    # Priority: the app moves the focus as the key arrives. Otherwise the field under the cursor
+    # sees Tab first and passes it up, and keys typed right after it land in that field.
+    KeySpec(
+        "next_field", "tab", "next_field", "Next field", contexts=("form",), palette=False, show=False, priority=True
+    ),
+    KeySpec(
+        "previous_field",
+        "shift+tab",
+        "previous_field",
+        "Previous field",
+        contexts=("form",),
+        palette=False,
+        show=False,
+        priority=True,
+    ),
     KeySpec("performance", "p", "pick('performance')", "Performance", contexts=("mode",), palette=False),
     KeySpec("balanced", "b", "pick('balanced')", "Balanced", contexts=("mode",), palette=False),
     KeySpec("aggressive", "a", "pick('aggressive')", "Aggressive", contexts=("mode",), palette=False),
@@ -202,6 +227,7 @@ BY_ID: Mapping[str, KeySpec] = {k.id: k for k in KEYS}
 
 CONTEXT_TITLES = {
     "app": "dashboard, detail, log and history screens",
+    "dashboard": "the dashboard",
     "screen": "detail, log and history screens",
     "history": "the history screen",
     "confirm": "questions",

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmconsole.console.tui.estimate import sweep_text
+from llmconsole.console.tui.estimate import sweep_size_text, sweep_text
 from llmconsole.console.tui.run_view import fmt_duration, length, params_text, split_items, ticked, whole_number
 from llmconsole.console.tui.view import EngineView
 from llmconsole.engine.sweep.plan import PointResult, SweepPlan, SweepProgress
@@ -69,8 +69,7 @@ def restarts_engine(plan: SweepPlan, spec: Mapping[str, Any]) -> bool:
 
 def confirm_question(engine: str, plan: SweepPlan, spec: Mapping[str, Any], view: EngineView | None = None) -> str:
     """The question before a sweep: what it does to the engine, and how long it will take."""
-    n = plan.total_points
-    load = f"{n} point(s), {plan.repeats} run(s) of {plan.num_requests} requests each"
+    load = sweep_size_text(plan)
     took = sweep_text(plan, spec, view)
     if restarts_engine(plan, spec):
         return (

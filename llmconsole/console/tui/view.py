@@ -332,15 +332,3 @@ class LogChunk:
     offset: int  # where the next read should start
     size: int
     from_offset: int | None  # None: this is the tail, not a continuation
-
-
-def goodbye(snapshot: Snapshot | None, daemon_lost: bool = False) -> str:
-    """What the console prints on the way out: the engines do not depend on it."""
-    if snapshot is None:
-        return "the console never reached the daemon; nothing on this host was changed"
-    serving = snapshot.serving
-    if not serving:
-        return "no engines were running; nothing was stopped"
-    seen = " (as last seen; the daemon was not answering)" if daemon_lost else ""
-    parts = [f"{e.name} ({e.state}{', ' + e.url if e.url else ''})" for e in serving]
-    return "engines keep serving: " + ", ".join(parts) + seen

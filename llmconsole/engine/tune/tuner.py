@@ -253,7 +253,19 @@ class Tuner:
                 status,
                 new_trials,
             )
+            self._keep_recommendation(study)
         return self.result
+
+    def _keep_recommendation(self, study: optuna.Study) -> None:
+        """The winner, in the study itself: an export reads it there with the trials (the run's
+        own answer is gone once its client is)."""
+        winner = self.result.to_json()["winner"] if self.result is not None else None
+        if winner is None:
+            return
+        try:
+            study.set_user_attr("recommendation", {**winner, "at_s": time.time()})
+        except Exception as e:  # the journal is a record of the tune, not a condition for it
+            log.warning("the tune's recommendation could not be kept in its study: %s", e)
 
     @property
     def _through_gateway(self) -> bool:

@@ -3,6 +3,7 @@ its batch window, the PID trace and its history as charts, and its log, quiet by
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Protocol, cast
 
 from textual import getters
@@ -12,6 +13,8 @@ from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import DataTable
 
+from llmconsole.console.tui.keys import bindings_for
+from llmconsole.console.tui.logfilter import LogView
 from llmconsole.console.tui.view import Snapshot
 from llmconsole.console.tui.widgets.dash_charts import DashCharts
 from llmconsole.console.tui.widgets.engine_panel import EnginePanel
@@ -38,6 +41,8 @@ class EngineList(Protocol):
 
 
 class DashboardScreen(Screen[None]):
+    BINDINGS = bindings_for("dashboard")
+    log_search = ""  # the log pane's own search: the log screen keeps another
     if TYPE_CHECKING:
         app = getters.app(ConsoleApp)  # the console's state, typed (no runtime check)
 
@@ -100,7 +105,7 @@ class DashboardScreen(Screen[None]):
         self.query_one(WindowStrip).show(engine)
         only = app.chart_pick if self.size.height < SHORT_HEIGHT else None
         self.query_one(DashCharts).show(app.history, engine, app.chart_range_s, only)
-        self.query_one(LogTail).show(name, app.logs.get(name) if name else None, app.log_view)
+        self.query_one(LogTail).show(name, app.logs.get(name) if name else None, self.log_view)
         if name is not None:
             app.want_history(name)
 
@@ -108,18 +113,34 @@ class DashboardScreen(Screen[None]):
     def one_chart(self) -> bool:
         return self.size.height < SHORT_HEIGHT
 
+    @property
+    def log_view(self) -> LogView:
+        """The app's quiet/full choice, narrowed by this pane's own search."""
+        return dataclasses.replace(self.app.log_view, search=self.log_search)
+
     def show_log_view(self) -> None:
         """The log view changed (quiet/full, a search): repaint the pane at once."""
         name = self.selected_name
-        self.query_one(LogTail).show(name, self.app.logs.get(name) if name else None, self.app.log_view)
+        self.query_one(LogTail).show(name, self.app.logs.get(name) if name else None, self.log_view)
+        self.refresh_bindings()  # Esc clears a search only while there is one
 
     def open_search(self) -> None:
-        self.query_one(SearchBar).open(self.app.log_view.search)
+        self.query_one(SearchBar).open(self.log_search)
 
     def on_search_bar_searched(self, event: SearchBar.Searched) -> None:
-        self.app.set_log_search(event.text)
+        self.log_search = event.text.strip()
+        self.show_log_view()
         if event.done:
             self.engines.focus()
+
+    def action_clear_search(self) -> None:
+        self.log_search = ""
+        self.show_log_view()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "clear_search":
+            return bool(self.log_search)
+        return True
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         self.selection_moved()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -12,13 +13,15 @@ from textual import getters
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Log, Static
+from textual.widgets import Static
 
+from llmconsole.console.logtext import from_line_start
 from llmconsole.console.tui.history import SpecVersion, spec_diff
 from llmconsole.console.tui.keys import bindings_for
+from llmconsole.console.tui.logfilter import LogView
 from llmconsole.console.tui.view import EngineView, LogChunk, fmt_uptime, na
 from llmconsole.console.tui.widgets.footer import ConsoleFooter
-from llmconsole.console.tui.widgets.log_view import SearchBar
+from llmconsole.console.tui.widgets.log_view import FollowLog, SearchBar
 from llmconsole.console.tui.widgets.panels import DaemonBanner
 
 if TYPE_CHECKING:
@@ -169,8 +172,9 @@ class DetailScreen(EngineScreen):
 
 
 class LogsScreen(EngineScreen):
-    """The engine's whole log (its last 256 KiB to start with), followed as it grows; quiet by
-    default (v shows every line), and narrowed by a search (/)."""
+    """The engine's whole log (its last 256 KiB to start with), followed as it grows until the
+    user scrolls up; quiet by default (v shows every line), and narrowed by a search (/) of its
+    own, which Esc clears before a second Esc leaves."""
 
     FIRST_BYTES = 256 * 1024
     MAX_LINES = 5000
@@ -178,6 +182,7 @@ class LogsScreen(EngineScreen):
     def __init__(self, engine_name: str) -> None:
         super().__init__(engine_name)
         self.log_offset: int | None = None
+        self.log_search = ""  # this pane's search: the dashboard's pane has its own
         self._raw: collections.deque[str] = collections.deque(maxlen=self.MAX_LINES)
         self._partial = ""
         self._hidden = 0
@@ -185,18 +190,20 @@ class LogsScreen(EngineScreen):
     def compose(self) -> ComposeResult:
         yield DaemonBanner()
         yield Static(id="logs-title")
-        yield Log(max_lines=self.MAX_LINES, highlight=False, auto_scroll=True, id="logs")
+        yield FollowLog(max_lines=self.MAX_LINES, highlight=False, id="logs")
         yield SearchBar()
         yield ConsoleFooter()
 
     def on_mount(self) -> None:
         self._title()
 
+    @property
+    def view(self) -> LogView:
+        return dataclasses.replace(self.app.log_view, search=self.log_search)
+
     def _title(self) -> None:
         self.query_one("#logs-title", Static).update(
-            Text.assemble(
-                ("log of ", "bold"), (self.engine_name, "bold"), f"  ·  {self.app.log_view.describe(self._hidden)}"
-            )
+            Text.assemble(("log of ", "bold"), (self.engine_name, "bold"), f"  ·  {self.view.describe(self._hidden)}")
         )
 
     def log_request(self) -> tuple[str, int | None, int]:
@@ -208,19 +215,21 @@ class LogsScreen(EngineScreen):
     def take_logs(self, chunk: LogChunk) -> None:
         if chunk.name != self.engine_name or chunk.from_offset != self.log_offset:
             return
-        log = self.query_one(Log)
+        log = self.query_one(FollowLog)
         if self.log_offset is not None and chunk.size < self.log_offset:  # truncated or replaced
             log.clear()
             self._raw.clear()
             self._partial, self._hidden = "", 0
             self.log_offset = None
             return
-        if chunk.text:
-            lines = (self._partial + chunk.text).split("\n")
+        text = chunk.text
+        if self.log_offset is None:  # the tail: it starts mid-line unless it is the whole file
+            text = from_line_start(text, cut=chunk.size > self.FIRST_BYTES)
+        if text:
+            lines = (self._partial + text).split("\n")
             self._partial = lines.pop()
-            view = self.app.log_view
             self._raw.extend(lines)
-            shown, hidden = view.lines(lines)
+            shown, hidden = self.view.lines(lines)
             self._hidden += hidden
             if shown:
                 log.write_lines(shown)
@@ -230,16 +239,25 @@ class LogsScreen(EngineScreen):
 
     def show_log_view(self) -> None:
         """Quiet or full, a search: the lines kept so far, shown again through the new view."""
-        shown, self._hidden = self.app.log_view.lines(self._raw)
-        log = self.query_one(Log)
+        shown, self._hidden = self.view.lines(self._raw)
+        log = self.query_one(FollowLog)
         log.clear()
         log.write_lines(shown)
         self._title()
 
     def open_search(self) -> None:
-        self.query_one(SearchBar).open(self.app.log_view.search)
+        self.query_one(SearchBar).open(self.log_search)
 
     def on_search_bar_searched(self, event: SearchBar.Searched) -> None:
-        self.app.set_log_search(event.text)
+        self.log_search = event.text.strip()
+        self.show_log_view()
         if event.done:
-            self.query_one(Log).focus()
+            self.query_one(FollowLog).focus()
+
+    def action_back(self) -> None:
+        """Esc clears a search first (as the title promises); with none, it leaves."""
+        if self.log_search:
+            self.log_search = ""
+            self.show_log_view()
+            return
+        super().action_back()

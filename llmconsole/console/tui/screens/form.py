@@ -7,7 +7,6 @@ Errors show for fields the user has touched, and for all of them on submit.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +16,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Select, Static
 
+from llmconsole.console.sizes import parse_size_bytes
 from llmconsole.console.tui.keys import bindings_for
 from llmconsole.console.tui.widgets.footer import ConsoleFooter
 from llmconsole.console.tui.widgets.planner_panel import PlannerPanel
@@ -47,8 +47,6 @@ FIELDS = (
     FormField("enable_prefix_caching", "enable_prefix_caching", "tristate"),
 )
 _BY_NAME = {f.name: f for f in FIELDS}
-_UNITS = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30}
-_BYTES = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmg]i?)?b?\s*$", re.IGNORECASE)
 
 
 def _parse(field: FormField, raw: Any) -> Any:
@@ -71,10 +69,7 @@ def _parse(field: FormField, raw: Any) -> Any:
         except ValueError:
             raise ValueError("must be a number such as 0.9") from None
     if field.kind == "bytes":
-        m = _BYTES.match(text)
-        if not m:
-            raise ValueError("must be a size in bytes, such as 268435456 or 256MiB")
-        return int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
+        return parse_size_bytes(text)
     return text
 
 
@@ -143,7 +138,7 @@ class EngineFormScreen(ModalScreen[tuple[str, dict[str, Any]] | None]):
                     with Horizontal(classes="form-row"):
                         yield Label(f.label, classes="form-label")
                         if f.kind == "bool":
-                            yield Checkbox("", value=False, id=f"f-{f.name}", compact=True)
+                            yield Checkbox("on", value=False, id=f"f-{f.name}", compact=True)
                         elif f.kind == "tristate":
                             yield Select(
                                 [("vLLM default", "default"), ("on", "on"), ("off", "off")],
@@ -220,6 +215,12 @@ class EngineFormScreen(ModalScreen[tuple[str, dict[str, Any]] | None]):
             self.app.notify("the form has errors: see the marked fields", severity="warning")
             return
         self.dismiss((name, spec))
+
+    def action_next_field(self) -> None:
+        self.focus_next()
+
+    def action_previous_field(self) -> None:
+        self.focus_previous()
 
     def action_cancel(self) -> None:
         self.dismiss(None)

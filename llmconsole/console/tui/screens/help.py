@@ -26,7 +26,8 @@ _MORE = {
     "help": "Every key, as in this table",
     "palette": "Every action, searchable",
     "quit": "Leave the console; every engine keeps serving",
-    "back": "Back to the previous screen",
+    "back": "Back to the previous screen (on the log screen a search is cleared first)",
+    "clear_search": "Clear the log pane's search (shown while there is one)",
     "mode": "The selected engine's memory mode: a guarded restart, rolled back if it fails",
     "performance": "0.90 of memory (GPU utilization, or the CPU budget): the most KV cache",
     "balanced": "0.85 of memory",
@@ -38,7 +39,7 @@ _MORE = {
     "chart_range": "The dashboard's charts: the last 5, 15 or 60 minutes",
     "chart_pick": "The other chart, where the terminal is too short for both (under 30 rows)",
     "full_log": "The log pane: the engine's own lines (quiet), or every line with requests and the daemon's polls",
-    "search_log": "Search the log: lines with the text, highlighted; Esc clears",
+    "search_log": "Search the log: lines with the text, highlighted; Esc clears (each pane keeps its own)",
     "next_knob": "The tune's knob chart: the next knob of the search against goodput",
     "alerts_close": "Back to the previous screen",
 }
@@ -56,6 +57,15 @@ class HelpScreen(ModalScreen[None]):
         box = self.query_one("#help-box")
         box.border_title = 'keys  (remap by id in console.toml: \\[keys] stop = "x")'
         box.border_subtitle = "esc closes"
+        self.call_after_refresh(self._say_if_it_scrolls)
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self._say_if_it_scrolls)
+
+    def _say_if_it_scrolls(self) -> None:
+        """Taller than the screen: the box says so, or the keys below its edge go unseen."""
+        box = self.query_one("#help-box", VerticalScroll)
+        box.border_subtitle = "↑/↓ PgUp/PgDn scroll · esc closes" if box.max_scroll_y > 0 else "esc closes"
 
     def _key_text(self, spec: KeySpec) -> str:
         keymap = getattr(self.app, "keymap", {})

@@ -66,7 +66,8 @@ class HistoryScreen(EngineScreen):
             ("verdict", "verdict"),
             ("runs", "runs"),
             ("last used", "used"),
-            ("change from the version before", "diff"),
+            ("from", "parent"),
+            ("what changed", "diff"),
         ):
             t.add_column(label, key=key)
 
@@ -106,7 +107,8 @@ class HistoryScreen(EngineScreen):
                 Text(v["verdict"], style=_VERDICT_STYLE.get(v["verdict"], "")),
                 str(v.get("runs", 0)),
                 time.strftime("%m-%d %H:%M", time.localtime(v["last_used_at"])),
-                diff_text(v.get("diff_from_previous", [])),
+                v.get("derived_from") or "-",
+                diff_text(v.get("diff_from_parent", v.get("diff_from_previous", []))),  # an older daemon: previous
                 key=v["config_id"],
             )
         note.update(

@@ -7,6 +7,7 @@ back on its own. Escape changes nothing.
 
 from __future__ import annotations
 
+from rich.table import Table
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.screen import ModalScreen
@@ -17,11 +18,21 @@ from llmconsole.console.tui.keys import bindings_for
 from llmconsole.console.tui.widgets.footer import ConsoleFooter
 
 CHOICES = (
-    ("performance", "performance  0.90 of memory: the most KV cache"),
-    ("balanced", "balanced     0.85 of memory"),
-    ("aggressive", "aggressive   0.75 of memory: furthest from an out-of-memory"),
-    ("auto", "auto         the policy picks: >60% memory in use balanced, >80% aggressive"),
+    ("performance", "0.90 of memory: the most KV cache"),
+    ("balanced", "0.85 of memory"),
+    ("aggressive", "0.75 of memory: furthest from an out-of-memory"),
+    ("auto", "the policy picks: >60% memory in use balanced, >80% aggressive"),
 )
+
+
+def _option(mode: str, description: str) -> Table:
+    """A mode and what it means, in two columns: a description that wraps stays in its own
+    column, where it cannot be read as another option."""
+    grid = Table.grid(padding=(0, 2), expand=True)
+    grid.add_column(width=11, no_wrap=True)
+    grid.add_column(ratio=1)
+    grid.add_row(mode, description)
+    return grid
 
 
 class ModeScreen(ModalScreen[str | None]):
@@ -37,7 +48,7 @@ class ModeScreen(ModalScreen[str | None]):
         now = "auto" if self.auto else (self.current or "none (memory set by hand)")
         with Vertical(id="mode-box"):
             yield Static(f"Memory mode of {self.engine} (now: {now})", id="mode-title")
-            yield OptionList(*(Option(text, id=mode) for mode, text in CHOICES), id="mode-options")
+            yield OptionList(*(Option(_option(mode, text), id=mode) for mode, text in CHOICES), id="mode-options")
             yield Static(
                 "A switch restarts the engine; the gateway holds its requests meanwhile, and a "
                 "config that does not come up is rolled back by itself.",

@@ -8,14 +8,28 @@ help screen (?) has every key in full.
 
 from __future__ import annotations
 
+import unicodedata
+
 from rich.style import Style
 from rich.text import Text
 from textual import events
+from textual.keys import REPLACED_KEYS, _get_unicode_name_from_key
 from textual.screen import Screen
 from textual.widgets import Static
 
 NARROW = 100  # below this, keys that do nothing now are left out
 PALETTE_MIN_WIDTH = 120
+
+
+def _character(key: str) -> str | None:
+    """The character a key types: Textual's own lookup misses named ones such as `plus` and
+    `slash`, so an Input's keys were still offered while it had the focus."""
+    if len(key) == 1:
+        return key
+    try:
+        return unicodedata.lookup(_get_unicode_name_from_key(REPLACED_KEYS.get(key, key)))
+    except KeyError:
+        return None
 
 
 class ConsoleFooter(Static):
@@ -44,9 +58,10 @@ class ConsoleFooter(Static):
     def entries(self) -> list[tuple[str, str, bool]]:
         """(keys, description, enabled) for every binding shown, in the screen's order."""
         out: dict[str, tuple[list[str], bool]] = {}
-        for _node, binding, enabled, _tip in self.screen.active_bindings.values():
-            if not binding.show:
-                continue
+        focused = self.screen.focused
+        for key, (_node, binding, enabled, _tip) in self.screen.active_bindings.items():
+            if not binding.show or (focused is not None and focused.check_consume_key(key, _character(key))):
+                continue  # typing in a search box or a form field: that key types, it does not act
             keys, was = out.get(binding.description, ([], False))
             key = self.app.get_key_display(binding)
             if key not in keys:

@@ -8,7 +8,7 @@ from typing import Any
 from rich.text import Text
 from textual import events
 from textual.message import Message
-from textual.widgets import Input, Static
+from textual.widgets import Input, Log, Static
 
 from llmconsole.console.tui.logfilter import LogView
 from llmconsole.console.tui.view import LogChunk
@@ -69,6 +69,50 @@ class LogTail(Static):
                 text.append("\n")
             text.append_text(self._view.mark(line))
         self.update(text, layout=False)  # the pane's size is the layout's, not its text's
+
+
+class FollowLog(Log):
+    """A log that keeps its newest line in view until the user scrolls up, and again once they
+    scroll back to the end.
+
+    Textual's Log follows only while it already sits at the end when lines arrive; a horizontal
+    scrollbar that appears once long lines are measured, or a clear and rewrite (v), leaves it a
+    line or more short of the end, and from then on it stops following."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(auto_scroll=False, **kw)
+        self.following = True
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        # Only a scroll moves this: lines arriving or the view resizing change the end instead.
+        self.following = new_value >= self.max_scroll_y
+
+    def _to_end(self) -> None:
+        if self.following and self.scroll_y < self.max_scroll_y:
+            self.scroll_end(animate=False, immediate=True, x_axis=False)
+
+    def follow(self) -> None:
+        """Bring the end into view now and after the next layout (scrollbars, width, height)."""
+        self._to_end()
+        self.call_after_refresh(self._to_end)
+
+    def write_lines(self, lines: Any, scroll_end: bool | None = None) -> FollowLog:
+        super().write_lines(lines, scroll_end=False)
+        self.follow()
+        return self
+
+    def clear(self) -> FollowLog:
+        super().clear()
+        self.follow()
+        return self
+
+    def _update_maximum_width(self, updates: int, size: int) -> None:
+        super()._update_maximum_width(updates, size)
+        self.follow()
+
+    def on_resize(self) -> None:
+        self.follow()
 
 
 class SearchBar(Input):
