@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import psutil
 import pytest
@@ -51,7 +52,7 @@ def rcli(tiny_model):
     with daemon_home("llmc-rr-") as c:
         c.env["LLMCONSOLE_CPU_KV_BUDGET_BYTES"] = str(BUDGET_BYTES)
         c("engine", "start", NAME, "--model", str(tiny_model), *FLAGS)
-        c.first = c.wait_engine(NAME, lambda e: e["state"] == "ready", timeout_s=START_S)
+        c.wait_engine(NAME, lambda e: e["state"] == "ready", timeout_s=START_S)
         yield c
 
 
@@ -176,9 +177,12 @@ def _after_restart(c: Cli, kind: str, old: dict, on: str) -> tuple[dict, object]
     return e, action
 
 
-def _phase_test(c: Cli, kind: str, phase: str, command: list[str]) -> None:
+def _phase_test(c: Cli, kind: str, phase: str, command_for: Callable[[dict], list[str]]) -> tuple[dict, dict]:
+    """Kill the daemon at `phase` of the change `command_for(engine status)` asks for (always a
+    config other than the current one, so each phase stands on its own), then check what the
+    next daemon made of it. Returns the engine's status before and after."""
     old = _converge(c)
-    left = _kill_daemon_at(c, phase, *command)
+    left = _kill_daemon_at(c, phase, *command_for(old))
     c("daemon", "start")  # the next daemon
     if phase == PAUSE_INTENT_SAVED:
         # The old process still ran: it is adopted, on the old config; the change is not made.
@@ -205,63 +209,81 @@ def _phase_test(c: Cli, kind: str, phase: str, command: list[str]) -> None:
     shown = c("history", NAME, "--actions").stdout
     assert f"{action.kind:<10} {action.from_config_id} -> {action.to_config_id}" in shown
     assert f"interrupted\n      found: {action.detail['found']}" in shown
+    return old, e
 
 
 # --- an operator's restart ---------------------------------------------------------------------
 
 
+def _restart(old: dict) -> list[str]:
+    """A restart on the other seat count: another config."""
+    seats = "8" if old["spec"]["max_num_seqs"] == 6 else "6"
+    return ["engine", "restart", NAME, "--max-num-seqs", seats, "--no-wait"]
+
+
 def test_daemon_killed_after_a_restarts_intent_is_saved_leaves_the_old_engine_adopted(rcli):
-    _phase_test(rcli, "restart", PAUSE_INTENT_SAVED, ["engine", "restart", NAME, "--max-num-seqs", "6", "--no-wait"])
+    _phase_test(rcli, "restart", PAUSE_INTENT_SAVED, _restart)
 
 
 def test_daemon_killed_after_the_old_engine_stopped_starts_the_target_config(rcli):
-    _phase_test(rcli, "restart", PAUSE_OLD_STOPPED, ["engine", "restart", NAME, "--max-num-seqs", "6", "--no-wait"])
+    _phase_test(rcli, "restart", PAUSE_OLD_STOPPED, _restart)
 
 
 def test_daemon_killed_while_the_new_engine_starts_adopts_it_on_the_target(rcli):
-    _phase_test(rcli, "restart", PAUSE_NEW_STARTING, ["engine", "restart", NAME, "--max-num-seqs", "8", "--no-wait"])
-    assert rcli.engine(NAME)["config_id"] == rcli.first["config_id"]  # back where the module began
+    _phase_test(rcli, "restart", PAUSE_NEW_STARTING, _restart)
 
 
 # --- a rollback --------------------------------------------------------------------------------
 
 
-def _seqs6(c: Cli) -> str:
-    """The config the restarts above ran with 6 seats."""
-    with Store.open(c.home / "llmconsole.db") as store:
-        return next(a.to_config_id for a in store.actions(engine=NAME) if a.kind == "restart")
+def _other_config(c: Cli, current: str) -> str:
+    """The config the engine ran most recently other than `current`."""
+    versions = json.loads(c("history", NAME, "--json").stdout)["engines"][NAME]  # newest first
+    others = [v["config_id"] for v in versions if v["config_id"] != current]
+    assert others, "the engine has run no other config to roll back to"
+    return others[0]
+
+
+def _rollback(c: Cli) -> Callable[[dict], list[str]]:
+    return lambda old: ["rollback", NAME, "--to", _other_config(c, old["config_id"]), "--yes"]
 
 
 def test_daemon_killed_in_a_rollback_before_the_old_engine_stops(rcli):
-    _phase_test(rcli, "rollback", PAUSE_INTENT_SAVED, ["rollback", NAME, "--to", _seqs6(rcli), "--yes"])
+    _phase_test(rcli, "rollback", PAUSE_INTENT_SAVED, _rollback(rcli))
 
 
 def test_daemon_killed_in_a_rollback_after_the_old_engine_stopped(rcli):
-    _phase_test(rcli, "rollback", PAUSE_OLD_STOPPED, ["rollback", NAME, "--to", _seqs6(rcli), "--yes"])
+    _phase_test(rcli, "rollback", PAUSE_OLD_STOPPED, _rollback(rcli))
 
 
 def test_daemon_killed_in_a_rollback_while_the_new_engine_starts(rcli):
-    first = rcli.first["config_id"]
-    _phase_test(rcli, "rollback", PAUSE_NEW_STARTING, ["rollback", NAME, "--to", first, "--yes"])
+    _phase_test(rcli, "rollback", PAUSE_NEW_STARTING, _rollback(rcli))
 
 
 # --- a memory-mode switch ----------------------------------------------------------------------
 
 
+def _other_mode(old: dict) -> str:
+    return "performance" if old["mode"] == "balanced" else "balanced"
+
+
+def _switch(old: dict) -> list[str]:
+    return ["mode", NAME, _other_mode(old)]
+
+
 def test_daemon_killed_in_a_mode_switch_before_the_old_engine_stops(rcli):
-    assert rcli.engine(NAME)["mode"] == "performance"
-    _phase_test(rcli, "mode", PAUSE_INTENT_SAVED, ["mode", NAME, "balanced"])
-    assert rcli.engine(NAME)["mode"] == "performance"
+    old, e = _phase_test(rcli, "mode", PAUSE_INTENT_SAVED, _switch)
+    assert e["mode"] == old["mode"]
 
 
 def test_daemon_killed_in_a_mode_switch_after_the_old_engine_stopped(rcli):
-    _phase_test(rcli, "mode", PAUSE_OLD_STOPPED, ["mode", NAME, "balanced"])
-    assert rcli.engine(NAME)["mode"] == "balanced"
+    old, e = _phase_test(rcli, "mode", PAUSE_OLD_STOPPED, _switch)
+    assert e["mode"] == _other_mode(old)
 
 
 def test_daemon_killed_in_a_mode_switch_while_the_new_engine_starts(rcli):
-    _phase_test(rcli, "mode", PAUSE_NEW_STARTING, ["mode", NAME, "performance"])
-    assert rcli.engine(NAME)["mode"] == "performance"
+    old, e = _phase_test(rcli, "mode", PAUSE_NEW_STARTING, _switch)
+    assert e["mode"] == _other_mode(old)
 
 
 # --- a manual rollback under live streams --------------------------------------------------------
@@ -314,14 +336,15 @@ def test_a_manual_rollback_under_live_streams_completes_every_stream(rcli):
             lambda: f"streams in flight before the rollback (client errors so far: {failures[:3]!r})",
             ok=lambda ctl: ctl["in_flight"] > 0,
         )["in_flight"]
-        rcli("rollback", NAME, "--to", _seqs6(rcli), "--yes")
+        to = _other_config(rcli, e["config_id"])
+        rcli("rollback", NAME, "--to", to, "--yes")
         after = rcli.wait_engine(NAME, lambda x: x["state"] == "ready" and x["pid"] != e["pid"], timeout_s=START_S)
         time.sleep(2.0)  # streams sent to the engine on its new config, too
     finally:
         stop.set()
         for t in clients:
             t.join(300)
-    assert after["config_id"] == _seqs6(rcli)
+    assert after["config_id"] == to
     assert in_flight > 0 and not failures, failures[:3]
     assert len(results) > 4
     for status, events, done in results:
