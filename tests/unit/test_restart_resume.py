@@ -146,7 +146,11 @@ def test_a_resumed_target_that_never_comes_up_fails_as_a_fresh_start_does(tmp_pa
             await until(lambda: e.state == EngineState.FAILED, what="failed")
             assert failed == ["e"] and e.restarts == 0
             assert "never came up" in e.status().gave_up_reason
-            assert json.loads(paths.state_file.read_text())["engines"]["e"]["change"] is None
+            # The state file is written off the loop: the cleared change reaches it just after.
+            await until(
+                lambda: json.loads(paths.state_file.read_text())["engines"]["e"]["change"] is None,
+                what="the change cleared in the state file",
+            )
         finally:
             await nxt.close(stop_engines=True)
 
