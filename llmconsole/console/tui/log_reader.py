@@ -4,7 +4,8 @@ The poll refreshes every host; reading a log is one host's business. Were the re
 poll, a host that takes it and never answers would hold up every host's refresh for the read's
 whole timeout. So the log is asked for after each poll is shown, in its own thread worker, at
 most one read per engine at a time, and what it brings (`LogRead`) is shown when it comes. A
-read still out when the next poll comes is not asked again; an engine selected meanwhile (on
+read still out when the next poll comes is not doubled: it is asked again once it ends, so the
+log shown is never older than the newest poll before it. An engine selected meanwhile (on
 another host, say) has its log read at once.
 """
 
@@ -36,6 +37,7 @@ class LogReading(_AppBase):
         logs: dict[str, LogChunk]
         log_reads_done: int
         _logs_out: set[str]
+        _logs_again: set[str]
         _polling: bool
 
         def _render_active(self, chunk: LogChunk | None) -> None: ...
@@ -62,7 +64,10 @@ class LogReading(_AppBase):
             wanted = request() if request else None
         except Exception:  # a screen still composing has no selection yet
             wanted = None
-        if wanted is None or wanted[0] in self._logs_out or self.snapshot.engine(wanted[0]) is None:
+        if wanted is None or self.snapshot.engine(wanted[0]) is None:
+            return
+        if wanted[0] in self._logs_out:
+            self._logs_again.add(wanted[0])  # once the read out now ends
             return
         self._logs_out.add(wanted[0])
         self._read_log(wanted)
@@ -81,11 +86,13 @@ class LogReading(_AppBase):
         self._logs_out.discard(message.name)
         self.log_reads_done += 1
         chunk = message.chunk
-        if chunk is None or self.snapshot is None or self.snapshot.engine(chunk.name) is None:
-            return
         try:
-            if chunk.from_offset is None:
-                self.logs[chunk.name] = chunk
-            self._render_active(chunk)
+            if chunk is not None and self.snapshot is not None and self.snapshot.engine(chunk.name) is not None:
+                if chunk.from_offset is None:
+                    self.logs[chunk.name] = chunk
+                self._render_active(chunk)
         except Exception as e:
             self.report_failure("showing the log", e)
+        if message.name in self._logs_again:  # a poll came while it was out: read what is newer
+            self._logs_again.discard(message.name)
+            self._want_log()
