@@ -40,7 +40,6 @@ class LogReading(_AppBase):
         _logs_again: set[str]
         _polling: bool
 
-        def _render_active(self, chunk: LogChunk | None) -> None: ...
         def report_failure(self, what: str, error: BaseException) -> None: ...
 
     @property
@@ -52,6 +51,16 @@ class LogReading(_AppBase):
     def settled(self) -> bool:
         """No poll and no log read is out: what the screen shows is all that was asked for."""
         return not self._polling and not self._logs_out
+
+    def _show_log(self, chunk: LogChunk) -> None:
+        """Only the log's pane is repainted: the rest of the screen showed the poll already."""
+        take = getattr(self.screen, "take_logs", None)  # a log screen follows its own offset
+        if take is not None:
+            take(chunk)
+            return
+        repaint = getattr(self.screen, "show_log_view", None)  # the dashboard's tail of the log
+        if repaint is not None:
+            repaint()
 
     def _want_log(self) -> None:
         """Read the selected engine's log, unless a read of it is still out (a slow host's): then
@@ -90,7 +99,7 @@ class LogReading(_AppBase):
             if chunk is not None and self.snapshot is not None and self.snapshot.engine(chunk.name) is not None:
                 if chunk.from_offset is None:
                     self.logs[chunk.name] = chunk
-                self._render_active(chunk)
+                self._show_log(chunk)
         except Exception as e:
             self.report_failure("showing the log", e)
         if message.name in self._logs_again:  # a poll came while it was out: read what is newer
