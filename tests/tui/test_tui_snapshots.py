@@ -13,6 +13,13 @@ SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((120, 40), id="120x40"
 SMALL_AND_LARGE = [pytest.param((80, 24), id="80x24"), pytest.param((200, 60), id="200x60")]
 
 
+def _selected_log_shown(app) -> bool:
+    """The log the screen asks for (the selected engine's tail) has come, or it asks for none."""
+    request = getattr(app.screen, "log_request", None)
+    wanted = request() if request else None
+    return wanted is None or wanted[1] is not None or wanted[0] in app.logs
+
+
 def _run(*keys: str, extra_frames=None):
     async def run_before(pilot) -> None:
         await replay(pilot)
@@ -22,7 +29,7 @@ def _run(*keys: str, extra_frames=None):
         # A key that changes the selection polls once, and the log of the new selection is read
         # after that poll, by a worker of its own: wait for both.
         for _ in range(500):
-            if pilot.app.settled:
+            if pilot.app.settled and _selected_log_shown(pilot.app):
                 break
             await pilot.pause(0.01)
         # The log screen's first chunk comes from a poll in a worker thread: on a loaded host it

@@ -93,6 +93,7 @@ class ConsoleApp(LogReading, ConsoleActions, App[str]):
         self.polls_done = 0  # polls that finished, whatever they brought
         self.fetches_done = 0  # answers (or failures) of the daemon's stored history
         self._logs_out: set[str] = set()  # engines whose log read is out (log_reader.py)
+        self._logs_again: set[str] = set()  # ... and asked for again by a poll meanwhile
         self.log_reads_done = 0  # log reads that finished, whatever they brought
         self._timer: Timer | None = None
         self._polling = False
