@@ -168,9 +168,14 @@ def test_dry_run_shows_where_each_range_comes_from(eng):
     )
     out = r.stdout
     # 50,000,000 bytes of KV in 128-token blocks of 512 bytes a token: 762 blocks, one per 24-token request.
-    assert "max_num_seqs=1:256  (planner: the KV cache (50,000,000 bytes) holds 761 requests of 24 tokens" in out
+    assert (
+        "max_num_seqs=1:256  (planner: the running KV cache (50,000,000 bytes) holds 761 requests of 24 tokens"
+        " at once; up to twice that, capped at vLLM's 256)"
+    ) in out
     assert "kernel=stock  (given)" in out and "gateway_max_window=1:4  (engine limits" in out
-    assert "first trial: max_num_seqs=2 (the load keeps 2 requests in flight)" in out
+    # Exactly what trial 0 runs, each knob with what the engine runs now.
+    assert "first trial: max_num_seqs=2 (the load keeps 2 requests in flight; runs " in out
+    assert "kernel=stock (runs stock now)" in out
     assert "study tn-" in out
 
 

@@ -114,3 +114,14 @@ def test_a_study_with_every_trial_infeasible_says_why_and_what_to_change():
     assert lines[1] == f"  trials 0, 1, 2: {why}" and lines[-1].startswith("what to change: give knobs values")
     ok = TrialOutcome(3, {}, "complete", 1.0, 8)
     assert infeasible_lines([*trials, ok]) == []
+
+
+def test_an_slo_missed_by_every_trial_says_by_how_much():
+    from llmconsole.engine.tune.verdict import infeasible_lines
+
+    trials = [
+        TrialOutcome(n, {"max_num_seqs": 2}, "infeasible", 0.02, 8, f"p99_e2e_ms {ms} > 10000")
+        for n, ms in enumerate((24491, 16029, 36080))
+    ]
+    advice = infeasible_lines(trials)[-1]
+    assert advice.startswith("what to change: the trials measured p99_e2e_ms 16,029-36,080 against the SLO's 10000")

@@ -7,11 +7,14 @@ kept the trials out (each distinct reason, with the trials it hit) and what to c
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from llmconsole.engine.tune.space import TrialOutcome
 
 _JUDGED = ("complete", "pruned", "infeasible")
+# How a run's SLO miss reads (sweep/runner.py): `p99_e2e_ms 24491 > 10000`.
+_SLO_MISS = re.compile(r"\b(\w+_ms) ([\d.]+) > ([\d.]+)")
 
 
 def all_infeasible(trials: Sequence[TrialOutcome]) -> bool:
@@ -47,7 +50,16 @@ def _advice(reasons: list[str]) -> str:
         )
     if "window refused" in text:
         tips.append("give window bounds the gateway accepts (min_window <= max_window)")
-    if "slo" in text or "within" in text:
+    misses = [(m.group(1), float(m.group(2)), m.group(3)) for m in map(_SLO_MISS.search, reasons) if m]
+    if misses:
+        name, limit = misses[0][0], misses[0][2]
+        seen = [v for n, v, _ in misses if n == name]
+        tips.append(
+            f"the trials measured {name} {min(seen):,.0f}-{max(seen):,.0f} against the SLO's {limit}: loosen the "
+            "SLO or lighten the workload (lower concurrency, shorter requests); on a shared host, other load "
+            "raises every latency"
+        )
+    elif "slo" in text or "within" in text:
         tips.append("loosen the SLO or lighten the workload (lower concurrency or shorter requests)")
     if "fail" in text and "did not start" not in text:
         tips.append("look at the engine's log for the failed requests")
