@@ -133,8 +133,8 @@ def _progress_event(ev: dict[str, Any]) -> None:
 
 
 def cmd_sweep(ns: argparse.Namespace) -> int:
+    build_plan(ns)  # a bad request or plan is the CLI's usage error, before anything is sent
     request = sweep_request(ns)
-    build_plan(ns)  # a bad plan is the CLI's usage error, before anything is sent
     with daemon_client() as client:
         engine_target(client, ns.engine)  # refuse before any restart if it is not ready
         record = runs.start(client, "sweep", request.model_dump(mode="json"))
