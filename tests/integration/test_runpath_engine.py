@@ -80,14 +80,21 @@ def _running_run(eng) -> dict[str, Any]:
 
 
 def _on_trial_config(eng, run_id: int, original: dict[str, Any]) -> None:
-    """Until trial 0 has begun and the engine serves its config (another config id)."""
+    """Until trial 0 has begun and the engine is on its config (another config id; starting or
+    serving it: the wait must not outlast the trial, after which the engine goes back)."""
     with _api(eng) as api:
         wait_until(
             lambda: any(e["event"] == "trial_started" for e in api.run(run_id)["new_events"]),
             300,
             what=f"run {run_id}'s first trial to begin",
         )
-    eng.wait_engine("rp", lambda e: e["state"] == "ready" and e["config_id"] != original["config_id"], 600)
+        wait_until(
+            lambda: api.engine("rp"),
+            600,
+            0.2,
+            "engine rp on the trial's config",
+            ok=lambda e: e is not None and e["config_id"] != original["config_id"],
+        )
 
 
 def _ended(eng, run_id: int) -> dict[str, Any]:
