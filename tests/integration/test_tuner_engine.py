@@ -107,11 +107,12 @@ def test_killed_cli_leaves_the_study_to_the_daemon_and_the_same_command_resumes_
     run = next(r for r in json.loads(eng("runs", "--json").stdout) if r["kind"] == "tune" and r["state"] == "running")
     first = json.loads(eng("runs", "attach", str(run["id"]), "--json", timeout=600).stdout)
     assert [t["state"] for t in first["trials"]] == ["complete"] * 4 and first["status"] == "done"
-    r = eng("tune", "--engine", "tn", *args[3:], timeout=600)
+    # The budget counts the study's trials: a larger one runs only the difference.
+    r = eng("tune", "--engine", "tn", *args[3:], "--budget", "6", timeout=600)
     out = json.loads(r.stdout)
     assert "resuming study" in r.stderr
-    assert len(out["trials"]) == 8 and out["new_trials"] == 4
-    assert [t["number"] for t in out["trials"]] == list(range(8))
+    assert len(out["trials"]) == 6 and out["new_trials"] == 2
+    assert [t["number"] for t in out["trials"]] == list(range(6))
     # The one candidate is judged on its best trial's own run and its two re-measurements.
     w = out["winner"]
     best = max((t for t in out["trials"] if t["state"] == "complete"), key=lambda t: t["goodput_req_s"])
