@@ -183,7 +183,6 @@ def sweep_points(home: Path, grid: dict[str, list], wl: dict, out: Path) -> tupl
         *load_args(wl),
         "--out",
         str(out),
-        "--no-history",
         "--json",
         progress=True,
     )

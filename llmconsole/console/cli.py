@@ -693,6 +693,7 @@ _ENGINE_ARG = {
     "history": "engine",
     "sweep": "engine",
     "tune": "engine",
+    "runs": "engine",
 }
 _GLOBAL_WITH_VALUE = ("--host", "--hosts-file", "--remote-command", "--remote-data-dir")
 

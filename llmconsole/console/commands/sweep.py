@@ -1,80 +1,26 @@
-"""`llmconsole sweep ...`: a mini sweep over engine configs and loads, through the daemon.
+"""`llmconsole sweep ...`: a mini sweep over engine configs and loads, run by the daemon.
 
-`DaemonController` is the sweep runner's engine controller for engines the daemon supervises:
-each server point is a daemon restart with spec overrides (so it is a config version in the
-history like any other restart), and the original spec is put back at the end.
+The CLI builds the same request the console sends and follows the run (commands/runs.py): each
+server point is a daemon restart with spec overrides (a config version in the history like any
+other restart), and the daemon puts the original spec back at the end, whatever happens to the
+CLI. The results are written where the daemon keeps them and, with --out, here too.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import signal
 import sys
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from llmconsole.console.cli_common import EXIT_USAGE, CliError, daemon_client
-from llmconsole.console.client import DaemonClient, DaemonError
+from llmconsole.console.client import DaemonClient
+from llmconsole.console.commands import runs
 from llmconsole.console.commands.load import add_workload_flags, engine_target
 from llmconsole.engine.sweep.plan import SweepPlan, SweepProgress
-from llmconsole.engine.sweep.probe import ResourceSample, resource_sample
-from llmconsole.engine.sweep.report import analyse, picks_text, render_table, to_json, write_results
+from llmconsole.engine.sweep.report import analyse, picks_text, render_table, result_from_json, to_json, write_results
 from llmconsole.engine.sweep.request import SweepRequest, default
-from llmconsole.engine.sweep.runner import EngineStartFailed, EngineTarget, SweepResult, SweepRunner
-
-if TYPE_CHECKING:
-    from llmconsole.db import Store
-
-
-class DaemonController:
-    def __init__(self, client: DaemonClient, name: str, ready_timeout_s: float = 900.0):
-        self.client, self.name, self.ready_timeout_s = client, name, ready_timeout_s
-
-    @staticmethod
-    def _target(e: dict[str, Any]) -> EngineTarget:
-        return EngineTarget(e["url"], e["served_model_name"], e["model"], e["config_id"], dict(e["spec"]))
-
-    async def current(self) -> EngineTarget:
-        return self._target(await asyncio.to_thread(engine_target, self.client, self.name))
-
-    async def gateway_url(self) -> str:
-        e = await asyncio.to_thread(self.client.engine, self.name)
-        if not e or not e.get("gateway_url"):
-            raise RuntimeError(f"engine {self.name} has no gateway door")
-        url: str = e["gateway_url"]
-        return url
-
-    async def apply(self, overrides: dict[str, Any]) -> EngineTarget:
-        return await asyncio.to_thread(self._restart, overrides)
-
-    async def restore(self, original: EngineTarget) -> EngineTarget:
-        # The status shows a spec as public_dict(): whether a key is set, never the key. The key
-        # stays the engine's own; only the config fields go back.
-        fields = {k: v for k, v in original.spec.items() if k != "api_key_set"}
-        return await asyncio.to_thread(self._restart, fields)
-
-    def _restart(self, overrides: dict[str, Any]) -> EngineTarget:
-        try:
-            self.client.restart_engine(self.name, overrides=overrides)
-        except DaemonError as e:
-            raise EngineStartFailed(str(e)) from None
-        deadline = time.monotonic() + self.ready_timeout_s
-        while time.monotonic() < deadline:
-            eng = self.client.engine(self.name)
-            if eng is not None and eng["state"] == "ready" and eng.get("url"):
-                return self._target(eng)
-            if eng is None or eng["state"] in ("failed", "stopped"):
-                raise EngineStartFailed((eng or {}).get("last_error") or "the engine stopped")
-            time.sleep(0.5)
-        raise EngineStartFailed(f"not ready within {self.ready_timeout_s:.0f} s")
-
-    async def resources(self) -> ResourceSample:
-        status = await asyncio.to_thread(self.client.status)
-        e = next((x for x in status["engines"] if x["name"] == self.name), None) or {}
-        return resource_sample(e, status.get("host") or {})
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -121,9 +67,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="send the load through the engine's gateway door, where the batch window caps it "
         "(default: to the engine's own port, each config's own figures)",
     )
-    p.add_argument("--out", required=True, metavar="DIR", help="results.json, results.csv, report.md, tradeoff.svg")
-    p.add_argument("--no-history", action="store_true", help="do not record the sweep in the database")
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        help="also write results.json, results.csv, report.md, tradeoff.svg here "
+        "(the daemon keeps them under its data dir's sweeps/ in any case)",
+    )
     p.add_argument("--json", action="store_true", help="print results.json's content instead of the table")
+    p.add_argument("--detach", action="store_true", help="start the sweep in the daemon, print its run id and return")
     p.set_defaults(func=cmd_sweep)
 
 
@@ -167,27 +118,45 @@ def _progress_line(ev: SweepProgress) -> None:
     )
 
 
+def _progress_event(ev: dict[str, Any]) -> None:
+    _progress_line(
+        SweepProgress(
+            ev["event"],
+            int(ev["index"]),
+            int(ev["total"]),
+            dict(ev.get("params") or {}),
+            float(ev["elapsed_s"]),
+            ev.get("eta_s"),
+            ev.get("message", ""),
+        )
+    )
+
+
 def cmd_sweep(ns: argparse.Namespace) -> int:
-    plan = build_plan(ns)
-    out = Path(ns.out)
+    build_plan(ns)  # a bad request or plan is the CLI's usage error, before anything is sent
+    request = sweep_request(ns)
     with daemon_client() as client:
         engine_target(client, ns.engine)  # refuse before any restart if it is not ready
-        store: Store | None = None
-        if not ns.no_history:
-            from llmconsole.db import Store, StoreError
-            from llmconsole.paths import resolve
+        record = runs.start(client, "sweep", request.model_dump(mode="json"))
+        if ns.detach:
+            return runs.detached(record, ns.json)
+        return follow_run(client, record, out=Path(ns.out) if ns.out else None, as_json=ns.json, owner=True)
 
-            try:
-                store = Store.open(resolve().database)
-            except StoreError as e:
-                print(f"llmconsole: not recording the sweep in history: {e}", file=sys.stderr)
-        try:
-            result = asyncio.run(_run(plan, DaemonController(client, ns.engine), store))
-        finally:
-            if store is not None:
-                store.close()
-    files = write_results(result, out)
-    if ns.json:
+
+def follow_run(client: DaemonClient, record: dict[str, Any], *, out: Path | None, as_json: bool, owner: bool) -> int:
+    """Follow a sweep run to its end and print it as `sweep` always has: progress lines on
+    stderr, then the table and picks (or results.json's content)."""
+    try:
+        plan = SweepRequest.model_validate(record["request"]).plan()
+    except ValueError as e:
+        raise CliError(f"run {record['id']}: its request no longer reads as a sweep: {e}") from None
+    end = runs.follow(client, record, _progress_event, owner=owner)
+    outcome = end.get("outcome")
+    if not outcome:
+        raise CliError(f"run {end['id']}: the sweep failed: {end.get('error')}")
+    result = result_from_json(outcome, plan)
+    files = write_results(result, out) if out is not None else {k: Path(v) for k, v in outcome["files"].items()}
+    if as_json:
         print(json.dumps(to_json(result), indent=2, default=str))
     else:
         print(render_table(result))
@@ -196,14 +165,4 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
         print(f"\nwritten: {', '.join(str(f) for f in files.values())}")
     if not result.restored:
         raise CliError(f"the engine's original config was NOT restored: {result.restore_error}")
-    return 130 if result.status == "cancelled" else 0
-
-
-async def _run(plan: SweepPlan, ctl: DaemonController, store: Store | None) -> SweepResult:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGINT, stop.set)  # Ctrl-C: finish up, restore, write what was measured
-    try:
-        return await SweepRunner(plan, ctl, on_progress=_progress_line, stop=stop, store=store).run()
-    finally:
-        loop.remove_signal_handler(signal.SIGINT)
+    return runs.EXIT_INTERRUPTED if result.status == "cancelled" else 0

@@ -1,32 +1,29 @@
 """`llmconsole tune ...`: find the config with the best goodput under an SLO, in few restarts.
 
-Trials run through the daemon exactly as sweep points do (`DaemonController`); the study is a
-journal under the data dir, so running the same command again resumes it. `--apply` moves the
-engine to the winner through the daemon's guarded apply, which then watches the SLO and rolls
-back on its own if production degrades.
+The daemon runs the trials (commands/runs.py follows the run), exactly as for a tune started in
+the console; the study is a journal under the daemon's data dir, so running the same command
+again resumes it. `--apply` moves the engine to the winner through the daemon's guarded apply,
+which then watches the SLO and rolls back on its own if production degrades.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import signal
 import sys
-from pathlib import Path
 from typing import Any
 
 from llmconsole.console.cli_common import EXIT_USAGE, CliError, daemon_client
 from llmconsole.console.client import DaemonClient, DaemonError
 from llmconsole.console.client import engine_facts as client_engine_facts
+from llmconsole.console.commands import runs
 from llmconsole.console.commands.load import add_workload_flags, engine_target
-from llmconsole.console.commands.sweep import DaemonController
 from llmconsole.engine.tune.guard import applied_text
 from llmconsole.engine.tune.ranges import EngineFacts, TuneSpace
 from llmconsole.engine.tune.request import TuneRequest, default
 from llmconsole.engine.tune.search import SEARCHES
 from llmconsole.engine.tune.settings import TuneSettings
-from llmconsole.engine.tune.tuner import TuneProgress, Tuner, TuneResult
+from llmconsole.engine.tune.tuner import TuneProgress, TuneResult
 from llmconsole.engine.tune.verdict import infeasible_lines
 
 
@@ -84,6 +81,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--apply", action="store_true", help="apply the winner through the guarded apply")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument(
+        "--detach",
+        action="store_true",
+        help="start the tune in the daemon, print its run id and return (--apply is then not done)",
+    )
     p.set_defaults(func=cmd_tune)
 
 
@@ -163,9 +165,17 @@ def render(result: TuneResult) -> str:
     return "\n".join(lines)
 
 
-def cmd_tune(ns: argparse.Namespace) -> int:
-    from llmconsole.paths import resolve
+def _progress_event(ev: dict[str, Any]) -> None:
+    if ev.get("event") == "prior":  # the space as derived, before trial 0
+        for line in ev.get("space") or ():
+            print(f"[tune] {line}", file=sys.stderr, flush=True)
+        return
+    _progress(TuneProgress.from_json(ev))
 
+
+def cmd_tune(ns: argparse.Namespace) -> int:
+    if ns.detach and ns.apply:
+        raise CliError("--apply waits for the winner; it cannot be given with --detach", EXIT_USAGE)
     with daemon_client() as client:
         facts = engine_facts(client, ns.engine, ns.knob)
         settings, space = build(ns, facts)
@@ -173,34 +183,44 @@ def cmd_tune(ns: argparse.Namespace) -> int:
             print(f"tune {ns.engine}: {settings.budget.describe()}, search {settings.search}, study {settings.name}")
             print("\n".join("  " + line for line in space.describe()))
             return 0
-        for line in space.describe():
-            print(f"[tune] {line}", file=sys.stderr, flush=True)
-        storage = resolve().data_dir / "tuning" / "studies.journal"
-        result = asyncio.run(_run(settings, TuneController(client, ns.engine), storage))
-        applied = None
-        if ns.apply and result.winner is not None and result.restored and result.status == "done":
-            try:
-                applied = apply_winner(client, ns.engine, result, settings)
-            except DaemonError as err:
-                raise CliError(f"the winner was not applied: {err}") from None
-    if ns.json:
+        record = runs.start(client, "tune", tune_request(ns).model_dump(mode="json"))
+        if ns.detach:
+            return runs.detached(record, ns.json)
+        return follow_run(client, record, apply=ns.apply, as_json=ns.json, owner=True)
+
+
+def follow_run(client: DaemonClient, record: dict[str, Any], *, apply: bool, as_json: bool, owner: bool) -> int:
+    """Follow a tune run to its end and print it as `tune` always has; `apply`: the winner
+    through the guarded apply once the run is done and the engine is back."""
+    end = runs.follow(client, record, _progress_event, owner=owner)
+    outcome = end.get("outcome")
+    if not outcome:
+        raise CliError(f"run {end['id']}: the tune failed: {end.get('error')}")
+    result = TuneResult.from_json(outcome)
+    applied = None
+    if apply and result.winner is not None and result.restored and result.status == "done":
+        try:
+            applied = apply_winner(client, end["engine"], result, outcome["slo"])
+        except DaemonError as err:
+            raise CliError(f"the winner was not applied: {err}") from None
+    if as_json:
         why = infeasible_lines(result.trials) if result.winner is None else []
-        print(json.dumps({**result.to_json(), "applied": applied, "no_winner_why": why}, indent=2, default=str))
+        print(json.dumps({**outcome, "applied": applied, "no_winner_why": why}, indent=2, default=str))
     else:
         print(render(result))
         if applied:
             print(f"\n{applied_text(applied)}")
     if not result.restored:
         raise CliError(f"the engine's original config was NOT restored: {result.restore_error}")
-    return 130 if result.status == "cancelled" else 0
+    return runs.EXIT_INTERRUPTED if result.status == "cancelled" else 0
 
 
-def apply_winner(client: DaemonClient, engine: str, result: TuneResult, settings: TuneSettings) -> dict[str, Any]:
+def apply_winner(client: DaemonClient, engine: str, result: TuneResult, slo: dict[str, Any]) -> dict[str, Any]:
     """The winner through the daemon's guarded apply, which then watches the SLO and rolls back
     on its own if production degrades."""
     if result.winner is None:
         raise ValueError(f"study {result.study} has no winner to apply")
-    return client.apply_tuned(engine, result.winner.params, settings.plan.slo.as_dict(), result.study)
+    return client.apply_tuned(engine, result.winner.params, slo, result.study)
 
 
 def engine_facts(client: DaemonClient, name: str, knobs: list[str]) -> EngineFacts:
@@ -212,37 +232,3 @@ def engine_facts(client: DaemonClient, name: str, knobs: list[str]) -> EngineFac
         return client_engine_facts(client, name, with_window=wants_window)
     except DaemonError as err:
         raise CliError(str(err)) from None
-
-
-def _window_bounds(client: DaemonClient, name: str) -> dict[str, int]:
-    try:
-        w = client.window(name, trace_points=0)
-    except DaemonError as err:
-        raise CliError(f"the gateway's window cannot be tuned: {err}") from None
-    return {"min_window": int(w["min_window"]), "max_window": int(w["max_window"])}
-
-
-class TuneController(DaemonController):
-    """The sweep's controller, and the gateway's window bounds: set there, no restart."""
-
-    async def window(self) -> dict[str, int]:
-        return await asyncio.to_thread(_window_bounds, self.client, self.name)
-
-    async def set_window(self, bounds: dict[str, int]) -> None:
-        """Raises ValueError when the gateway refuses the bounds (nothing changed there)."""
-        try:
-            await asyncio.to_thread(self.client.change_window, self.name, **bounds)
-        except DaemonError as err:
-            raise ValueError(str(err)) from None
-
-
-async def _run(settings: TuneSettings, ctl: DaemonController, storage: Path) -> TuneResult:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGINT, stop.set)  # Ctrl-C: finish the trial, restore, keep the study
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    try:
-        return await Tuner(settings, ctl, storage, on_progress=_progress, stop=stop).run()
-    finally:
-        loop.remove_signal_handler(signal.SIGINT)
-        loop.remove_signal_handler(signal.SIGTERM)

@@ -3,8 +3,8 @@
 A console is a client: quitting it, or losing the SSH session, must not stop a sweep that is
 half-way through and has the engine on another config. So the console sends a typed request
 (engine/sweep/request.py, engine/tune/request.py) and the daemon runs it here, keeping each
-run's progress events and outcome; any console (or the CLI) polls them, cancels, or picks the
-run up again after a reconnect. The CLI's own `sweep` and `tune` may still run in the CLI.
+run's progress events and outcome; any console or CLI polls them, cancels, or picks the
+run up again after a reconnect. The CLI's `sweep` and `tune` come here too (commands/runs.py).
 
 Each run gets a thread with its own event loop, as the console gave it before: the load
 generator's timings then never wait on supervision, scrapes or the gateway in the daemon's

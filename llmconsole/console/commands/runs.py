@@ -1,0 +1,180 @@
+"""`llmconsole runs`: the sweeps and tunes under way in the daemon, and following one of them.
+
+Every sweep and tune runs in the daemon (daemon/services/run_service.py): the CLI that started
+one only follows it. Losing the terminal (SIGHUP, an SSH session gone) or killing the CLI ends
+the following, never the run, and the runner puts the engine's config back whatever happens to
+the CLI. Ctrl-C or SIGTERM in the CLI that started the run asks the daemon to cancel it and
+waits for the engine to be put back; in `runs attach` they only stop the watching.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+from llmconsole.console.cli_common import EXIT_FAILED, EXIT_USAGE, CliError, confirm, daemon_client
+from llmconsole.console.client import DaemonClient, DaemonError
+
+POLL_S = 1.0
+EXIT_INTERRUPTED = 130
+
+Event = dict[str, Any]
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("runs", help="the sweeps and tunes the daemon runs: list, attach, cancel")
+    p.add_argument("--engine", help="only this engine's runs")
+    p.add_argument("--json", action="store_true", help="print the runs as JSON")
+    rsub = p.add_subparsers(dest="runs_cmd")
+    a = rsub.add_parser("attach", help="follow a run to its end, as the sweep or tune that started it prints it")
+    a.add_argument("id", type=int)
+    a.add_argument("--json", action="store_true", help="print the result as JSON")
+    c = rsub.add_parser("cancel", help="stop a run after what is under way; it puts the engine back")
+    c.add_argument("id", type=int)
+    c.add_argument("--yes", action="store_true", help="do not ask first")
+    p.set_defaults(func=cmd_runs)
+
+
+def cmd_runs(ns: argparse.Namespace) -> int:
+    with daemon_client() as client:
+        if ns.runs_cmd == "attach":
+            return attach(client, ns.id, as_json=ns.json)
+        if ns.runs_cmd == "cancel":
+            return cancel(client, ns.id, yes=ns.yes)
+        runs = client.runs(ns.engine)
+    if ns.json:
+        print(json.dumps(runs, indent=2))
+    else:
+        print("\n".join(runs_table(runs)) if runs else "no runs")
+    return 0
+
+
+def runs_table(runs: list[dict[str, Any]]) -> list[str]:
+    lines = [f"{'id':>4}  {'kind':<5} {'engine':<16} {'state':<10} {'started':<19} {'events':>6}  actor"]
+    for r in sorted(runs, key=lambda r: r["id"]):
+        started = datetime.fromtimestamp(r["started_at"]).strftime("%Y-%m-%d %H:%M:%S")
+        state = "cancelling" if r["state"] == "running" and r.get("cancel_requested") else r["state"]
+        lines.append(
+            f"{r['id']:>4}  {r['kind']:<5} {r['engine']:<16} {state:<10} {started:<19} {r['events']:>6}  {r['actor']}"
+        )
+    return lines
+
+
+def attach(client: DaemonClient, run_id: int, *, as_json: bool) -> int:
+    """Follow a run that is under way (or show one that ended) as its own command shows it."""
+    record = _get(client, run_id, 0)
+    if record["kind"] == "sweep":
+        from llmconsole.console.commands import sweep
+
+        return sweep.follow_run(client, record, out=None, as_json=as_json, owner=False)
+    from llmconsole.console.commands import tune
+
+    return tune.follow_run(client, record, apply=False, as_json=as_json, owner=False)
+
+
+def cancel(client: DaemonClient, run_id: int, *, yes: bool) -> int:
+    record = _get(client, run_id, 0)
+    if record["state"] != "running":
+        print(f"run {run_id} has already ended: {record['state']}")
+        return 0
+    confirm(f"Cancel run {run_id} ({record['kind']} of {record['engine']}), putting the engine's config back?", yes)
+    client.cancel_run(run_id)
+    print(f"run {run_id}: cancelling; waiting for the engine's config to be put back", file=sys.stderr, flush=True)
+    end = follow(client, record, lambda ev: None, owner=False)
+    outcome = end.get("outcome") or {}
+    if end["state"] == "failed" and not outcome:
+        raise CliError(f"run {run_id} failed: {end.get('error')}")
+    if not outcome.get("restored", False):
+        raise CliError(
+            f"run {run_id} ended, but the engine's original config was NOT restored: {outcome.get('restore_error')}"
+        )
+    print(f"run {run_id} {end['state']}; the engine runs its original config {outcome.get('original_config_id')}")
+    return 0
+
+
+def start(client: DaemonClient, kind: str, request: dict[str, Any]) -> dict[str, Any]:
+    """The run as the daemon started it; a request it refuses is the CLI's error, nothing started."""
+    try:
+        return client.start_run(kind, request)
+    except DaemonError as e:
+        raise CliError(str(e), EXIT_USAGE if e.status == 400 else EXIT_FAILED) from None
+
+
+def detached(record: dict[str, Any], as_json: bool) -> int:
+    if as_json:
+        print(json.dumps({k: v for k, v in record.items() if k not in ("new_events", "outcome")}, indent=2))
+    else:
+        print(
+            f"run {record['id']}: {record['kind']} of {record['engine']} runs in the daemon; "
+            f"follow it with `llmconsole runs attach {record['id']}`, stop it with `llmconsole runs cancel {record['id']}`"
+        )
+    return 0
+
+
+@contextmanager
+def _signals(handled: list[int]) -> Iterator[None]:
+    """SIGINT and SIGTERM counted into `handled` rather than ending the CLI. SIGHUP keeps its
+    default, which ends the CLI alone: the run goes on in the daemon."""
+
+    def count(signum: int, frame: object) -> None:
+        handled.append(signum)
+
+    old = {s: signal.signal(s, count) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def follow(
+    client: DaemonClient, record: dict[str, Any], on_event: Callable[[Event], None], *, owner: bool
+) -> dict[str, Any]:
+    """Hand each of the run's events to `on_event` until it ends; the run's final record.
+
+    `owner` (the CLI that started the run): the first Ctrl-C or SIGTERM cancels the run and the
+    following goes on until the engine is back; a second leaves the rest to the daemon. Otherwise
+    (attach) the first one stops the watching, and the run goes on."""
+    run_id = record["id"]
+    for ev in record.get("new_events") or ():
+        on_event(ev)
+    since = int(record.get("events_from", 0)) + len(record.get("new_events") or ())
+    handled: list[int] = []
+    cancelled = False
+    with _signals(handled):
+        while record["state"] == "running":
+            if handled and (not owner or cancelled and len(handled) > 1):
+                raise CliError(
+                    f"run {run_id} goes on in the daemon; `llmconsole runs attach {run_id}` follows it, "
+                    f"`llmconsole runs cancel {run_id}` stops it",
+                    EXIT_INTERRUPTED,
+                )
+            if handled and not cancelled:
+                cancelled = True
+                client.cancel_run(run_id)
+                print(
+                    f"[run {run_id}] cancelling: what is under way finishes, then the engine's config is put back "
+                    "(interrupt again to leave that to the daemon)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            time.sleep(POLL_S)
+            record = _get(client, run_id, since)
+            for ev in record["new_events"]:
+                on_event(ev)
+            since += len(record["new_events"])
+    return record
+
+
+def _get(client: DaemonClient, run_id: int, since: int) -> dict[str, Any]:
+    try:
+        return client.run(run_id, since)
+    except DaemonError as e:
+        raise CliError(str(e)) from None
