@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.fake_engine import FakeEngine
+
 HERE = Path(__file__).parent
 
 
@@ -17,3 +19,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     wrong = [i.nodeid for i in items if i.path.is_relative_to(HERE) and i.get_closest_marker("engine")]
     if wrong:
         raise pytest.UsageError("tests/unit/ starts no engine; move these to tests/integration/: " + ", ".join(wrong))
+
+
+@pytest.fixture
+def fake(tmp_path):
+    """A stand-in for a vLLM engine's process (tests/support/fake_engine.py) for supervision's
+    unit tests; whatever a failed test left running is killed."""
+    engine = FakeEngine(tmp_path / "fake")
+    yield engine
+    engine.kill_all()

@@ -10,47 +10,14 @@ import json
 import logging
 import os
 import signal
-import time
-from collections.abc import Callable
 
 import psutil
-import pytest
 
 from llmconsole.console.cli import format_status
 from llmconsole.engine.fleet import Fleet
 from llmconsole.engine.status import EngineState
-from llmconsole.engine.supervisor import SupervisionPolicy
 from llmconsole.paths import Paths
-from tests.support.fake_engine import FakeEngine
-
-FAST = SupervisionPolicy(
-    poll_interval_s=0.05,
-    health_interval_s=0.2,
-    health_timeout_s=1.0,
-    scrape_interval_s=0.5,
-    start_timeout_s=5.0,
-    backoff_initial_s=0.2,
-    backoff_max_s=1.0,
-    stable_after_s=60.0,
-    crash_loop_count=3,
-    crash_loop_window_s=0.01,
-    drain_timeout_s=2.0,
-)
-
-
-async def until(pred: Callable[[], bool], timeout_s: float = 30.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s} s: {what}")
-        await asyncio.sleep(0.05)
-
-
-@pytest.fixture
-def fake(tmp_path):
-    engine = FakeEngine(tmp_path / "fake")
-    yield engine
-    engine.kill_all()
+from tests.support.supervision import FAST_ROOMY, until
 
 
 def _alive(pid: int) -> bool:
@@ -68,7 +35,7 @@ def test_a_picked_port_is_kept_through_crashes_stops_restarts_and_a_new_daemon(t
     paths = _paths(tmp_path)
 
     async def main() -> None:
-        fleet = Fleet(paths, FAST)
+        fleet = Fleet(paths, FAST_ROOMY)
         await fleet.open()
         e = await fleet.start("e", fake.spec(), force=True)  # no port asked for: one is picked
         await until(lambda: e.state == EngineState.READY, what="ready")
@@ -89,7 +56,7 @@ def test_a_picked_port_is_kept_through_crashes_stops_restarts_and_a_new_daemon(t
         dead = e.proc.pid
         os.kill(dead, signal.SIGKILL)  # and dies while no daemon watches
         await until(lambda: not _alive(dead), what="the engine gone, its port with it")
-        again = Fleet(paths, FAST)
+        again = Fleet(paths, FAST_ROOMY)
         await again.open()  # the next daemon relaunches it
         try:
             e2 = again.engines["e"]
@@ -106,7 +73,7 @@ def test_a_picked_port_taken_meanwhile_moves_and_says_so_everywhere(tmp_path, fa
     strangers = []
 
     async def main() -> None:
-        fleet = Fleet(paths, FAST)
+        fleet = Fleet(paths, FAST_ROOMY)
         await fleet.open()
         try:
             e = await fleet.start("e", fake.spec(), force=True)

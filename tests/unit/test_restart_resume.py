@@ -25,14 +25,7 @@ from llmconsole.engine.supervisor import (
 )
 from llmconsole.paths import Paths
 from tests.support.fake_engine import FakeEngine
-from tests.unit.test_supervise import FAST, until
-
-
-@pytest.fixture
-def fake(tmp_path):
-    engine = FakeEngine(tmp_path / "fake")
-    yield engine
-    engine.kill_all()
+from tests.support.supervision import FAST, until
 
 
 def _paths(tmp_path: Path) -> Paths:

@@ -10,45 +10,13 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable
-
-import pytest
 
 from llmconsole.engine.fleet import Fleet
 from llmconsole.engine.status import EngineState, EngineStatus
-from llmconsole.engine.supervisor import SupervisionPolicy
 from llmconsole.paths import Paths
-from tests.support.fake_engine import FakeEngine
+from tests.support.supervision import FAST_ROOMY, until
 
-FAST = SupervisionPolicy(
-    poll_interval_s=0.05,
-    health_interval_s=0.2,
-    health_timeout_s=1.0,
-    scrape_interval_s=0.5,
-    start_timeout_s=5.0,
-    backoff_initial_s=0.2,
-    backoff_max_s=1.0,
-    stable_after_s=60.0,
-    crash_loop_count=3,
-    crash_loop_window_s=0.01,
-    drain_timeout_s=2.0,
-)
 SLOW_FSYNC_S = 0.05  # a disk busy with something else
-
-
-async def until(pred: Callable[[], bool], timeout_s: float = 30.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s} s: {what}")
-        await asyncio.sleep(0.02)
-
-
-@pytest.fixture
-def fake(tmp_path):
-    engine = FakeEngine(tmp_path / "fake")
-    yield engine
-    engine.kill_all()
 
 
 def _paths(tmp_path) -> Paths:
@@ -82,7 +50,7 @@ def test_state_writes_leave_the_loop_free_and_an_action_returns_once_durable(tmp
 
     async def main() -> None:
         nonlocal measuring
-        fleet = Fleet(paths, FAST)
+        fleet = Fleet(paths, FAST_ROOMY)
         await fleet.open()
         beat = asyncio.create_task(heartbeat())
         monkeypatch.setattr(os, "fsync", slow_fsync)
@@ -117,7 +85,7 @@ def test_listeners_hear_of_a_change_once_the_state_file_holds_it(tmp_path, fake,
     monkeypatch.setattr(os, "fsync", slow_fsync)
 
     async def main() -> None:
-        fleet = Fleet(paths, FAST)
+        fleet = Fleet(paths, FAST_ROOMY)
         fleet.status_listeners.append(lambda st: heard.append((st, _on_disk(paths))))
         await fleet.open()
         try:
@@ -162,7 +130,7 @@ def test_gateway_settings_are_written_off_the_loop_and_saved_waits_for_them(tmp_
             await asyncio.sleep(0.002)
 
     async def main() -> None:
-        svc = GatewayService(Fleet(paths, FAST), port=0)
+        svc = GatewayService(Fleet(paths, FAST_ROOMY), port=0)
         beat = asyncio.create_task(heartbeat())
         monkeypatch.setattr(os, "fsync", slow_fsync)
         try:

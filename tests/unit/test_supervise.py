@@ -11,7 +11,6 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -33,37 +32,7 @@ from llmconsole.engine.supervisor import (
 )
 from llmconsole.paths import Paths
 from tests.support.fake_engine import FakeEngine
-
-# Fast enough for a unit test; the crash window is so short that only the failure streak can
-# ever find a loop.
-FAST = SupervisionPolicy(
-    poll_interval_s=0.05,
-    health_interval_s=0.2,
-    health_timeout_s=1.0,
-    scrape_interval_s=0.5,
-    start_timeout_s=2.0,
-    backoff_initial_s=0.2,
-    backoff_max_s=1.0,
-    stable_after_s=60.0,
-    crash_loop_count=3,
-    crash_loop_window_s=0.01,
-    drain_timeout_s=2.0,
-)
-
-
-async def until(pred: Callable[[], bool], timeout_s: float = 30.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s} s: {what}")
-        await asyncio.sleep(0.05)
-
-
-@pytest.fixture
-def fake(tmp_path):
-    engine = FakeEngine(tmp_path / "fake")
-    yield engine
-    engine.kill_all()  # whatever a failed test left running
+from tests.support.supervision import FAST, until
 
 
 def _paths(tmp_path: Path) -> Paths:
