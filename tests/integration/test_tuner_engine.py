@@ -104,7 +104,8 @@ def test_killed_cli_leaves_the_study_to_the_daemon_and_the_same_command_resumes_
     p.wait(timeout=30)
     assert "[trial 0] max_num_seqs=4: complete" in seen
     # The daemon runs the study to its budget without the CLI; `runs attach` follows it there.
-    run = next(r for r in json.loads(eng("runs", "--json").stdout) if r["kind"] == "tune" and r["state"] == "running")
+    # The newest tune: one trial config and no restart, it may already have finished by now.
+    run = max((r for r in json.loads(eng("runs", "--json").stdout) if r["kind"] == "tune"), key=lambda r: r["id"])
     first = json.loads(eng("runs", "attach", str(run["id"]), "--json", timeout=600).stdout)
     assert [t["state"] for t in first["trials"]] == ["complete"] * 4 and first["status"] == "done"
     # The budget counts the study's trials: a larger one runs only the difference.
