@@ -219,7 +219,7 @@ def test_window_changes_are_in_the_history_and_the_export_with_who_when_from_and
     rows = [line for line in changed.splitlines() if "| window |" in line]
     assert len(rows) == 5 and all(f"| {getpass.getuser()} | g1 | window |" in r for r in rows)
     assert "| done | `frozen`: false → true; `window`: 8 → 12 |" in rows[0]
-    assert '| done | `frozen`: true → false; `signal`: "ttft" → "e2e"; `target_ms`: 1000.0 → 400.0 |' in rows[4]
+    assert '| done | `frozen`: true → false; `signal`: "ttft" → "e2e"; `target_ms`: 1000.0 → 400.0 |' in rows[3]
     assert "| refused | from " in rows[1]
     assert "the beginning" not in report and " (the first record) → " in report
     exported = [json.loads(line) for line in (out / "actions.jsonl").read_text().splitlines()]
