@@ -227,7 +227,6 @@ def test_window_changes_are_in_the_history_and_the_export_with_who_when_from_and
         12,
         None,
         None,
-        None,
         12,
         8,
     ]
