@@ -25,6 +25,7 @@ from llmconsole.db import Store
 from tests.support.client_team import ClientTeam
 from tests.support.daemon import daemon_home
 from tests.support.engine_flags import tiny_engine_flags
+from tests.support.live_streams import LiveStreams, stream_body
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.engine
@@ -266,64 +267,31 @@ def test_requests_sent_during_a_real_restart_wait_and_complete(gcli):
     assert after["controller"]["timed_out_total"] == 0
 
 
-def _stream(url: str, body: dict, timeout_s: float = 300) -> tuple[int, list[dict], bool]:
-    """A streamed answer read to its end: (status, events, whether it ended with [DONE])."""
-    import httpx
-
-    events, done = [], False
-    with httpx.Client(timeout=timeout_s) as c, c.stream("POST", url, json=body) as r:
-        for line in r.iter_lines():
-            if line == "data: [DONE]":
-                done = True
-            elif line.startswith("data: "):
-                events.append(json.loads(line[6:]))
-        return r.status_code, events, done
-
-
 def test_an_engine_restart_under_live_streams_completes_every_stream(gcli):
     e = gcli.engine("g1")
-    gw = e["gateway_url"]
-    body = {
-        "model": "tiny",
-        "prompt": "a live stream",
-        "max_tokens": 96,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    stop = threading.Event()
-    results: list[tuple[int, list[dict], bool]] = []
-    failures: list[BaseException] = []
-
-    def client() -> None:
-        while not stop.is_set():
-            try:
-                results.append(_stream(f"{gw}/v1/completions", body))
-            except BaseException as err:  # noqa: BLE001 - any failure is what the test looks for
-                failures.append(err)
-
-    clients = [threading.Thread(target=client) for _ in range(4)]
-    for t in clients:
-        t.start()
-    # Streams are in flight when the restart is asked for. Waited for, not slept on: on a busy
-    # 2-core CI host the four clients once had nothing in flight 3 s after they started.
-    in_flight = wait_until(  # on a timeout it shows the window's whole state (queued, open ...)
-        lambda: gcli.engine("g1")["controller"],
-        120,
-        0.2,
-        lambda: f"streams in flight before the restart (client errors so far: {failures[:3]!r})",
-        ok=lambda c: c["in_flight"] > 0,
-    )["in_flight"]
-    gcli("engine", "restart", "g1")
-    gcli.wait_engine("g1", lambda x: x["state"] == "ready" and x["pid"] != e["pid"], timeout_s=300)
-    # Streams go on through the new engine: waited for, not slept on (a loaded host is slow).
-    wait_until(lambda: len(results), 120, 0.2, "more than 8 streams served, some after the restart", ok=lambda n: n > 8)
-    stop.set()
-    for t in clients:
-        t.join(300)
-    assert in_flight > 0 and not failures
-    assert len(results) > 8
-    for status, events, done in results:
+    with LiveStreams(f"{e['gateway_url']}/v1/completions", stream_body("tiny")) as streams:
+        # Streams are in flight when the restart is asked for. Waited for, not slept on: on a busy
+        # 2-core CI host the four clients once had nothing in flight 3 s after they started.
+        in_flight = wait_until(  # on a timeout it shows the window's whole state (queued, open ...)
+            lambda: gcli.engine("g1")["controller"],
+            120,
+            0.2,
+            lambda: f"streams in flight before the restart (client errors so far: {streams.failures[:3]!r})",
+            ok=lambda c: c["in_flight"] > 0,
+        )["in_flight"]
+        gcli("engine", "restart", "g1")
+        gcli.wait_engine("g1", lambda x: x["state"] == "ready" and x["pid"] != e["pid"], timeout_s=300)
+        # Streams go on through the new engine: waited for, not slept on (a loaded host is slow).
+        wait_until(
+            lambda: len(streams.results),
+            120,
+            0.2,
+            "more than 8 streams served, some after the restart",
+            ok=lambda n: n > 8,
+        )
+    assert in_flight > 0 and not streams.failures
+    assert len(streams.results) > 8
+    for status, events, done in streams.results:
         assert status == 200 and done, "a stream was cut"
         assert events[-1]["usage"]["completion_tokens"] == 96
     outcomes = gcli.engine("g1")["controller"]

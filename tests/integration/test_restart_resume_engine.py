@@ -22,8 +22,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Callable
 
 import psutil
@@ -34,6 +32,7 @@ from llmconsole.db import Store
 from llmconsole.engine.supervisor import PAUSE_INTENT_SAVED, PAUSE_NEW_STARTING, PAUSE_OLD_STOPPED
 from tests.support.daemon import Cli, daemon_home
 from tests.support.engine_flags import tiny_engine_flags
+from tests.support.live_streams import LiveStreams, stream_body
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.engine
@@ -289,65 +288,28 @@ def test_daemon_killed_in_a_mode_switch_while_the_new_engine_starts(rcli):
 # --- a manual rollback under live streams --------------------------------------------------------
 
 
-def _stream(url: str, body: dict, timeout_s: float = 300) -> tuple[int, list[dict], bool]:
-    """A streamed answer read to its end: (status, events, whether it ended with [DONE])."""
-    import httpx
-
-    events, done = [], False
-    with httpx.Client(timeout=timeout_s) as c, c.stream("POST", url, json=body) as r:
-        for line in r.iter_lines():
-            if line == "data: [DONE]":
-                done = True
-            elif line.startswith("data: "):
-                events.append(json.loads(line[6:]))
-        return r.status_code, events, done
-
-
 def test_a_manual_rollback_under_live_streams_completes_every_stream(rcli):
     e = _converge(rcli)
-    gw = e["gateway_url"]
-    body = {
-        "model": SERVED,
-        "prompt": "a live stream",
-        "max_tokens": 96,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    stop = threading.Event()
-    results: list[tuple[int, list[dict], bool]] = []
-    failures: list[BaseException] = []
-
-    def client() -> None:
-        while not stop.is_set():
-            try:
-                results.append(_stream(f"{gw}/v1/completions", body))
-            except BaseException as err:  # noqa: BLE001 - any failure is what the test looks for
-                failures.append(err)
-
-    clients = [threading.Thread(target=client) for _ in range(4)]
-    for t in clients:
-        t.start()
-    try:
+    with LiveStreams(f"{e['gateway_url']}/v1/completions", stream_body(SERVED)) as streams:
         in_flight = wait_until(
             lambda: rcli.engine(NAME)["controller"],
             120,
             0.2,
-            lambda: f"streams in flight before the rollback (client errors so far: {failures[:3]!r})",
+            lambda: f"streams in flight before the rollback (client errors so far: {streams.failures[:3]!r})",
             ok=lambda ctl: ctl["in_flight"] > 0,
         )["in_flight"]
         to = _other_config(rcli, e["config_id"])
         rcli("rollback", NAME, "--to", to, "--yes")
         after = rcli.wait_engine(NAME, lambda x: x["state"] == "ready" and x["pid"] != e["pid"], timeout_s=START_S)
-        time.sleep(2.0)  # streams sent to the engine on its new config, too
-    finally:
-        stop.set()
-        for t in clients:
-            t.join(300)
+        # Streams served by the engine on its new config too: waited for, not slept on.
+        served = len(streams.results)
+        wait_until(
+            lambda: len(streams.results), 120, 0.2, "a stream served after the rollback", ok=lambda n: n > served
+        )
     assert after["config_id"] == to
-    assert in_flight > 0 and not failures, failures[:3]
-    assert len(results) > 4
-    for status, events, done in results:
+    assert in_flight > 0 and not streams.failures, streams.failures[:3]
+    assert len(streams.results) > 4
+    for status, events, done in streams.results:
         assert status == 200 and done, "a stream was cut"
         assert events[-1]["usage"]["completion_tokens"] == 96
     assert _last_action(rcli, "rollback").outcome == "applied"
