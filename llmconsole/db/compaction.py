@@ -11,7 +11,7 @@ import sqlite3
 from dataclasses import dataclass
 
 from llmconsole.db.records import CompactionResult
-from llmconsole.db.schema import METRIC_FIELDS
+from llmconsole.db.schema import METRIC_FIELDS, PERCENTILE_FIELDS, bound_fields
 
 DAY_S = 86_400.0
 
@@ -19,6 +19,8 @@ DAY_S = 86_400.0
 # a bucket; averaging them would hide exactly what an operator looks back for.
 _MAX_FIELDS = frozenset(f for f in METRIC_FIELDS if f.startswith("p99_") or f == "kv_cache_usage")
 _INT_FIELDS = frozenset(f for f in METRIC_FIELDS if f.endswith("_bytes"))
+# A percentile's histogram-bucket bounds, by the column they bound.
+_BOUNDS = {b: f for f in PERCENTILE_FIELDS for b in bound_fields(f)}
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,28 @@ class Retention:
             raise ValueError("keep_samples_s must be at least full_resolution_s")
 
 
+def _bound_aggregate(column: str) -> str:
+    """The bounds of a time bucket's folded percentile, honest for the value kept beside them.
+
+    Every sample's figure lies in its own histogram bucket [lower, upper]. The worst figure of
+    the time bucket (a p99: MAX) lies in [MAX(lower), MAX(upper)], and with one bucket layout
+    that is exactly the bucket it fell in; a mean (a p50: AVG) lies between the least and the
+    greatest figure, so in [MIN(lower), MAX(upper)]. An upper NULL is +Inf (past the last finite
+    bound), so it wins MAX. One sample with a figure but no recorded bounds makes the folded
+    bounds unknown (NULL) too: nothing tighter can be said for it.
+    """
+    field = _BOUNDS[column]
+    lower, upper = bound_fields(field)
+    known = f"COUNT({lower}) = COUNT({field})"
+    if column == lower:
+        fn = "MAX" if field in _MAX_FIELDS else "MIN"
+        return f"CASE WHEN {known} THEN {fn}({lower}) END"
+    return f"CASE WHEN {known} AND COUNT({upper}) = COUNT({lower}) THEN MAX({upper}) END"
+
+
 def _aggregate(field: str) -> str:
+    if field in _BOUNDS:
+        return _bound_aggregate(field)
     fn = "MAX" if field in _MAX_FIELDS else "AVG"
     expr = f"{fn}({field})"
     if field in _INT_FIELDS:

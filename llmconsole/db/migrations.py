@@ -173,7 +173,36 @@ _V2 = Migration(
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2)
+# Each percentile's histogram bucket beside its interpolated value, as two REAL columns rather
+# than one JSON text: compaction folds a minute's bounds in the same GROUP BY as the values (the
+# worst bucket beside the worst p99), exports write them as plain numbers, and ADD COLUMN leaves
+# every existing row in place with NULL bounds, which read as "not recorded". An upper bound is
+# NULL past the last finite one (the +Inf bucket); the lower one is never NULL when the bounds
+# are known, so it alone says whether they are.
+_V3 = Migration(
+    3,
+    "metric samples keep each percentile's histogram bucket: p*_lower_s, p*_upper_s",
+    (
+        "ALTER TABLE metric_samples ADD COLUMN p50_ttft_lower_s REAL",
+        "ALTER TABLE metric_samples ADD COLUMN p50_ttft_upper_s REAL",
+        "ALTER TABLE metric_samples ADD COLUMN p99_ttft_lower_s REAL",
+        "ALTER TABLE metric_samples ADD COLUMN p99_ttft_upper_s REAL",
+        "ALTER TABLE metric_samples ADD COLUMN p50_itl_lower_s REAL",
+        "ALTER TABLE metric_samples ADD COLUMN p50_itl_upper_s REAL",
+        "ALTER TABLE metric_samples ADD COLUMN p99_itl_lower_s REAL",
+        "ALTER TABLE metric_samples ADD COLUMN p99_itl_upper_s REAL",
+        "ALTER TABLE metric_samples ADD COLUMN p50_tpot_lower_s REAL",
+        "ALTER TABLE metric_samples ADD COLUMN p50_tpot_upper_s REAL",
+        "ALTER TABLE metric_samples ADD COLUMN p99_tpot_lower_s REAL",
+        "ALTER TABLE metric_samples ADD COLUMN p99_tpot_upper_s REAL",
+        "ALTER TABLE metric_samples ADD COLUMN p50_e2e_lower_s REAL",
+        "ALTER TABLE metric_samples ADD COLUMN p50_e2e_upper_s REAL",
+        "ALTER TABLE metric_samples ADD COLUMN p99_e2e_lower_s REAL",
+        "ALTER TABLE metric_samples ADD COLUMN p99_e2e_upper_s REAL",
+    ),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3)
 SCHEMA_VERSION = MIGRATIONS[-1].version
 
 

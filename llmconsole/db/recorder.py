@@ -21,8 +21,10 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from llmconsole.db.records import MetricSample
+from llmconsole.db.schema import PERCENTILE_FIELDS, bound_fields
 from llmconsole.db.store import Store
 from llmconsole.engine.status import EngineState, EngineStatus
 
@@ -126,6 +128,14 @@ def _sample(st: EngineStatus, at_s: float) -> MetricSample:
         value: float | None = getattr(m, name, None)  # the snapshot's gauges are floats or None
         return value
 
+    # Each percentile's histogram bucket, as the window read it: a person is shown the bucket,
+    # never the interpolation beside it (engine/metrics/percentile.py).
+    bounds: dict[str, Any] = {}  # bound columns only: floats, or None past the last finite bound
+    for field, (lower, upper) in (getattr(m, "percentile_bounds", None) or {}).items():
+        if field in PERCENTILE_FIELDS and g(field) is not None:
+            lower_name, upper_name = bound_fields(field)
+            bounds[lower_name], bounds[upper_name] = lower, upper
+
     return MetricSample(
         engine=st.name,
         at_s=at_s,
@@ -144,4 +154,5 @@ def _sample(st: EngineStatus, at_s: float) -> MetricSample:
         p99_e2e_s=g("p99_e2e_s"),
         gpu_memory_bytes=getattr(p, "gpu_memory_bytes", None),
         host_memory_bytes=getattr(p, "rss_bytes", None),
+        **bounds,
     )

@@ -7,8 +7,12 @@ parses a fresh copy on every call, so no caller can change what another one sees
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
+
+from llmconsole.db.schema import bound_fields
+from llmconsole.engine.metrics.percentile import Percentile
 
 
 def _object(text: str) -> dict[str, Any]:
@@ -138,6 +142,44 @@ class MetricSample:
     p99_e2e_s: float | None = None
     gpu_memory_bytes: int | None = None
     host_memory_bytes: int | None = None
+    # The histogram bucket each percentile fell in: what the figure can tell apart. Both None:
+    # not recorded (a sample from before schema v3, or no figure); an upper None beside a lower
+    # bound: past the last finite bound. A downsampled row's bounds hold its kept value.
+    p50_ttft_lower_s: float | None = None
+    p50_ttft_upper_s: float | None = None
+    p99_ttft_lower_s: float | None = None
+    p99_ttft_upper_s: float | None = None
+    p50_itl_lower_s: float | None = None
+    p50_itl_upper_s: float | None = None
+    p99_itl_lower_s: float | None = None
+    p99_itl_upper_s: float | None = None
+    p50_tpot_lower_s: float | None = None
+    p50_tpot_upper_s: float | None = None
+    p99_tpot_lower_s: float | None = None
+    p99_tpot_upper_s: float | None = None
+    p50_e2e_lower_s: float | None = None
+    p50_e2e_upper_s: float | None = None
+    p99_e2e_lower_s: float | None = None
+    p99_e2e_upper_s: float | None = None
+
+    def percentile(self, field: str) -> Percentile | None:
+        """`p99_ttft_s` with its bucket; None where the sample has no such figure. A sample
+        whose bounds were not recorded gives a Percentile whose bounds are the figure itself
+        (percentile.py's convention for a figure without bounds; `bounds_recorded` says which)."""
+        value: float | None = getattr(self, field)
+        if value is None:
+            return None
+        lower_name, upper_name = bound_fields(field)
+        lower: float | None = getattr(self, lower_name)
+        upper: float | None = getattr(self, upper_name)
+        q = int(field.split("_")[0][1:]) / 100
+        if lower is None:
+            return Percentile(q, value, value, value)
+        return Percentile(q, value, lower, math.inf if upper is None else upper)
+
+    def bounds_recorded(self, field: str) -> bool:
+        """Whether the percentile `field` was stored with its bucket (not so before schema v3)."""
+        return getattr(self, field) is not None and getattr(self, bound_fields(field)[0]) is not None
 
 
 @dataclass(frozen=True, slots=True)

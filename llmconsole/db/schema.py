@@ -8,6 +8,8 @@ get the immutable records of records.py.
 
 from __future__ import annotations
 
+import re
+
 from sqlmodel import Field, SQLModel
 
 
@@ -106,6 +108,24 @@ class MetricSampleRow(SQLModel, table=True):
     p99_e2e_s: float | None = None
     gpu_memory_bytes: int | None = None
     host_memory_bytes: int | None = None
+    # Since schema v3: the histogram bucket each percentile above fell in (NULL: not recorded;
+    # an upper NULL beside a lower: past the last finite bound).
+    p50_ttft_lower_s: float | None = None
+    p50_ttft_upper_s: float | None = None
+    p99_ttft_lower_s: float | None = None
+    p99_ttft_upper_s: float | None = None
+    p50_itl_lower_s: float | None = None
+    p50_itl_upper_s: float | None = None
+    p99_itl_lower_s: float | None = None
+    p99_itl_upper_s: float | None = None
+    p50_tpot_lower_s: float | None = None
+    p50_tpot_upper_s: float | None = None
+    p99_tpot_lower_s: float | None = None
+    p99_tpot_upper_s: float | None = None
+    p50_e2e_lower_s: float | None = None
+    p50_e2e_upper_s: float | None = None
+    p99_e2e_lower_s: float | None = None
+    p99_e2e_upper_s: float | None = None
 
 
 class WindowTraceRow(SQLModel, table=True):
@@ -179,6 +199,18 @@ TABLES = (
 METRIC_FIELDS: tuple[str, ...] = tuple(
     name for name in MetricSampleRow.model_fields if name not in ("engine", "at_s", "resolution_s")
 )
+# The percentiles read from vLLM's histograms (p50_ttft_s, ...): each has a bucket, whose bounds
+# are the columns `bound_fields` names.
+PERCENTILE_FIELDS: tuple[str, ...] = tuple(name for name in METRIC_FIELDS if re.fullmatch(r"p\d+_[a-z0-9]+_s", name))
+
+
+def bound_fields(field: str) -> tuple[str, str]:
+    """The lower and upper bound columns of a percentile field: p99_ttft_s -> p99_ttft_lower_s, ..."""
+    stem = field.removesuffix("_s")
+    return f"{stem}_lower_s", f"{stem}_upper_s"
+
+
+BOUND_FIELDS: frozenset[str] = frozenset(b for f in PERCENTILE_FIELDS for b in bound_fields(f))
 WINDOW_FIELDS: tuple[str, ...] = ("target", "measured", "error", "p", "i", "d", "window")
 SWEEP_FIGURES: tuple[str, ...] = tuple(
     name

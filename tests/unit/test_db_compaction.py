@@ -131,3 +131,40 @@ def test_custom_retention(tmp_path):
         Retention(full_resolution_s=3600, keep_samples_s=60)
     with pytest.raises(ValueError):
         Retention(downsample_to_s=0)
+
+
+def _bucketed(at_s: float, **fields: tuple[float, float, float | None]) -> MetricSample:
+    """A sample whose percentiles carry buckets of vLLM's end-to-end layout (0.3, 0.5, 0.8, ...):
+    field=(figure, lower, upper), upper None past the last finite bound."""
+    values: dict[str, float | None] = {}
+    for name, (value, lower, upper) in fields.items():
+        stem = name.removesuffix("_s")
+        values |= {name: value, f"{stem}_lower_s": lower, f"{stem}_upper_s": upper}
+    return MetricSample("chat", at_s, **values)
+
+
+def test_a_folded_percentile_keeps_the_bucket_of_the_figure_it_keeps(store):
+    start_s = NOW_S - 2 * 3600
+    minute = [_bucketed(start_s + i, p99_e2e_s=(0.297, 0.0, 0.3), p50_e2e_s=(0.15, 0.0, 0.3)) for i in range(59)]
+    minute.append(_bucketed(start_s + 59, p99_e2e_s=(0.62, 0.5, 0.8), p50_e2e_s=(0.4, 0.3, 0.5)))
+    # The next minute: one p99 past vLLM's last finite bound (7680 s).
+    open_ended = [_bucketed(start_s + 60 + i, p99_e2e_s=(1.2, 1.0, 1.5)) for i in range(30)]
+    open_ended.append(_bucketed(start_s + 90, p99_e2e_s=(9000.0, 7680.0, None)))
+    # And a minute that mixes a sample stored before buckets were kept: its bounds are unknown.
+    mixed = [_bucketed(start_s + 120, p99_e2e_s=(0.297, 0.0, 0.3)), MetricSample("chat", start_s + 121, p99_e2e_s=0.7)]
+    store.add_metric_samples(minute + open_ended + mixed)
+    store.compact(NOW_S)
+
+    first, second, third = store.metric_samples("chat")
+    assert first.resolution_s == 60.0
+    # The worst p99 (the minute's maximum) with its own bucket, 500-800 ms: not 0-800 ms.
+    assert first.p99_e2e_s == pytest.approx(0.62) and (first.p99_e2e_lower_s, first.p99_e2e_upper_s) == (0.5, 0.8)
+    assert first.percentile("p99_e2e_s").text() == "500-800 ms"
+    # The mean p50 lies between its least and greatest figure: in [least lower, greatest upper].
+    assert (first.p50_e2e_lower_s, first.p50_e2e_upper_s) == (0.0, 0.5)
+    assert first.p50_e2e_lower_s <= first.p50_e2e_s <= first.p50_e2e_upper_s
+    assert second.p99_e2e_s == 9000.0 and (second.p99_e2e_lower_s, second.p99_e2e_upper_s) == (7680.0, None)
+    assert second.percentile("p99_e2e_s").text() == "> 7,680 s"
+    assert third.p99_e2e_s == 0.7 and not third.bounds_recorded("p99_e2e_s")
+    assert (third.p99_e2e_lower_s, third.p99_e2e_upper_s) == (None, None)
+    assert (first.p99_ttft_lower_s, first.p99_ttft_upper_s) == (None, None)  # no figure, no bucket

@@ -8,7 +8,7 @@ import sqlite3
 
 import pytest
 
-from llmconsole.db import SCHEMA_VERSION, Store, StoreError, guard, migrations
+from llmconsole.db import SCHEMA_VERSION, MetricSample, Store, StoreError, guard, migrations
 from llmconsole.db.schema import TABLES
 
 
@@ -43,7 +43,7 @@ def test_v1_file_is_upgraded_in_place(tmp_path):
     inode = path.stat().st_ino
 
     with Store.open(path) as store:
-        assert store.upgraded_from == 1 and store.schema_version == SCHEMA_VERSION == 2
+        assert store.upgraded_from == 1 and store.schema_version == SCHEMA_VERSION == 3
         assert path.stat().st_ino == inode  # the same file, not a rewritten copy
         cfg = store.config("c0ffee000001")
         assert cfg.spec == {"max_num_seqs": 4} and cfg.label is None and cfg.first_seen_at == 11.0
@@ -64,6 +64,39 @@ def test_v1_file_is_upgraded_in_place(tmp_path):
         assert raw.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     with Store.open(path) as again:
         assert again.upgraded_from is None  # nothing left to do
+
+
+def test_a_v2_file_gains_percentile_bounds_and_its_old_samples_read_as_not_recorded(tmp_path):
+    """v3 adds each percentile's histogram bucket to metric_samples; the samples already there
+    keep their figures and read as "bounds not recorded", shown as before."""
+    path = tmp_path / "llmconsole.db"
+    guard.create_private(path)
+    raw = sqlite3.connect(path, isolation_level=None)
+    raw.execute("PRAGMA journal_mode = WAL")
+    assert migrations.upgrade(raw, target=2) == (0, 2)
+    raw.execute(
+        "INSERT INTO metric_samples (engine, at_s, resolution_s, p50_e2e_s, p99_e2e_s, p99_ttft_s) "
+        "VALUES ('chat', 13.0, 1.0, 0.15, 0.297, NULL)"
+    )
+    raw.close()
+
+    with Store.open(path) as store:
+        assert store.upgraded_from == 2 and store.schema_version == 3
+        (old,) = store.metric_samples("chat")
+        assert (old.p50_e2e_s, old.p99_e2e_s, old.p99_e2e_lower_s, old.p99_e2e_upper_s) == (0.15, 0.297, None, None)
+        assert not old.bounds_recorded("p99_e2e_s") and old.percentile("p99_ttft_s") is None
+        p = old.percentile("p99_e2e_s")
+        assert (p.value_s, p.lower_s, p.upper_s) == (0.297, 0.297, 0.297)  # the bare figure, as before
+        # New samples keep their bucket beside the old ones.
+        store.add_metric_samples(
+            [MetricSample("chat", 14.0, p99_e2e_s=0.297, p99_e2e_lower_s=0.0, p99_e2e_upper_s=0.3)]
+        )
+        new = store.metric_samples("chat")[-1]
+        assert new.bounds_recorded("p99_e2e_s") and new.percentile("p99_e2e_s").text() == "< 300 ms"
+    with sqlite3.connect(path) as raw:
+        columns = [r[1] for r in raw.execute("PRAGMA table_info(metric_samples)")]
+        assert {"p99_e2e_lower_s", "p99_e2e_upper_s", "p50_ttft_lower_s"} <= set(columns)
+        assert raw.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 
 def test_upgrade_is_all_or_nothing(tmp_path, monkeypatch):
