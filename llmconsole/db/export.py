@@ -43,7 +43,7 @@ from llmconsole.db.records import (
     SweepPoint,
     WindowSample,
 )
-from llmconsole.db.schema import METRIC_FIELDS, SWEEP_FIGURES
+from llmconsole.db.schema import BOUND_FIELDS, METRIC_FIELDS, PERCENTILE_FIELDS, SWEEP_FIGURES, bound_fields
 from llmconsole.db.scrub import scrub, scrub_text
 from llmconsole.db.store import Store
 from llmconsole.db.tune_export import read_tunes, with_applied
@@ -280,19 +280,35 @@ def _write_tunes(path: Path, tunes: Iterable[dict[str, Any]], clean: Callable[[A
     return path.name
 
 
+def _samples_csv_columns() -> list[str]:
+    """The gauges in column order, each percentile followed by its bucket's bounds."""
+    columns: list[str] = []
+    for f in METRIC_FIELDS:
+        if f in BOUND_FIELDS:
+            continue
+        columns.append(f)
+        if f in PERCENTILE_FIELDS:
+            columns.extend(bound_fields(f))
+    return columns
+
+
+def _samples_csv_cell(s: MetricSample, column: str) -> Any:
+    """A sample's value as a CSV cell: empty for missing. An upper bound past the last finite one
+    reads `inf` (a spreadsheet and pandas read it as infinity; empty would read as missing)."""
+    value = getattr(s, column)
+    if value is None and column.endswith("_upper_s") and getattr(s, column.replace("_upper_s", "_lower_s")) is not None:
+        return "inf"
+    return "" if value is None else value
+
+
 def _write_samples_csv(path: Path, samples: Iterable[MetricSample], clean: Callable[[Any], Any]) -> str:
+    columns = _samples_csv_columns()
     with create_file(path) as f:
         w = csv.writer(f)
-        w.writerow(["engine", "at_s", "at_utc", "resolution_s", *METRIC_FIELDS])
+        w.writerow(["engine", "at_s", "at_utc", "resolution_s", *columns])
         for s in samples:
             w.writerow(
-                [
-                    clean(s.engine),
-                    s.at_s,
-                    _utc(s.at_s),
-                    s.resolution_s,
-                    *("" if getattr(s, f) is None else getattr(s, f) for f in METRIC_FIELDS),
-                ]
+                [clean(s.engine), s.at_s, _utc(s.at_s), s.resolution_s, *(_samples_csv_cell(s, c) for c in columns)]
             )
     return path.name
 
@@ -353,7 +369,11 @@ def _write_plots(out: Path, snap: ExportSnapshot) -> list[str]:
     charts = {
         "throughput.svg": ("Generation throughput", series("generation_tok_s"), "tokens/s"),
         "prompt_throughput.svg": ("Prompt throughput", series("prompt_tok_s"), "tokens/s"),
-        "p99_latency.svg": ("p99 latency", series("p99_ttft_s", " TTFT") + series("p99_e2e_s", " E2E"), "seconds"),
+        "p99_latency.svg": (
+            "p99 latency: the top of the histogram bucket it fell in",
+            [s for e in engines for field, name in P99_PLOTTED for s in p99_series(snap.samples, e, field, name)],
+            "seconds (p99 at most)",
+        ),
         "kv_cache_usage.svg": ("KV cache usage", series("kv_cache_usage"), "fraction of KV cache"),
     }
     groups = sorted({w.group_name for w in snap.window})
@@ -368,6 +388,36 @@ def _write_plots(out: Path, snap: ExportSnapshot) -> list[str]:
             f.write(line_chart(title, data, y_label))
         written.append(f"plots/{name}")
     return written
+
+
+# The p99s the latency plot draws, and their names in its legend.
+P99_PLOTTED = (("p99_ttft_s", "TTFT"), ("p99_e2e_s", "E2E"))
+
+
+def p99_series(samples: Iterable[MetricSample], engine: str, field: str, name: str) -> list[Series]:
+    """One engine's p99 as a plot may draw it: the top of the histogram bucket it fell in (the
+    p99 was at most that; a figure inside the bucket would claim what the data cannot tell).
+    Past the last finite bound there is no top: those samples are a series of their own at the
+    bound they exceeded. Samples recorded before bounds were kept plot their interpolated figure,
+    named so. The last two appear only where such samples exist."""
+    top: list[tuple[float, float | None]] = []
+    past: list[tuple[float, float | None]] = []
+    bare: list[tuple[float, float | None]] = []
+    for s in samples:
+        if s.engine != engine:
+            continue
+        p = s.percentile(field)
+        known = p is not None and s.bounds_recorded(field)
+        open_ended = p is not None and known and p.upper_bound_s is None
+        top.append((s.at_s, p.upper_bound_s if p is not None and known else None))
+        past.append((s.at_s, p.lower_s if p is not None and open_ended else None))
+        bare.append((s.at_s, p.value_s if p is not None and not known else None))
+    out: list[Series] = [(f"{engine} {name} at most", top)]
+    if any(v is not None for _, v in past):
+        out.append((f"{engine} {name} more than", past))
+    if any(v is not None for _, v in bare):
+        out.append((f"{engine} {name} no bucket", bare))
+    return out
 
 
 def _verify_clean(out: Path, files: Iterable[str], known: list[str]) -> None:

@@ -7,8 +7,9 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from llmconsole.db.records import Action
+from llmconsole.db.records import Action, MetricSample
 from llmconsole.db.tune_export import tune_lines
+from llmconsole.engine.metrics.percentile import worst
 
 if TYPE_CHECKING:
     from llmconsole.db.export import ExportSnapshot
@@ -72,6 +73,42 @@ def _change(action: Action, specs: Mapping[str, dict[str, Any]]) -> str:
     if dst:
         return f"→ {dst}"
     return src or ""
+
+
+_P99_COLUMNS = (("p99_ttft_s", "TTFT"), ("p99_itl_s", "ITL"), ("p99_tpot_s", "TPOT"), ("p99_e2e_s", "E2E"))
+
+
+def _worst_p99(samples: Sequence[MetricSample], field: str) -> str:
+    """The span's worst p99 of one engine as the histogram bucket it fell in (`< 300 ms`), never
+    a figure inside it. Samples recorded before buckets were kept say so beside it, with their
+    worst interpolated figure as it was shown then."""
+    with_bounds = [p for s in samples if s.bounds_recorded(field) and (p := s.percentile(field)) is not None]
+    without = [v for s in samples if not s.bounds_recorded(field) and (v := getattr(s, field)) is not None]
+    top = worst(with_bounds)
+    text = top.text() if top is not None else ""
+    if without:
+        n = len(without)
+        old = f"{n} sample{'s' if n > 1 else ''} without bucket, worst {_seconds(max(without))} interpolated"
+        text = f"{text} ({old})" if text else old
+    return text or "—"
+
+
+def _seconds(v: float) -> str:
+    return f"{v:.3g} s" if v >= 1 else f"{v * 1000:.3g} ms"
+
+
+def _p99_lines(samples: Sequence[MetricSample]) -> list[str]:
+    engines = sorted({s.engine for s in samples if any(getattr(s, f) is not None for f, _ in _P99_COLUMNS)})
+    if not engines:
+        return []
+    rows = [(e, *(_worst_p99([s for s in samples if s.engine == e], f) for f, _ in _P99_COLUMNS)) for e in engines]
+    return [
+        "Worst p99 in the span, as the vLLM histogram bucket it fell in (the buckets are all the data "
+        "can tell apart; the p99 plot draws each bucket's top):",
+        "",
+        *_table(["engine", *(name for _, name in _P99_COLUMNS)], rows),
+        "",
+    ]
 
 
 def first_record_s(snap: ExportSnapshot) -> float | None:
@@ -268,11 +305,12 @@ def render(
 
     lines += ["## Over time", ""]
     lines += [f"![{p.removeprefix('plots/').removesuffix('.svg')}]({p})" for p in plots] + [""]
+    lines += _p99_lines(snap.samples)
     coarse = sum(1 for s in snap.samples if s.resolution_s > 1.0)
     if coarse:
         lines += [
             f"{coarse} of {len(snap.samples)} samples are downsampled averages "
-            "(p99 and KV usage: the bucket's maximum).",
+            "(p99 and KV usage: the interval's maximum, a p99 with the bounds of the bucket it fell in).",
             "",
         ]
 

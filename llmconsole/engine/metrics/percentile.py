@@ -15,7 +15,7 @@ reads renders the bounds.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +49,18 @@ class Percentile:
     def bounds_json(self) -> list[float | None]:
         """[lower_s, upper_s] with null for +Inf (JSON has no infinity)."""
         return [self.lower_s, self.upper_bound_s]
+
+
+def worst(readings: Iterable[Percentile]) -> Percentile | None:
+    """The greatest of several readings of one percentile (a span's p99s), with a bucket that
+    honestly holds it: each figure lies in its own bucket, so the greatest lies in [the greatest
+    lower bound, the greatest upper bound], which with one bucket layout is exactly its bucket.
+    None for no readings."""
+    got = list(readings)
+    if not got:
+        return None
+    top = max(got, key=lambda p: p.value_s)
+    return Percentile(top.quantile, top.value_s, max(p.lower_s for p in got), max(p.upper_s for p in got))
 
 
 def _num(x: float) -> str:
