@@ -128,6 +128,31 @@ def test_stored_history_fills_in_where_the_console_has_no_live_point():
     assert not h.wants_fill("t1", 300.0) and h.wants_fill("t1", 900.0)
 
 
+def test_a_p99_is_kept_as_the_top_of_its_histogram_bucket_live_and_stored():
+    """vLLM's end-to-end buckets: eight requests under 300 ms have a p99 histogram_quantile puts
+    at 297 ms; the charts' memory keeps 0.3 s (the p99 was at most that), never 0.297."""
+    h = SeriesHistory()
+    for i, (value, bounds) in enumerate([(0.297, [0.0, 0.3]), (9000.0, [7680.0, None]), (0.297, None)]):
+        metrics = {"taken_at_s": float(i), "p99_e2e_s": value}
+        if bounds is not None:  # the last poll: a daemon that sends no bounds
+            metrics["percentile_bounds"] = {"p99_e2e_s": bounds}
+        h.add(Snapshot.parse({"daemon": {"time_s": 20_000.0 + i}, "engines": [{"name": "t1", "metrics": metrics}]}))
+    assert "p99_e2e_s" not in SeriesHistory().of("t1").metrics.fields
+    # The bucket's top; past the last finite bound, or with no bounds, there is none: a gap.
+    assert h.series("t1", "p99_e2e_upper_s")[1] == [0.3, None, None]
+
+    stored = {
+        "metrics": {
+            "at_s": [19_990.0, 19_991.0],
+            "p99_e2e_s": [0.297, 0.62],
+            "p99_e2e_lower_s": [0.0, 0.5],
+            "p99_e2e_upper_s": [0.3, 0.8],
+        }
+    }
+    h.fill("t1", stored, 300.0)
+    assert h.series("t1", "p99_e2e_upper_s")[1][:2] == [0.3, 0.8]
+
+
 def test_long_spans_are_averaged_to_the_charts_width_and_gaps_stay_gaps():
     x = [i / 60 for i in range(-3600, 0)]
     y = [None if 1000 <= i < 1100 else float(i % 10) for i in range(3600)]

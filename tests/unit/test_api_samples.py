@@ -83,6 +83,37 @@ def test_a_long_span_is_averaged_into_at_most_points_bins(store):
     assert body["metrics"]["running"][5] == pytest.approx(4.5)  # 30 one-second samples of 0..9, averaged
 
 
+def test_a_p99_comes_with_its_histogram_bucket_and_a_bin_keeps_its_worst(store):
+    """vLLM's end-to-end buckets (0.3, 0.5, 0.8, ... s): a bin keeps its worst p99 with the bucket
+    that one fell in, as compaction keeps a minute's; a bin holding a sample stored before buckets
+    were kept has no bucket to show."""
+    now = time.time()
+    start = now - 3600
+    rows = [
+        MetricSample("demo", start + i, p99_e2e_s=0.297, p99_e2e_lower_s=0.0, p99_e2e_upper_s=0.3)
+        for i in range(60)
+        if i != 7
+    ]
+    rows.append(MetricSample("demo", start + 7, p99_e2e_s=0.62, p99_e2e_lower_s=0.5, p99_e2e_upper_s=0.8))
+    rows.append(MetricSample("demo", start + 61, p99_e2e_s=9000.0, p99_e2e_lower_s=7680.0, p99_e2e_upper_s=None))
+    rows.append(MetricSample("demo", start + 95, p99_e2e_s=0.297))  # from before buckets were kept
+    store.add_metric_samples(rows)
+    status, body = _get(store, "/v1/engines/demo/samples?since_s=3600&points=120")
+    assert status == 200 and body["bin_s"] == 30.0
+    m = body["metrics"]
+    # Bin 0 (the first 30 s) holds the 0.62 s p99 in 500-800 ms: its worst, not a mean of 0.31.
+    assert (m["p99_e2e_s"][0], m["p99_e2e_lower_s"][0], m["p99_e2e_upper_s"][0]) == (0.62, 0.5, 0.8)
+    assert (m["p99_e2e_s"][1], m["p99_e2e_lower_s"][1], m["p99_e2e_upper_s"][1]) == (0.297, 0.0, 0.3)
+    assert (m["p99_e2e_s"][2], m["p99_e2e_lower_s"][2], m["p99_e2e_upper_s"][2]) == (9000.0, 7680.0, None)
+    assert (m["p99_e2e_s"][3], m["p99_e2e_lower_s"][3], m["p99_e2e_upper_s"][3]) == (0.297, None, None)
+    assert m["p99_ttft_lower_s"][0] is None and m["p99_ttft_s"][0] is None
+
+    status, body = _get(store, "/v1/engines/demo/samples?since_s=3600&points=3600")  # unbinned
+    m = body["metrics"]
+    top = dict(zip(m["at_s"], m["p99_e2e_upper_s"], strict=True))
+    assert body["bin_s"] == 0.0 and (top[start + 6], top[start + 7], top[start + 95]) == (0.3, 0.8, None)
+
+
 def test_bad_queries_unknown_engines_and_no_store_say_so(store):
     assert _get(store, "/v1/engines/demo/samples?since_s=x")[0] == 400
     assert _get(store, "/v1/engines/demo/samples?since_s=7200")[0] == 400

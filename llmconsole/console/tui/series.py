@@ -14,22 +14,28 @@ import bisect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from llmconsole.console.tui.view import Snapshot
+from llmconsole.console.tui.view import EngineView, Snapshot
 
 SPAN_S = 3600.0
-METRICS = (
-    "kv_cache_usage",
-    "waiting",
-    "running",
-    "generation_tok_s",
-    "prompt_tok_s",
-    "p99_ttft_s",
-    "p99_e2e_s",
-    "p99_tpot_s",
-)
+# A p99 is kept as the top of the vLLM histogram bucket it fell in (`p99_ttft_upper_s`: the p99
+# was at most that), never histogram_quantile's figure inside the bucket, which the data cannot
+# tell apart from the rest of it; a chart of it says "at most". Past the last finite bound, or
+# from a daemon that sends no bounds, there is no top: a gap.
+P99_TOPS = {"p99_ttft_upper_s": "p99_ttft_s", "p99_e2e_upper_s": "p99_e2e_s", "p99_tpot_upper_s": "p99_tpot_s"}
+METRICS = ("kv_cache_usage", "waiting", "running", "generation_tok_s", "prompt_tok_s", *P99_TOPS)
 STEP_FIELDS = ("window", "target_ms", "measured_ms")
 
 Row = tuple[float | None, ...]
+
+
+def _live(e: EngineView, key: str) -> float | None:
+    """A figure of the engine's status; a p99's bucket top from the window's percentile_bounds."""
+    field = P99_TOPS.get(key)
+    if field is None:
+        return e.metric(key)
+    bounds = (e.metrics.get("percentile_bounds") or {}).get(field)
+    top = bounds[1] if isinstance(bounds, (list, tuple)) and len(bounds) == 2 else None
+    return float(top) if isinstance(top, (int, float)) and e.metric(field) is not None else None
 
 
 class Timeline:
@@ -100,7 +106,7 @@ class SeriesHistory:
             taken = e.metrics_taken_at_s
             if now is not None and taken is not None and not e.metrics_stale and taken != h.last_scrape:
                 h.last_scrape = taken
-                h.metrics.add(now, tuple(e.metric(k) for k in METRICS))
+                h.metrics.add(now, tuple(_live(e, k) for k in METRICS))
             if e.controller is not None:
                 for at, window, target, measured in e.controller.steps:
                     h.steps.add(at, (float(window), target, measured))
