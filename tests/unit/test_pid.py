@@ -144,6 +144,10 @@ def test_signals_and_bad_settings():
     for bad in ({"min_window": 10, "max_window": 5}, {"target_ms": 0}, {"start_window": 50}, {"signal": "x"}):
         with pytest.raises(ValueError):
             PidSettings(**bad)
+    # Bounds given the wrong way round are said as such, not as a start window outside [40, 8].
+    with pytest.raises(ValueError) as refused:
+        PidSettings(min_window=40, max_window=8, start_window=16)
+    assert str(refused.value) == "max_window (8) must be at least min_window (40)"
     with pytest.raises(ValueError):
         ctl.configure(max_window=2)
     assert ctl.settings.max_window == 32 and ctl.settings.signal is Signal.E2E

@@ -96,7 +96,7 @@ class PidSettings:
             problems.append(f"min_window must be at least 1, not {self.min_window}")
         if self.max_window < self.min_window:
             problems.append(f"max_window ({self.max_window}) must be at least min_window ({self.min_window})")
-        if not self.min_window <= self.start_window <= self.max_window:
+        elif not self.min_window <= self.start_window <= self.max_window:  # only said of a valid range
             problems.append(f"start_window ({self.start_window}) must lie in [{self.min_window}, {self.max_window}]")
         if min(self.kp, self.ki, self.kd) < 0:
             problems.append("gains must not be negative")
