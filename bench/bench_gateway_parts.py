@@ -124,11 +124,15 @@ def start_gateway(
     target_ms: float,
     min_window: int = 4,
     max_window: int = 32,
+    checkout: Path | None = None,
 ):
+    """A gateway in its own process; `checkout` runs another checkout's gateway code instead
+    (its own copy of this script, which puts that checkout first on sys.path)."""
     port = free_port()
+    script = (checkout / "bench" / Path(__file__).name) if checkout else Path(__file__).resolve()
     argv = [
         sys.executable,
-        str(Path(__file__).resolve()),
+        str(script),
         "serve",
         "--upstream",
         upstream,
