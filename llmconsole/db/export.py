@@ -31,18 +31,9 @@ from typing import Any, BinaryIO, TextIO
 
 from llmconsole.db import report
 from llmconsole.db.charts import Series, line_chart
+from llmconsole.db.export_snapshot import ExportSnapshot, Span
 from llmconsole.db.logclip import clip_file
-from llmconsole.db.records import (
-    Action,
-    Alert,
-    ConfigVersion,
-    EngineRun,
-    MetricSample,
-    OperatorSession,
-    Sweep,
-    SweepPoint,
-    WindowSample,
-)
+from llmconsole.db.records import MetricSample, SweepPoint
 from llmconsole.db.schema import METRIC_FIELDS, SWEEP_FIGURES
 from llmconsole.db.scrub import scrub, scrub_text
 from llmconsole.db.store import Store
@@ -102,29 +93,6 @@ def make_folder(path: Path) -> None:
         path.mkdir(mode=0o700)
     except FileExistsError:
         raise ExportError(f"{path} appeared while the bundle was being written; it was left as it is") from None
-
-
-@dataclass(frozen=True)
-class Span:
-    since_s: float | None  # None: from the first record
-    until_s: float
-
-
-@dataclass(frozen=True)
-class ExportSnapshot:
-    """The records of one span, as the report and the writers see them."""
-
-    span: Span
-    session_id: int | None
-    sessions: tuple[OperatorSession, ...]
-    configs: tuple[ConfigVersion, ...]
-    runs: tuple[EngineRun, ...]
-    actions: tuple[Action, ...]
-    alerts: tuple[Alert, ...]
-    samples: tuple[MetricSample, ...]
-    window: tuple[WindowSample, ...]
-    sweeps: tuple[Sweep, ...]
-    points: tuple[SweepPoint, ...]
 
 
 @dataclass(frozen=True)

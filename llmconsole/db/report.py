@@ -11,7 +11,7 @@ from llmconsole.db.records import Action
 from llmconsole.db.tune_export import tune_lines
 
 if TYPE_CHECKING:
-    from llmconsole.db.export import ExportSnapshot
+    from llmconsole.db.export_snapshot import ExportSnapshot
 
 
 def _utc(t: float | None) -> str:
