@@ -12,15 +12,20 @@ import stat
 from pathlib import Path
 from types import SimpleNamespace
 
+import httpx
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from llmconsole.console.cli_common import CliError
+from llmconsole.console.client import DaemonClient, DaemonError
+from llmconsole.console.commands.history import _refused
 from llmconsole.daemon.api import make_app
 from llmconsole.daemon.context import DaemonContext
 from llmconsole.db import Store
 from llmconsole.db.versions import versions
 from llmconsole.paths import resolve
-from llmconsole.wire.history import ExportAnswer, HistoryAnswer
+from llmconsole.wire.history import ExportAnswer, ExportRequest, HistoryAnswer, HistoryQuery
 
 SECRET = "sk-history-api-test-51d2"
 OTHER_UID = 54321
@@ -231,3 +236,37 @@ def test_the_cli_refuses_a_folder_that_is_not_empty_before_asking_the_daemon(cli
     r = cli("export", "--out", str(out), check=False)  # no daemon runs: the folder is refused first
     assert r.returncode == 2 and "is not empty" in r.stderr
     assert [p.name for p in out.iterdir()] == ["mine.txt"]
+
+
+def test_a_daemon_older_than_the_cli_is_named_as_such(tmp_path):
+    """A daemon left running across an upgrade has no history route: its HTTP server's own 404
+    becomes "restart it", not a bare "404: Not Found" nor an unknown engine."""
+    sock = tmp_path / "old.sock"
+
+    def ask(call) -> CliError:
+        client = DaemonClient(transport=httpx.HTTPTransport(uds=str(sock)), where="an old daemon")
+        try:
+            call(client)
+        except DaemonError as e:
+            return _refused(e, "the route")
+        finally:
+            client.close()
+        raise AssertionError("the old daemon answered")
+
+    async def go():
+        old = web.Application()  # none of the history routes
+        runner = web.AppRunner(old)
+        await runner.setup()
+        await web.UnixSite(runner, str(sock)).start()
+        try:
+            return (
+                await asyncio.to_thread(ask, lambda c: c.history_listing(HistoryQuery())),
+                await asyncio.to_thread(ask, lambda c: c.export_bundle(ExportRequest(out_dir=str(tmp_path / "b")))),
+            )
+        finally:
+            await runner.cleanup()
+
+    for refused in asyncio.run(go()):
+        assert refused.code == 1 and "has no the route: it is older than this llmconsole" in str(refused)
+    unknown = _refused(DaemonError(404, "no engine named 'NOPE' has run"), "the route")
+    assert unknown.code == 2 and str(unknown) == "no engine named 'NOPE' has run"

@@ -66,9 +66,15 @@ def _store_client(command: str) -> DaemonClient:
     return client
 
 
-def _refused(e: DaemonError) -> CliError:
+def _refused(e: DaemonError, route: str) -> CliError:
     """A refusal of the daemon's as the CLI reports it: a bad request or an unknown name is a
-    usage error (exit 2), anything else a failure."""
+    usage error (exit 2), anything else a failure. A daemon started by an older llmconsole (one
+    left running across an upgrade) has no such route: its HTTP server's own 404 says so."""
+    if e.status in (404, 405) and str(e).startswith(f"{e.status}:"):
+        return CliError(
+            f"this host's daemon has no {route}: it is older than this llmconsole; restart it "
+            "(`llmconsole daemon stop`, then `llmconsole daemon start`)"
+        )
     return CliError(str(e), EXIT_USAGE if e.status in (400, 404) else 1)
 
 
@@ -132,7 +138,7 @@ def cmd_history(ns: argparse.Namespace) -> int:
         try:
             answer = client.history_listing(HistoryQuery(engine=ns.engine, actions=ns.actions))
         except DaemonError as e:
-            raise _refused(e) from None
+            raise _refused(e, "GET /v1/history") from None
     result = {name: [v.model_dump(mode="json") for v in entries] for name, entries in answer.engines.items()}
     engines = list(result)
     acts = {name: [a.model_dump(mode="json") for a in entries] for name, entries in (answer.actions or {}).items()}
@@ -185,7 +191,7 @@ def _export_here(ns: argparse.Namespace, out: Path, quiet: bool = False) -> None
         try:
             result = client.export_bundle(ExportRequest(out_dir=str(target), session_id=ns.session, since_s=since))
         except DaemonError as e:
-            raise _refused(e) from None
+            raise _refused(e, "POST /v1/export") from None
     counts = ", ".join(f"{n} {t}" for t, n in result.counts)
     say = sys.stderr if quiet else sys.stdout
     print(f"exported to {out}: {counts}", file=say)
