@@ -20,6 +20,7 @@ import httpx
 from llmconsole.engine.startup_log import read_tail
 from llmconsole.engine.tune.ranges import EngineFacts
 from llmconsole.paths import Paths, check_control_peer, check_control_socket
+from llmconsole.wire.history import ExportAnswer, ExportRequest, HistoryAnswer, HistoryQuery
 
 
 class DaemonNotRunning(RuntimeError):
@@ -357,6 +358,18 @@ class DaemonClient:
             timeout=900.0,
             json={"overrides": overrides, "slo": slo, "study": study},
         )
+
+    # --- the store's history and exports, read by the daemon that owns it (daemon/api/history.py)
+
+    def history_listing(self, query: HistoryQuery) -> HistoryAnswer:
+        """Config versions (and with `query.actions` the action log) of one engine or of all."""
+        return HistoryAnswer.model_validate(self._call("GET", "/history", params=query.params()))
+
+    def export_bundle(self, request: ExportRequest, timeout_s: float = 1800.0) -> ExportAnswer:
+        """The daemon writes the bundle into `request.out_dir`; returns once it is written (a long
+        span's logs and samples take a while, hence the long wait)."""
+        answer = self._call("POST", "/export", json=request.model_dump(mode="json"), timeout=timeout_s)
+        return ExportAnswer.model_validate(answer)
 
 
 def engine_facts(client: DaemonClient, name: str, *, with_window: bool) -> EngineFacts:

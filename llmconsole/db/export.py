@@ -9,8 +9,8 @@ actions included, because that is what a colleague needs to understand what the 
 
 The bundle is the user's alone: its folder must be theirs and writable by nobody else (a folder
 someone else owns or may write to is refused before anything is written), every file is created
-new at 0600 and never through a symbolic link, so nobody can read the bundle or redirect a
-file of it elsewhere.
+new at 0600 and never through a symbolic link (llmconsole/export_folder.py), so nobody can read
+the bundle or redirect a file of it elsewhere.
 
 Nothing secret leaves: values under secret-named keys (api_key, *token*, *secret*, password)
 and every string given in `secrets` are redacted everywhere, and the finished bundle is
@@ -27,104 +27,18 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, TextIO
+from typing import Any
 
 from llmconsole.db import report
 from llmconsole.db.charts import Series, line_chart
+from llmconsole.db.export_snapshot import ExportSnapshot, Span
 from llmconsole.db.logclip import clip_file
-from llmconsole.db.records import (
-    Action,
-    Alert,
-    ConfigVersion,
-    EngineRun,
-    MetricSample,
-    OperatorSession,
-    Sweep,
-    SweepPoint,
-    WindowSample,
-)
+from llmconsole.db.records import MetricSample, SweepPoint
 from llmconsole.db.schema import BOUND_FIELDS, METRIC_FIELDS, PERCENTILE_FIELDS, SWEEP_FIGURES, bound_fields
 from llmconsole.db.scrub import scrub, scrub_text
 from llmconsole.db.store import Store
 from llmconsole.db.tune_export import read_tunes, with_applied
-from llmconsole.paths import UnsafeDirectory, check_private_dir
-
-
-class ExportError(Exception):
-    """The bundle could not be written safely; the message says why."""
-
-
-_FOLDER_FIX = "export into a new directory of yours (llmconsole creates it 0700)"
-
-
-def prepare_out_dir(out: Path) -> Path:
-    """`out` made ready for a bundle: created 0700 if missing, else refused (ExportError, nothing
-    written) unless it is an empty real directory of this user's that nobody else may write to."""
-    try:
-        check_private_dir(out, _FOLDER_FIX)  # before mkdir: a link there is not followed even to create
-        if out.exists() and any(out.iterdir()):
-            raise ExportError(f"{out} is not empty; export into a new directory")
-        try:
-            out.mkdir(parents=True, mode=0o700)
-        except FileExistsError:
-            pass
-        check_private_dir(out, _FOLDER_FIX)  # whoever created it, it must be ours now
-    except UnsafeDirectory as e:
-        raise ExportError(f"refusing to export there: {e}") from None
-    return out
-
-
-def _open_new(path: Path) -> int:
-    """A new file of the bundle, 0600. O_EXCL|O_NOFOLLOW: whatever is already at that name (a
-    symbolic link planted there, say) is never followed nor overwritten: ExportError instead."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        return os.open(path, flags, 0o600)
-    except FileExistsError:
-        raise ExportError(
-            f"{path} appeared while the bundle was being written; it was left as it is and not followed"
-        ) from None
-
-
-def create_file(path: Path) -> TextIO:
-    """A new text file of the bundle (see _open_new)."""
-    return os.fdopen(_open_new(path), "w", encoding="utf-8", newline="")
-
-
-def create_binary_file(path: Path) -> BinaryIO:
-    """A new binary file of the bundle (see _open_new)."""
-    return os.fdopen(_open_new(path), "wb")
-
-
-def make_folder(path: Path) -> None:
-    """A new folder of the bundle (0700); one already there is refused as create_file does."""
-    try:
-        path.mkdir(mode=0o700)
-    except FileExistsError:
-        raise ExportError(f"{path} appeared while the bundle was being written; it was left as it is") from None
-
-
-@dataclass(frozen=True)
-class Span:
-    since_s: float | None  # None: from the first record
-    until_s: float
-
-
-@dataclass(frozen=True)
-class ExportSnapshot:
-    """The records of one span, as the report and the writers see them."""
-
-    span: Span
-    session_id: int | None
-    sessions: tuple[OperatorSession, ...]
-    configs: tuple[ConfigVersion, ...]
-    runs: tuple[EngineRun, ...]
-    actions: tuple[Action, ...]
-    alerts: tuple[Alert, ...]
-    samples: tuple[MetricSample, ...]
-    window: tuple[WindowSample, ...]
-    sweeps: tuple[Sweep, ...]
-    points: tuple[SweepPoint, ...]
+from llmconsole.export_folder import ExportError, create_file, make_folder, prepare_out_dir
 
 
 @dataclass(frozen=True)

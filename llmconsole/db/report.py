@@ -12,7 +12,7 @@ from llmconsole.db.tune_export import tune_lines
 from llmconsole.engine.metrics.percentile import worst
 
 if TYPE_CHECKING:
-    from llmconsole.db.export import ExportSnapshot
+    from llmconsole.db.export_snapshot import ExportSnapshot
 
 
 def _utc(t: float | None) -> str:

@@ -126,7 +126,7 @@ def test_one_client_many_calls_and_threads_over_one_host(gamma, monkeypatch):
 
 def test_commands_without_an_api_run_on_the_host(gamma, tmp_path):
     gamma("--host", "gamma", "daemon", "start")
-    # history reads gamma's own database, over there.
+    # history reads gamma's own store, over there, through gamma's daemon.
     r = gamma("--host", "gamma", "history", "--json")
     assert json.loads(r.stdout) == {"engines": {}}
     # export comes back here: gamma's export, streamed as a tar over ssh.
@@ -139,7 +139,8 @@ def test_commands_without_an_api_run_on_the_host(gamma, tmp_path):
     r = gamma("export", "--all-hosts", "--out", str(both), check=False)
     index = {h["host"]: h for h in json.loads((both / "hosts.json").read_text())["hosts"]}
     assert index["gamma"]["ok"] and (both / "gamma" / "report.md").is_file()
-    assert not index["local"]["ok"] and "no llmconsole database" in index["local"]["error"]
+    # The local host runs no daemon, which export needs: the store is read through it.
+    assert not index["local"]["ok"] and "no llmconsole daemon is running" in index["local"]["error"]
     assert r.returncode == 1
 
 

@@ -18,6 +18,7 @@ def with_daemon():
 
 
 def test_history_of_an_unknown_engine_exits_2_even_before_anything_ran(cli):
+    cli("daemon", "start")  # history reads the store through the daemon
     r = cli("history", "NOPE", check=False)
     assert r.returncode == 2 and "NOPE" in r.stderr
 

@@ -32,7 +32,8 @@ from llmconsole.console.tui.tune_view import (
     tune_settings,
 )
 from llmconsole.engine.sweep.runner import EngineTarget
-from llmconsole.engine.tune.space import Budget, Remeasured, TrialOutcome
+from llmconsole.engine.tune.select import Remeasured
+from llmconsole.engine.tune.space import Budget, TrialOutcome
 from llmconsole.engine.tune.tuner import TuneProgress, TuneResult
 from tests.support.recorded import make_recorded_app, replay, run_record, stage_recorded, stream_frames
 from tests.support.waiting import pilot_wait

@@ -208,6 +208,7 @@ def test_short_credential_names_stay_out_of_status_history_and_export(cli, model
         run = s.run_started("e1", spec.config_id, spec_public=public, pid=10, port=8000)
         s.run_exited(run, 1, "engine said " + " ".join(f"{k}={v}" for k, v in SHORT_NAMED.items()))
         s.record_action("start", engine="e1", to_config_id=spec.config_id, detail=dict(SHORT_NAMED))
+    cli("daemon", "start")  # history and export read the store through the daemon
     history = cli("history", "--json").stdout
     assert "ENCRYPTION_KEY" in history and "KEYBOARD_LAYOUT" in history
     cli("export", "--out", str(cli.home / "bundle"))

@@ -8,10 +8,10 @@ import pytest
 from llmconsole.engine.gateway.group import RequestRecord
 from llmconsole.engine.metrics.latency import Slo
 from llmconsole.engine.tune.guard import GuardSettings, WindowFigures, breach, sustained, window_figures
+from llmconsole.engine.tune.select import Remeasured, pick_winner, remeasure_candidates
 from llmconsole.engine.tune.space import (
     Budget,
     Knob,
-    Remeasured,
     TrialOutcome,
     clamp_to_workload,
     constraint_value,
@@ -20,8 +20,6 @@ from llmconsole.engine.tune.space import (
     keep_going,
     parse_budget,
     parse_knob,
-    pick_winner,
-    remeasure_candidates,
     startup_trials,
     study_name,
 )

@@ -1,12 +1,18 @@
-"""`llmconsole history`, `rollback` and `export`: the store, read directly or through the daemon.
+"""`llmconsole history`, `rollback` and `export`: the store, through the daemon.
 
-history and export open the database themselves (read-only use), so they work with no daemon
-running; rollback restarts an engine, so it goes through the daemon like every other change.
+The daemon is the one owner of the SQLite store: history asks it for the versions and the action
+log (GET /v1/history), export asks it to write the bundle into the folder given here (POST
+/v1/export), rollback asks it to restart the engine. None of them opens the database, so each
+needs the daemon running, and says so when it is not; a read never starts one.
+
+The folder of an export is checked here too before the daemon is asked (new, or empty and
+yours), so a refused folder is refused with or without a daemon; the daemon checks it again as
+it creates it, and writes each file new at 0600, never through a link.
 
 Across hosts, export gathers one bundle: this host's export and each other host's, each in a
 folder of its own. Another host's export is that host's own `llmconsole export --tar`, run over
-ssh (so it needs no daemon there either, and its secrets are redacted there, by the host that
-knows them); the tar stream comes back on ssh's stdout and is unpacked here.
+ssh (its daemon writes it there, and its secrets are redacted there, by the host that knows
+them); the tar stream comes back on ssh's stdout and is unpacked here.
 """
 
 from __future__ import annotations
@@ -21,26 +27,55 @@ import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
-from llmconsole.console.cli_common import EXIT_UNREACHABLE, EXIT_USAGE, CliError, confirm, current_host, daemon_client
+from llmconsole.console.cli_common import (
+    EXIT_NO_DAEMON,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    CliError,
+    confirm,
+    current_host,
+    daemon_client,
+)
+from llmconsole.console.client import DaemonClient, DaemonError, HostUnreachable
 from llmconsole.console.hosts import Host
+from llmconsole.export_folder import (
+    ExportError,
+    check_out_dir,
+    create_binary_file,
+    create_file,
+    make_folder,
+    prepare_out_dir,
+)
 from llmconsole.paths import resolve
-
-if TYPE_CHECKING:
-    from llmconsole.db import Store
+from llmconsole.wire.history import ExportRequest, HistoryQuery
 
 
-def _store() -> Store:
-    from llmconsole.db import Store, StoreError
+def _store_client(command: str) -> DaemonClient:
+    """This host's daemon, which reads and exports the store for `command`; none running is an
+    error (exit 3) that says how to start one. A read never starts a daemon."""
+    client = DaemonClient(resolve())
+    if client.ping() is None:
+        client.close()
+        raise CliError(
+            f"no llmconsole daemon is running, and `llmconsole {command}` reads the history through it "
+            "(start one with `llmconsole daemon start`)",
+            EXIT_NO_DAEMON,
+        )
+    return client
 
-    paths = resolve()
-    if not paths.database.exists():
-        raise CliError(f"no llmconsole database at {paths.database} yet: nothing has been recorded")
-    try:
-        return Store.open(paths.database)
-    except StoreError as e:
-        raise CliError(str(e)) from None
+
+def _refused(e: DaemonError, route: str) -> CliError:
+    """A refusal of the daemon's as the CLI reports it: a bad request or an unknown name is a
+    usage error (exit 2), anything else a failure. A daemon started by an older llmconsole (one
+    left running across an upgrade) has no such route: its HTTP server's own 404 says so."""
+    if e.status in (404, 405) and str(e).startswith(f"{e.status}:"):
+        return CliError(
+            f"this host's daemon has no {route}: it is older than this llmconsole; restart it "
+            "(`llmconsole daemon stop`, then `llmconsole daemon start`)"
+        )
+    return CliError(str(e), EXIT_USAGE if e.status in (400, 404) else 1)
 
 
 def _when(t: float | None) -> str:
@@ -98,55 +133,20 @@ def format_actions(engine: str, actions: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _engines_known_to_daemon() -> set[str] | None:
-    """The daemon's engines, or None when no daemon runs (history works without one)."""
-    from llmconsole.console.client import DaemonClient
-
-    client = DaemonClient(resolve())
-    if client.ping() is None:
-        return None
-    with client:
-        return {e["name"] for e in client.status()["engines"]}
-
-
 def cmd_history(ns: argparse.Namespace) -> int:
-    from llmconsole.db.versions import versions
-
-    if ns.engine and not resolve().database.exists():
-        raise CliError(f"no engine named {ns.engine!r} has run: nothing has been recorded yet", EXIT_USAGE)
-    with _store() as store:
-        ran = sorted({r.engine for r in store.runs()})
-        if ns.engine and ns.engine not in ran and ns.engine not in (_engines_known_to_daemon() or set()):
-            known = f" (engines with a history: {', '.join(ran)})" if ran else ""
-            raise CliError(f"no engine named {ns.engine!r} has run{known}", EXIT_USAGE)
-        engines = [ns.engine] if ns.engine else ran
-        result = {name: [v.to_json() for v in versions(store, name)] for name in engines}
-        acts = (
-            {
-                name: [
-                    {
-                        "id": a.id,
-                        "at": a.at,
-                        "actor": a.actor,
-                        "kind": a.kind,
-                        "from_config_id": a.from_config_id,
-                        "to_config_id": a.to_config_id,
-                        "outcome": a.outcome,
-                        "automatic": a.automatic,
-                        "detail": a.detail,
-                    }
-                    for a in store.actions(engine=name)
-                ]
-                for name in engines
-            }
-            if ns.actions
-            else {}
-        )
+    with _store_client("history") as client:
+        try:
+            answer = client.history_listing(HistoryQuery(engine=ns.engine, actions=ns.actions))
+        except DaemonError as e:
+            raise _refused(e, "GET /v1/history") from None
+    result = {name: [v.model_dump(mode="json") for v in entries] for name, entries in answer.engines.items()}
+    engines = list(result)
+    acts = {name: [a.model_dump(mode="json") for a in entries] for name, entries in (answer.actions or {}).items()}
     if ns.json:
         print(json.dumps({"engines": result, **({"actions": acts} if ns.actions else {})}, indent=2))
         return 0
     if ns.actions:
-        print("\n\n".join(format_actions(name, acts[name]) for name in engines) or "no engine has run yet")
+        print("\n\n".join(format_actions(name, acts.get(name, [])) for name in engines) or "no engine has run yet")
         return 0
     if not result:
         print("no engine has run yet")
@@ -166,8 +166,6 @@ def cmd_rollback(ns: argparse.Namespace) -> int:
             raise CliError(f"no engine named {ns.name!r}", EXIT_USAGE)
         target = ns.to or "its last known-good config"
         confirm(f"Restart {ns.name} (now on {e['config_id']}) on {target}?", ns.yes)
-        from llmconsole.console.client import DaemonError
-
         try:
             r = client.rollback(ns.name, ns.to)
         except DaemonError as err:
@@ -181,52 +179,22 @@ def cmd_rollback(ns: argparse.Namespace) -> int:
 # --- export ---------------------------------------------------------------------------------
 
 
-def _known_secrets(state_file: Path) -> list[str]:
-    """Secrets the daemon holds (its state file: API keys, secret env values; the keys of other
-    hosts' engines in its groups), so the export can prove none leaked."""
-    out: list[str] = []
-    try:
-        data = json.loads(state_file.read_text())
-    except (OSError, ValueError):
-        data = {}
-    for rec in data.get("engines", {}).values():
-        spec = rec.get("spec") or {}
-        out += [spec["api_key"]] if spec.get("api_key") else []
-        out += [v for v in (rec.get("secret_env") or {}).values() if v]
-    try:
-        remote = json.loads((state_file.parent / "remote-members.json").read_text())
-    except (OSError, ValueError):
-        remote = {}
-    for member in (remote.get("members") or {}).values():
-        out += [member["api_key"]] if isinstance(member, dict) and member.get("api_key") else []
-    return out
-
-
 def _export_here(ns: argparse.Namespace, out: Path, quiet: bool = False) -> None:
-    """This host's bundle into `out` (new or empty)."""
-    from llmconsole.db.export import ExportError, export_bundle
-
-    paths = resolve()
+    """This host's bundle into `out` (new or empty), written by its daemon."""
     since = parse_since(ns.since) if ns.since else None
-    with _store() as store:
-        engines = sorted({r.engine for r in store.runs(since=since)})
-        logs = {name: paths.engine_log(name) for name in engines if paths.engine_log(name).exists()}
-        logs["daemon"] = paths.daemon_log
+    target = out.absolute()  # the daemon's working folder is not ours; a link at the end stays one
+    try:
+        check_out_dir(target)  # refused here before the daemon is asked, daemon or none
+    except ExportError as e:
+        raise CliError(str(e), EXIT_USAGE) from None
+    with _store_client("export") as client:
         try:
-            result = export_bundle(
-                store,
-                out,
-                session_id=ns.session,
-                since_s=since,
-                logs={k: v for k, v in logs.items() if v.exists()},
-                secrets=_known_secrets(paths.state_file),
-                tunes_journal=paths.data_dir / "tuning" / "studies.journal",
-            )
-        except ExportError as e:
-            raise CliError(str(e), EXIT_USAGE) from None
+            result = client.export_bundle(ExportRequest(out_dir=str(target), session_id=ns.session, since_s=since))
+        except DaemonError as e:
+            raise _refused(e, "POST /v1/export") from None
     counts = ", ".join(f"{n} {t}" for t, n in result.counts)
     say = sys.stderr if quiet else sys.stdout
-    print(f"exported to {result.out_dir}: {counts}", file=say)
+    print(f"exported to {out}: {counts}", file=say)
     for f in result.files:
         print(f"  {f}", file=say)
 
@@ -243,8 +211,6 @@ def _export_tar(ns: argparse.Namespace) -> None:
 def _unpack(data: IO[bytes], out: Path) -> list[str]:
     """A bundle's tar stream into `out` (checked and created as an export folder): plain files and
     folders only, nothing outside `out`, each file new at 0600 and never through a link."""
-    from llmconsole.db.export import ExportError, create_binary_file, make_folder, prepare_out_dir
-
     try:
         prepare_out_dir(out)
     except ExportError as e:
@@ -306,9 +272,6 @@ def _export_remote(ns: argparse.Namespace, host: Host, out: Path) -> list[str]:
 def _export_across(ns: argparse.Namespace, hosts: list[Host]) -> int:
     """One bundle: each host's export in a folder named after it, and hosts.json saying which
     hosts are in it and why any is not."""
-    from llmconsole.console.client import HostUnreachable
-    from llmconsole.db.export import ExportError, create_file, prepare_out_dir
-
     out = Path(ns.out)
     try:
         prepare_out_dir(out)
@@ -368,8 +331,6 @@ def cmd_export(ns: argparse.Namespace) -> int:
     if ns.tar:
         raise CliError("--tar is what another host's export runs; here give --out DIR", EXIT_USAGE)
     out = Path(ns.out)
-    from llmconsole.db.export import ExportError, prepare_out_dir
-
     try:
         prepare_out_dir(out)  # refused before anything is fetched
     except ExportError as e:
@@ -380,7 +341,10 @@ def cmd_export(ns: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    h = sub.add_parser("history", help="config versions of each engine, their verdicts and diffs")
+    h = sub.add_parser(
+        "history",
+        help="config versions of each engine, their verdicts and diffs (read through the daemon: it must be running)",
+    )
     h.add_argument("engine", nargs="?", help="one engine (default: all that ever ran)")
     h.add_argument("--json", action="store_true")
     h.add_argument(
@@ -396,7 +360,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     r.add_argument("--yes", "-y", action="store_true")
     r.set_defaults(func=cmd_rollback)
 
-    x = sub.add_parser("export", help="a bundle of a session: JSONL, CSV, logs and a Markdown report")
+    x = sub.add_parser(
+        "export",
+        help="a bundle of a session: JSONL, CSV, logs and a Markdown report (written by the daemon: it must be running)",
+    )
     span = x.add_mutually_exclusive_group()
     span.add_argument("--session", type=int, metavar="ID", help="one operator session")
     span.add_argument("--since", metavar="T", help="an ISO time or an age such as 2h (default: everything)")

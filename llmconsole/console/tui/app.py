@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual import work
 from textual.app import App
@@ -27,6 +27,7 @@ from textual.worker import Worker, WorkerState
 from llmconsole.console.client import DaemonError, DaemonNotRunning
 from llmconsole.console.tui import toasts
 from llmconsole.console.tui.actions import ConsoleActions
+from llmconsole.console.tui.console_state import ConsoleState
 from llmconsole.console.tui.history import SpecMemory
 from llmconsole.console.tui.keys import bindings_for, check_keymap
 from llmconsole.console.tui.log_reader import LogReading
@@ -305,6 +306,10 @@ class ConsoleApp(LogReading, ConsoleActions, App[str]):
             self.history.of(message.name).filled_s = message.range_s  # do not ask again and again
         self.fetches_done += 1
         self._render_active(None)
+
+
+if TYPE_CHECKING:
+    _SCREENS_READ: type[ConsoleState] = ConsoleApp  # mypy: the app holds all the screens read of it
 
 
 def make_app(source: StateSource, **kw: Any) -> ConsoleApp:

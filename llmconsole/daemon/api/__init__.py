@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from llmconsole.daemon.api import audit, engines, modes, runs, samples, tune, window
+from llmconsole.daemon.api import audit, engines, history, modes, runs, samples, tune, window
 from llmconsole.daemon.context import CONTEXT, DaemonContext
 from llmconsole.daemon.hosted import SERVICES, HostedServices
 from llmconsole.daemon.http import domain_errors
@@ -17,6 +17,6 @@ def make_app(ctx: DaemonContext, services: HostedServices | None = None) -> web.
     app[CONTEXT] = ctx
     if services is not None:
         app[SERVICES] = services
-    for routes in (engines, audit, window, modes, tune, runs, samples):
+    for routes in (engines, audit, history, window, modes, tune, runs, samples):
         routes.add_routes(app)
     return app

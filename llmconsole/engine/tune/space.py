@@ -21,8 +21,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from llmconsole.engine.tune.select import Remeasured, pick_winner, remeasure_candidates  # noqa: F401 (moved there)
-
 # Spec fields the tuner may move. Anything else (the model, ports, secrets) stays as it is.
 SPEC_KNOBS = (
     "max_num_seqs",

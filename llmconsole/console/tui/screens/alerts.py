@@ -22,7 +22,7 @@ from llmconsole.console.tui.keys import bindings_for
 from llmconsole.console.tui.widgets.footer import ConsoleFooter
 
 if TYPE_CHECKING:
-    from llmconsole.console.tui.app import ConsoleApp
+    from llmconsole.console.tui.console_state import ConsoleAppType
 
 
 class AlertsLoaded(Message):
@@ -40,7 +40,7 @@ class AlertsScreen(ModalScreen[dict[str, Any] | None]):
     BINDINGS = bindings_for("alerts")
 
     if TYPE_CHECKING:
-        app = getters.app(ConsoleApp)  # the console's state, typed (no runtime check)
+        app = getters.app(ConsoleAppType)  # the console's state, typed (no runtime check)
 
     def __init__(self) -> None:
         super().__init__()

@@ -24,7 +24,7 @@ from llmconsole.console.tui.widgets.log_view import LogTail, SearchBar
 from llmconsole.console.tui.widgets.panels import AlertStrip, DaemonBanner, StatusLine, WindowStrip
 
 if TYPE_CHECKING:
-    from llmconsole.console.tui.app import ConsoleApp
+    from llmconsole.console.tui.console_state import ConsoleAppType, ConsoleState
 
 SHORT_HEIGHT = 30  # below this the panel keeps three rows and one chart shows at a time (g switches)
 TAIL_BYTES = 32 * 1024  # enough of the log that the quiet view still has lines between the polls
@@ -44,7 +44,7 @@ class DashboardScreen(Screen[None]):
     BINDINGS = bindings_for("dashboard")
     log_search = ""  # the log pane's own search: the log screen keeps another
     if TYPE_CHECKING:
-        app = getters.app(ConsoleApp)  # the console's state, typed (no runtime check)
+        app = getters.app(ConsoleAppType)  # the console's state, typed (no runtime check)
 
     def engine_list(self) -> Widget:
         return EnginesTable(id="engines")
@@ -85,7 +85,7 @@ class DashboardScreen(Screen[None]):
     def on_screen_resume(self) -> None:
         self.show_state(self.app)
 
-    def show_state(self, app: ConsoleApp) -> None:
+    def show_state(self, app: ConsoleState) -> None:
         self.query_one(DaemonBanner).show(app.lost_reason, app.retry_s)
         snap = app.snapshot
         self.query_one(StatusLine).show(snap)
@@ -95,7 +95,7 @@ class DashboardScreen(Screen[None]):
         self._show_selected(app)
         self.query_one(AlertStrip).show(())
 
-    def _show_selected(self, app: ConsoleApp) -> None:
+    def _show_selected(self, app: ConsoleState) -> None:
         snap = app.snapshot
         if snap is None:
             return

@@ -25,7 +25,7 @@ from llmconsole.console.tui.widgets.log_view import FollowLog, SearchBar
 from llmconsole.console.tui.widgets.panels import DaemonBanner
 
 if TYPE_CHECKING:
-    from llmconsole.console.tui.app import ConsoleApp
+    from llmconsole.console.tui.console_state import ConsoleAppType, ConsoleState
 
 
 def _value(v: Any) -> str:
@@ -40,7 +40,7 @@ class EngineScreen(Screen[None]):
     BINDINGS = bindings_for("screen")
 
     if TYPE_CHECKING:
-        app = getters.app(ConsoleApp)  # the console's state, typed (no runtime check)
+        app = getters.app(ConsoleAppType)  # the console's state, typed (no runtime check)
 
     def __init__(self, engine_name: str) -> None:
         super().__init__()
@@ -82,7 +82,7 @@ class DetailScreen(EngineScreen):
     def on_screen_resume(self) -> None:
         self.show_state(self.app)
 
-    def show_state(self, app: ConsoleApp) -> None:
+    def show_state(self, app: ConsoleState) -> None:
         self.query_one(DaemonBanner).show(app.lost_reason, app.retry_s)
         e = app.snapshot.engine(self.engine_name) if app.snapshot else None
         prev = app.specs.previous(self.engine_name)
@@ -209,7 +209,7 @@ class LogsScreen(EngineScreen):
     def log_request(self) -> tuple[str, int | None, int]:
         return (self.engine_name, self.log_offset, self.FIRST_BYTES if self.log_offset is None else 1024 * 1024)
 
-    def show_state(self, app: ConsoleApp) -> None:
+    def show_state(self, app: ConsoleState) -> None:
         self.query_one(DaemonBanner).show(app.lost_reason, app.retry_s)
 
     def take_logs(self, chunk: LogChunk) -> None:

@@ -16,7 +16,7 @@ from llmconsole.console.tui.widgets.engine_panel import EnginePanel
 from llmconsole.console.tui.widgets.fleet_table import FleetTable
 
 if TYPE_CHECKING:
-    from llmconsole.console.tui.app import ConsoleApp
+    from llmconsole.console.tui.console_state import ConsoleState
 
 
 def host_title(h: HostSection) -> Text:
@@ -45,7 +45,7 @@ class FleetDashboardScreen(DashboardScreen):
     def selected_host(self) -> str | None:
         return self.query_one(FleetTable).selected_host
 
-    def _show_selected(self, app: ConsoleApp) -> None:
+    def _show_selected(self, app: ConsoleState) -> None:
         super()._show_selected(app)
         snap = app.snapshot
         if snap is None:

@@ -23,7 +23,7 @@ from llmconsole.console.tui.widgets.footer import ConsoleFooter
 from llmconsole.console.tui.widgets.panels import DaemonBanner
 
 if TYPE_CHECKING:
-    from llmconsole.console.tui.app import ConsoleApp
+    from llmconsole.console.tui.console_state import ConsoleState
 
 _VERDICT_STYLE = {"known_good": "green", "known_bad": "bold red", "pending": "yellow"}
 
@@ -74,7 +74,7 @@ class HistoryScreen(EngineScreen):
     def on_screen_resume(self) -> None:
         self.show_state(self.app)
 
-    def show_state(self, app: ConsoleApp) -> None:
+    def show_state(self, app: ConsoleState) -> None:
         self.query_one(DaemonBanner).show(app.lost_reason, app.retry_s)
         e = app.snapshot.engine(self.engine_name) if app.snapshot else None
         current = e.config_id if e else None

@@ -36,7 +36,7 @@ from llmconsole.console.tui.widgets.footer import ConsoleFooter
 from llmconsole.console.tui.widgets.panels import DaemonBanner
 
 if TYPE_CHECKING:
-    from llmconsole.console.tui.app import ConsoleApp
+    from llmconsole.console.tui.console_state import ConsoleAppType, ConsoleState
     from llmconsole.console.tui.source import Dial
 
 POLL_S = 1.0
@@ -61,7 +61,7 @@ class RunScreen(FittedTableScreen, Screen[None], Generic[PreparedT, EventT, Outc
     YES = "Run"
 
     if TYPE_CHECKING:
-        app = getters.app(ConsoleApp)  # the console's state, typed (no runtime check)
+        app = getters.app(ConsoleAppType)  # the console's state, typed (no runtime check)
 
     def __init__(
         self,
@@ -146,11 +146,11 @@ class RunScreen(FittedTableScreen, Screen[None], Generic[PreparedT, EventT, Outc
     def on_screen_resume(self) -> None:
         self.show_state(self.app)
 
-    def show_state(self, app: ConsoleApp) -> None:
+    def show_state(self, app: ConsoleState) -> None:
         self.query_one(DaemonBanner).show(app.lost_reason, app.retry_s)
         self._title(app)
 
-    def _title(self, app: ConsoleApp) -> None:
+    def _title(self, app: ConsoleState) -> None:
         snap = getattr(app, "snapshot", None)
         e = snap.engine(self.shown_as) if snap else None
         state = f"{e.state_text} · config {e.config_id}" if e else "not known to the daemon"

@@ -1,0 +1,1 @@
+"""What crosses the control socket: the typed models the daemon and its clients share."""
