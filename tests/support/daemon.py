@@ -23,6 +23,10 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
+
+from llmconsole.console.client import ControlTransport
+from llmconsole.paths import resolve
 from tests.support.waiting import wait_until
 
 
@@ -53,7 +57,18 @@ class Cli:
         return r
 
     def status(self) -> dict:
-        return json.loads(self("status", "--json").stdout)
+        """The daemon's status as `status --json` prints it, read over the control socket in this
+        process. Waits poll it every half second while engines start beside them: a CLI process
+        per poll (~0.6 s of CPU for its imports) took a core of two from those engines. The
+        CLI's own `status` is tested where its output is the point (test_cli_output.py, ...)."""
+        try:
+            with httpx.Client(transport=ControlTransport(resolve(self.env)), base_url="http://llmconsole") as http:
+                r = http.get("/v1/status", timeout=120)
+        except (httpx.HTTPError, OSError) as e:
+            raise AssertionError(f"llmconsole status: no daemon answers in {self.home} ({e})") from None
+        if r.status_code != 200:
+            raise AssertionError(f"llmconsole status: the daemon answered {r.status_code}: {r.text}")
+        return r.json()
 
     def engine(self, name: str) -> dict | None:
         return next((e for e in self.status()["engines"] if e["name"] == name), None)
