@@ -119,9 +119,18 @@ def _stand_in_spec(raw: dict[str, Any]) -> EngineSpec:
 
 
 class Fleet:
-    def __init__(self, paths: Paths, policy: SupervisionPolicy | None = None, pause_at: PauseAt | None = None):
+    def __init__(
+        self,
+        paths: Paths,
+        policy: SupervisionPolicy | None = None,
+        pause_at: PauseAt | None = None,
+        cpu_kv_budget_bytes: int | None = None,
+    ):
         self.paths = paths
         self.policy = policy or SupervisionPolicy()
+        # The memory a CPU engine given no KV size gets its share of (the daemon's setting; None:
+        # a share of the host's memory, engine/modes/memory.py).
+        self.cpu_kv_budget_bytes = cpu_kv_budget_bytes
         self.pause_at = pause_at  # a fault-injection point for tests (see EngineSupervisor)
         # What the daemon found of each engine at its start ("engine running on config X (the
         # target)", ...): what the actions a dead daemon left unfinished are closed with.
@@ -294,7 +303,7 @@ class Fleet:
         device = spec_device(spec)
         if device is None:
             return spec
-        launched = with_default_kv(spec, device)
+        launched = with_default_kv(spec, device, self.cpu_kv_budget_bytes)
         if launched is not spec:
             log.info(
                 "%s: no KV size given; the default memory mode's: kv_cache_memory_bytes %d",
