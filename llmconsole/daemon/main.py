@@ -88,6 +88,7 @@ async def serve(paths: Paths, resolved: Resolved) -> None:
         settings.supervision_policy(),
         pause_at=pause_hook(paths.data_dir),
         cpu_kv_budget_bytes=settings.cpu_kv_budget_bytes,
+        engine_env=dict(os.environ),  # engines inherit the daemon's environment, less llmconsole's own
     )
     # The store opens first: a database that is damaged or not ours stops the daemon with the
     # store's message (and the file untouched) before any engine is adopted or started.

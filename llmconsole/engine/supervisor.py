@@ -218,8 +218,10 @@ class EngineSupervisor:
         pause_at: PauseAt | None = None,
         on_change_end: ChangeEnded | None = None,
         save_now: Callable[[], Awaitable[bool]] | None = None,
+        engine_env: Mapping[str, str] | None = None,
     ) -> None:
         self.name = name
+        self.engine_env = engine_env  # what the engine's environment starts from (EngineProcess.launch)
         self.spec = spec
         self.log_path = log_path
         self.policy = policy
@@ -602,7 +604,12 @@ class EngineSupervisor:
         self._foreign_note = None
         self.started_at_s = time.time()
         self.proc = EngineProcess.launch(
-            argv, self.spec.launch_env(self.runtime), self.log_path, self.port, self.spec.config_id
+            argv,
+            self.spec.launch_env(self.runtime),
+            self.log_path,
+            self.port,
+            self.spec.config_id,
+            base_env=self.engine_env,
         )
 
     def _run_log(self) -> str:
