@@ -36,7 +36,7 @@ def _no_bool(value: Any) -> Any:
 PositiveS = Annotated[float, BeforeValidator(_no_bool), Field(gt=0)]
 PositiveCount = Annotated[int, BeforeValidator(_no_bool), Field(gt=0)]
 Fraction = Annotated[float, BeforeValidator(_no_bool)]
-Port = Annotated[int, BeforeValidator(_no_bool), Field(ge=1, le=65535)]
+Port = Annotated[int, BeforeValidator(_no_bool), Field(ge=0, le=65535)]  # 0: a free one at every start
 
 _SUP = SupervisionPolicy()
 _MODE = PolicySettings()
@@ -118,7 +118,9 @@ class Settings(BaseSettings):
     )
     gateway_host: str = Field("127.0.0.1", description="the address the gateway listens on")
     gateway_port: Port | None = Field(
-        None, description="the gateway's port; unset: the one used last time (gateway.json), else a free one"
+        None,
+        description="the gateway's port (0: a free one at every start); unset: the one used last time "
+        "(gateway.json), else a free one",
     )
     gateway_key: SecretStr | None = Field(
         None,
@@ -127,7 +129,9 @@ class Settings(BaseSettings):
     )
     metrics_bind: str = Field("127.0.0.1", description="the address the Prometheus exporter listens on")
     metrics_port: Port | None = Field(
-        None, description="the exporter's port; unset: the one used last time (exporter.json), else a free one"
+        None,
+        description="the exporter's port (0: a free one at every start); unset: the one used last time "
+        "(exporter.json), else a free one",
     )
     cpu_kv_budget_bytes: PositiveCount | None = Field(
         None, description="the memory a CPU engine's mode is a fraction of, per engine; unset: 1/8 of host memory"

@@ -139,6 +139,8 @@ def test_the_plain_variables_of_before_work_as_they_did(monkeypatch):
         "ssh -F /dev/null",
         "/tmp/kernels",
     )
+    monkeypatch.setenv("LLMCONSOLE_GATEWAY_PORT", "0")  # a free port at every start, as before
+    assert load().settings.gateway_port == 0
     # An empty variable is an unset one, as before.
     for k in given:
         monkeypatch.setenv(k, "")
@@ -301,7 +303,7 @@ def test_config_show_refuses_a_bad_value_naming_its_source(env, tmp_path):
 
 def test_a_daemon_with_a_bad_setting_starts_nothing(env, tmp_path):
     home = tmp_path / "home"
-    cfg = _toml(home, "gateway_port = 0\n")
+    cfg = _toml(home, "gateway_port = -1\n")
     r = _run(["-m", "llmconsole.daemon.main"], env, tmp_path)
     assert r.returncode == 2 and f"{cfg}:1: gateway_port" in r.stderr
     r = _run(["-m", "llmconsole.console.cli", "daemon", "start", "--set", "metrics_port=x"], env, tmp_path)

@@ -219,7 +219,7 @@ class Exporter:
         self.host = host or self.settings.settings.metrics_bind
         self._file = data_dir / "exporter.json"
         set_port = self.settings.settings.metrics_port
-        self.port = port if port is not None else set_port if set_port else self._saved_port()
+        self.port = port if port is not None else set_port if set_port is not None else self._saved_port()
         self._runner: web.AppRunner | None = None
         self._hosts = allowed_hosts(self.host, DoorLimits())
         self.refused_hosts = 0
@@ -252,7 +252,7 @@ class Exporter:
                 raise
             how = (
                 move_port(self.settings, "metrics_port")
-                if self.settings.settings.metrics_port
+                if self.settings.settings.metrics_port is not None
                 else f"remove {self._file} (a free port is then chosen and saved) or set {PORT_ENV}"
             )
             raise port_taken("metrics", self.host, self.port, e, how) from None

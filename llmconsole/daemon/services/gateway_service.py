@@ -122,9 +122,9 @@ class GatewayService:
         saved = self._read_file()
         set_port = self.settings.settings.gateway_port
         self._port_from = (
-            "given" if port is not None else "setting" if set_port else "saved" if saved.get("port") else ""
+            "given" if port is not None else "setting" if set_port is not None else "saved" if saved.get("port") else ""
         )
-        self._port = port if port is not None else set_port if set_port else int(saved.get("port") or 0)
+        self._port = port if port is not None else set_port if set_port is not None else int(saved.get("port") or 0)
         self._saved_groups: dict[str, dict[str, Any]] = saved.get("groups", {})
         self._saved_limits = saved.get("limits")
         if limits is None:
