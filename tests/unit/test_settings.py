@@ -311,6 +311,16 @@ def test_a_daemon_with_a_bad_setting_starts_nothing(env, tmp_path):
     assert sorted(p.name for p in home.iterdir()) == ["config.toml"]  # no run/, no logs, no database
 
 
+def test_a_daemon_given_a_bad_variable_exits_2_and_creates_nothing(env, tmp_path):
+    """Before, LLMCONSOLE_GATEWAY_PORT=abc passed the checks, the daemon created its database and
+    died on int() with a traceback (exit 1); LLMCONSOLE_LOG_LEVEL=chatty died in logging."""
+    home = tmp_path / "home"
+    for var, value in (("LLMCONSOLE_GATEWAY_PORT", "abc"), ("LLMCONSOLE_LOG_LEVEL", "chatty")):
+        r = _run(["-m", "llmconsole.daemon.main"], dict(env, **{var: value}), tmp_path)
+        assert r.returncode == 2 and f"env {var}:" in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert list(home.iterdir()) == []
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
