@@ -21,6 +21,7 @@ import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Literal
 
 import pydantic_settings
@@ -109,7 +110,7 @@ def load(flags: Iterable[str] = (), config_file: Path | None = None) -> Resolved
         settings = Settings(**values)
     except ValidationError as e:
         raise SettingsError("\n".join(_explain(err, origins) for err in e.errors())) from None
-    known = {k: origins.get(k, DEFAULT) for k in leaf_keys()}
+    known = MappingProxyType({k: origins.get(k, DEFAULT) for k in leaf_keys()})
     return Resolved(settings, known, path, path.is_file())
 
 
@@ -240,7 +241,7 @@ def _explain(err: Any, origins: Mapping[str, Origin]) -> str:
         where_text = ", ".join(given) or "default"
     else:
         where_text = str(where)
-    msg = err["msg"]
+    msg = str(err["msg"]).removeprefix("Value error, ")  # pydantic's prefix for a validator's own words
     if err["type"] == "extra_forbidden" and loc[0] in GROUPS:
         msg = f"not a field of {loc[0]} (known: {', '.join(GROUPS[loc[0]].model_fields)})"
     elif not is_secret(loc[0]) and err["type"] not in ("value_error",):
