@@ -23,6 +23,7 @@ import os
 import socket
 import stat
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -181,6 +182,15 @@ class Paths:
             sock.close()
             raise
         return sock
+
+
+def config_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Where the operator's own files are (config.toml, console.toml, hosts.toml): beside the rest
+    under LLMCONSOLE_HOME when that is set, else $XDG_CONFIG_HOME/llmconsole. Never created here."""
+    env = os.environ if env is None else env
+    if env.get("LLMCONSOLE_HOME"):
+        return Path(env["LLMCONSOLE_HOME"]).expanduser()
+    return Path(env.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "llmconsole"
 
 
 def resolve(env: dict[str, str] | None = None) -> Paths:

@@ -47,6 +47,8 @@ from llmconsole.console.spec_flags import add_spec_flags, read_api_key, spec_ove
 from llmconsole.engine.spec import EngineSpec, KernelUnavailable, validation_messages
 from llmconsole.engine.spec_checks import check_name, enforce_kernel
 from llmconsole.paths import UnsafeDirectory, resolve
+from llmconsole.settings import SettingsError
+from llmconsole.settings.flags import add_set_flag
 
 # --- status ---------------------------------------------------------------------------------
 
@@ -282,16 +284,30 @@ def cmd_daemon(ns: argparse.Namespace) -> int:
 
         return dial_stdio(paths, start=not ns.no_start)
     host = current_host()
+    flags = list(getattr(ns, "set", None) or [])
     if not host.is_local:
+        if flags:
+            raise CliError(
+                f"--set acts on this host's daemon; on {host.name} use its config.toml or environment", EXIT_USAGE
+            )
         return _daemon_remote(ns, host)
     if ns.daemon_cmd == "start":
+        from llmconsole.settings import load
+
+        try:  # a bad setting is refused here, with its source, before any daemon is started
+            load(flags)
+        except SettingsError as e:
+            raise CliError(f"settings: {e}", EXIT_USAGE) from None
+        daemon_args = [f"--set={f}" for f in flags]
         if ns.foreground:
             from llmconsole.daemon.main import main as daemon_main
 
-            return daemon_main()
-        client, started = started_daemon_client()
+            return daemon_main(daemon_args)
+        client, started = started_daemon_client(daemon_args)
         running = client.daemon_info()
         print(f"daemon {'started' if started else 'already running'}: pid {running['pid']}, socket {running['socket']}")
+        if flags and not started:
+            print("the running daemon keeps the settings it started with; --set applies to one started now")
         return 0
     if ns.daemon_cmd == "status":
         client = DaemonClient(paths)
@@ -590,6 +606,7 @@ def build_parser() -> argparse.ArgumentParser:
     dsub = d.add_subparsers(dest="daemon_cmd", required=True)
     ds = dsub.add_parser("start", help="start the daemon (detached) if none is running")
     ds.add_argument("--foreground", action="store_true", help="run in this terminal (for service managers)")
+    add_set_flag(ds)
     dt = dsub.add_parser("stop", help="stop the daemon; engines keep serving unless --stop-engines")
     dt.add_argument("--stop-engines", action="store_true")
     dt.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
@@ -682,7 +699,7 @@ def _join_extra_args(argv: list[str]) -> list[str]:
 _MULTI_HOST = {"status", "export", "console"}
 # Commands that run where the host's files, devices and engines' ports are: on another host they
 # run there, through ssh, with this terminal (the control API does not carry what they need).
-_RUN_ON_HOST = {"load", "sweep", "tune", "plan", "kernels", "model", "history"}
+_RUN_ON_HOST = {"load", "sweep", "tune", "plan", "kernels", "model", "history", "config"}
 # Where an engine is named, and so may be named ENGINE@HOST.
 _ENGINE_ARG = {
     "engine": "name",
@@ -827,6 +844,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_UNREACHABLE
     except UnsafeDirectory as e:
         print(f"llmconsole: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except SettingsError as e:  # config.toml or an LLMCONSOLE_ variable, read where it is needed
+        print(f"llmconsole: settings: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("interrupted; engines keep running", file=sys.stderr)

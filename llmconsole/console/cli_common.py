@@ -5,6 +5,7 @@ prints."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from llmconsole.console.client import DaemonClient, ensure_daemon
@@ -60,12 +61,13 @@ def daemon_client() -> DaemonClient:
     return client
 
 
-def started_daemon_client() -> tuple[DaemonClient, bool]:
-    """A client of the host's daemon, started if none runs: (client, whether this started it;
-    over SSH dial-stdio starts it, unseen from here, so always False)."""
+def started_daemon_client(daemon_args: Sequence[str] = ()) -> tuple[DaemonClient, bool]:
+    """A client of the host's daemon, started if none runs (with `daemon_args`, its --set flags):
+    (client, whether this started it; over SSH dial-stdio starts it, unseen from here, so always
+    False)."""
     host = _host
     if host.is_local:
-        return ensure_daemon(resolve())
+        return ensure_daemon(resolve(), daemon_args=daemon_args)
     client = client_for(host, start_daemon=True)
     try:
         client.daemon_info()

@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -397,13 +397,13 @@ def engine_facts(client: DaemonClient, name: str, *, with_window: bool) -> Engin
     )
 
 
-def spawn_daemon(paths: Paths) -> subprocess.Popen[bytes]:
+def spawn_daemon(paths: Paths, daemon_args: Sequence[str] = ()) -> subprocess.Popen[bytes]:
     paths.ensure()
     fd = os.open(paths.daemon_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
     try:
         # A new session: the daemon must not die with the terminal or SSH login that started it.
         return subprocess.Popen(
-            [sys.executable, "-m", "llmconsole.daemon.main"],
+            [sys.executable, "-m", "llmconsole.daemon.main", *daemon_args],
             stdin=subprocess.DEVNULL,
             stdout=fd,
             stderr=subprocess.STDOUT,
@@ -415,12 +415,12 @@ def spawn_daemon(paths: Paths) -> subprocess.Popen[bytes]:
         os.close(fd)
 
 
-def ensure_daemon(paths: Paths, timeout_s: float = 30.0) -> tuple[DaemonClient, bool]:
+def ensure_daemon(paths: Paths, timeout_s: float = 30.0, daemon_args: Sequence[str] = ()) -> tuple[DaemonClient, bool]:
     """A client of the running daemon, starting one if needed. Returns (client, started)."""
     client = DaemonClient(paths)
     if client.ping() is not None:
         return client, False
-    proc = spawn_daemon(paths)
+    proc = spawn_daemon(paths, daemon_args)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if client.ping() is not None:

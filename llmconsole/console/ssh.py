@@ -27,6 +27,7 @@ import httpcore
 import httpx
 
 from llmconsole.console.client import DaemonNotRunning, HostUnreachable, send_through
+from llmconsole.settings import load as load_settings
 
 SSH_COMMAND_ENV = "LLMCONSOLE_SSH_COMMAND"
 EXIT_SSH_FAILED = 255  # ssh's own exit status when the connection itself fails
@@ -47,8 +48,12 @@ SSH_OPTIONS = (
 
 
 def ssh_command(env: Mapping[str, str] | None = None) -> list[str]:
-    env = os.environ if env is None else env
-    text = env.get(SSH_COMMAND_ENV, "").strip()
+    """The ssh_command setting (LLMCONSOLE_SSH_COMMAND or config.toml: llmconsole/settings) split
+    as a shell would, else plain `ssh`; `env`, when given, is read instead (tests)."""
+    if env is None:
+        text = load_settings().settings.ssh_command or ""
+    else:
+        text = env.get(SSH_COMMAND_ENV, "").strip()
     return shlex.split(text) if text else ["ssh"]
 
 

@@ -1,4 +1,4 @@
-"""The one object the daemon's services share: its fleet, its store and its gateway.
+"""The one object the daemon's services share: its fleet, its store, its gateway, its settings.
 
 Services and routes take this instead of loose `fleet, store, gateway` parameters, so what a
 service may touch is written down once and typed. The store and the gateway are optional: unit
@@ -7,7 +7,7 @@ tests build daemons without them, and a route that needs one answers 503 where i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiohttp import web
@@ -17,6 +17,7 @@ from llmconsole.daemon.services.gateway_service import GatewayService
 from llmconsole.db import Store
 from llmconsole.db.recorder import Recorder
 from llmconsole.engine.fleet import Fleet
+from llmconsole.settings import Resolved, load
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,9 @@ class DaemonContext:
     store: Store | None = None
     gateway: GatewayService | None = None
     recorder: Recorder | None = None
+    # The daemon's settings (llmconsole/settings), resolved once at its start; a context built
+    # without them (unit tests) resolves this process's.
+    settings: Resolved = field(default_factory=load)
 
     @property
     def data_dir(self) -> Path:

@@ -20,6 +20,8 @@ from llmconsole.engine.supervisor import PAUSE_PHASES, PauseAt
 
 log = logging.getLogger(__name__)
 
+# Read from the environment here, not through llmconsole/settings: a test-only hook, no setting an
+# operator has, so `llmconsole config show` and docs/settings.md leave it out.
 PAUSE_ENV = "LLMCONSOLE_TEST_PAUSE_AT"
 MARKER_NAME = "fault-paused"
 

@@ -33,7 +33,7 @@ class HostedServices:
         modes = ModeService(ctx)
         ctx.fleet.status_annotators.append(modes.annotate)
         responses = ResponseService(ctx)
-        exporter = Exporter(DaemonCollector(ctx, responses, modes), ctx.data_dir)
+        exporter = Exporter(DaemonCollector(ctx, responses, modes), ctx.data_dir, settings=ctx.settings)
         return cls(modes=modes, responses=responses, exporter=exporter, tune=TuneService(ctx), runs=RunService(ctx))
 
     async def start(self) -> None:

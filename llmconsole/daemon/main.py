@@ -7,6 +7,7 @@ serving (a new daemon adopts them); `daemon stop --stop-engines` stops them firs
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import fcntl
 import gc
@@ -30,9 +31,10 @@ from llmconsole.db import Store, StoreError
 from llmconsole.db.recorder import Recorder
 from llmconsole.engine.fleet import Fleet
 from llmconsole.engine.gateway.door import raise_descriptor_limit
-from llmconsole.engine.modes.policy import PolicySettings
-from llmconsole.engine.supervisor import SupervisionPolicy
 from llmconsole.paths import Paths, UnsafeDirectory, resolve
+from llmconsole.settings import Resolved
+from llmconsole.settings import load as load_settings
+from llmconsole.settings.flags import add_set_flag
 
 log = logging.getLogger("llmconsole.daemon")
 
@@ -79,8 +81,15 @@ def freeze_startup_heap() -> int:
     return gc.get_freeze_count()
 
 
-async def serve(paths: Paths, policy: SupervisionPolicy | None = None) -> None:
-    fleet = Fleet(paths, policy, pause_at=pause_hook(paths.data_dir))
+async def serve(paths: Paths, resolved: Resolved) -> None:
+    settings = resolved.settings
+    fleet = Fleet(
+        paths,
+        settings.supervision_policy(),
+        pause_at=pause_hook(paths.data_dir),
+        cpu_kv_budget_bytes=settings.cpu_kv_budget_bytes,
+        engine_env=dict(os.environ),  # engines inherit the daemon's environment, less llmconsole's own
+    )
     # The store opens first: a database that is damaged or not ours stops the daemon with the
     # store's message (and the file untouched) before any engine is adopted or started.
     store = Store.open(paths.database)
@@ -94,9 +103,9 @@ async def serve(paths: Paths, policy: SupervisionPolicy | None = None) -> None:
         log.warning("%s", line)
     for st in fleet.statuses():
         recorder.observe(st)
-    gateway = GatewayService(fleet, store=store)  # the engines' front door and window loop
+    gateway = GatewayService(fleet, store=store, settings=resolved)  # the engines' front door and window loop
     await gateway.start()
-    ctx = DaemonContext(fleet=fleet, store=store, gateway=gateway, recorder=recorder)
+    ctx = DaemonContext(fleet=fleet, store=store, gateway=gateway, recorder=recorder, settings=resolved)
     fleet.config_failed_listeners.append(on_config_failed(ctx))
     services = HostedServices.build(ctx)  # modes, alerts, /metrics, tunes, console-started runs
     await services.start()
@@ -158,17 +167,25 @@ async def _sample_forever(
         await asyncio.sleep(max(0.05, interval_s - (time.monotonic() - began)))
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m llmconsole.daemon.main", description="llmconsole's per-host daemon")
+    add_set_flag(p)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     try:
+        # Every setting is read and checked before anything is created or started: a bad one
+        # (the file:line, variable or flag that gave it is named) stops the daemon here.
+        resolved = load_settings(args.set)
         paths = resolve().ensure()
-        policy = SupervisionPolicy.from_env()
-        PolicySettings.from_env()  # the auto mode policy's: a bad one stops the daemon here, saying why
         pause_hook(paths.data_dir)  # a test's fault-injection point that names no phase: say so here
-    except (UnsafeDirectory, ValueError) as e:
+    except (UnsafeDirectory, ValueError) as e:  # SettingsError is a ValueError
         print(f"llmconsole daemon: {e}", file=sys.stderr)
         return EXIT_CONFIG
     logging.basicConfig(
-        level=os.environ.get("LLMCONSOLE_LOG_LEVEL", "INFO"),
+        level=resolved.settings.log_level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
@@ -183,7 +200,7 @@ def main() -> int:
     before, after = raise_descriptor_limit()
     log.info("descriptor limit %d (was %d)", after, before)
     try:
-        asyncio.run(serve(paths, policy))
+        asyncio.run(serve(paths, resolved))
     except StoreError as e:
         print(f"llmconsole daemon: {e}", file=sys.stderr)
         return EXIT_STORE

@@ -33,7 +33,7 @@ import contextlib
 import dataclasses
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
@@ -119,9 +119,23 @@ def _stand_in_spec(raw: dict[str, Any]) -> EngineSpec:
 
 
 class Fleet:
-    def __init__(self, paths: Paths, policy: SupervisionPolicy | None = None, pause_at: PauseAt | None = None):
+    def __init__(
+        self,
+        paths: Paths,
+        policy: SupervisionPolicy | None = None,
+        pause_at: PauseAt | None = None,
+        cpu_kv_budget_bytes: int | None = None,
+        engine_env: Mapping[str, str] | None = None,
+    ):
         self.paths = paths
         self.policy = policy or SupervisionPolicy()
+        # The memory a CPU engine given no KV size gets its share of (the daemon's setting; None:
+        # a share of the host's memory, engine/modes/memory.py).
+        self.cpu_kv_budget_bytes = cpu_kv_budget_bytes
+        # The environment engines start from: the daemon's own, handed down (engine/ never reads
+        # the environment); llmconsole's variables are taken out of it at launch (process.py).
+        # None: the spec's variables only.
+        self.engine_env = engine_env
         self.pause_at = pause_at  # a fault-injection point for tests (see EngineSupervisor)
         # What the daemon found of each engine at its start ("engine running on config X (the
         # target)", ...): what the actions a dead daemon left unfinished are closed with.
@@ -294,7 +308,7 @@ class Fleet:
         device = spec_device(spec)
         if device is None:
             return spec
-        launched = with_default_kv(spec, device)
+        launched = with_default_kv(spec, device, self.cpu_kv_budget_bytes)
         if launched is not spec:
             log.info(
                 "%s: no KV size given; the default memory mode's: kv_cache_memory_bytes %d",
@@ -368,6 +382,7 @@ class Fleet:
             pause_at=self.pause_at,
             on_change_end=self._change_ended,
             save_now=self._save,
+            engine_env=self.engine_env,
         )
         sup.record_error = self.record_error
         return sup

@@ -1,10 +1,10 @@
 """The host probe: GPU gauges through NVML, host memory and engines' processes through psutil.
 
-Every NVML call goes through `_nvml`, which turns any error (no library, no driver, no GPU, a
-call the device does not support) into None, printed as "N/A". A host with no GPU shows N/A
-gauges, never a traceback. The probe runs at 1 Hz inside a daemon whose budget is a fraction of
-a percent of a core, so it caches: NVML is initialised once (and tried once), and each engine's
-process tree is re-listed only every few seconds.
+Every NVML call goes through engine/nvml.py, which turns any error (no library, no driver, no
+GPU, a call the device does not support) into None, printed as "N/A". A host with no GPU shows
+N/A gauges, never a traceback. The probe runs at 1 Hz inside a daemon whose budget is a fraction
+of a percent of a core, so it caches: NVML is initialised once per process (and tried once), and
+each engine's process tree is re-listed only every few seconds.
 
 It also tells who listens on a TCP port (from /proc/net/tcp and the processes' open sockets), so
 the supervisor can refuse an answer on an engine's port that does not come from that engine.
@@ -23,6 +23,8 @@ from typing import TypeVar
 
 import psutil
 
+from llmconsole.engine.nvml import NVML, Nvml
+
 _CHILDREN_REFRESH_S = 5.0
 
 
@@ -33,14 +35,8 @@ def fmt_na(value: object, fmt: str = "{}") -> str:
     return "N/A" if value is None else fmt.format(value)
 
 
-try:  # nvidia-ml-py is a dependency, but a broken install must not stop the console
-    import pynvml as pynvml  # re-exported: plan/ reads the topology through this guarded import
-except Exception:  # pragma: no cover - exercised only on broken installs
-    pynvml = None
-
-
-def _nvml(fn: Callable[..., _T], *args: object) -> _T | None:
-    """Call an NVML function; any failure is None (a missing value is a value)."""
+def _or_none(fn: Callable[..., _T], *args: object) -> _T | None:
+    """Call `fn`; any failure is None (a missing value is a value, as NVML's are: engine/nvml.py)."""
     try:
         return fn(*args)
     except Exception:
@@ -80,34 +76,21 @@ class ProcessSample:
 
 
 class HostProbe:
-    def __init__(self) -> None:
-        self._nvml_ready: bool | None = None
-        self._nvml_error: str | None = None
+    def __init__(self, nvml: Nvml | None = None) -> None:
+        self.nvml = nvml if nvml is not None else NVML  # the process's, initialised once for all
         self._trees: dict[int, tuple[float, list[psutil.Process]]] = {}
         psutil.cpu_percent(None)  # the first call only primes psutil's counter
 
-    def _init_nvml(self) -> bool:
-        if self._nvml_ready is None:
-            if pynvml is None:
-                self._nvml_ready, self._nvml_error = False, "nvidia-ml-py is not importable"
-            else:
-                try:
-                    pynvml.nvmlInit()
-                    self._nvml_ready = True
-                except Exception as e:
-                    self._nvml_ready, self._nvml_error = False, f"{type(e).__name__}: {e}"
-        return bool(self._nvml_ready)
-
     def _gpu(self, i: int) -> GpuSample:
-        h = _nvml(pynvml.nvmlDeviceGetHandleByIndex, i)
-        mem = _nvml(pynvml.nvmlDeviceGetMemoryInfo, h) if h is not None else None
-        util = _nvml(pynvml.nvmlDeviceGetUtilizationRates, h) if h is not None else None
-        power_mw = _nvml(pynvml.nvmlDeviceGetPowerUsage, h) if h is not None else None
-        temp = _nvml(pynvml.nvmlDeviceGetTemperature, h, 0) if h is not None else None  # 0: NVML_TEMPERATURE_GPU
-        name = _nvml(pynvml.nvmlDeviceGetName, h) if h is not None else None
+        nv = self.nvml
+        h = nv.call("nvmlDeviceGetHandleByIndex", i)
+        mem = nv.call("nvmlDeviceGetMemoryInfo", h) if h is not None else None
+        util = nv.call("nvmlDeviceGetUtilizationRates", h) if h is not None else None
+        power_mw = nv.call("nvmlDeviceGetPowerUsage", h) if h is not None else None
+        temp = nv.call("nvmlDeviceGetTemperature", h, 0) if h is not None else None  # 0: NVML_TEMPERATURE_GPU
         return GpuSample(
             index=i,
-            name=name.decode() if isinstance(name, bytes) else name,
+            name=nv.name_text(h),
             memory_used_bytes=getattr(mem, "used", None),
             memory_total_bytes=getattr(mem, "total", None),
             utilization_gpu_pct=getattr(util, "gpu", None),
@@ -117,20 +100,20 @@ class HostProbe:
         )
 
     def sample_gpus(self) -> tuple[GpuSample, ...]:
-        if not self._init_nvml():
+        if not self.nvml.ready():
             return ()
-        n = _nvml(pynvml.nvmlDeviceGetCount) or 0
+        n = self.nvml.call("nvmlDeviceGetCount") or 0
         return tuple(self._gpu(i) for i in range(n))
 
     def sample_host(self) -> HostSample:
-        vm = _nvml(psutil.virtual_memory)  # the same None-on-error treatment suits psutil
+        vm = _or_none(psutil.virtual_memory)
         return HostSample(
-            cpu_pct=_nvml(psutil.cpu_percent, None),
+            cpu_pct=_or_none(psutil.cpu_percent, None),
             memory_used_bytes=(vm.total - vm.available) if vm is not None else None,
             memory_total_bytes=vm.total if vm is not None else None,
             gpus=self.sample_gpus(),
-            nvml_available=self._init_nvml(),
-            nvml_error=self._nvml_error,
+            nvml_available=self.nvml.ready(),
+            nvml_error=self.nvml.error,
         )
 
     def _tree(self, pid: int) -> list[psutil.Process] | None:

@@ -84,9 +84,18 @@ class EngineProcess:
 
     @classmethod
     def launch(
-        cls, argv: list[str], env_extra: dict[str, str], log_path: Path, port: int, config_id: str | None = None
+        cls,
+        argv: list[str],
+        env_extra: dict[str, str],
+        log_path: Path,
+        port: int,
+        config_id: str | None = None,
+        base_env: Mapping[str, str] | None = None,
     ) -> EngineProcess:
-        env = engine_environ(os.environ, env_extra)
+        """Start `argv` in a session of its own. Its environment is `base_env` (the daemon's own,
+        handed down: engine/ never reads the environment itself) through engine_environ, plus
+        `env_extra` (the spec's); None: only the spec's."""
+        env = engine_environ(base_env or {}, env_extra)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
         try:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import dataclasses
 import errno
 import functools
 import hashlib
@@ -76,32 +75,6 @@ class SupervisionPolicy:
     crash_loop_count: int = 3  # this many failed runs in a row (whatever each lasted),
     crash_loop_window_s: float = 300.0  # or this many crashes within this window: give up
     drain_timeout_s: float = 30.0
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> SupervisionPolicy:
-        """The default policy with the fields of $LLMCONSOLE_SUPERVISION (a JSON object) changed,
-        e.g. '{"start_timeout_s": 1800}' for models that load for longer than 15 minutes."""
-        raw = (os.environ if environ is None else environ).get(POLICY_ENV)
-        if not raw:
-            return cls()
-        try:
-            given = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{POLICY_ENV} is not JSON ({e})") from None
-        if not isinstance(given, dict):
-            raise ValueError(f"{POLICY_ENV} must be a JSON object of policy fields")
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        out: dict[str, Any] = {}
-        for key, value in given.items():
-            if key not in fields:
-                raise ValueError(f"{POLICY_ENV}: unknown field {key!r} (known: {', '.join(fields)})")
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ValueError(f"{POLICY_ENV}: {key} must be a positive number, not {value!r}")
-            out[key] = int(value) if fields[key].type in (int, "int") else float(value)
-        return dataclasses.replace(cls(), **out)
-
-
-POLICY_ENV = "LLMCONSOLE_SUPERVISION"
 
 
 @dataclass(frozen=True)
@@ -245,8 +218,10 @@ class EngineSupervisor:
         pause_at: PauseAt | None = None,
         on_change_end: ChangeEnded | None = None,
         save_now: Callable[[], Awaitable[bool]] | None = None,
+        engine_env: Mapping[str, str] | None = None,
     ) -> None:
         self.name = name
+        self.engine_env = engine_env  # what the engine's environment starts from (EngineProcess.launch)
         self.spec = spec
         self.log_path = log_path
         self.policy = policy
@@ -629,7 +604,12 @@ class EngineSupervisor:
         self._foreign_note = None
         self.started_at_s = time.time()
         self.proc = EngineProcess.launch(
-            argv, self.spec.launch_env(self.runtime), self.log_path, self.port, self.spec.config_id
+            argv,
+            self.spec.launch_env(self.runtime),
+            self.log_path,
+            self.port,
+            self.spec.config_id,
+            base_env=self.engine_env,
         )
 
     def _run_log(self) -> str:

@@ -233,7 +233,9 @@ def test_scrape_config_jobs_read_the_files_the_command_writes():
 
 
 def test_exporter_binds_loopback_unless_told(monkeypatch, tmp_path):
-    from llmconsole.daemon.services.exporter import BIND_ENV, Exporter
+    from llmconsole.daemon.services.exporter import Exporter
+
+    BIND_ENV = "LLMCONSOLE_METRICS_BIND"  # read through llmconsole/settings, as before
 
     class Nothing:
         def collect(self):  # noqa: ANN202 - a collector with no series

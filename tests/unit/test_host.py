@@ -10,6 +10,7 @@ import pytest
 
 from llmconsole.engine import host as host_mod
 from llmconsole.engine.host import HostProbe, fmt_na
+from llmconsole.engine.nvml import Nvml
 from tests.support.waiting import wait_until
 
 
@@ -29,10 +30,11 @@ def test_nvml_errors_become_none(monkeypatch):
     def boom(*a):
         raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
 
+    monkeypatch.setattr(pynvml, "nvmlInit", lambda: None)  # pretend NVML initialises; every device call then fails
     monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo", boom)
-    assert host_mod._nvml(pynvml.nvmlDeviceGetMemoryInfo, None) is None
-    probe = HostProbe()
-    probe._nvml_ready = True  # pretend NVML initialised; every device call then fails
+    nv = Nvml(pynvml)
+    assert nv.call("nvmlDeviceGetMemoryInfo", None) is None
+    probe = HostProbe(nv)
     monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByIndex", lambda i: object())
     monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: 1)
     for fn in (

@@ -6,6 +6,7 @@ import types
 
 import pytest
 
+from llmconsole.engine import nvml
 from llmconsole.engine.plan import topology as topo_mod
 from llmconsole.engine.plan.kv_math import kv_capacity, layout_for
 from llmconsole.engine.plan.model_shape import read_shape
@@ -154,10 +155,10 @@ def test_read_topology_turns_nvml_answers_into_links(monkeypatch):
         nvmlDeviceGetP2PStatus=lambda a, b, cap: answers["p2p"][(a, b)] if cap == 3 else 1,
         nvmlDeviceGetTopologyCommonAncestor=lambda a, b: answers["level"][(a, b)],
     )
-    monkeypatch.setattr(topo_mod, "pynvml", fake)
+    monkeypatch.setattr(nvml, "NVML", nvml.Nvml(fake))
     t = topo_mod.read_topology()
     assert t.to_json()["links"] == [{"a": 0, "b": 1, "nvlink": True, "path": "PHB"}]
     answers["p2p"][(0, 1)] = 2  # NVML_P2P_STATUS_GPU_NOT_SUPPORTED
     assert topo_mod.read_topology().pcie_only_pairs()[0].path == "PHB"
-    monkeypatch.setattr(topo_mod, "pynvml", None)
+    monkeypatch.setattr(nvml, "NVML", nvml.Nvml(None))
     assert topo_mod.read_topology() is None

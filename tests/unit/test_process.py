@@ -96,7 +96,9 @@ def test_an_engine_gets_the_daemons_environment_less_llmconsoles_own_secrets_and
     monkeypatch.setenv("LLMCONSOLE_KERNEL", "custom")  # only the spec asks an engine for the kernel
     monkeypatch.setenv("LLMCONSOLE_KERNEL_CACHE", str(tmp_path / "kernels"))
     monkeypatch.setenv("HOME_LIKE_SETTING", "kept")
-    proc = EngineProcess.launch(TREE, {"HF_TOKEN": "hf_from_the_spec"}, tmp_path / "env.log", 18999)
+    proc = EngineProcess.launch(
+        TREE, {"HF_TOKEN": "hf_from_the_spec"}, tmp_path / "env.log", 18999, base_env=dict(os.environ)
+    )
     try:
         with open(f"/proc/{proc.pid}/environ", "rb") as f:
             env = dict(e.decode().split("=", 1) for e in f.read().split(b"\0") if b"=" in e)

@@ -92,15 +92,6 @@ def test_a_stable_run_ends_the_streak_but_fast_crashes_still_loop():
     assert [c.record(now=10_000.0 * i, stable=False).delay_s for i in range(5)] == [1.0, 2.0, 4.0, 4.0, 4.0]
 
 
-def test_policy_from_the_environment():
-    assert SupervisionPolicy.from_env({}) == SupervisionPolicy()
-    p = SupervisionPolicy.from_env({"LLMCONSOLE_SUPERVISION": '{"start_timeout_s": 1800, "crash_loop_count": 2}'})
-    assert p.start_timeout_s == 1800.0 and p.crash_loop_count == 2 and isinstance(p.crash_loop_count, int)
-    for bad in ('{"start_timeout": 5}', '{"crash_loop_count": 0}', "[1]", "{"):
-        with pytest.raises(ValueError, match="LLMCONSOLE_SUPERVISION"):
-            SupervisionPolicy.from_env({"LLMCONSOLE_SUPERVISION": bad})
-
-
 # --- restarts that hang, and giving up ----------------------------------------------------------
 
 
@@ -434,10 +425,9 @@ def test_a_cpu_engine_given_no_kv_size_launches_with_the_default_modes_and_a_cro
     from llmconsole.engine.plan.validate import ConfigDoesNotFit, host_memory, validate
 
     budget = 8 << 20
-    monkeypatch.setenv("LLMCONSOLE_CPU_KV_BUDGET_BYTES", str(budget))
 
     async def main():
-        fleet = Fleet(_paths(tmp_path), FAST)
+        fleet = Fleet(_paths(tmp_path), FAST, cpu_kv_budget_bytes=budget)  # the daemon's setting
         await fleet.open()
         try:
             a = await fleet.start("a", fake.spec(model=str(tiny_model), max_model_len=256))

@@ -2,10 +2,11 @@
 
 A custom collector reads the daemon's live state (the fleet's statuses, the gateway's groups, the
 alert tracker) when Prometheus scrapes, so there is no second set of counters to keep in step.
-The port is LLMCONSOLE_METRICS_PORT when set, else the one used last time (exporter.json in the
-data directory), else a free one, which is then remembered: a scrape config keeps working across
-daemon restarts. The address is 127.0.0.1 unless LLMCONSOLE_METRICS_BIND names another (a
-private interface a fleet's Prometheus reaches): never beyond loopback unless asked.
+The port is the metrics_port setting (LLMCONSOLE_METRICS_PORT, config.toml, a flag) when set, else
+the one used last time (exporter.json in the data directory), else a free one, which is then
+remembered: a scrape config keeps working across daemon restarts. The address is 127.0.0.1 unless
+the metrics_bind setting names another (a private interface a fleet's Prometheus reaches): never
+beyond loopback unless asked.
 A set or saved port that another process holds stops the daemon at start, and the Host header
 must name loopback (a browser page cannot read it by DNS rebinding).
 """
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,14 +25,17 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import Metric
 
+from llmconsole.atomic import write_atomic
 from llmconsole.daemon.context import DaemonContext
-from llmconsole.daemon.services.gateway_service import port_taken
+from llmconsole.daemon.services.gateway_service import move_port, port_taken
 from llmconsole.engine.alerts import rules as ar
 from llmconsole.engine.gateway.door import DoorLimits, allowed_hosts, host_allowed
 from llmconsole.engine.gateway.group import OUTCOMES
 from llmconsole.engine.modes.memory import FRACTIONS
 from llmconsole.engine.modes.policy import used_fraction
 from llmconsole.engine.status import EngineState
+from llmconsole.settings import Resolved
+from llmconsole.settings import load as load_settings
 
 if TYPE_CHECKING:
     from llmconsole.daemon.services.mode_service import ModeService
@@ -41,7 +44,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PORT_ENV = "LLMCONSOLE_METRICS_PORT"
-BIND_ENV = "LLMCONSOLE_METRICS_BIND"
 _STATES = [str(s) for s in EngineState]
 _MODES = [m.value for m in FRACTIONS]
 
@@ -203,13 +205,21 @@ class DaemonCollector:
 
 
 class Exporter:
-    def __init__(self, collector: DaemonCollector, data_dir: Path, host: str | None = None, port: int | None = None):
+    def __init__(
+        self,
+        collector: DaemonCollector,
+        data_dir: Path,
+        host: str | None = None,
+        port: int | None = None,
+        settings: Resolved | None = None,
+    ):
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(collector)
-        self.host = host or os.environ.get(BIND_ENV, "").strip() or "127.0.0.1"
+        self.settings = settings if settings is not None else load_settings()
+        self.host = host or self.settings.settings.metrics_bind
         self._file = data_dir / "exporter.json"
-        env = os.environ.get(PORT_ENV)
-        self.port = port if port is not None else int(env) if env else self._saved_port()
+        set_port = self.settings.settings.metrics_port
+        self.port = port if port is not None else set_port if set_port is not None else self._saved_port()
         self._runner: web.AppRunner | None = None
         self._hosts = allowed_hosts(self.host, DoorLimits())
         self.refused_hosts = 0
@@ -241,13 +251,13 @@ class Exporter:
             if self.port == 0:
                 raise
             how = (
-                f"set {PORT_ENV} to a free port"
-                if os.environ.get(PORT_ENV)
+                move_port(self.settings, "metrics_port")
+                if self.settings.settings.metrics_port is not None
                 else f"remove {self._file} (a free port is then chosen and saved) or set {PORT_ENV}"
             )
             raise port_taken("metrics", self.host, self.port, e, how) from None
         self.port = int(self._runner.addresses[0][1])  # the port bound, when 0 asked for a free one
-        self._file.write_text(json.dumps({"port": self.port}))
+        write_atomic(self._file, json.dumps({"port": self.port}))
         log.info("Prometheus metrics on %s", self.url)
         return self.url
 

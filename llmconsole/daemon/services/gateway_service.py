@@ -10,14 +10,15 @@ admitted or queued, on the same engines, until it is empty. Every controller int
 steps and its window moves. The trace stays in memory for the console (bounded by the
 controller) and goes to the store through `_store_trace`, the one place that writes it.
 
-The front door's port is stable per LLMCONSOLE_HOME: LLMCONSOLE_GATEWAY_PORT if set, else the
-port used last time (in gateway.json), else a free one, which is then remembered. A port that is
-set or saved and taken by another process stops the daemon at start with a message saying so:
-moving silently to another port would hand that process the clients' prompts and keys. It listens
-on 127.0.0.1 unless LLMCONSOLE_GATEWAY_HOST says otherwise.
+The front door's port is stable per LLMCONSOLE_HOME: the gateway_port setting if set
+(LLMCONSOLE_GATEWAY_PORT, config.toml or a flag: docs/settings.md), else the port used last time
+(in gateway.json), else a free one, which is then remembered. A port that is set or saved and
+taken by another process stops the daemon at start with a message saying so: moving silently to
+another port would hand that process the clients' prompts and keys. It listens on 127.0.0.1
+unless the gateway_host setting says otherwise.
 
 The door's limits are gateway.json's "limits" (see engine/gateway/door.py; any subset, the rest
-default). The gateway's own key is LLMCONSOLE_GATEWAY_KEY, else the 0600 file gateway.key in the
+default). The gateway's own key is the gateway_key setting, else the 0600 file gateway.key in the
 data directory; it is required whenever any engine behind the gateway has a key (the file is
 then created if there is none) and whenever the operator set one.
 
@@ -45,7 +46,7 @@ from typing import Any
 
 import aiohttp
 
-from llmconsole.atomic import FileWriter, set_aside
+from llmconsole.atomic import FileWriter, set_aside, write_atomic
 from llmconsole.db import Store
 from llmconsole.engine.fleet import Fleet, UnknownEngine
 from llmconsole.engine.gateway.door import DoorLimits
@@ -55,6 +56,8 @@ from llmconsole.engine.gateway.pid import PidSettings, TraceSample
 from llmconsole.engine.gateway.proxy import Gateway, state_of
 from llmconsole.engine.gateway.remote import RemoteMember, RemoteWatch, members_json, read_members
 from llmconsole.engine.status import EngineState, EngineStatus
+from llmconsole.settings import Resolved
+from llmconsole.settings import load as load_settings
 
 log = logging.getLogger(__name__)
 
@@ -64,13 +67,19 @@ SYNC_INTERVAL_S = 0.25
 REFUSED_SINCE_CHECK = "refused a connection since its last health check; out until a check passes"
 _SETTING_KEYS = ("target_ms", "signal", "min_window", "max_window", "start_window", "kp", "ki", "kd")
 PORT_ENV = "LLMCONSOLE_GATEWAY_PORT"
-HOST_ENV = "LLMCONSOLE_GATEWAY_HOST"
-KEY_ENV = "LLMCONSOLE_GATEWAY_KEY"
 _DRAIN_POLL_S = 0.1
 
 
 class PortTaken(RuntimeError):
     """A port the operator set, or the daemon saved, is held by another process."""
+
+
+def move_port(settings: Resolved, key: str) -> str:
+    """How to move a port the operator set, named by where it was set."""
+    origin = settings.origin(key)
+    if origin.kind == "env":
+        return f"set {origin.where} to a free port"
+    return f"change {key} ({origin}) to a free port"
 
 
 def port_taken(what: str, host: str, port: int, error: OSError, how_to_move: str) -> PortTaken:
@@ -89,10 +98,13 @@ class GatewayService:
         port: int | None = None,
         store: Store | None = None,
         limits: DoorLimits | None = None,
+        settings: Resolved | None = None,
     ):
         self.fleet = fleet
         self.store = store  # None: the trace then lives in memory only
-        self.host = host or os.environ.get(HOST_ENV) or "127.0.0.1"
+        # The daemon's settings; a service built without them (unit tests) resolves this process's.
+        self.settings = settings if settings is not None else load_settings()
+        self.host = host or self.settings.settings.gateway_host
         self._file = fleet.paths.data_dir / "gateway.json"
         self.settings_error: str | None = None  # why gateway.json was not read, when it was not
         self.key_file = fleet.paths.data_dir / "gateway.key"
@@ -108,11 +120,11 @@ class GatewayService:
         self._http: aiohttp.ClientSession | None = None
         self._watch_task: asyncio.Task[None] | None = None
         saved = self._read_file()
-        env_port = os.environ.get(PORT_ENV)
+        set_port = self.settings.settings.gateway_port
         self._port_from = (
-            "given" if port is not None else PORT_ENV if env_port else "saved" if saved.get("port") else ""
+            "given" if port is not None else "setting" if set_port is not None else "saved" if saved.get("port") else ""
         )
-        self._port = port if port is not None else int(env_port) if env_port else int(saved.get("port") or 0)
+        self._port = port if port is not None else set_port if set_port is not None else int(saved.get("port") or 0)
         self._saved_groups: dict[str, dict[str, Any]] = saved.get("groups", {})
         self._saved_limits = saved.get("limits")
         if limits is None:
@@ -135,8 +147,8 @@ class GatewayService:
             if self._port == 0:
                 raise
             how = (
-                f"set {PORT_ENV} to a free port"
-                if self._port_from == PORT_ENV
+                move_port(self.settings, "gateway_port")
+                if self._port_from == "setting"
                 else f'remove "port" from {self._file} (a free one is then chosen and saved) or set {PORT_ENV}'
             )
             raise port_taken("gateway", self.host, self._port, e, how) from None
@@ -282,26 +294,27 @@ class GatewayService:
     # --- the key ----------------------------------------------------------------------------
 
     def _configured_key(self) -> str | None:
-        """LLMCONSOLE_GATEWAY_KEY, else the key file when there is one."""
-        env = os.environ.get(KEY_ENV, "").strip()
-        if env:
-            return env
+        """The gateway_key setting, else the key file when there is one."""
+        key = self.settings.settings.gateway_key
+        if key is not None:
+            return key.get_secret_value()
         return read_key_file(self.key_file)
 
     def _ensure_key_file(self) -> str:
         key = read_key_file(self.key_file)
         if key is None:
             key = secrets.token_urlsafe(32)
-            fd = os.open(self.key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(key + "\n")
+            write_atomic(self.key_file, key + "\n")  # 0600 from its first byte, durable
             log.info("an engine has an API key, so the gateway requires one too: created %s (0600)", self.key_file)
         return key
 
     def key_source(self) -> str | None:
         if self.gateway.key is None:
             return None
-        return KEY_ENV if os.environ.get(KEY_ENV, "").strip() else str(self.key_file)
+        if self.settings.settings.gateway_key is None:
+            return str(self.key_file)
+        origin = self.settings.origin("gateway_key")
+        return origin.where if origin.kind == "env" else str(origin)  # the variable, or file:line
 
     def door_state(self) -> dict[str, Any]:
         """The door for the control API: URL, limits, connections, refusals, where the key is."""

@@ -4,8 +4,8 @@ A switch is a guarded apply (engine/modes/guarded_apply.py): the engine's gatewa
 it, it restarts on the mode's spec, and goes back to its old config if anything after the
 restart fails. The auto policy (engine/modes/policy.py) runs every few seconds for the engines
 that ask for it; its choice is kept in modes.json, so a daemon restart keeps it. Its thresholds
-are the defaults unless LLMCONSOLE_MODE_POLICY (a JSON object) in the daemon's environment changes
-them. A switch it makes is a mode action like an operator's, recorded as automatic.
+are the daemon's mode_policy settings (docs/settings.md: config.toml's [mode_policy], or
+LLMCONSOLE_MODE_POLICY as a JSON object). A switch it makes is a mode action like an operator's, recorded as automatic.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class ModeService:
     def __init__(self, ctx: DaemonContext, policy: PolicySettings | None = None):
         self.ctx = ctx
         self.fleet, self.store, self.gateway = ctx.fleet, ctx.store, ctx.gateway
-        self.policy = policy or PolicySettings.from_env()  # checked at daemon start (main.py)
+        self.policy = policy or ctx.settings.settings.mode_policy_settings()  # checked at daemon start
         self._file = ctx.data_dir / "modes.json"
         self._writer = FileWriter(self._file)
         self.auto: dict[str, PolicyState] = {}
@@ -66,6 +66,9 @@ class ModeService:
         device = "cpu" if st.device in ("cpu", "unknown") else st.device
         return dataclasses.replace(st, mode=mode_of(st.spec, device), mode_auto=st.name in self.auto)
 
+    def _budget(self) -> int:
+        return cpu_kv_budget_bytes(self.ctx.settings.settings.cpu_kv_budget_bytes)
+
     def state(self, name: str, budget_bytes: int | None = None) -> dict[str, Any]:
         sup = self.fleet.get(name)
         device = self.device_of(name)
@@ -74,7 +77,7 @@ class ModeService:
             "mode": mode_of(sup.spec, device),
             "auto": name in self.auto,
             "device": device,
-            "budget_bytes": (budget_bytes or cpu_kv_budget_bytes()) if device == "cpu" else None,
+            "budget_bytes": (budget_bytes or self._budget()) if device == "cpu" else None,
             "gpu_memory_utilization": sup.spec.gpu_memory_utilization,
             "kv_cache_memory_bytes": sup.spec.kv_cache_memory_bytes,
             "kv_cache_tokens": sup.status().kv_cache_tokens,
@@ -107,7 +110,7 @@ class ModeService:
             await self._save()
             self._record_auto(name, actor, session_id, True, False)
         device = self.device_of(name)
-        budget = budget_bytes if budget_bytes is not None else cpu_kv_budget_bytes() if device == "cpu" else None
+        budget = budget_bytes if budget_bytes is not None else self._budget() if device == "cpu" else None
         new = mode_spec(sup.spec, mode, device, budget)
         if name in self._busy:
             raise EngineBusy(f"a mode switch of {name} is under way")

@@ -241,11 +241,15 @@ class ResponseService:
         nxt = _TIGHTER.get(Mode(now)) if now else Mode.BALANCED
         if nxt is None:
             raise ResponseRefused(f"engine {engine} is already in the tightest mode (aggressive)")
-        return await self._apply(engine, mode_spec(sup.spec, nxt, device, cpu_kv_budget_bytes()), trigger)
+        return await self._apply(
+            engine,
+            mode_spec(sup.spec, nxt, device, cpu_kv_budget_bytes(self.ctx.settings.settings.cpu_kv_budget_bytes)),
+            trigger,
+        )
 
     async def _do_kv_dtype(self, engine: str, trigger: str) -> tuple[str, dict[str, Any]]:
         sup = self.fleet.get(engine)
-        ok, why = kv_dtype_support(sup.status().device)
+        ok, why = kv_dtype_support(sup.status().device, said=self.ctx.settings.settings.fp8_kv)
         if not ok:
             raise ResponseRefused(why)
         return await self._apply(engine, kv_dtype_spec(sup.spec), trigger)

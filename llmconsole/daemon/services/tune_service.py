@@ -22,6 +22,7 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
+from llmconsole.atomic import write_atomic
 from llmconsole.daemon.context import DaemonContext
 from llmconsole.daemon.services.fleet_controller import FleetController
 from llmconsole.daemon.services.rollback import ActionLog, rollback
@@ -350,7 +351,7 @@ class TuneService:
                 **{k: body[k] for k in keep if k in body},
             }
             self._last_run_s[name] = time.monotonic()
-        self.path.write_text(json.dumps(self.schedule, indent=2))
+        write_atomic(self.path, json.dumps(self.schedule, indent=2))  # whole, durable, 0600
         return self.state()
 
     def state(self) -> dict[str, Any]:

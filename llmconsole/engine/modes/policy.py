@@ -9,10 +9,7 @@ in, new state and decision out) so that it is tested by replaying a recorded mem
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from llmconsole.engine.host import HostSample
@@ -35,33 +32,6 @@ class PolicySettings:
             raise ValueError("hysteresis must be at least 0 and below balanced_above")
         if self.min_switch_interval_s < 0:
             raise ValueError("min_switch_interval_s must not be negative")
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> PolicySettings:
-        """The default policy with the fields of $LLMCONSOLE_MODE_POLICY (a JSON object) changed,
-        e.g. '{"balanced_above": 0.7, "aggressive_above": 0.9}'. ValueError says what is wrong."""
-        raw = (os.environ if environ is None else environ).get(POLICY_ENV)
-        if not raw:
-            return cls()
-        try:
-            given = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{POLICY_ENV} is not JSON ({e})") from None
-        if not isinstance(given, dict):
-            raise ValueError(f"{POLICY_ENV} must be a JSON object of policy fields")
-        known = [f.name for f in dataclasses.fields(cls)]
-        for key, value in given.items():
-            if key not in known:
-                raise ValueError(f"{POLICY_ENV}: unknown field {key!r} (known: {', '.join(known)})")
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"{POLICY_ENV}: {key} must be a number, not {value!r}")
-        try:
-            return dataclasses.replace(cls(), **{k: float(v) for k, v in given.items()})
-        except ValueError as e:
-            raise ValueError(f"{POLICY_ENV}: {e}") from None
-
-
-POLICY_ENV = "LLMCONSOLE_MODE_POLICY"
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmconsole.engine.host import _nvml, pynvml
+from llmconsole.engine import nvml
 
 # nvmlGpuTopologyLevel_t, named as `nvidia-smi topo -m` prints them.
 _LEVELS = {0: "SELF", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
@@ -75,25 +75,17 @@ def load_topology(path: Path) -> Topology:
 
 def read_topology() -> Topology | None:
     """This host's GPUs and links from NVML; None where NVML or GPUs are absent."""
-    if pynvml is None:
-        return None
-    try:
-        pynvml.nvmlInit()
-    except Exception:  # no library, no driver: no GPUs to plan for
-        return None
-    count = _nvml(pynvml.nvmlDeviceGetCount)
+    nv = nvml.NVML
+    count = nv.call("nvmlDeviceGetCount")  # None where NVML is absent: no GPUs to plan for
     if not count:
         return None
-    handles = [_nvml(pynvml.nvmlDeviceGetHandleByIndex, i) for i in range(count)]
-    names = []
-    for h in handles:
-        n = _nvml(pynvml.nvmlDeviceGetName, h) if h is not None else None
-        names.append((n.decode() if isinstance(n, bytes) else n) or "N/A")
+    handles = [nv.call("nvmlDeviceGetHandleByIndex", i) for i in range(count)]
+    names = [nv.name_text(h) or "N/A" for h in handles]
     links = []
     for a, b in itertools.combinations(range(count), 2):
         ha, hb = handles[a], handles[b]
-        p2p = _nvml(pynvml.nvmlDeviceGetP2PStatus, ha, hb, _P2P_CAPS_INDEX_NVLINK)
-        level = _nvml(pynvml.nvmlDeviceGetTopologyCommonAncestor, ha, hb)
+        p2p = nv.call("nvmlDeviceGetP2PStatus", ha, hb, _P2P_CAPS_INDEX_NVLINK)
+        level = nv.call("nvmlDeviceGetTopologyCommonAncestor", ha, hb)
         path = _LEVELS.get(level, "N/A") if level is not None else "N/A"
         links.append(GpuLink(a, b, p2p == _P2P_STATUS_OK, path))
     return Topology(tuple(names), tuple(links), "NVML")

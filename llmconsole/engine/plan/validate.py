@@ -122,18 +122,13 @@ def _runtime_device(spec: EngineSpec) -> str:
 
 
 def _gpu_total_bytes() -> int | None:
-    from llmconsole.engine.host import _nvml, pynvml
+    from llmconsole.engine import nvml
 
-    if pynvml is None:
-        return None
-    try:
-        pynvml.nvmlInit()
-    except Exception:
-        return None
+    nv = nvml.NVML
     totals = []
-    for i in range(_nvml(pynvml.nvmlDeviceGetCount) or 0):
-        h = _nvml(pynvml.nvmlDeviceGetHandleByIndex, i)
-        mem = _nvml(pynvml.nvmlDeviceGetMemoryInfo, h) if h is not None else None
+    for i in range(nv.call("nvmlDeviceGetCount") or 0):  # 0 where NVML or GPUs are absent
+        h = nv.call("nvmlDeviceGetHandleByIndex", i)
+        mem = nv.call("nvmlDeviceGetMemoryInfo", h) if h is not None else None
         if mem is not None:
             totals.append(int(mem.total))
     return min(totals) if totals else None
