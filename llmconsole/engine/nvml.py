@@ -14,17 +14,23 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-try:  # nvidia-ml-py is a dependency, but a broken install must not stop the console
-    import pynvml as _pynvml
-except Exception:  # pragma: no cover - exercised only on broken installs
-    _pynvml = None
+
+def _import_pynvml() -> Any | None:
+    """pynvml, imported at the first NVML call rather than with this module: every `llmconsole`
+    command imports the host probe, and most never read a GPU."""
+    try:  # nvidia-ml-py is a dependency, but a broken install must not stop the console
+        import pynvml
+    except Exception:  # pragma: no cover - exercised only on broken installs
+        return None
+    return pynvml
 
 
 class Nvml:
     """One NVML library's state in this process: whether it initialised, and why not."""
 
-    def __init__(self, module: Any | None) -> None:
+    def __init__(self, module: Any | None, *, load: bool = False) -> None:
         self.module = module
+        self._load = load  # import pynvml at the first call (the process's instance)
         self._lock = threading.Lock()
         self._ready: bool | None = None  # None: not tried yet
         self._error: str | None = None
@@ -38,6 +44,8 @@ class Nvml:
         return bool(self._ready)
 
     def _init(self) -> tuple[bool, str | None]:
+        if self._load:
+            self.module = _import_pynvml()
         if self.module is None:
             return False, "nvidia-ml-py is not importable"
         try:
@@ -66,4 +74,4 @@ class Nvml:
         return name.decode() if isinstance(name, bytes) else name
 
 
-NVML = Nvml(_pynvml)  # the process's one instance
+NVML = Nvml(None, load=True)  # the process's one instance

@@ -3,6 +3,8 @@ GPU: nvmlInit fails) is remembered rather than retried on every gauge read or pl
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 import types
@@ -117,3 +119,9 @@ def test_the_real_library_on_this_host_is_initialised_at_most_once(monkeypatch):
     _use_everywhere(nv)
     assert init.calls == 1
     assert nv.ready() == (nv.error is None)  # either it works, or it said why, once
+
+
+def test_commands_import_pynvml_only_when_they_read_a_gpu():
+    code = "import sys, llmconsole.console.cli; print('pynvml' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "False"
