@@ -73,3 +73,16 @@ def test_a_signal_without_samples_says_why_instead_of_showing_a_value():
     assert "no requests finished lately" in window_cmd.format_window(dict(state, recent_ok=0, recent_streamed=0))
     e2e = window_cmd.format_window(dict(_Client().window("demo"), signal="e2e", recent_ok=3, recent_streamed=0))
     assert "measured p99 e2e 409 ms (target 800 ms)" in e2e
+
+
+def test_status_says_which_kernel_an_engine_runs_when_it_differs_from_its_spec():
+    """The note was printed only beside a state-file warning, and then for the last engine only."""
+    from llmconsole.wire.status import StatusAnswer
+
+    engines = [
+        {"name": "a", "state": "ready", "kernel": "stock", "kernel_note": "custom needs AVX-512; runs stock"},
+        {"name": "b", "state": "ready", "kernel": "stock"},
+    ]
+    text = cli.format_status(StatusAnswer.model_validate({"engines": engines}))
+    assert "a: kernel stock (custom needs AVX-512; runs stock)" in text
+    assert "b: kernel" not in text
