@@ -245,3 +245,66 @@ def test_the_version_note_names_newer_and_older_and_is_silent_when_equal():
     assert version_note("gpu1", WIRE_VERSION, "0.2.0") is None
     assert "newer than this client's" in (version_note("gpu1", WIRE_VERSION + 1, "0.3.0") or "")
     assert "gpu1 runs an llmconsole (wire v1), older" in (version_note("gpu1", 1, None) or "")
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_window_group_alerts_and_runs_commands_draw_either_wire(version):
+    from llmconsole.console.commands.group import format_groups
+    from llmconsole.console.commands.mode import format_alerts
+    from llmconsole.console.commands.runs import runs_table
+    from llmconsole.console.commands.window import format_window
+
+    raw = answer(version, "window")
+    window = format_window(WindowState.model_validate(raw))
+    assert window.startswith(f"t1: window {raw['window']} (controlled), in flight 0, queued 0")
+    assert f"admitted {raw['admitted_total']}" in window and "N/A" not in window
+    assert f"{raw['trace'][-1]['window']:>3} ({raw['trace'][-1]['action']})" in window
+    groups = format_groups(GroupsAnswer.model_validate(answer(version, "groups")).groups).splitlines()
+    assert groups[1].split()[:3] == ["t1", "(own)", "t1"]
+    assert format_alerts(AlertsAnswer.model_validate(answer(version, "alerts"))).startswith("active: none")
+    assert runs_table(RunsAnswer.model_validate(answer(version, "runs")).runs) == [runs_table([])[0]]
+
+
+def test_alerts_and_runs_with_records_draw_and_a_record_missing_fields_still_does():
+    from llmconsole.console.commands.mode import format_alerts
+    from llmconsole.console.commands.runs import runs_table
+
+    data = AlertsAnswer.model_validate(
+        {
+            "active": [{"rule": "kv_pressure", "engine": "t1", "state": "firing", "for_s": 12.4}],
+            "alerts": [{"id": 3, "at": 1.7e9, "engine": "t1", "rule": "kv_pressure", "severity": "warning"}],
+            "responses": [
+                {
+                    "id": 9,
+                    "at": 1.7e9,
+                    "engine": "t1",
+                    "kind": "response:window",
+                    "outcome": "done",
+                    "detail": {"trigger": "kv_pressure", "undone_by": 11},
+                },
+            ],
+            "settings": {"responses": {"kv_pressure": ["window"]}},
+        }
+    )
+    text = format_alerts(data)
+    assert "  kv_pressure on t1: firing for 12 s" in text and "window on t1 for kv_pressure: done undone by #11" in text
+    assert text.endswith("enabled: kv_pressure=window")
+    runs = RunsAnswer.model_validate(
+        {
+            "runs": [
+                {
+                    "id": 2,
+                    "kind": "sweep",
+                    "engine": "t1",
+                    "state": "running",
+                    "cancel_requested": True,
+                    "started_at": 1.7e9,
+                    "events": 4,
+                    "actor": "ops",
+                },
+                {"id": 1},
+            ]
+        }
+    ).runs
+    table = runs_table(runs)
+    assert table[1].split()[:2] == ["1", "?"] and table[2].split()[:4] == ["2", "sweep", "t1", "cancelling"]
