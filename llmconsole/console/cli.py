@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 import httpx
 from pydantic import ValidationError
@@ -368,24 +367,24 @@ def _engines_after_stop(serving: list[str] | None, stopped_them: bool) -> str:
 
 def _wait_ready(
     client: DaemonClient, name: str, timeout_s: float, quiet: bool, config_id: str | None = None
-) -> dict[str, Any]:
+) -> EngineInfo:
     """Wait until `name` is ready on `config_id`. A config that fails may be rolled back by the
     daemon to the last known-good one: that is a failure of the config asked for, said as such."""
     began = time.monotonic()
     show = sys.stderr.isatty() and not quiet
     last_state = None
     while True:
-        e = client.engine(name)
+        e = client.engine_info(name)
         if e is None:
             raise CliError(f"engine {name} disappeared while starting")
-        state = e["state"]
-        if config_id is not None and e["config_id"] != config_id:
+        state = e.state
+        if config_id is not None and e.config_id != config_id:
             if show:
                 sys.stderr.write("\r\033[K")
             raise CliError(
                 f"engine {name} did not come up on config {config_id}; the daemon rolled it "
-                f"back to {e['config_id']} (`llmconsole history {name}` shows why)\n"
-                f"log: {e.get('log_path')}"
+                f"back to {e.config_id} (`llmconsole history {name}` shows why)\n"
+                f"log: {e.log_path}"
             )
         if state == "ready":
             if show:
@@ -394,7 +393,7 @@ def _wait_ready(
         if state in ("failed", "stopped", "invalid"):
             if show:
                 sys.stderr.write("\r\033[K")
-            raise CliError(f"engine {name} failed to start: {e.get('last_error') or state}\nlog: {e.get('log_path')}")
+            raise CliError(f"engine {name} failed to start: {e.last_error or state}\nlog: {e.log_path}")
         elapsed = time.monotonic() - began
         if elapsed > timeout_s:
             raise CliError(
@@ -410,17 +409,17 @@ def _wait_ready(
         time.sleep(0.5)
 
 
-def _print_ready(e: dict[str, Any]) -> None:
+def _print_ready(e: EngineInfo) -> None:
     facts = ""
-    if e.get("kv_cache_tokens") is not None:
+    if e.kv_cache_tokens is not None:
         facts = (
-            f", KV cache {e['kv_cache_tokens']:,} tokens, max concurrency "
-            f"{e['max_concurrency']:.2f}x at {e['max_concurrency_len']} tokens"
+            f", KV cache {e.kv_cache_tokens:,} tokens, max concurrency "
+            f"{e.max_concurrency or 0:.2f}x at {na(e.max_concurrency_len)} tokens"
         )
-    kv_bytes = (e.get("spec") or {}).get("kv_cache_memory_bytes")
-    if e.get("mode") and kv_bytes:  # a CPU engine's mode: its share of the budget, as an explicit size
-        facts += f", memory mode {e['mode']}: KV {kv_bytes:,} bytes"
-    print(f"{e['name']} ready at {e['url']} (pid {e['pid']}, config {e['config_id']}{facts})")
+    kv_bytes = e.spec.get("kv_cache_memory_bytes")
+    if e.mode and kv_bytes:  # a CPU engine's mode: its share of the budget, as an explicit size
+        facts += f", memory mode {e.mode}: KV {kv_bytes:,} bytes"
+    print(f"{e.name} ready at {e.url} (pid {na(e.pid)}, config {e.config_id}{facts})")
 
 
 def cmd_engine(ns: argparse.Namespace) -> int:
@@ -449,7 +448,7 @@ def cmd_engine(ns: argparse.Namespace) -> int:
         client, _ = started_daemon_client() if ns.engine_cmd == "start" else (daemon_client(), False)
         with client:
             try:
-                existing = client.engine(ns.name)
+                existing = client.engine_info(ns.name)
                 if ns.engine_cmd == "start":
                     if existing is None and full_spec is None:
                         raise CliError(f"engine {ns.name} is new: give it --model DIR", EXIT_USAGE)
@@ -464,12 +463,12 @@ def cmd_engine(ns: argparse.Namespace) -> int:
                 # a stopping one): nothing was changed, and the message says what would do it.
                 raise CliError(str(e), EXIT_USAGE if e.status in (400, 404, 409) else EXIT_FAILED) from None
             if ns.no_wait:
-                launched = client.engine(ns.name)
+                launched = client.engine_info(ns.name)
                 if launched is None:
                     raise CliError(f"engine {ns.name} disappeared while starting")
                 print(
-                    f"{ns.name}: {launched['state']} (config {launched['config_id']}, port {launched['port']}, "
-                    f"log {launched['log_path']})"
+                    f"{ns.name}: {launched.state} (config {launched.config_id}, port {na(launched.port)}, "
+                    f"log {launched.log_path})"
                 )
                 return 0
             _print_ready(_wait_ready(client, ns.name, ns.timeout, ns.quiet, accepted.get("config_id")))
@@ -477,7 +476,7 @@ def cmd_engine(ns: argparse.Namespace) -> int:
     with daemon_client() as client:
         try:
             if ns.engine_cmd == "stop":
-                if client.engine(ns.name) is None:
+                if client.engine_info(ns.name) is None:
                     raise CliError(f"no engine named {ns.name!r}", EXIT_USAGE)
                 confirm(f"Stop engine {ns.name}? Requests in flight get {ns.drain_timeout} s to finish.", ns.yes)
                 stopped = client.stop_engine(ns.name, ns.drain_timeout)
