@@ -1,7 +1,8 @@
 """The daemon itself and its engines' lifecycle on the control API.
 
 Routes (all under /v1):
-  GET  /daemon                      the daemon itself (pid, version, home, uptime)
+  GET  /daemon                      the daemon itself (pid, llmconsole version, wire_version, home,
+                                    uptime); every answer also names its wire in X-Llmconsole-Wire
   POST /daemon/stop                 {"stop_engines": false} - engines keep serving by default
   GET  /status                      host gauges and every engine's status (a starting one with
                                     "startup": its phase, elapsed_s and expected_s, its last start)
