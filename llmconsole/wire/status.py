@@ -7,7 +7,6 @@ from typing import Any
 
 from pydantic import Field
 
-from llmconsole.engine.status import EngineState
 from llmconsole.wire.base import WireModel
 from llmconsole.wire.version import UNVERSIONED
 
@@ -144,7 +143,8 @@ class EngineInfo(WireModel):
     `status --json` has always had (the CLI's contract) and a starting engine's progress."""
 
     name: str = "?"
-    # A state this client may not know (a newer daemon's): kept as text, see `known_state`.
+    # engine/status.py EngineState's value; kept as text, so a state this client does not know (a
+    # newer daemon's) is shown as it is rather than refused.
     state: str = "unknown"
     config_id: str | None = None
     model: str | None = None
@@ -200,14 +200,6 @@ class EngineInfo(WireModel):
     p99_e2e_text: str | None = None
     metrics_stale: bool | None = None
     kernel_requested: str | None = None
-
-    @property
-    def known_state(self) -> EngineState | None:
-        """The state as this client knows it; None for one it does not (a newer daemon's)."""
-        try:
-            return EngineState(self.state)
-        except ValueError:
-            return None
 
 
 class GpuInfo(WireModel):

@@ -70,7 +70,7 @@ def test_a_recorded_status_keeps_every_figure_of_the_real_engine(version):
     st = StatusAnswer.model_validate(raw)
     (e,) = st.engines
     (r,) = raw["engines"]
-    assert (e.name, e.known_state, e.config_id, e.port) == ("t1", EngineState.READY, r["config_id"], r["port"])
+    assert (e.name, e.state, e.config_id, e.port) == ("t1", EngineState.READY, r["config_id"], r["port"])
     assert e.metrics is not None and e.metrics.requests_in_window == r["metrics"]["requests_in_window"] > 0
     assert e.metrics.p99_ttft_s == r["metrics"]["p99_ttft_s"] is not None
     assert e.metrics.percentile_bounds == r["metrics"]["percentile_bounds"]
@@ -165,7 +165,7 @@ def test_an_answer_missing_optional_fields_reads_with_them_defaulted():
     assert st.wire_version == 1 and st.host.gpus == [] and st.daemon.warnings == []
     assert only.name == "t1" and only.metrics is None and only.restarts is None and only.spec == {}
     # A state this client does not know (a newer daemon's) is kept as text, not refused.
-    assert EngineInfo.model_validate({"name": "x", "state": "hibernating"}).known_state is None
+    assert EngineInfo.model_validate({"name": "x", "state": "hibernating"}).state == "hibernating"
 
 
 def test_odd_values_take_their_defaults_and_lists_keep_what_fits():
