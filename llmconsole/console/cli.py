@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 import httpx
 from pydantic import ValidationError
@@ -41,7 +40,7 @@ from llmconsole.console.cli_common import (  # noqa: F401  (re-exported for scri
     use_host,
 )
 from llmconsole.console.client import DaemonClient, DaemonError, DaemonNotRunning, HostUnreachable
-from llmconsole.console.host_status import HOST_TIMEOUT_S
+from llmconsole.console.host_status import HOST_TIMEOUT_S, HostReport
 from llmconsole.console.hosts import LOCAL_HOST, Host, HostCatalog, HostsError, client_for, split_engine
 from llmconsole.console.spec_flags import add_spec_flags, read_api_key, spec_overrides
 from llmconsole.engine.spec import EngineSpec, KernelUnavailable, validation_messages
@@ -49,37 +48,33 @@ from llmconsole.engine.spec_checks import check_name, enforce_kernel
 from llmconsole.paths import UnsafeDirectory, resolve
 from llmconsole.settings import SettingsError
 from llmconsole.settings.flags import add_set_flag
+from llmconsole.wire import version_note
+from llmconsole.wire.status import DaemonInfo, EngineInfo, StatusAnswer
 
 # --- status ---------------------------------------------------------------------------------
 
-_COLUMNS: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
-    ("NAME", lambda e: e["name"]),
-    ("STATE", lambda e: e["state"] + (" (crash loop)" if e.get("crash_looping") else "")),
-    ("PID", lambda e: na(e["pid"])),
-    ("PORT", lambda e: na(e["port"])),
-    ("CONFIG", lambda e: e["config_id"]),
-    ("RESTARTS", lambda e: str(e["restarts"])),
-    ("KV", lambda e: na(None if e["kv_cache_usage"] is None else 100 * e["kv_cache_usage"], "{:.0f}%")),
-    ("RUN", lambda e: na(e["num_requests_running"], "{:.0f}")),
-    ("WAIT", lambda e: na(e["num_requests_waiting"], "{:.0f}")),
-    ("GEN TOK/S", lambda e: na(e["generation_tok_s"], "{:.1f}")),
+_COLUMNS: list[tuple[str, Callable[[EngineInfo], str]]] = [
+    ("NAME", lambda e: e.name),
+    ("STATE", lambda e: e.state + (" (crash loop)" if e.crash_looping else "")),
+    ("PID", lambda e: na(e.pid)),
+    ("PORT", lambda e: na(e.port)),
+    ("CONFIG", lambda e: na(e.config_id)),
+    ("RESTARTS", lambda e: na(e.restarts)),
+    ("KV", lambda e: na(None if e.kv_cache_usage is None else 100 * e.kv_cache_usage, "{:.0f}%")),
+    ("RUN", lambda e: na(e.num_requests_running, "{:.0f}")),
+    ("WAIT", lambda e: na(e.num_requests_waiting, "{:.0f}")),
+    ("GEN TOK/S", lambda e: na(e.generation_tok_s, "{:.1f}")),
     # The bucket the p99 falls in where the daemon says (a figure inside it would be invented).
-    (
-        "P99 TTFT",
-        lambda e: (
-            e.get("p99_ttft_text") or na(None if e["p99_ttft_s"] is None else 1000 * e["p99_ttft_s"], "{:.0f} ms")
-        ),
-    ),
+    ("P99 TTFT", lambda e: e.p99_ttft_text or na(None if e.p99_ttft_s is None else 1000 * e.p99_ttft_s, "{:.0f} ms")),
 ]
 
 
-def parallel_text(e: dict[str, Any]) -> str:
+def parallel_text(e: EngineInfo) -> str:
     """How many nodes an engine spans when it says so, else its spec's tensor x pipeline size
     (vLLM places the tp x pp workers, on one node or, with Ray, across several)."""
-    nodes = e.get("nodes")
-    if nodes:
-        return f"{nodes} nodes"
-    spec = e.get("spec") or {}
+    if e.nodes:
+        return f"{e.nodes} nodes"
+    spec = e.spec
     tp, pp = int(spec.get("tensor_parallel_size") or 1), int(spec.get("pipeline_parallel_size") or 1)
     if tp * pp == 1:
         return "1"
@@ -97,9 +92,12 @@ def _positive_s(text: str) -> float:
     return value
 
 
-def format_status(status: dict[str, Any]) -> str:
-    engines = status["engines"]
-    warnings = [f"warning: {w}" for w in (status.get("daemon") or {}).get("warnings") or []]
+def format_status(status: StatusAnswer, host: str = "the daemon") -> str:
+    engines = status.engines
+    warnings = [f"warning: {w}" for w in status.daemon.warnings]
+    note = version_note(host, status.wire_version, status.daemon.version)
+    if note is not None:  # another llmconsole's daemon: its answer shown as far as both know
+        warnings.append(f"note: {note}")
     if not engines:
         return "\n".join(["no engines (start one with `llmconsole engine start NAME --model DIR`)", *warnings])
     columns = list(_COLUMNS)
@@ -109,30 +107,31 @@ def format_status(status: dict[str, Any]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(columns))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     for e in engines:
-        if e.get("last_error") and (e["state"] in ("failed", "crashed", "unhealthy", "invalid") or e.get("spec_error")):
-            lines.append(f"{e['name']}: {e['last_error']}")
-        if e.get("port_note"):
-            lines.append(f"{e['name']}: {e['port_note']}")
-        if e.get("state") == "crashed" and e.get("next_restart_in_s") is not None:
+        if e.last_error and (e.state in ("failed", "crashed", "unhealthy", "invalid") or e.spec_error):
+            lines.append(f"{e.name}: {e.last_error}")
+        if e.port_note:
+            lines.append(f"{e.name}: {e.port_note}")
+        if e.state == "crashed" and e.next_restart_in_s is not None:
             lines.append(
-                f"{e['name']}: {e.get('consecutive_failures', 0)} failed run(s) in a row; restarting after a "
-                f"{e.get('backoff_s') or 0:.0f} s backoff, in {e['next_restart_in_s']:.0f} s"
+                f"{e.name}: {e.consecutive_failures} failed run(s) in a row; restarting after a "
+                f"{e.backoff_s or 0:.0f} s backoff, in {e.next_restart_in_s:.0f} s"
             )
-    record_error = next((e["record_error"] for e in engines if e.get("record_error")), None)
+    record_error = next((e.record_error for e in engines if e.record_error), None)
     if record_error:
         lines.append(f"warning: {record_error}")
-        if e.get("kernel_note") and e.get("kernel"):  # the engine runs another kernel than asked
-            lines.append(f"{e['name']}: kernel {e['kernel']} ({e['kernel_note']})")
+    for e in engines:
+        if e.kernel_note and e.kernel:  # the engine runs another kernel than asked
+            lines.append(f"{e.name}: kernel {e.kernel} ({e.kernel_note})")
     return "\n".join(lines + warnings)
 
 
-def format_hosts_status(reports: list[Any]) -> str:
+def format_hosts_status(reports: list[HostReport]) -> str:
     """Each host's section: its engines, or why there are none to show."""
     out = []
     for r in reports:
         head = r.host.label
         if r.status is not None:
-            body = format_status(r.status)
+            body = format_status(r.status, r.host.name)
         elif r.slow:
             body = f"slow: {r.error}"
         elif not r.reachable:
@@ -165,24 +164,26 @@ def _status_across(ns: argparse.Namespace, hosts: list[Host]) -> int:
             c.close()
 
 
-def _only_engine(status: dict[str, Any], name: str | None) -> dict[str, Any]:
+def _only_engine(status: StatusAnswer, name: str | None) -> StatusAnswer:
     """The status narrowed to one engine (`status NAME`); an unknown name is refused."""
     if name is None:
         return status
-    engines = [e for e in status["engines"] if e["name"] == name]
+    engines = [e for e in status.engines if e.name == name]
     if not engines:
-        known = ", ".join(e["name"] for e in status["engines"]) or "none"
+        known = ", ".join(e.name for e in status.engines) or "none"
         raise CliError(f"no engine named {name!r} (engines: {known})", EXIT_USAGE)
-    return {**status, "engines": engines}
+    return status.model_copy(update={"engines": engines})
 
 
-def _only_engine_across(reports: list[Any], name: str | None) -> list[Any]:
+def _only_engine_across(reports: list[HostReport], name: str | None) -> list[HostReport]:
     """Each host's status narrowed to `name` (a host without it shows none; not an error there,
     as the engine may live on any of them)."""
     if name is None:
         return reports
     return [
-        dataclasses.replace(r, status={**r.status, "engines": [e for e in r.status["engines"] if e["name"] == name]})
+        dataclasses.replace(
+            r, status=r.status.model_copy(update={"engines": [e for e in r.status.engines if e.name == name]})
+        )
         if r.status is not None
         else r
         for r in reports
@@ -196,9 +197,9 @@ def cmd_status(ns: argparse.Namespace) -> int:
         return _status_across(ns, hosts)
     with daemon_client() as c:
         while True:
-            st = _only_engine(c.status(), getattr(ns, "engine", None))
-            if ns.json:
-                print(json.dumps(st, indent=2))
+            st = _only_engine(c.status_answer(), getattr(ns, "engine", None))
+            if ns.json:  # what this client read of the answer: a newer daemon's extra fields are not in it
+                print(json.dumps(st.to_wire(), indent=2))
             else:
                 print(format_status(st))
             if not ns.watch:
@@ -249,7 +250,7 @@ def _daemon_remote(ns: argparse.Namespace, host: Host) -> int:
         client, _ = started_daemon_client()
         with client:
             running = client.daemon_info()
-        print(f"daemon running on {host.name}: pid {running['pid']}, socket {running['socket']}")
+        print(f"daemon running on {host.name}: pid {running.pid}, socket {running.socket}")
         return 0
     with client_for(host) as client:
         info = client.ping()
@@ -261,12 +262,10 @@ def _daemon_remote(ns: argparse.Namespace, host: Host) -> int:
                     else f"no daemon running on {host.name}"
                 )
                 return EXIT_NO_DAEMON
-            info.update(running=True, host=host.name)
             print(
-                json.dumps(info, indent=2)
+                json.dumps({**info.to_wire(), "running": True, "host": host.name}, indent=2)
                 if ns.json
-                else f"{host.name}: daemon pid {info['pid']} (v{info['version']}), up {info['uptime_s']:.0f} s, "
-                f"{info['engines']} engine(s), socket {info['socket']}"
+                else _daemon_line(info, host.name)
             )
             return 0
         if info is None:
@@ -305,7 +304,7 @@ def cmd_daemon(ns: argparse.Namespace) -> int:
             return daemon_main(daemon_args)
         client, started = started_daemon_client(daemon_args)
         running = client.daemon_info()
-        print(f"daemon {'started' if started else 'already running'}: pid {running['pid']}, socket {running['socket']}")
+        print(f"daemon {'started' if started else 'already running'}: pid {running.pid}, socket {running.socket}")
         if flags and not started:
             print("the running daemon keeps the settings it started with; --set applies to one started now")
         return 0
@@ -318,14 +317,10 @@ def cmd_daemon(ns: argparse.Namespace) -> int:
             else:
                 print(f"no daemon running for {paths.data_dir}")
             return EXIT_NO_DAEMON
-        info["running"] = True
         if ns.json:
-            print(json.dumps(info, indent=2))
+            print(json.dumps({**info.to_wire(), "running": True}, indent=2))
         else:
-            print(
-                f"daemon pid {info['pid']} (v{info['version']}), up {info['uptime_s']:.0f} s, "
-                f"{info['engines']} engine(s), socket {info['socket']}"
-            )
+            print(_daemon_line(info, None))
         return 0
     # stop
     client = DaemonClient(paths)
@@ -336,11 +331,21 @@ def cmd_daemon(ns: argparse.Namespace) -> int:
     return _stop_daemon(ns, client, info, "daemon", "; see its log")
 
 
-def _stop_daemon(ns: argparse.Namespace, client: DaemonClient, info: dict[str, Any], which: str, log_hint: str) -> int:
+def _daemon_line(info: DaemonInfo, host: str | None) -> str:
+    """`daemon status` in words, and the wire it speaks where that is not this client's."""
+    line = (
+        f"{host + ': ' if host else ''}daemon pid {na(info.pid)} (v{na(info.version)}), up {info.uptime_s or 0:.0f} s, "
+        f"{info.engines} engine(s), socket {na(info.socket)}"
+    )
+    note = version_note(host or "the daemon", info.wire_version, info.version)
+    return line if note is None else f"{line}\nnote: {note}"
+
+
+def _stop_daemon(ns: argparse.Namespace, client: DaemonClient, info: DaemonInfo, which: str, log_hint: str) -> int:
     """daemon stop, once a daemon answered: ask first when its engines go with it, then wait
     until it is gone."""
     if ns.stop_engines:
-        confirm(f"Stop the {which} AND every engine it supervises ({info['engines']})?", ns.yes)
+        confirm(f"Stop the {which} AND every engine it supervises ({info.engines})?", ns.yes)
     serving = _serving_names(client)
     client.stop_daemon(stop_engines=ns.stop_engines)
     deadline = time.monotonic() + (120 if ns.stop_engines else 30)
@@ -358,8 +363,8 @@ _RUNNING = ("starting", "ready", "unhealthy", "stopping")  # states with a live 
 def _serving_names(client: DaemonClient) -> list[str] | None:
     """The engines that run now (None if the daemon would not say): what a stop leaves serving."""
     try:
-        return [e["name"] for e in client.status()["engines"] if e["state"] in _RUNNING]
-    except (DaemonError, DaemonNotRunning, KeyError, TypeError):
+        return [e.name for e in client.status_answer().engines if e.state in _RUNNING]
+    except (DaemonError, DaemonNotRunning):
         return None
 
 
@@ -378,24 +383,24 @@ def _engines_after_stop(serving: list[str] | None, stopped_them: bool) -> str:
 
 def _wait_ready(
     client: DaemonClient, name: str, timeout_s: float, quiet: bool, config_id: str | None = None
-) -> dict[str, Any]:
+) -> EngineInfo:
     """Wait until `name` is ready on `config_id`. A config that fails may be rolled back by the
     daemon to the last known-good one: that is a failure of the config asked for, said as such."""
     began = time.monotonic()
     show = sys.stderr.isatty() and not quiet
     last_state = None
     while True:
-        e = client.engine(name)
+        e = client.engine_info(name)
         if e is None:
             raise CliError(f"engine {name} disappeared while starting")
-        state = e["state"]
-        if config_id is not None and e["config_id"] != config_id:
+        state = e.state
+        if config_id is not None and e.config_id != config_id:
             if show:
                 sys.stderr.write("\r\033[K")
             raise CliError(
                 f"engine {name} did not come up on config {config_id}; the daemon rolled it "
-                f"back to {e['config_id']} (`llmconsole history {name}` shows why)\n"
-                f"log: {e.get('log_path')}"
+                f"back to {e.config_id} (`llmconsole history {name}` shows why)\n"
+                f"log: {e.log_path}"
             )
         if state == "ready":
             if show:
@@ -404,7 +409,7 @@ def _wait_ready(
         if state in ("failed", "stopped", "invalid"):
             if show:
                 sys.stderr.write("\r\033[K")
-            raise CliError(f"engine {name} failed to start: {e.get('last_error') or state}\nlog: {e.get('log_path')}")
+            raise CliError(f"engine {name} failed to start: {e.last_error or state}\nlog: {e.log_path}")
         elapsed = time.monotonic() - began
         if elapsed > timeout_s:
             raise CliError(
@@ -420,17 +425,17 @@ def _wait_ready(
         time.sleep(0.5)
 
 
-def _print_ready(e: dict[str, Any]) -> None:
+def _print_ready(e: EngineInfo) -> None:
     facts = ""
-    if e.get("kv_cache_tokens") is not None:
+    if e.kv_cache_tokens is not None:
         facts = (
-            f", KV cache {e['kv_cache_tokens']:,} tokens, max concurrency "
-            f"{e['max_concurrency']:.2f}x at {e['max_concurrency_len']} tokens"
+            f", KV cache {e.kv_cache_tokens:,} tokens, max concurrency "
+            f"{e.max_concurrency or 0:.2f}x at {na(e.max_concurrency_len)} tokens"
         )
-    kv_bytes = (e.get("spec") or {}).get("kv_cache_memory_bytes")
-    if e.get("mode") and kv_bytes:  # a CPU engine's mode: its share of the budget, as an explicit size
-        facts += f", memory mode {e['mode']}: KV {kv_bytes:,} bytes"
-    print(f"{e['name']} ready at {e['url']} (pid {e['pid']}, config {e['config_id']}{facts})")
+    kv_bytes = e.spec.get("kv_cache_memory_bytes")
+    if e.mode and kv_bytes:  # a CPU engine's mode: its share of the budget, as an explicit size
+        facts += f", memory mode {e.mode}: KV {kv_bytes:,} bytes"
+    print(f"{e.name} ready at {e.url} (pid {na(e.pid)}, config {e.config_id}{facts})")
 
 
 def cmd_engine(ns: argparse.Namespace) -> int:
@@ -459,7 +464,7 @@ def cmd_engine(ns: argparse.Namespace) -> int:
         client, _ = started_daemon_client() if ns.engine_cmd == "start" else (daemon_client(), False)
         with client:
             try:
-                existing = client.engine(ns.name)
+                existing = client.engine_info(ns.name)
                 if ns.engine_cmd == "start":
                     if existing is None and full_spec is None:
                         raise CliError(f"engine {ns.name} is new: give it --model DIR", EXIT_USAGE)
@@ -474,12 +479,12 @@ def cmd_engine(ns: argparse.Namespace) -> int:
                 # a stopping one): nothing was changed, and the message says what would do it.
                 raise CliError(str(e), EXIT_USAGE if e.status in (400, 404, 409) else EXIT_FAILED) from None
             if ns.no_wait:
-                launched = client.engine(ns.name)
+                launched = client.engine_info(ns.name)
                 if launched is None:
                     raise CliError(f"engine {ns.name} disappeared while starting")
                 print(
-                    f"{ns.name}: {launched['state']} (config {launched['config_id']}, port {launched['port']}, "
-                    f"log {launched['log_path']})"
+                    f"{ns.name}: {launched.state} (config {launched.config_id}, port {na(launched.port)}, "
+                    f"log {launched.log_path})"
                 )
                 return 0
             _print_ready(_wait_ready(client, ns.name, ns.timeout, ns.quiet, accepted.get("config_id")))
@@ -487,7 +492,7 @@ def cmd_engine(ns: argparse.Namespace) -> int:
     with daemon_client() as client:
         try:
             if ns.engine_cmd == "stop":
-                if client.engine(ns.name) is None:
+                if client.engine_info(ns.name) is None:
                     raise CliError(f"no engine named {ns.name!r}", EXIT_USAGE)
                 confirm(f"Stop engine {ns.name}? Requests in flight get {ns.drain_timeout} s to finish.", ns.yes)
                 stopped = client.stop_engine(ns.name, ns.drain_timeout)

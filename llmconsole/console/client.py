@@ -20,7 +20,9 @@ import httpx
 from llmconsole.engine.startup_log import read_tail
 from llmconsole.engine.tune.ranges import EngineFacts
 from llmconsole.paths import Paths, check_control_peer, check_control_socket
+from llmconsole.wire import UNVERSIONED, WIRE_HEADER
 from llmconsole.wire.history import ExportAnswer, ExportRequest, HistoryAnswer, HistoryQuery
+from llmconsole.wire.status import DaemonInfo, EngineInfo, StatusAnswer
 
 
 class DaemonNotRunning(RuntimeError):
@@ -157,6 +159,9 @@ class DaemonClient:
         self.paths = paths
         self.where = where or (str(paths.socket) if paths is not None else "the daemon")
         self._http = httpx.Client(transport=transport, base_url="http://llmconsole", timeout=timeout_s)
+        # The wire schema the daemon named in its newest answer (UNVERSIONED: it names none, an
+        # llmconsole from before the typed wire); None until it answered once.
+        self.wire_version: int | None = None
 
     def close(self) -> None:
         self._http.close()
@@ -198,6 +203,7 @@ class DaemonClient:
             FileNotFoundError,
         ) as e:
             raise DaemonNotRunning(f"no daemon answers on {self.where} ({e})") from None
+        self.wire_version = _wire_version(r.headers.get(WIRE_HEADER))
         body: dict[str, Any]
         try:
             body = r.json()
@@ -207,31 +213,38 @@ class DaemonClient:
             raise DaemonError(r.status_code, body.get("error", r.text), body.get("details"))
         return body
 
-    def ping(self) -> dict[str, Any] | None:
+    def ping(self) -> DaemonInfo | None:
         """The daemon's facts, or None when none runs. A host ssh cannot reach is not a daemon
         that is not running: HostUnreachable goes to the caller."""
         try:
-            return self._call("GET", "/daemon")
+            return self.daemon_info()
         except HostUnreachable:
             raise
         except DaemonNotRunning:
             return None
 
-    def daemon_info(self) -> dict[str, Any]:
-        return self._call("GET", "/daemon")
+    def daemon_info(self) -> DaemonInfo:
+        return DaemonInfo.model_validate(self._call("GET", "/daemon"))
 
     def stop_daemon(self, stop_engines: bool = False) -> dict[str, Any]:
         return self._call("POST", "/daemon/stop", json={"stop_engines": stop_engines})
 
     def status(self) -> dict[str, Any]:
+        """GET /v1/status as it came: what the console records and replays (its frames, read
+        through the wire's models where they are shown: tui/view.py)."""
         return self._call("GET", "/status")
 
+    def status_answer(self) -> StatusAnswer:
+        """GET /v1/status through the wire's models: whatever version the daemon speaks, what
+        both know is there (`wire_version` says which it spoke)."""
+        return StatusAnswer.model_validate(self.status())
+
     def engine(self, name: str) -> dict[str, Any] | None:
-        engines: list[dict[str, Any]] = self.status()["engines"]
-        for e in engines:
-            if e["name"] == name:
-                return e
-        return None
+        """One engine's status as it came (see `engine_info` for it read through the models)."""
+        return next((e for e in self.status()["engines"] if e.get("name") == name), None)
+
+    def engine_info(self, name: str) -> EngineInfo | None:
+        return self.status_answer().engine(name)
 
     def start_engine(
         self,
@@ -376,11 +389,11 @@ def engine_facts(client: DaemonClient, name: str, *, with_window: bool) -> Engin
     """What a tune's ranges come from, as the daemon reports the engine: its model, device and
     spec, and the gateway's window bounds when a knob moves them. DaemonError when the engine is
     unknown or not ready (a tune restarts it: it must be serving first)."""
-    e = client.engine(name)
+    e = client.engine_info(name)
     if e is None:
         raise DaemonError(404, f"no engine named {name!r}")
-    if e["state"] != "ready" or not e.get("url"):
-        raise DaemonError(409, f"engine {name} is {e['state']}, not ready; nothing was sent")
+    if e.state != "ready" or not e.url:
+        raise DaemonError(409, f"engine {name} is {e.state}, not ready; nothing was sent")
     window = None
     if with_window:
         try:
@@ -389,12 +402,20 @@ def engine_facts(client: DaemonClient, name: str, *, with_window: bool) -> Engin
             raise DaemonError(err.status, f"the gateway's window cannot be tuned: {err}") from None
         window = {"min_window": int(w["min_window"]), "max_window": int(w["max_window"])}
     return EngineFacts(
-        model=str(e["model"]),
-        device=str(e.get("device") or "cpu"),
-        spec=dict(e["spec"]),
+        model=str(e.model),
+        device=e.device or "cpu",
+        spec=dict(e.spec),
         window=window,
-        custom_kernel_refusal=e.get("custom_kernel_refusal"),
+        custom_kernel_refusal=e.custom_kernel_refusal,
     )
+
+
+def _wire_version(header: str | None) -> int:
+    """The version a daemon's header names; an answer without one is the untyped wire's."""
+    try:
+        return int(header) if header else UNVERSIONED
+    except ValueError:
+        return UNVERSIONED
 
 
 def spawn_daemon(paths: Paths, daemon_args: Sequence[str] = ()) -> subprocess.Popen[bytes]:

@@ -18,6 +18,8 @@ import httpx
 
 from llmconsole.console.client import DaemonClient, DaemonError, DaemonNotRunning, HostUnreachable
 from llmconsole.console.hosts import Host, client_for
+from llmconsole.wire import version_note
+from llmconsole.wire.status import EngineInfo, StatusAnswer
 
 HOST_TIMEOUT_S = 20.0  # ssh's own ConnectTimeout (10 s), its login, and the daemon's answer
 GRACE_S = 5.0  # beyond a host's timeout, before its report is given up on (a client timeout is per read)
@@ -30,7 +32,7 @@ def slow_reason(timeout_s: float) -> str:
 @dataclass(frozen=True)
 class HostReport:
     host: Host
-    status: dict[str, Any] | None = None  # the daemon's GET /v1/status, when it answered
+    status: StatusAnswer | None = None  # the daemon's GET /v1/status, when it answered
     reachable: bool = True  # ssh reached the host (always, for this host)
     error: str | None = None  # why there is no status: ssh's reason, no daemon, ...
     slow: bool = False  # it took the connection and did not answer in time
@@ -45,8 +47,15 @@ class HostReport:
         return self.status is not None
 
     @property
-    def engines(self) -> list[dict[str, Any]]:
-        return list(self.status["engines"]) if self.status else []
+    def engines(self) -> list[EngineInfo]:
+        return list(self.status.engines) if self.status else []
+
+    @property
+    def wire_note(self) -> str | None:
+        """Its daemon speaks another wire than this client: one line that says so, else None."""
+        if self.status is None:
+            return None
+        return version_note(self.host.name, self.status.wire_version, self.status.daemon.version)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -56,7 +65,8 @@ class HostReport:
             "running": self.running,
             "slow": self.slow,
             "error": self.error,
-            "status": self.status,
+            "wire_version": self.status.wire_version if self.status else None,
+            "status": self.status.to_wire() if self.status else None,
         }
 
 
@@ -66,7 +76,7 @@ def host_report(host: Host, timeout_s: float = HOST_TIMEOUT_S, client: DaemonCli
     own = client is None
     c = client_for(host, timeout_s=timeout_s) if client is None else client
     try:
-        return HostReport(host, status=c.status())
+        return HostReport(host, status=c.status_answer())
     except HostUnreachable as e:
         reason = e.reason + (f" (next try in {e.retry_in_s:.0f} s)" if e.retry_in_s is not None else "")
         return HostReport(host, reachable=False, error=reason)

@@ -25,6 +25,8 @@ from llmconsole.engine.plan.validate import ConfigDoesNotFit
 from llmconsole.engine.spec import validation_messages
 from llmconsole.engine.supervisor import EngineBusy
 from llmconsole.paths import peer_uid, trusted_uid
+from llmconsole.wire import WIRE_HEADER, WIRE_VERSION
+from llmconsole.wire.base import WireModel
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +45,16 @@ class ServiceUnavailable(RuntimeError):
 
 def error_response(status: int, message: str, details: list[str] | None = None) -> web.Response:
     return web.json_response({"error": message, "details": details or []}, status=status)
+
+
+def wire_response(answer: WireModel, status: int = 200) -> web.Response:
+    """An answer through its wire model: what leaves the daemon is what clients' models read."""
+    return web.json_response(answer.to_wire(), status=status)
+
+
+async def say_wire_version(request: web.Request, response: web.StreamResponse) -> None:
+    """Every answer, errors included, names the wire schema it speaks (llmconsole/wire)."""
+    response.headers[WIRE_HEADER] = str(WIRE_VERSION)
 
 
 def _bad_body(message: str) -> web.HTTPBadRequest:

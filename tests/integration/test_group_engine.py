@@ -24,6 +24,7 @@ import pytest
 from llmconsole.console.client import DaemonClient
 from llmconsole.console.commands.group import format_groups
 from llmconsole.paths import resolve
+from llmconsole.wire.gateway import GroupInfo
 from tests.support.client_team import ClientTeam
 from tests.support.daemon import Cli, daemon_home
 from tests.support.engine_flags import tiny_engine_flags
@@ -287,7 +288,7 @@ def test_a_removed_group_finishes_what_it_had_admitted_or_queued(pair):
         assert retired["admitted_total"] + retired["queued"] == 24  # nothing dropped from the queue
         # `group ls` draws the daemon's answer: the retired group as the daemon gave it, drawn by the
         # CLI's own table (a CLI process could start after a fast host had drained the group).
-        assert "batch (retired, finishing)" in format_groups([retired])
+        assert "batch (retired, finishing)" in format_groups([GroupInfo.model_validate(retired)])
         code, raw = _post(url_c, {**body, "stream": False, "max_tokens": 1})
         assert code == 404 and b"no engine group named 'batch'" in raw  # new arrivals: no such route
         results = [f.result(timeout=300) for f in futures]

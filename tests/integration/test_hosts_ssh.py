@@ -110,7 +110,7 @@ def test_one_client_many_calls_and_threads_over_one_host(gamma, monkeypatch):
         def poll() -> None:
             try:
                 for _ in range(5):
-                    pids.add(c.daemon_info()["pid"])
+                    pids.add(c.daemon_info().pid)
                     assert c.status()["engines"] == []
             except BaseException as e:  # noqa: BLE001 - reported below
                 errors.append(e)

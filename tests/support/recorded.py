@@ -9,6 +9,7 @@ from typing import Any
 
 from llmconsole.console.tui import RecordedSource, make_app
 from llmconsole.console.tui.recording import load_frames, load_recording
+from llmconsole.wire import WIRE_VERSION
 from tests.support.paths import FIXTURES
 
 STREAM = FIXTURES / "tui" / "status_stream.json"
@@ -16,9 +17,20 @@ START_STREAM = FIXTURES / "tui" / "start_stream.json"
 LOST_REASON = "no daemon answers on /tmp/llmc-demo/run/control.sock ([Errno 111] Connection refused)"
 
 
+def as_current_wire(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """These streams were recorded from a daemon of the untyped wire (version 1, which names no
+    version); the current wire only added fields to it. The dashboard's tests read them as the
+    current wire, so that they picture the dashboard rather than the note a console shows for an
+    older daemon (tests/tui/test_wire_console.py pictures that, from answers of each version)."""
+    for f in frames:
+        if "status" in f:
+            f["status"].setdefault("wire_version", WIRE_VERSION)
+    return frames
+
+
 def stream_frames() -> list[dict[str, Any]]:
     """The recorded frames, freshly read: a caller may change them."""
-    return load_frames(STREAM)
+    return as_current_wire(load_frames(STREAM))
 
 
 def stored() -> dict[str, dict[str, Any]]:
@@ -28,7 +40,7 @@ def stored() -> dict[str, dict[str, Any]]:
 
 def start_frames() -> list[dict[str, Any]]:
     """Frames of t1 starting, one per phase its log showed (recorded with the stream)."""
-    return load_frames(START_STREAM)
+    return as_current_wire(load_frames(START_STREAM))
 
 
 def make_recorded_app(extra_frames: list[dict[str, Any]] | None = None, **kw):

@@ -24,6 +24,7 @@ from llmconsole.console.tui.view import Snapshot
 from llmconsole.console.tui.view_host import SLOW_S, HostSection
 from llmconsole.console.tui.widgets.fleet_table import FleetTable, host_row
 from llmconsole.console.tui.widgets.planner_panel import PlannerPanel
+from llmconsole.wire.status import DaemonInfo, StatusAnswer
 from tests.support.recorded import FLEET_REASON, make_fleet_app, replay, stream_frames
 from tests.support.waiting import wait_until
 
@@ -139,9 +140,12 @@ class FakeClient:
         time.sleep(self.d.delay_s)
         return _status(*self.d.engines)
 
-    def daemon_info(self) -> dict[str, Any]:
+    def status_answer(self) -> StatusAnswer:
+        return StatusAnswer.model_validate(self.status())
+
+    def daemon_info(self) -> DaemonInfo:
         self._check()
-        return {}
+        return DaemonInfo()
 
     def begin_session(self, client: str) -> int:
         self._check()

@@ -55,7 +55,9 @@ class _RecordingService:
         """The settings on disk: a change is reported done only after this."""
 
     def group_state(self, name):
-        return {"group": name, "engines": list(self.membership.groups[name]), "checked": True}
+        engines = list(self.membership.groups[name])  # members of other hosts with what their checks found
+        members = {e: {"remote": True, "health": {"answering": True}} for e in engines if "@" in e}
+        return {"group": name, "engines": engines, "members": members}
 
 
 def _post(method: str, path: str, data: str, store: Store | None = None) -> tuple[int, dict, list]:
@@ -108,7 +110,7 @@ def test_a_group_body_with_engines_of_other_hosts(tmp_path):
     with Store.open(tmp_path / "llmconsole.db") as store:
         status, body, calls = _post("PUT", "/v1/groups/fast", good, store)
         (action,) = store.actions()
-    assert status == 200 and body["checked"]  # answered after the members were asked for their health
+    assert status == 200 and body["members"]["b@h"]["health"]  # answered after the members were asked for their health
     (_, name, engines, remote), check = calls
     assert (name, engines, check) == ("fast", ["a", "b@h"], ("check",))
     assert (remote["b@h"].url, remote["b@h"].api_key) == ("http://10.0.0.2:8001", "sekrit")

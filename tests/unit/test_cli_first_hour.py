@@ -85,9 +85,10 @@ def test_status_name_across_hosts_keeps_that_engine_on_each_host():
     from llmconsole.console.cli import _only_engine_across
     from llmconsole.console.host_status import HostReport
     from llmconsole.console.hosts import LOCAL_HOST
+    from llmconsole.wire.status import StatusAnswer
 
-    status = {"engines": [{"name": "chat"}, {"name": "batch"}], "daemon": {}}
+    status = StatusAnswer.model_validate({"engines": [{"name": "chat"}, {"name": "batch"}], "daemon": {}})
     reports = [HostReport(LOCAL_HOST, status=status), HostReport(LOCAL_HOST, error="unreachable", reachable=False)]
     narrowed = _only_engine_across(reports, "chat")
-    assert [e["name"] for e in narrowed[0].engines] == ["chat"] and narrowed[1] == reports[1]
+    assert [e.name for e in narrowed[0].engines] == ["chat"] and narrowed[1] == reports[1]
     assert _only_engine_across(reports, None) == reports

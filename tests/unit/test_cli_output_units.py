@@ -10,6 +10,7 @@ import sys
 
 from llmconsole.console import cli
 from llmconsole.console.commands import window as window_cmd
+from llmconsole.wire.gateway import WindowState
 
 
 def _closed_pipe_stdout() -> tuple[io.TextIOWrapper, int]:
@@ -67,9 +68,24 @@ def test_window_into_a_closed_pipe_ends_quietly(monkeypatch, capsys):
 def test_a_signal_without_samples_says_why_instead_of_showing_a_value():
     state = _Client().window("demo")
     state["trace"] = [dict(t, measured_ms=None, action="hold-idle") for t in state["trace"]]
-    text = window_cmd.format_window(dict(state, recent_ok=12, recent_streamed=0))
+    text = window_cmd.format_window(WindowState.model_validate(dict(state, recent_ok=12, recent_streamed=0)))
     assert "measured no TTFT samples: requests not streamed" in text and "N/A" not in text
     assert "no samples ->   8 (hold-idle)" in text
-    assert "no requests finished lately" in window_cmd.format_window(dict(state, recent_ok=0, recent_streamed=0))
-    e2e = window_cmd.format_window(dict(_Client().window("demo"), signal="e2e", recent_ok=3, recent_streamed=0))
+    idle = WindowState.model_validate(dict(state, recent_ok=0, recent_streamed=0))
+    assert "no requests finished lately" in window_cmd.format_window(idle)
+    e2e_state = dict(_Client().window("demo"), signal="e2e", recent_ok=3, recent_streamed=0)
+    e2e = window_cmd.format_window(WindowState.model_validate(e2e_state))
     assert "measured p99 e2e 409 ms (target 800 ms)" in e2e
+
+
+def test_status_says_which_kernel_an_engine_runs_when_it_differs_from_its_spec():
+    """The note was printed only beside a state-file warning, and then for the last engine only."""
+    from llmconsole.wire.status import StatusAnswer
+
+    engines = [
+        {"name": "a", "state": "ready", "kernel": "stock", "kernel_note": "custom needs AVX-512; runs stock"},
+        {"name": "b", "state": "ready", "kernel": "stock"},
+    ]
+    text = cli.format_status(StatusAnswer.model_validate({"engines": engines}))
+    assert "a: kernel stock (custom needs AVX-512; runs stock)" in text
+    assert "b: kernel" not in text

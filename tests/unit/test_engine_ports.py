@@ -17,6 +17,7 @@ from llmconsole.console.cli import format_status
 from llmconsole.engine.fleet import Fleet
 from llmconsole.engine.status import EngineState
 from llmconsole.paths import Paths
+from llmconsole.wire.status import StatusAnswer
 from tests.support.supervision import FAST_ROOMY, until
 
 
@@ -91,7 +92,7 @@ def test_a_picked_port_taken_meanwhile_moves_and_says_so_everywhere(tmp_path, fa
             assert "another host" in note and "group set" in note
             saved = json.loads(paths.state_file.read_text())["engines"]["e"]
             assert saved["port"] == st.port and saved["port_note"] == note
-            assert f"e: {note}" in format_status({"engines": [st.to_json()]})
+            assert f"e: {note}" in format_status(StatusAnswer.model_validate({"engines": [st.to_json()]}))
             # A port the operator gives settles it.
             await fleet.restart("e", fake.spec(port=st.port), force=True)
             await until(lambda: e.state == EngineState.READY, what="ready on the port given")

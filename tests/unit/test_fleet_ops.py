@@ -19,6 +19,7 @@ from llmconsole.console.service_unit import render_unit
 from llmconsole.console.spec_flags import add_spec_flags, spec_overrides
 from llmconsole.engine.runtime import Runtime
 from llmconsole.engine.spec import EngineSpec
+from llmconsole.wire.status import EngineInfo, StatusAnswer
 from tests.support.paths import ROOT  # noqa: E402
 from tests.support.tools import needs_tool
 
@@ -155,22 +156,24 @@ def test_tensor_and_pipeline_parallel_and_ray_pass_through_to_vllm(tiny_model):
 
 
 def test_status_shows_nodes_when_reported_else_tp_by_pp():
-    def engine(name: str, spec: dict, **kw: object) -> dict:
-        return {
-            "name": name,
-            "state": "ready",
-            "pid": 1,
-            "port": 8000,
-            "config_id": "c" * 12,
-            "restarts": 0,
-            "kv_cache_usage": None,
-            "num_requests_running": None,
-            "num_requests_waiting": None,
-            "generation_tok_s": None,
-            "p99_ttft_s": None,
-            "spec": spec,
-            **kw,
-        }
+    def engine(name: str, spec: dict, **kw: object) -> EngineInfo:
+        return EngineInfo.model_validate(
+            {
+                "name": name,
+                "state": "ready",
+                "pid": 1,
+                "port": 8000,
+                "config_id": "c" * 12,
+                "restarts": 0,
+                "kv_cache_usage": None,
+                "num_requests_running": None,
+                "num_requests_waiting": None,
+                "generation_tok_s": None,
+                "p99_ttft_s": None,
+                "spec": spec,
+                **kw,
+            }
+        )
 
     one = engine("small", {})
     big = engine("big", {"tensor_parallel_size": 8, "pipeline_parallel_size": 2, "distributed_executor_backend": "ray"})
@@ -178,8 +181,8 @@ def test_status_shows_nodes_when_reported_else_tp_by_pp():
     assert parallel_text(one) == "1"
     assert parallel_text(big) == "tp8xpp2 ray"
     assert parallel_text(told) == "2 nodes"
-    assert "PARALLEL" not in format_status({"engines": [one]})  # a single-worker fleet reads as before
-    table = format_status({"engines": [one, big, told]}).splitlines()
+    assert "PARALLEL" not in format_status(StatusAnswer(engines=[one]))  # a single-worker fleet reads as before
+    table = format_status(StatusAnswer(engines=[one, big, told])).splitlines()
     assert table[0].split()[:4] == ["NAME", "STATE", "PID", "PARALLEL"]
     assert "tp8xpp2 ray" in table[2] and "2 nodes" in table[3]
 

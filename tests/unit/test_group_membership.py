@@ -77,12 +77,16 @@ def test_json_round_trip_and_malformed_files():
 
 def test_group_ls_shows_a_removed_group_still_finishing_without_a_route():
     from llmconsole.console.commands.group import format_groups
+    from llmconsole.wire.gateway import GroupInfo
 
     row = {"engines": ["a", "b"], "window": 2, "frozen": True, "in_flight": 2, "queued": 3}
     text = format_groups(
         [
-            {**row, "group": "a", "named": False, "retired": False, "gateway_url": "http://127.0.0.1:1/g/a"},
-            {**row, "group": "fast", "named": False, "retired": True, "gateway_url": None},
+            GroupInfo.model_validate(g)
+            for g in (
+                {**row, "group": "a", "named": False, "retired": False, "gateway_url": "http://127.0.0.1:1/g/a"},
+                {**row, "group": "fast", "named": False, "retired": True, "gateway_url": None},
+            )
         ]
     )
     lines = text.splitlines()

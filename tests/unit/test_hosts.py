@@ -23,6 +23,7 @@ from llmconsole.console.hosts import (
     split_engine,
 )
 from llmconsole.console.ssh import SSH_COMMAND_ENV, Backoff, ssh_argv, ssh_reason
+from llmconsole.wire.status import StatusAnswer
 
 # --- destinations and the hosts file ---------------------------------------------------------
 
@@ -226,7 +227,7 @@ class _Silent:
     def __init__(self, block: threading.Event | None = None):
         self.block = block
 
-    def status(self) -> dict:
+    def status_answer(self) -> dict:
         if self.block is not None:
             self.block.wait(60)
         raise httpx.ReadTimeout("gpu2 sent nothing for 20.0 s")
@@ -236,8 +237,8 @@ class _Silent:
 
 
 class _Answering:
-    def status(self) -> dict:
-        return {"engines": [{"name": "e1"}]}
+    def status_answer(self) -> StatusAnswer:
+        return StatusAnswer.model_validate({"engines": [{"name": "e1"}]})
 
     def close(self) -> None:
         pass
@@ -246,7 +247,7 @@ class _Answering:
 def test_a_host_whose_read_times_out_is_slow_and_the_others_are_reported():
     gpu1, gpu2 = Host("gpu1", Destination.parse("gpu1")), Host("gpu2", Destination.parse("gpu2"))
     reports = gather([gpu1, gpu2], 20.0, clients={"gpu1": _Answering(), "gpu2": _Silent()})
-    assert reports[0].running and reports[0].engines == [{"name": "e1"}] and reports[0].answered
+    assert reports[0].running and [e.name for e in reports[0].engines] == ["e1"] and reports[0].answered
     slow = reports[1]
     assert slow.slow and slow.reachable and not slow.running and not slow.answered
     assert slow.error == "no answer within 20 s: the host took the connection, then said nothing"

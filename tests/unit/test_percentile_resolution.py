@@ -84,9 +84,10 @@ def test_a_window_from_an_older_daemon_without_bounds_shows_its_figure():
 
 def test_the_status_command_shows_the_bucket():
     from llmconsole.console.cli import format_status
+    from llmconsole.wire.status import StatusAnswer
 
     d = EngineStatus(
         name="e", state="ready", config_id="c", model="m", served_model_name="m", device="cpu", metrics=_window()
     ).to_json()
-    out = format_status({"engines": [d]})
+    out = format_status(StatusAnswer.model_validate({"engines": [d]}))
     assert "20-40 ms" in out

@@ -18,26 +18,23 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
-from llmconsole.console.cli_common import EXIT_USAGE, CliError, confirm, current_host, daemon_client
+from llmconsole.console.cli_common import EXIT_USAGE, CliError, confirm, current_host, daemon_client, na
 from llmconsole.console.client import DaemonError
 from llmconsole.console.hosts import HostCatalog
+from llmconsole.wire.gateway import GroupInfo, GroupsAnswer
 
 
-def format_groups(groups: list[dict[str, Any]]) -> str:
+def format_groups(groups: list[GroupInfo]) -> str:
     if not groups:
         return "no engine groups (no engines)"
     rows = [("GROUP", "ENGINES", "WINDOW", "IN FLIGHT", "QUEUED", "GATEWAY URL")]
     for g in groups:
-        window = f"{g['window']}{' (frozen)' if g['frozen'] else ''}"
-        name = g["group"] if g["named"] else f"{g['group']} ({'retired, finishing' if g.get('retired') else 'own'})"
-        members = g.get("members") or {}
-        engines = ",".join(
-            f"{e} (down)" if members.get(e, {}).get("remote") and not members[e].get("ready") else e
-            for e in g["engines"]
-        )
-        rows.append((name, engines, window, str(g["in_flight"]), str(g["queued"]), g["gateway_url"] or "-"))
+        window = f"{na(g.window)}{' (frozen)' if g.frozen else ''}"
+        name = g.group if g.named else f"{g.group} ({'retired, finishing' if g.retired else 'own'})"
+        down = {n for n, m in g.members.items() if m.remote and not m.ready}
+        engines = ",".join(f"{e} (down)" if e in down else e for e in g.engines)
+        rows.append((name, engines, window, na(g.in_flight), na(g.queued), g.gateway_url or "-"))
     widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
@@ -48,8 +45,8 @@ def _fail(e: DaemonError) -> CliError:
 
 def cmd_ls(ns: argparse.Namespace) -> int:
     with daemon_client() as client:
-        groups = client.groups()
-    print(json.dumps(groups, indent=1) if ns.json else format_groups(groups))
+        groups = GroupsAnswer.model_validate({"groups": client.groups()}).groups
+    print(json.dumps([g.to_wire() for g in groups], indent=1) if ns.json else format_groups(groups))
     return 0
 
 
@@ -66,17 +63,18 @@ def cmd_set(ns: argparse.Namespace) -> int:
     names, remote = resolve_members(catalog, current_host(), ns.engines)  # before anything changes
     with daemon_client() as client:
         try:
-            g = client.set_group(ns.name, names, {m.name: m.body() for m in remote})
+            g = GroupInfo.model_validate(client.set_group(ns.name, names, {m.name: m.body() for m in remote}))
         except DaemonError as e:
             raise _fail(e) from None
     if ns.json:
-        print(json.dumps(g, indent=1))
+        print(json.dumps(g.to_wire(), indent=1))
         return 0
-    print(f"group {g['group']}: {', '.join(g['engines'])}; window {g['window']}; clients use {g['gateway_url']}/v1/...")
+    print(f"group {g.group}: {', '.join(g.engines)}; window {na(g.window)}; clients use {g.gateway_url}/v1/...")
     for m in remote:
-        seen = (g.get("members") or {}).get(m.name, {})
-        health = seen.get("health") or {}
-        now = "answering" if seen.get("ready") else f"not answering yet ({health.get('reason') or 'not checked'})"
+        seen = g.members.get(m.name)
+        reason = (seen.health or {}).get("reason") if seen is not None else None
+        ready = seen is not None and seen.ready
+        now = "answering" if ready else f"not answering yet ({reason or 'not checked'})"
         key = "its API key kept by the gateway's daemon" if m.api_key else "no API key"
         print(f"  {m.name} at {m.url}: {now}; {key}")
         if m.api_key is None and "//127.0.0.1:" not in m.url and "//[::1]:" not in m.url:
@@ -86,13 +84,14 @@ def cmd_set(ns: argparse.Namespace) -> int:
 
 def cmd_rm(ns: argparse.Namespace) -> int:
     with daemon_client() as client:
-        groups = {g["group"]: g for g in client.groups() if g["named"]}
+        answer = GroupsAnswer.model_validate({"groups": client.groups()})
+        groups = {g.group: g for g in answer.groups if g.named}
         if ns.name not in groups:
             raise CliError(f"no engine group named {ns.name!r}", EXIT_USAGE)
-        engines = ", ".join(groups[ns.name]["engines"])
+        engines = ", ".join(groups[ns.name].engines)
         confirm(
             f"Remove engine group {ns.name}? Its engines ({engines}) go back to groups of their own, "
-            f"and {groups[ns.name]['gateway_url']} stops answering.",
+            f"and {groups[ns.name].gateway_url} stops answering.",
             ns.yes,
         )
         try:

@@ -159,7 +159,7 @@ class TargetScan:
             exporters.append({"targets": [host.metrics], "labels": labels})
         try:
             client = self._client(host)
-            status = client.status()
+            status = client.status_answer()
             if not host.metrics:
                 url = urlsplit(client.exporter()["url"])
                 addr = self._reachable_as(host, url.hostname or "", int(url.port or 0))
@@ -180,18 +180,18 @@ class TargetScan:
         except (DaemonNotRunning, DaemonError) as err:
             notes.append(f"{host.name}: {err}")
             return exporters, engines, notes
-        for eng in status["engines"]:
-            if not eng.get("port") or eng["state"] in ("stopped", "failed"):
+        for eng in status.engines:
+            if not eng.port or eng.state in ("stopped", "failed"):
                 continue
-            bound = str((eng.get("spec") or {}).get("host") or "127.0.0.1")
-            addr = self._reachable_as(host, bound, int(eng["port"]))
+            bound = str(eng.spec.get("host") or "127.0.0.1")
+            addr = self._reachable_as(host, bound, eng.port)
             if addr is None:
                 notes.append(
-                    f"{host.name}: engine {eng['name']} listens on {bound} only; its vllm:* series are "
+                    f"{host.name}: engine {eng.name} listens on {bound} only; its vllm:* series are "
                     f"in reach of a Prometheus on {host.name} (or through a tunnel)"
                 )
                 continue
-            engines.append({"targets": [addr], "labels": {**labels, "llmconsole_engine": eng["name"]}})
+            engines.append({"targets": [addr], "labels": {**labels, "llmconsole_engine": eng.name}})
         self.last[host.name] = (exporters, engines)
         return exporters, engines, notes
 

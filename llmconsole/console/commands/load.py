@@ -22,6 +22,7 @@ from llmconsole.console.client import DaemonClient
 from llmconsole.engine.load.generator import LoadResult, run_load
 from llmconsole.engine.load.workload import LengthDist, Workload
 from llmconsole.engine.metrics.latency import Slo
+from llmconsole.wire.status import EngineInfo
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -75,22 +76,22 @@ def add_workload_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def engine_target(client: DaemonClient, name: str) -> dict[str, Any]:
-    e = client.engine(name)
+def engine_target(client: DaemonClient, name: str) -> EngineInfo:
+    e = client.engine_info(name)
     if e is None:
         raise CliError(f"no engine named {name} (see `llmconsole status`)", EXIT_USAGE)
-    if e["state"] != "ready" or not e.get("url"):
-        raise CliError(f"engine {name} is {e['state']}, not ready; nothing was sent")
+    if e.state != "ready" or not e.url:
+        raise CliError(f"engine {name} is {e.state}, not ready; nothing was sent")
     return e
 
 
-def load_url(e: dict[str, Any], direct: bool) -> tuple[str, str]:
+def load_url(e: EngineInfo, direct: bool) -> tuple[str, str]:
     """Where the load goes and how to say so: the gateway's door unless `direct` (or none)."""
-    if not direct and e.get("gateway_url"):
-        return e["gateway_url"], f"through the gateway's batch window at {e['gateway_url']} (--direct bypasses it)"
+    if not direct and e.gateway_url:
+        return e.gateway_url, f"through the gateway's batch window at {e.gateway_url} (--direct bypasses it)"
     if not direct:
-        return e["url"], f"directly to {e['url']}: the daemon runs no gateway for engine {e['name']}"
-    return e["url"], f"directly to {e['url']}, past the gateway's batch window"
+        return str(e.url), f"directly to {e.url}: the daemon runs no gateway for engine {e.name}"
+    return str(e.url), f"directly to {e.url}, past the gateway's batch window"
 
 
 def cmd_load(ns: argparse.Namespace) -> int:
@@ -112,12 +113,14 @@ def cmd_load(ns: argparse.Namespace) -> int:
     url, where = load_url(target, ns.direct)
     if not ns.json:
         print(f"load on {ns.engine} {where}", file=sys.stderr)
-    result = asyncio.run(_run(dict(target, url=url), wl, slo, api_key, show=sys.stderr.isatty() and not ns.json))
+    result = asyncio.run(
+        _run(target.model_copy(update={"url": url}), wl, slo, api_key, show=sys.stderr.isatty() and not ns.json)
+    )
     print(json.dumps(result_json(result), indent=2) if ns.json else render_summary(result))
     return 130 if result.stopped_early == "interrupted" else 0
 
 
-async def _run(e: dict[str, Any], wl: Workload, slo: Slo, api_key: str | None, show: bool) -> LoadResult:
+async def _run(e: EngineInfo, wl: Workload, slo: Slo, api_key: str | None, show: bool) -> LoadResult:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGINT, stop.set)  # Ctrl-C: stop sending, keep what finished
@@ -129,10 +132,10 @@ async def _run(e: dict[str, Any], wl: Workload, slo: Slo, api_key: str | None, s
 
     try:
         return await run_load(
-            e["url"],
-            e["served_model_name"],
+            str(e.url),
+            e.served_model_name or str(e.model),
             wl,
-            tokenizer_source=e["model"],
+            tokenizer_source=str(e.model),
             slo=slo,
             stop=stop,
             on_progress=progress,

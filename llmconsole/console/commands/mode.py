@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from llmconsole.console.cli_common import EXIT_USAGE, CliError, daemon_client, na
+from llmconsole.wire.alerts import AlertsAnswer
 
 _MODES = ("performance", "balanced", "aggressive", "auto")
 
@@ -58,26 +59,26 @@ def _when(t: float | None) -> str:
     return "-" if t is None else time.strftime("%H:%M:%S", time.localtime(t))
 
 
-def format_alerts(data: dict[str, Any]) -> str:
-    lines = ["active:" if data["active"] else "active: none"]
-    lines += [f"  {a['rule']} on {a['engine']}: {a['state']} for {a['for_s']:.0f} s" for a in data["active"]]
-    lines.append("recent alerts:" if data["alerts"] else "recent alerts: none")
+def format_alerts(data: AlertsAnswer) -> str:
+    lines = ["active:" if data.active else "active: none"]
+    lines += [f"  {a.rule} on {a.engine}: {a.state} for {a.for_s or 0:.0f} s" for a in data.active]
+    lines.append("recent alerts:" if data.alerts else "recent alerts: none")
     lines += [
-        f"  #{a['id']} {_when(a['at'])} {a['rule']} on {a['engine']} ({a['severity']}) {a['state']}"
-        f"{'' if a['resolved_at'] is None else ' at ' + _when(a['resolved_at'])}"
-        for a in data["alerts"]
+        f"  #{a.id} {_when(a.at)} {a.rule} on {a.engine} ({a.severity}) {a.state}"
+        f"{'' if a.resolved_at is None else ' at ' + _when(a.resolved_at)}"
+        for a in data.alerts
     ]
-    lines.append("responses:" if data["responses"] else "responses: none")
-    for r in data["responses"]:
-        d = r["detail"]
+    lines.append("responses:" if data.responses else "responses: none")
+    for r in data.responses:
+        d = r.detail or {}
         extra = (
             f" undone by #{d['undone_by']}" if d.get("undone_by") else (f" ({d['error']})" if d.get("error") else "")
         )
         lines.append(
-            f"  #{r['id']} {_when(r['at'])} {r['kind'].removeprefix('response:')} on {r['engine']} "
-            f"for {d.get('trigger')}: {r['outcome']}{extra}"
+            f"  #{r.id} {_when(r.at)} {(r.kind or '').removeprefix('response:')} on {r.engine} "
+            f"for {d.get('trigger')}: {r.outcome}{extra}"
         )
-    enabled = data["settings"]["responses"]
+    enabled = data.settings.get("responses") or {}
     lines.append("enabled: " + (", ".join(f"{k}={'+'.join(v)}" for k, v in enabled.items()) or "none (all off)"))
     return "\n".join(lines)
 
@@ -112,10 +113,10 @@ def cmd_alerts(ns: argparse.Namespace) -> int:
                     except ValueError:
                         raise CliError(f"--for-s {rule}={seconds}: give seconds", EXIT_USAGE) from None
                 client.response_config(settings)
-            data = client.alerts()
+            data = AlertsAnswer.model_validate(client.alerts())
         except DaemonError as e:
             raise CliError(str(e), EXIT_USAGE if e.status in (400, 404) else 1) from None
-    print(json.dumps(data, indent=1) if ns.json else format_alerts(data))
+    print(json.dumps(data.to_wire(), indent=1) if ns.json else format_alerts(data))
     return 0
 
 

@@ -19,8 +19,9 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
-from llmconsole.console.cli_common import EXIT_FAILED, EXIT_USAGE, CliError, confirm, daemon_client
+from llmconsole.console.cli_common import EXIT_FAILED, EXIT_USAGE, CliError, confirm, daemon_client, na
 from llmconsole.console.client import DaemonClient, DaemonError
+from llmconsole.wire.runs import RunsAnswer, RunSummary
 
 POLL_S = 1.0
 EXIT_INTERRUPTED = 130
@@ -48,21 +49,21 @@ def cmd_runs(ns: argparse.Namespace) -> int:
             return attach(client, ns.id, as_json=ns.json)
         if ns.runs_cmd == "cancel":
             return cancel(client, ns.id, yes=ns.yes)
-        runs = client.runs(ns.engine)
+        runs = RunsAnswer.model_validate({"runs": client.runs(ns.engine)}).runs
     if ns.json:
-        print(json.dumps(runs, indent=2))
+        print(json.dumps([r.to_wire() for r in runs], indent=2))
     else:
         print("\n".join(runs_table(runs)) if runs else "no runs")
     return 0
 
 
-def runs_table(runs: list[dict[str, Any]]) -> list[str]:
+def runs_table(runs: list[RunSummary]) -> list[str]:
     lines = [f"{'id':>4}  {'kind':<5} {'engine':<16} {'state':<10} {'started':<19} {'events':>6}  actor"]
-    for r in sorted(runs, key=lambda r: r["id"]):
-        started = datetime.fromtimestamp(r["started_at"]).strftime("%Y-%m-%d %H:%M:%S")
-        state = "cancelling" if r["state"] == "running" and r.get("cancel_requested") else r["state"]
+    for r in sorted(runs, key=lambda r: r.id or 0):
+        started = datetime.fromtimestamp(r.started_at).strftime("%Y-%m-%d %H:%M:%S") if r.started_at else "-"
+        state = "cancelling" if r.state == "running" and r.cancel_requested else (r.state or "?")
         lines.append(
-            f"{r['id']:>4}  {r['kind']:<5} {r['engine']:<16} {state:<10} {started:<19} {r['events']:>6}  {r['actor']}"
+            f"{na(r.id):>4}  {r.kind or '?':<5} {r.engine or '?':<16} {state:<10} {started:<19} {r.events:>6}  {r.actor}"
         )
     return lines
 

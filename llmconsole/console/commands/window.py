@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 from llmconsole.console.cli_common import EXIT_USAGE, CliError, daemon_client, na
+from llmconsole.wire.gateway import WindowState
 
 
 def _ms(v: float | None) -> str:
@@ -34,37 +35,36 @@ def no_samples_text(signal: str | None, recent_ok: int | None, recent_streamed: 
     return f"no {name} samples yet"
 
 
-def measured_text(state: dict[str, Any]) -> str:
+def measured_text(state: WindowState) -> str:
     """`p99 ttft 412 ms (target 800 ms)`, or why there is no figure."""
-    trace = state.get("trace") or []
-    measured = trace[-1].get("measured_ms") if trace else None
+    measured = state.trace[-1].measured_ms if state.trace else None
     if measured is None:
-        return no_samples_text(state.get("signal"), state.get("recent_ok"), state.get("recent_streamed"))
-    return f"p99 {state.get('signal')} {_ms(measured)} (target {_ms(state.get('target_ms'))})"
+        return no_samples_text(state.signal, state.recent_ok, state.recent_streamed)
+    return f"p99 {state.signal} {_ms(measured)} (target {_ms(state.target_ms)})"
 
 
-def format_window(state: dict[str, Any], steps: int = 10) -> str:
-    mode = "frozen" if state["frozen"] else "controlled"
-    name = state.get("group", state["engine"])
-    engines = list(state.get("engines", {}))
+def format_window(state: WindowState, steps: int = 10) -> str:
+    mode = "frozen" if state.frozen else "controlled"
+    name = state.group or state.engine or "?"
+    engines = list(state.engines)
     if engines != [name]:
         name = f"group {name} ({', '.join(engines)})"
     lines = [
-        f"{name}: window {state['window']} ({mode}), in flight {state['in_flight']}, "
-        f"queued {state['queued']}{'' if state['open'] else ', waiting for a ready engine'}",
-        f"  gateway  {state['gateway_url']}/v1/...",
+        f"{name}: window {na(state.window)} ({mode}), in flight {na(state.in_flight)}, "
+        f"queued {na(state.queued)}{'' if state.open is not False else ', waiting for a ready engine'}",
+        f"  gateway  {state.gateway_url}/v1/...",
         f"  measured {measured_text(state)}",
-        f"  target   p99 {state['signal']} {_ms(state['target_ms'])}, window in "
-        f"[{state['min_window']}, {state['max_window']}], gains kp {state['kp']} ki {state['ki']} kd {state['kd']}",
-        f"  totals   admitted {state['admitted_total']}, rejected (queue full) {state['rejected_full_total']}, "
-        f"timed out {state['timed_out_total']}",
+        f"  target   p99 {state.signal} {_ms(state.target_ms)}, window in "
+        f"[{na(state.min_window)}, {na(state.max_window)}], gains kp {na(state.kp)} ki {na(state.ki)} kd {na(state.kd)}",
+        f"  totals   admitted {na(state.admitted_total)}, rejected (queue full) {na(state.rejected_full_total)}, "
+        f"timed out {na(state.timed_out_total)}",
     ]
-    trace = state.get("trace", [])[-steps:]
+    trace = state.trace[-steps:]
     if trace:
         lines.append("  recent steps: measured -> window (action)")
         lines += [
-            f"    {_ms(t['measured_ms']) if t['measured_ms'] is not None else 'no samples':>10} -> "
-            f"{t['window']:>3} ({t['action']})"
+            f"    {_ms(t.measured_ms) if t.measured_ms is not None else 'no samples':>10} -> "
+            f"{na(t.window):>3} ({t.action})"
             for t in trace
         ]
     return "\n".join(lines)
@@ -75,13 +75,13 @@ def _check_bounds(ns: argparse.Namespace, client: Any) -> None:
     from llmconsole.console.client import DaemonError
 
     try:
-        state = client.window(ns.engine)
+        state = WindowState.model_validate(client.window(ns.engine))
     except DaemonError as e:
         raise CliError(str(e), EXIT_USAGE if e.status in (400, 404) else 1) from None
-    if ns.min is not None and ns.min > state["max_window"]:
-        which = f"--min {ns.min} is above the window's max {state['max_window']}"
-    elif ns.max is not None and ns.max < state["min_window"]:
-        which = f"--max {ns.max} is below the window's min {state['min_window']}"
+    if ns.min is not None and state.max_window is not None and ns.min > state.max_window:
+        which = f"--min {ns.min} is above the window's max {state.max_window}"
+    elif ns.max is not None and state.min_window is not None and ns.max < state.min_window:
+        which = f"--max {ns.max} is below the window's min {state.min_window}"
     else:
         return
     raise CliError(f"{which}: min must not exceed max; nothing was changed", EXIT_USAGE)
@@ -106,11 +106,12 @@ def cmd_window(ns: argparse.Namespace) -> int:
         if (ns.min is None) != (ns.max is None):
             _check_bounds(ns, client)
         try:
-            state = client.change_window(ns.engine, **changes) if changes else client.window(ns.engine)
+            raw = client.change_window(ns.engine, **changes) if changes else client.window(ns.engine)
         except DaemonError as e:
             raise CliError(str(e), EXIT_USAGE if e.status in (400, 404) else 1) from None
+    state = WindowState.model_validate(raw)
     if ns.json:
-        print(json.dumps(state, indent=1))
+        print(json.dumps(state.to_wire(), indent=1))
     else:
         print(format_window(state))
     return 0

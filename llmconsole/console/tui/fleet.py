@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmconsole.console.hosts import split_engine
+from llmconsole.wire import UNVERSIONED
 
 
 @dataclass
@@ -64,6 +65,8 @@ def _section(s: HostState, now: float) -> dict[str, Any]:
         "waiting_s": None if s.asked_at is None else round(now - s.asked_at, 1),
         "seen": s.status is not None,
         "daemon": st.get("daemon"),
+        # The wire its daemon spoke: an answer that names none is the untyped one of old daemons.
+        "wire_version": st.get("wire_version", UNVERSIONED) if s.status is not None else None,
         "host": st.get("host"),
         "engines": len(st.get("engines") or ()),
     }

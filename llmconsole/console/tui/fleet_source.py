@@ -31,6 +31,7 @@ from llmconsole.console.hosts import Host, client_for
 from llmconsole.console.tui.fleet import HostState, engine_key, fleet_alerts, fleet_status, split_key
 from llmconsole.console.tui.source import Command, Dial, carry_out
 from llmconsole.paths import resolve
+from llmconsole.wire.status import EngineInfo
 
 STOPPABLE = ("starting", "ready", "unhealthy", "crashed")
 NO_DAEMON = "no llmconsole daemon is running"
@@ -81,11 +82,10 @@ class _Link:
     def alerts(self) -> dict[str, Any]:
         return self.poller().alerts()
 
-    def engines(self) -> list[dict[str, Any]]:
+    def engines(self) -> list[EngineInfo]:
         """The host's engines, asked with the polls' timeout: a host that does not answer is
         known for it in seconds, not after a command's minutes."""
-        engines: list[dict[str, Any]] = self.poller().status()["engines"]
-        return engines
+        return self.poller().status_answer().engines
 
     def close(self) -> None:
         if self._commands is not None and self.session_id is not None:
@@ -273,7 +273,7 @@ class FleetSource:
         missed: list[str] = []
 
         def stop_host(name: str, link: _Link) -> None:
-            serving = [e["name"] for e in link.engines() if e.get("state") in STOPPABLE]
+            serving = [e.name for e in link.engines() if e.state in STOPPABLE]
             with link.lock:
                 c = link.commander()
                 for engine in serving:

@@ -57,6 +57,7 @@ def _send_load(url: str, model: str, stop: threading.Event) -> None:
 def record(frames: int, interval_s: float, load_url: str | None, load_model: str) -> list[dict[str, Any]]:
     from llmconsole.console.client import DaemonClient
     from llmconsole.paths import resolve
+    from llmconsole.wire.status import StatusAnswer
 
     stop = threading.Event()
     loaders = (
@@ -71,8 +72,9 @@ def record(frames: int, interval_s: float, load_url: str | None, load_model: str
         with DaemonClient(resolve()) as client:
             for _ in range(frames):
                 began = time.monotonic()
-                status = client.status()
-                logs = {e["name"]: client.logs(e["name"], max_bytes=4096)["text"] for e in status["engines"]}
+                status = client.status()  # as it came: a replay parses it as a live poll does
+                names = [e.name for e in StatusAnswer.model_validate(status).engines]
+                logs = {n: client.logs(n, max_bytes=4096)["text"] for n in names}
                 out.append({"status": status, "logs": logs})
                 time.sleep(max(0.0, interval_s - (time.monotonic() - began)))
     finally:

@@ -33,7 +33,7 @@ def _live(e: EngineView, key: str) -> float | None:
     field = P99_TOPS.get(key)
     if field is None:
         return e.metric(key)
-    bounds = (e.metrics.get("percentile_bounds") or {}).get(field)
+    bounds = e.metrics.percentile_bounds.get(field) if e.metrics is not None else None
     top = bounds[1] if isinstance(bounds, (list, tuple)) and len(bounds) == 2 else None
     return float(top) if isinstance(top, (int, float)) and e.metric(field) is not None else None
 

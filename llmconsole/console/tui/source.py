@@ -80,10 +80,10 @@ def carry_out(c: DaemonClient, command: Command) -> dict[str, Any]:
         return c.change_window(command.target, **(command.spec or {}))
     if command.verb == "stop_all":
         stopped = []
-        for e in c.status()["engines"]:
-            if e.get("state") in ("starting", "ready", "unhealthy", "crashed"):
-                c.stop_engine(e["name"])
-                stopped.append(e["name"])
+        for e in c.status_answer().engines:
+            if e.state in ("starting", "ready", "unhealthy", "crashed"):
+                c.stop_engine(e.name)
+                stopped.append(e.name)
         return {"stopped": stopped}
     raise ValueError(f"unknown command {command.verb!r}")
 

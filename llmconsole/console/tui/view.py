@@ -1,8 +1,9 @@
 """Immutable views of what the daemon reported, and the one place that turns values into text.
 
-The daemon's status JSON is parsed once per poll into frozen views. Parsing never raises on a
-missing or odd value: the value becomes None, and None prints as "N/A" everywhere. Nothing here
-reads a clock, so a recorded status stream renders the same on every run.
+The daemon's status is read once per poll through the wire's models (llmconsole/wire), whatever
+wire version the daemon speaks, into frozen views. Reading never raises on a missing or odd value:
+the value takes its default (mostly None), and None prints as "N/A" everywhere. Nothing here reads
+a clock, so a recorded status stream renders the same on every run.
 """
 
 from __future__ import annotations
@@ -13,35 +14,21 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from llmconsole.console.tui.view_host import ConsoleStatus, FleetEngine
 from llmconsole.console.tui.view_host import GpuView as GpuView  # the host's views, re-exported
 from llmconsole.console.tui.view_host import HostSection as HostSection
 from llmconsole.console.tui.view_host import HostView as HostView
+from llmconsole.engine.metrics.percentile import percentile_text
+from llmconsole.engine.status import EngineState
+from llmconsole.wire import UNVERSIONED, version_note
+from llmconsole.wire.status import ControllerState, EngineInfo, EngineMetrics, StartupInfo
 
 NA = "N/A"
 
-RUNNING_STATES = frozenset({"starting", "ready", "unhealthy", "stopping"})
-STARTABLE_STATES = frozenset({"stopped", "failed", "invalid"})
-STOPPABLE_STATES = frozenset({"starting", "ready", "unhealthy", "crashed"})
-RESTARTABLE_STATES = frozenset({"starting", "ready", "unhealthy", "crashed", "failed"})
-
-
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
-
-
-def _int(value: Any) -> int | None:
-    n = _num(value)
-    return None if n is None else int(n)
-
-
-def _str(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None
-
-
-def _dict(value: Any) -> Mapping[str, Any]:
-    return MappingProxyType(dict(value)) if isinstance(value, dict) else MappingProxyType({})
+RUNNING_STATES = frozenset(s for s in EngineState if s.running)
+STARTABLE_STATES = frozenset({EngineState.STOPPED, EngineState.FAILED, EngineState.INVALID})
+STOPPABLE_STATES = frozenset({EngineState.STARTING, EngineState.READY, EngineState.UNHEALTHY, EngineState.CRASHED})
+RESTARTABLE_STATES = STOPPABLE_STATES | {EngineState.FAILED}
 
 
 # --- text -----------------------------------------------------------------------------------
@@ -117,29 +104,33 @@ class ControllerView:
     action: str | None = None  # what the newest step did (step, hold-idle, frozen, ...)
 
     @classmethod
-    def parse(cls, d: Any) -> ControllerView | None:
-        if not isinstance(d, dict):
+    def from_wire(cls, c: ControllerState | None) -> ControllerView | None:
+        if c is None:
             return None
-        trace = [t for t in d.get("trace") or () if isinstance(t, dict)]
         steps = tuple(
-            (at, w, _num(t.get("target_ms")), _num(t.get("measured_ms")))
-            for t in trace
-            if (at := _num(t.get("at_s"))) is not None and (w := _int(t.get("window"))) is not None
+            (t.at_s, t.window, t.target_ms, t.measured_ms)
+            for t in c.trace
+            if t.at_s is not None and t.window is not None
         )
         return cls(
-            window=_int(d.get("window")),
-            frozen=d.get("frozen") is True,
-            signal=_str(d.get("signal")),
-            target_ms=_num(d.get("target_ms")),
-            min_window=_int(d.get("min_window")),
-            max_window=_int(d.get("max_window")),
-            in_flight=_int(d.get("in_flight")),
-            queued=_int(d.get("queued")),
+            window=c.window,
+            frozen=c.frozen,
+            signal=c.signal or None,
+            target_ms=c.target_ms,
+            min_window=c.min_window,
+            max_window=c.max_window,
+            in_flight=c.in_flight,
+            queued=c.queued,
             steps=steps,
-            recent_ok=_int(d.get("recent_ok")),
-            recent_streamed=_int(d.get("recent_streamed")),
-            action=_str(trace[-1].get("action")) if trace else None,
+            recent_ok=c.recent_ok,
+            recent_streamed=c.recent_streamed,
+            action=(c.trace[-1].action or None) if c.trace else None,
         )
+
+    @classmethod
+    def parse(cls, d: object) -> ControllerView | None:
+        """An engine's `controller` as JSON (a test's, a recording's); anything but an object is none."""
+        return cls.from_wire(ControllerState.model_validate(d)) if isinstance(d, dict) else None
 
     @property
     def windows(self) -> tuple[int, ...]:
@@ -162,16 +153,10 @@ class StartupView:
     expected_s: float | None  # how long its last start took; None for a first start
 
     @classmethod
-    def parse(cls, d: Any) -> StartupView | None:
-        if not isinstance(d, dict) or not _str(d.get("phase")):
+    def from_wire(cls, d: StartupInfo | None) -> StartupView | None:
+        if d is None or not d.phase:
             return None
-        return cls(
-            str(d["phase"]),
-            _int(d.get("step")) or 0,
-            _int(d.get("steps")) or 1,
-            _num(d.get("elapsed_s")),
-            _num(d.get("expected_s")),
-        )
+        return cls(d.phase, d.step, d.steps or 1, d.elapsed_s, d.expected_s)
 
 
 @dataclass(frozen=True)
@@ -193,7 +178,7 @@ class EngineView:
     kv_cache_tokens: int | None = None
     max_concurrency: float | None = None
     max_concurrency_len: int | None = None
-    metrics: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    metrics: EngineMetrics | None = None
     rss_bytes: float | None = None
     cpu_pct: float | None = None
     spec: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
@@ -207,45 +192,60 @@ class EngineView:
     host: str | None = None  # its host, in a console over several (the name is then ENGINE@HOST)
 
     @classmethod
-    def parse(cls, d: Any) -> EngineView:
-        d = _dict(d)
-        spec = _dict(d.get("spec"))
-        model = _str(d.get("served_model_name")) or _str(d.get("model"))
-        proc = _dict(d.get("process"))
+    def from_wire(cls, e: EngineInfo, host: str | None = None) -> EngineView:
+        spec = e.spec
+        model = e.served_model_name or e.model
+        proc = e.process
+        spec_kernel = spec.get("kernel")
+        # A daemon that reports kernels says "-" until the engine has said; an older one never
+        # does, and then the spec's wish is all there is.
+        kernel = e.kernel or ("-" if "kernel" in e.model_fields_set else None)
         return cls(
-            name=_str(d.get("name")) or "?",
-            state=_str(d.get("state")) or "unknown",
+            name=e.name or "?",
+            state=e.state or "unknown",
             model=Path(model).name if model else NA,
-            config_id=_str(d.get("config_id")) or NA,
-            restarts=_int(d.get("restarts")),
-            crash_looping=d.get("crash_looping") is True,
-            uptime_s=_num(d.get("uptime_s")),
-            url=_str(d.get("url")),
-            pid=_int(d.get("pid")),
-            kernel=_str(d.get("kernel")) or ("-" if "kernel" in d else _str(spec.get("kernel")) or "stock"),
-            kernel_note=_str(d.get("kernel_note")),
-            last_error=_str(d.get("last_error")),
-            last_exit_code=_int(d.get("last_exit_code")),
-            next_restart_in_s=_num(d.get("next_restart_in_s")),
-            kv_cache_tokens=_int(d.get("kv_cache_tokens")),
-            max_concurrency=_num(d.get("max_concurrency")),
-            max_concurrency_len=_int(d.get("max_concurrency_len")),
-            metrics=_dict(d.get("metrics")),
-            rss_bytes=_num(proc.get("rss_bytes")),
-            cpu_pct=_num(proc.get("cpu_pct")),
-            spec=spec,
-            gateway_url=_str(d.get("gateway_url")),
-            controller=ControllerView.parse(d.get("controller")),
-            mode=_str(d.get("mode")),
-            mode_auto=d.get("mode_auto") is True,
-            started_at_s=_num(d.get("started_at_s")),
-            ready_at_s=_num(d.get("ready_at_s")),
-            startup=StartupView.parse(d.get("startup")),
-            host=_str(d.get("host")),
+            config_id=e.config_id or NA,
+            restarts=e.restarts,
+            crash_looping=e.crash_looping,
+            uptime_s=e.uptime_s,
+            url=e.url or None,
+            pid=e.pid,
+            kernel=kernel or (spec_kernel if isinstance(spec_kernel, str) and spec_kernel else "stock"),
+            kernel_note=e.kernel_note or None,
+            last_error=e.last_error or None,
+            last_exit_code=e.last_exit_code,
+            next_restart_in_s=e.next_restart_in_s,
+            kv_cache_tokens=e.kv_cache_tokens,
+            max_concurrency=e.max_concurrency,
+            max_concurrency_len=e.max_concurrency_len,
+            metrics=e.metrics,
+            rss_bytes=None if proc is None or proc.rss_bytes is None else float(proc.rss_bytes),
+            cpu_pct=None if proc is None else proc.cpu_pct,
+            spec=MappingProxyType(dict(spec)),
+            gateway_url=e.gateway_url or None,
+            controller=ControllerView.from_wire(e.controller),
+            mode=e.mode or None,
+            mode_auto=e.mode_auto,
+            started_at_s=e.started_at_s,
+            ready_at_s=e.ready_at_s,
+            startup=StartupView.from_wire(e.startup),
+            host=host or None,
         )
 
+    @classmethod
+    def parse(cls, d: object) -> EngineView:
+        """One engine's status as JSON (a test's, a recording's), through the wire's model."""
+        e = FleetEngine.model_validate(d if isinstance(d, dict) else {})
+        return cls.from_wire(e, e.host)
+
     def metric(self, key: str) -> float | None:
-        return _num(self.metrics.get(key))
+        return self.metrics.figure(key) if self.metrics is not None else None
+
+    def percentile_text(self, key: str, na: str = NA, compact: bool = False) -> str:
+        """What a person reads for a percentile: its bucket, or the bare figure of an older daemon."""
+        if self.metrics is None:
+            return na
+        return percentile_text(self.metrics.model_dump(), key, na, compact=compact)
 
     @property
     def metrics_taken_at_s(self) -> float | None:
@@ -253,7 +253,7 @@ class EngineView:
 
     @property
     def metrics_stale(self) -> bool:
-        return self.metrics.get("stale") is True
+        return self.metrics is not None and self.metrics.stale
 
     @property
     def last_start_s(self) -> float | None:
@@ -277,7 +277,7 @@ class EngineView:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """One status answer of the daemon, parsed."""
+    """One status answer of the daemon, read through the wire's models."""
 
     daemon_pid: int | None = None
     daemon_version: str | None = None
@@ -285,20 +285,32 @@ class Snapshot:
     host: HostView = field(default_factory=HostView)
     engines: tuple[EngineView, ...] = ()
     hosts: tuple[HostSection, ...] = ()  # a console over several hosts: each one; else none
+    wire_version: int = UNVERSIONED  # the wire the daemon spoke (one host's console)
 
     @classmethod
-    def parse(cls, d: Any) -> Snapshot:
-        d = _dict(d)
-        daemon = _dict(d.get("daemon"))
-        engines, hosts = d.get("engines"), d.get("hosts")
+    def from_wire(cls, d: ConsoleStatus) -> Snapshot:
         return cls(
-            daemon_pid=_int(daemon.get("pid")),
-            daemon_version=_str(daemon.get("version")),
-            time_s=_num(daemon.get("time_s")),
-            host=HostView.parse(d.get("host")),
-            engines=tuple(EngineView.parse(e) for e in engines) if isinstance(engines, list) else (),
-            hosts=tuple(HostSection.parse(h) for h in hosts) if isinstance(hosts, list) else (),
+            daemon_pid=d.daemon.pid,
+            daemon_version=d.daemon.version or None,
+            time_s=d.daemon.time_s,
+            host=HostView.from_wire(d.host),
+            engines=tuple(EngineView.from_wire(e, e.host) for e in d.engines),
+            hosts=tuple(HostSection.from_wire(h) for h in d.hosts),
+            wire_version=d.wire_version,
         )
+
+    @classmethod
+    def parse(cls, d: object) -> Snapshot:
+        """A status as it came (a poll's, a recording's frame); anything but an object is empty."""
+        return cls.from_wire(ConsoleStatus.model_validate(d if isinstance(d, dict) else {}))
+
+    @property
+    def wire_note(self) -> str | None:
+        """The daemon speaks another wire than this console: one line that says so, else None.
+        Over several hosts each host's section says its own."""
+        if self.hosts:
+            return None
+        return version_note("the daemon", self.wire_version, self.daemon_version)
 
     def engine(self, name: str | None) -> EngineView | None:
         return next((e for e in self.engines if e.name == name), None)

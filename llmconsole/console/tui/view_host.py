@@ -1,29 +1,16 @@
-"""The host as the daemon reported it: memory, CPU and each GPU (parsed as view.py parses the rest),
-and, in a console over several hosts, each host's section: its figures and whether it answers."""
+"""The host as the daemon reported it: memory, CPU and each GPU (read through the wire's models, as
+view.py reads the rest), and, in a console over several hosts, each host's section: its figures,
+whether it answers and which wire its daemon speaks."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
+from pydantic import Field
 
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
-
-
-def _int(value: Any) -> int | None:
-    n = _num(value)
-    return None if n is None else int(n)
-
-
-def _str(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    return dict(value) if isinstance(value, dict) else {}
+from llmconsole.wire import version_note
+from llmconsole.wire.base import WireModel
+from llmconsole.wire.status import DaemonFacts, EngineInfo, GpuInfo, HostInfo, StatusAnswer
 
 
 @dataclass(frozen=True)
@@ -35,15 +22,8 @@ class GpuView:
     utilization_gpu_pct: float | None
 
     @classmethod
-    def parse(cls, d: Any) -> GpuView:
-        d = _dict(d)
-        return cls(
-            _int(d.get("index")),
-            _str(d.get("name")),
-            _num(d.get("memory_used_bytes")),
-            _num(d.get("memory_total_bytes")),
-            _num(d.get("utilization_gpu_pct")),
-        )
+    def from_wire(cls, g: GpuInfo) -> GpuView:
+        return cls(g.index, g.name or None, g.memory_used_bytes, g.memory_total_bytes, g.utilization_gpu_pct)
 
 
 @dataclass(frozen=True)
@@ -55,15 +35,13 @@ class HostView:
     nvml_error: str | None = None
 
     @classmethod
-    def parse(cls, d: Any) -> HostView:
-        d = _dict(d)
-        gpus = d.get("gpus")
+    def from_wire(cls, h: HostInfo) -> HostView:
         return cls(
-            cpu_pct=_num(d.get("cpu_pct")),
-            memory_used_bytes=_num(d.get("memory_used_bytes")),
-            memory_total_bytes=_num(d.get("memory_total_bytes")),
-            gpus=tuple(GpuView.parse(g) for g in gpus) if isinstance(gpus, list) else (),
-            nvml_error=_str(d.get("nvml_error")),
+            cpu_pct=h.cpu_pct,
+            memory_used_bytes=h.memory_used_bytes,
+            memory_total_bytes=h.memory_total_bytes,
+            gpus=tuple(GpuView.from_wire(g) for g in h.gpus),
+            nvml_error=h.nvml_error or None,
         )
 
     @property
@@ -93,6 +71,40 @@ class HostView:
 SLOW_S = 3.0  # a host whose poll has been unanswered this long is shown as slow, with its last figures
 
 
+class HostSectionFrame(WireModel):
+    """A host's section as a console over several hosts merges it (tui/fleet.py): not a daemon's
+    answer, but read with the wire's tolerance, as a recording of it may come from an older
+    console."""
+
+    name: str = "?"
+    label: str | None = None
+    local: bool = False
+    reachable: bool = True
+    error: str | None = None
+    retry_in_s: float | None = None
+    age_s: float | None = None
+    waiting_s: float | None = None
+    seen: bool = False
+    daemon: DaemonFacts | None = None
+    wire_version: int | None = None  # the wire its daemon spoke in its newest answer
+    engines: int = 0
+    host: HostInfo = Field(default_factory=HostInfo)
+
+
+class FleetEngine(EngineInfo):
+    """An engine in a console over several hosts: named ENGINE@HOST, with its host beside."""
+
+    host: str | None = None
+
+
+class ConsoleStatus(StatusAnswer):
+    """What the console polls: a daemon's status answer, or, in a console over several hosts, the
+    merged one (tui/fleet.py) with each host's section."""
+
+    engines: list[FleetEngine] = Field(default_factory=list)  # type: ignore[assignment]
+    hosts: list[HostSectionFrame] = Field(default_factory=list)
+
+
 @dataclass(frozen=True)
 class HostSection:
     """One host of a console over several (tui/fleet.py merges their answers): its figures as its
@@ -110,25 +122,32 @@ class HostSection:
     version: str | None = None
     engines: int = 0
     host: HostView = field(default_factory=HostView)
+    wire_version: int | None = None  # the wire its daemon speaks; None before it answered
 
     @classmethod
-    def parse(cls, d: Any) -> HostSection:
-        d = _dict(d)
-        daemon = _dict(d.get("daemon"))
+    def from_wire(cls, d: HostSectionFrame) -> HostSection:
         return cls(
-            name=_str(d.get("name")) or "?",
-            label=_str(d.get("label")) or _str(d.get("name")) or "?",
-            local=d.get("local") is True,
-            reachable=d.get("reachable") is not False,
-            error=_str(d.get("error")),
-            retry_in_s=_num(d.get("retry_in_s")),
-            age_s=_num(d.get("age_s")),
-            waiting_s=_num(d.get("waiting_s")),
-            seen=d.get("seen") is True,
-            version=_str(daemon.get("version")),
-            engines=_int(d.get("engines")) or 0,
-            host=HostView.parse(d.get("host")),
+            name=d.name or "?",
+            label=d.label or d.name or "?",
+            local=d.local,
+            reachable=d.reachable,
+            error=d.error or None,
+            retry_in_s=d.retry_in_s,
+            age_s=d.age_s,
+            waiting_s=d.waiting_s,
+            seen=d.seen,
+            version=(d.daemon.version or None) if d.daemon is not None else None,
+            engines=d.engines,
+            host=HostView.from_wire(d.host),
+            wire_version=d.wire_version,
         )
+
+    @property
+    def wire_note(self) -> str | None:
+        """Its daemon speaks another wire than this console (a line for the host's view), or None."""
+        if self.wire_version is None:
+            return None
+        return version_note(self.name, self.wire_version, self.version)
 
     @property
     def current(self) -> bool:

@@ -8,13 +8,14 @@ from aiohttp import web
 from llmconsole.daemon.api import audit, engines, history, modes, runs, samples, tune, window
 from llmconsole.daemon.context import CONTEXT, DaemonContext
 from llmconsole.daemon.hosted import SERVICES, HostedServices
-from llmconsole.daemon.http import domain_errors
+from llmconsole.daemon.http import domain_errors, say_wire_version
 
 
 def make_app(ctx: DaemonContext, services: HostedServices | None = None) -> web.Application:
     """The API over `ctx`; routes of hosted services answer only when `services` is given."""
     app = web.Application(middlewares=[domain_errors])
     app[CONTEXT] = ctx
+    app.on_response_prepare.append(say_wire_version)
     if services is not None:
         app[SERVICES] = services
     for routes in (engines, audit, history, window, modes, tune, runs, samples):

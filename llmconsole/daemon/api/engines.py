@@ -1,7 +1,8 @@
 """The daemon itself and its engines' lifecycle on the control API.
 
 Routes (all under /v1):
-  GET  /daemon                      the daemon itself (pid, version, home, uptime)
+  GET  /daemon                      the daemon itself (pid, llmconsole version, wire_version, home,
+                                    uptime); every answer also names its wire in X-Llmconsole-Wire
   POST /daemon/stop                 {"stop_engines": false} - engines keep serving by default
   GET  /status                      host gauges and every engine's status (a starting one with
                                     "startup": its phase, elapsed_s and expected_s, its last start)
@@ -41,13 +42,16 @@ from aiohttp import web
 
 from llmconsole import __version__
 from llmconsole.daemon.context import CONTEXT, DaemonContext, context_of
-from llmconsole.daemon.http import error_response, json_body, peer_user, session_of
+from llmconsole.daemon.http import error_response, json_body, peer_user, session_of, wire_response
 from llmconsole.daemon.services.rollback import ActionLog, drained
 from llmconsole.daemon.services.startup import StartupProgress
 from llmconsole.engine.fleet import Fleet
 from llmconsole.engine.spec import EngineSpec, fill_secrets
 from llmconsole.engine.spec_checks import check_name
+from llmconsole.engine.status import EngineStatus
 from llmconsole.engine.supervisor import EngineBusy
+from llmconsole.wire import WIRE_VERSION
+from llmconsole.wire.status import DaemonFacts, DaemonInfo, EngineInfo, HostInfo, StatusAnswer
 
 log = logging.getLogger(__name__)
 
@@ -83,15 +87,16 @@ def _spec_from_body(fleet: Fleet, name: str, body: dict[str, Any]) -> EngineSpec
 
 async def get_daemon(request: web.Request) -> web.Response:
     fleet = context_of(request).fleet
-    return web.json_response(
-        {
-            "pid": os.getpid(),
-            "version": __version__,
-            "data_dir": str(fleet.paths.data_dir),
-            "socket": str(fleet.paths.socket),
-            "uptime_s": time.time() - request.app[STARTED_AT],
-            "engines": len(fleet.engines),
-        }
+    return wire_response(
+        DaemonInfo(
+            wire_version=WIRE_VERSION,
+            pid=os.getpid(),
+            version=__version__,
+            data_dir=str(fleet.paths.data_dir),
+            socket=str(fleet.paths.socket),
+            uptime_s=time.time() - request.app[STARTED_AT],
+            engines=len(fleet.engines),
+        )
     )
 
 
@@ -115,17 +120,24 @@ async def get_status(request: web.Request) -> web.Response:
     fleet = ctx.fleet
     host = fleet.probe.sample_host()
     now = time.time()
-    engines = [s.to_json() for s in fleet.statuses()]
     progress = request.app[STARTUP]
-    for e in engines:  # a starting engine: its phase, time since launch and its last start's length
-        e["startup"] = progress.of(e, now)
-    return web.json_response(
-        {
-            "daemon": {"pid": os.getpid(), "version": __version__, "time_s": now, "warnings": _daemon_warnings(ctx)},
-            "host": dataclasses.asdict(host),
-            "engines": engines,
-        }
+    engines = []
+    for st in fleet.statuses():  # a starting engine: its phase, time since launch and its last start's length
+        e = st.to_json()
+        engines.append(EngineInfo.model_validate({**e, "startup": progress.of(e, now)}))
+    return wire_response(
+        StatusAnswer(
+            wire_version=WIRE_VERSION,
+            daemon=DaemonFacts(pid=os.getpid(), version=__version__, time_s=now, warnings=_daemon_warnings(ctx)),
+            host=HostInfo.model_validate(dataclasses.asdict(host)),
+            engines=engines,
+        )
     )
+
+
+def engine_info(status: EngineStatus) -> EngineInfo:
+    """An engine's status on the wire."""
+    return EngineInfo.model_validate(status.to_json())
 
 
 def _engine_handler(action: str) -> Callable[[web.Request], Awaitable[web.Response]]:
@@ -168,7 +180,7 @@ def _engine_handler(action: str) -> Callable[[web.Request], Awaitable[web.Respon
         if action != "restart":
             actions.end(action_id, "done")
         log.info("%s %s by %s", action, name, peer_user(request))
-        return web.json_response(fleet.get(name).status().to_json(), status=202 if action != "stop" else 200)
+        return wire_response(engine_info(fleet.get(name).status()), status=202 if action != "stop" else 200)
 
     return handler
 

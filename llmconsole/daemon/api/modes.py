@@ -22,8 +22,9 @@ from aiohttp import web
 
 from llmconsole.daemon.context import context_of
 from llmconsole.daemon.hosted import services_of
-from llmconsole.daemon.http import error_response, json_body, peer_user, session_of
+from llmconsole.daemon.http import error_response, json_body, peer_user, session_of, wire_response
 from llmconsole.daemon.services.rollback import ActionLog
+from llmconsole.wire.alerts import AlertsAnswer
 
 
 async def get_mode(request: web.Request) -> web.Response:
@@ -53,29 +54,38 @@ async def get_alerts(request: web.Request) -> web.Response:
     since = time.time() - float(request.query.get("since_s", 86400))
     alerts = await asyncio.to_thread(svc.store.alerts, since=since)
     actions = await asyncio.to_thread(svc.store.actions, since=since)
-    return web.json_response(
-        {
-            "active": svc.alert_states(),
-            "alerts": [
-                {
-                    "id": a.id,
-                    "at": a.at,
-                    "engine": a.engine,
-                    "rule": a.rule,
-                    "severity": a.severity,
-                    "state": a.state,
-                    "resolved_at": a.resolved_at,
-                    "detail": a.detail,
-                }
-                for a in alerts
-            ],
-            "responses": [
-                {"id": a.id, "at": a.at, "engine": a.engine, "kind": a.kind, "outcome": a.outcome, "detail": a.detail}
-                for a in actions
-                if a.kind.startswith("response:")
-            ],
-            "settings": svc.settings,
-        }
+    return wire_response(
+        AlertsAnswer.model_validate(
+            {
+                "active": svc.alert_states(),
+                "alerts": [
+                    {
+                        "id": a.id,
+                        "at": a.at,
+                        "engine": a.engine,
+                        "rule": a.rule,
+                        "severity": a.severity,
+                        "state": a.state,
+                        "resolved_at": a.resolved_at,
+                        "detail": a.detail,
+                    }
+                    for a in alerts
+                ],
+                "responses": [
+                    {
+                        "id": a.id,
+                        "at": a.at,
+                        "engine": a.engine,
+                        "kind": a.kind,
+                        "outcome": a.outcome,
+                        "detail": a.detail,
+                    }
+                    for a in actions
+                    if a.kind.startswith("response:")
+                ],
+                "settings": svc.settings,
+            }
+        )
     )
 
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 from aiohttp import web
 
 from llmconsole.daemon.hosted import services_of
-from llmconsole.daemon.http import error_response, json_body, peer_user
+from llmconsole.daemon.http import error_response, json_body, peer_user, wire_response
+from llmconsole.wire.runs import RunAnswer, RunsAnswer, RunSummary
 
 
 def _run_id(request: web.Request) -> int:
@@ -30,13 +31,13 @@ async def post_run(request: web.Request) -> web.Response:
     if not isinstance(kind, str) or not isinstance(req, dict):
         return error_response(400, 'request body must be {"kind": "sweep"|"tune", "request": {...}}')
     run = services_of(request).runs.start(kind, req, actor=peer_user(request))
-    return web.json_response(run.to_json(), status=202)
+    return wire_response(RunAnswer.model_validate(run.to_json()), status=202)
 
 
 async def get_runs(request: web.Request) -> web.Response:
     engine = request.query.get("engine")
     runs = [r.summary() for r in services_of(request).runs.runs.values() if engine is None or r.engine == engine]
-    return web.json_response({"runs": runs})
+    return wire_response(RunsAnswer.model_validate({"runs": runs}))
 
 
 async def get_run(request: web.Request) -> web.Response:
@@ -44,11 +45,13 @@ async def get_run(request: web.Request) -> web.Response:
         since = max(0, int(request.query.get("since", 0)))
     except ValueError:
         return error_response(400, "since must be an integer")
-    return web.json_response(services_of(request).runs.get(_run_id(request)).to_json(since))
+    return wire_response(RunAnswer.model_validate(services_of(request).runs.get(_run_id(request)).to_json(since)))
 
 
 async def post_cancel(request: web.Request) -> web.Response:
-    return web.json_response(services_of(request).runs.cancel(_run_id(request)).summary(), status=202)
+    return wire_response(
+        RunSummary.model_validate(services_of(request).runs.cancel(_run_id(request)).summary()), status=202
+    )
 
 
 def add_routes(app: web.Application) -> None:

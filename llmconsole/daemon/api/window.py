@@ -31,11 +31,12 @@ from typing import Any
 from aiohttp import web
 
 from llmconsole.daemon.context import context_of
-from llmconsole.daemon.http import error_response, json_body, peer_user, session_of
+from llmconsole.daemon.http import error_response, json_body, peer_user, session_of, wire_response
 from llmconsole.daemon.services.gateway_service import GatewayService
 from llmconsole.daemon.services.rollback import ActionLog
 from llmconsole.engine.gateway.membership import UnknownGroup
 from llmconsole.engine.gateway.remote import RemoteMember
+from llmconsole.wire.gateway import GroupInfo, GroupsAnswer, WindowState
 
 _SETTINGS = ("target_ms", "signal", "min_window", "max_window", "kp", "ki", "kd")
 
@@ -51,7 +52,7 @@ async def get_window(request: web.Request) -> web.Response:
         points = int(request.query.get("trace_points", 600))
     except ValueError:
         return error_response(400, "trace_points must be an integer")
-    return web.json_response(gateway.window_state(request.match_info["name"], max(0, points)))
+    return wire_response(WindowState.model_validate(gateway.window_state(request.match_info["name"], max(0, points))))
 
 
 async def post_window(request: web.Request) -> web.Response:
@@ -82,11 +83,11 @@ async def post_window(request: web.Request) -> web.Response:
         )
         await gateway.saved()  # done once on disk
         done["to"] = window_facts(state)
-    return web.json_response(state)
+    return wire_response(WindowState.model_validate(state))
 
 
 async def get_groups(request: web.Request) -> web.Response:
-    return web.json_response({"groups": context_of(request).need_gateway().groups_state()})
+    return wire_response(GroupsAnswer.model_validate({"groups": context_of(request).need_gateway().groups_state()}))
 
 
 def _members(gateway: GatewayService, name: str) -> list[str] | None:
@@ -131,7 +132,7 @@ async def put_group(request: web.Request) -> web.Response:
     if remote:
         await gateway.check_remotes()  # what they answer now, rather than a second from now
         state = gateway.group_state(name)
-    return web.json_response(state)
+    return wire_response(GroupInfo.model_validate(state))
 
 
 async def delete_group(request: web.Request) -> web.Response:

@@ -34,6 +34,8 @@ def host_title(h: HostSection) -> Text:
     version = f"daemon v{h.version}" if h.version else "daemon"
     gpus = f"{len(h.host.gpus)} GPU(s)" if h.host.gpus else "no GPU: host memory and CPU below"
     out.append(f"  ·  {version}  ·  {h.engines} engine(s)  ·  {gpus}  ·  n starts one here")
+    if h.wire_note:  # its daemon is another llmconsole: its answers are shown as far as both know
+        out.append(f"  ·  {h.wire_note}", style="yellow")
     return out
 
 

@@ -27,7 +27,6 @@ from llmconsole.console.tui.view import (
     na,
 )
 from llmconsole.console.tui.widgets.gauges import Figures, Gauge, LatencyTable
-from llmconsole.engine.metrics.percentile import percentile_text
 
 
 @dataclass(frozen=True)
@@ -72,7 +71,7 @@ def latency_caption(engine: EngineView | None) -> tuple[str, bool]:
     """The latency table's window: `60 s · 22 req` (the percentiles are over the last 60 s, and
     22 requests finished in them), and whether any did: an idle engine shows no percentile, not
     the last busy minute's."""
-    if engine is None or not engine.metrics:
+    if engine is None or engine.metrics is None:
         return "latency", False
     window = engine.metric("percentile_window_s")
     over = f"{window:.0f} s" if window is not None else "latency"
@@ -157,13 +156,14 @@ class EnginePanel(Vertical):
         caption, any_requests = latency_caption(engine)
 
         def pair(key: str) -> tuple[str, str]:
-            if engine is not None and engine.metrics and not any_requests:
+            if engine is not None and engine.metrics is not None and not any_requests:
                 return "-", "-"  # figures, but no request in the window: no percentile, not an old one
             # The bucket each percentile falls in: a figure inside it would be finer than the data.
-            metrics = engine.metrics if engine is not None else {}
+            if engine is None:
+                return NA, NA
             return (
-                percentile_text(metrics, f"p50_{key}_s", NA, compact=True),
-                percentile_text(metrics, f"p99_{key}_s", NA, compact=True),
+                engine.percentile_text(f"p50_{key}_s", NA, compact=True),
+                engine.percentile_text(f"p99_{key}_s", NA, compact=True),
             )
 
         table = [

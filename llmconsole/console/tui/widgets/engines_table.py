@@ -12,7 +12,6 @@ from rich.text import Text
 from textual.widgets import DataTable
 
 from llmconsole.console.tui.view import NA, EngineView, Snapshot, fmt_count, fmt_pct, fmt_rate, fmt_uptime, na
-from llmconsole.engine.metrics.percentile import percentile_text
 
 STATE_STYLES = {
     "ready": "green",
@@ -48,7 +47,7 @@ def engine_cells(e: EngineView) -> dict[str, str | Text]:
         "kv": fmt_pct(e.metric("kv_cache_usage")),
         "running": fmt_count(e.metric("running")),
         "gen": fmt_rate(e.metric("generation_tok_s")),
-        "ttft": percentile_text(e.metrics, "p99_ttft_s", NA, compact=True),
+        "ttft": e.percentile_text("p99_ttft_s", NA, compact=True),
     }
 
 

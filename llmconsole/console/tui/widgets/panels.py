@@ -27,16 +27,16 @@ class StatusLine(Static):
             return
         h = snapshot.host
         gpus = f"{len(h.gpus)} GPU(s)" if h.gpus else "no GPU"
-        self.update(
-            layout=False,
-            content=Text(
-                f"llmconsole · daemon pid {na(snapshot.daemon_pid)} v{na(snapshot.daemon_version)} · "
-                f"host CPU {na(h.cpu_pct, '{:.0f}%')}, mem {fmt_bytes(h.memory_used_bytes)} / "
-                f"{fmt_bytes(h.memory_total_bytes)} · {gpus} · {len(snapshot.engines)} engine(s)",
-                no_wrap=True,
-                overflow="ellipsis",
-            ),
+        line = Text(
+            f"llmconsole · daemon pid {na(snapshot.daemon_pid)} v{na(snapshot.daemon_version)} · "
+            f"host CPU {na(h.cpu_pct, '{:.0f}%')}, mem {fmt_bytes(h.memory_used_bytes)} / "
+            f"{fmt_bytes(h.memory_total_bytes)} · {gpus} · {len(snapshot.engines)} engine(s)",
+            no_wrap=True,
+            overflow="ellipsis",
         )
+        if snapshot.wire_note:  # a daemon of another llmconsole: shown as far as both know
+            line.append(f" · {snapshot.wire_note}", style="yellow")
+        self.update(layout=False, content=line)
 
 
 def fleet_line(snapshot: Snapshot) -> Text:
