@@ -74,7 +74,7 @@ test: setup $(MODELS)/tiny/llmconsole-model.json
 	@rc=0; \
 	$(TEST_ENV) $(PY) -m pytest -m "not engine" -n auto --durations=10 $(PYTEST_ARGS) || rc=$$?; \
 	[ $$rc = 5 ] && rc=0; \
-	$(TEST_ENV) $(PY) -m pytest -m engine -n 2 --dist loadfile --durations=25 $(PYTEST_ARGS) || rc2=$$?; \
+	$(TEST_ENV) $(PY) -m pytest -m engine -n 2 --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS) || rc2=$$?; \
 	[ "$${rc2:-0}" = 5 ] && rc2=0; \
 	[ $$rc != 0 ] && exit $$rc; exit $${rc2:-0}
 

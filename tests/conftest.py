@@ -68,7 +68,48 @@ def _gpu_missing() -> str | None:
     return None
 
 
+# What each engine module costs, in worker-seconds of the last full engine pass on two cores (its
+# --durations, summed per module; only the order matters). The engine pass hands whole modules to
+# its two workers in collection order (`--dist loadfile --no-loadscope-reorder`): the longest go
+# first, so that no long module starts last and runs alone while the other worker idles, as the
+# console's default tune (one test, minutes of restarts) did when xdist ordered modules by their
+# number of tests. A module not listed counts as ENGINE_MODULE_UNKNOWN_S.
+ENGINE_MODULE_S = {
+    "tests/integration/test_restart_resume_engine.py": 787,
+    "tests/integration/test_modes_engine.py": 685,
+    "tests/integration/test_runpath_engine.py": 676,
+    "tests/tui/test_tui_default_tune_engine.py": 540,
+    "tests/integration/test_group_engine.py": 515,
+    "tests/integration/test_alert_live.py": 507,
+    "tests/integration/test_supervise_engine.py": 495,
+    "tests/integration/test_history_integration.py": 493,
+    "tests/integration/test_tuner_engine.py": 430,
+    "tests/integration/test_secrets_engine.py": 386,
+    "tests/integration/test_gateway_engine.py": 354,
+    "tests/integration/test_kv_engine.py": 298,
+    "tests/integration/test_sweep_engine.py": 274,
+    "tests/integration/test_group_remote_engine.py": 258,
+    "tests/integration/test_engine_integration.py": 216,
+    "tests/integration/test_kernel_engine.py": 207,
+    "tests/tui/test_tui_tmux.py": 175,
+    "tests/integration/test_hosts_engine.py": 171,
+    "tests/tui/test_fleet_console_engine.py": 78,
+    "tests/tui/test_tui_runs_engine.py": 61,
+    "tests/integration/test_plan_daemon.py": 4,
+    "tests/gpu/test_gpu_engine.py": 0,  # skipped where no GPU is
+}
+ENGINE_MODULE_UNKNOWN_S = 400
+
+
+def _engine_module_cost(item: pytest.Item) -> float:
+    if item.get_closest_marker("engine") is None:
+        return 0.0
+    module = item.nodeid.split("::", 1)[0]
+    return ENGINE_MODULE_S.get(module, ENGINE_MODULE_UNKNOWN_S)
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: -_engine_module_cost(item))  # stable: a module's tests keep their order
     gpu_reason: list[str | None] = []  # computed once, only if a test needs a GPU
     for item in items:
         marks = {m.name for m in item.iter_markers()}
