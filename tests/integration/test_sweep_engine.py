@@ -72,11 +72,13 @@ def test_load_cli_closed_loop_counts_agree_with_the_engine(eng):
     # The engine saw the warm-up too (14 requests), and exactly the prompt tokens planned.
     assert after.request_success_total - before.request_success_total == 14
     assert after.prompt_tokens_total - before.prompt_tokens_total == 14 * 40
-    for k in ("ttft", "tpot", "e2e"):
+    for k in ("ttft", "e2e"):
         assert 0 < s[k]["median_ms"] <= s[k]["p99_ms"]
-    # Gaps between stream events: several events that reach the client in one read are 0 ms apart,
-    # so on a busy host more than half of them can be 0; the tail never is.
-    assert 0 <= s["itl"]["median_ms"] <= s["itl"]["p99_ms"] and s["itl"]["p99_ms"] > 0
+    # Gaps between stream events, and a request's time per output token after its first: events
+    # that reach the client in one read are 0 ms apart, so on a busy host more than half of the
+    # requests can read 0 (all their tokens in the read that brought the first); the tail never.
+    for k in ("itl", "tpot"):
+        assert 0 <= s[k]["median_ms"] <= s[k]["p99_ms"] and s[k]["p99_ms"] > 0
     assert s["e2e"]["median_ms"] > s["ttft"]["median_ms"]
     assert s["slo_attainment"] == 1.0 and s["goodput_req_s"] == pytest.approx(s["request_throughput_req_s"])
     human = eng(
