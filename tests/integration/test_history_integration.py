@@ -92,10 +92,10 @@ def test_a_config_that_dies_at_start_is_rolled_back_automatically(hcli):
     # One message, whether the CLI looked before the daemon's rollback or after it.
     assert e["failed_config_id"] == bad[0]["config_id"]
     assert e["failed_reason"].startswith("ValueError: To serve at least one request with the model's max seq len")
-    assert r.stderr.splitlines()[:2] == [
-        f"llmconsole: engine e1 failed to start on config {bad[0]['config_id']}: {e['failed_reason']}",
-        "the daemon rolls it back to its last known-good config, where it has one (`llmconsole history e1 --actions`)",
-    ], r.stderr
+    assert (
+        f"llmconsole: engine e1 failed to start on config {bad[0]['config_id']}: {e['failed_reason']}\n"
+        "the daemon rolls it back to its last known-good config, where it has one (`llmconsole history e1 --actions`)\n"
+    ) in r.stderr, r.stderr
     autos = [a for a in _actions(hcli) if a[0] == "rollback" and a[4] == 1]
     assert autos == [("rollback", bad[0]["config_id"], good, "applied", 1)]
 
