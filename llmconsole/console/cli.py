@@ -394,6 +394,15 @@ def _wait_ready(
         if e is None:
             raise CliError(f"engine {name} disappeared while starting")
         state = e.state
+        if config_id is not None and e.failed_config_id == config_id:
+            # The same words whether the daemon's rollback has moved the engine yet or not.
+            if show:
+                sys.stderr.write("\r\033[K")
+            raise CliError(
+                f"engine {name} failed to start on config {config_id}: {e.failed_reason}\n"
+                f"the daemon rolls it back to its last known-good config, where it has one "
+                f"(`llmconsole history {name} --actions`)\nlog: {e.log_path}"
+            )
         if config_id is not None and e.config_id != config_id:
             if show:
                 sys.stderr.write("\r\033[K")

@@ -49,6 +49,11 @@ class EngineStatus:
     consecutive_failures: int = 0  # runs in a row that ended before they were stable
     backoff_s: float | None = None  # the delay before the pending restart (state crashed)
     gave_up_reason: str | None = None  # why supervision stopped restarting it (state failed)
+    # The last config supervision gave up on and why (its last_error then): kept through the
+    # rollback that follows, so whoever waited for that config reads the same failure whether it
+    # looked before the rollback or after.
+    failed_config_id: str | None = None
+    failed_reason: str | None = None
     spec_error: str | None = None  # the stored spec no longer validates: it cannot be (re)started
     record_error: str | None = None  # the state file could not be written: this record is not saved
     # The port picked for it (none was asked for) was taken and it moved: from where, to where,

@@ -256,6 +256,8 @@ class EngineSupervisor:
         self.failures = FailureCounter(policy)
         self.backoff_s: float | None = None
         self.gave_up_reason: str | None = None
+        # (config id, why): the last config given up on; see EngineStatus.failed_config_id.
+        self.failed_config: tuple[str, str] | None = None
         # A stored spec that no longer validates (set by the fleet when it loads the state file):
         # kept verbatim, with why, until it validates again or a new spec replaces it. Meanwhile
         # `spec` is a stand-in that names and guards the engine but is never launched.
@@ -474,6 +476,8 @@ class EngineSupervisor:
             consecutive_failures=self.failures.consecutive,
             backoff_s=self.backoff_s if self.state == EngineState.CRASHED else None,
             gave_up_reason=self.gave_up_reason if self.state == EngineState.FAILED else None,
+            failed_config_id=self.failed_config[0] if self.failed_config else None,
+            failed_reason=self.failed_config[1] if self.failed_config else None,
             spec_error=self.spec_error,
             record_error=self.record_error,
             port_note=self.port_note,
@@ -530,6 +534,8 @@ class EngineSupervisor:
             self._on_change(self)
 
     def _reset_for_fresh_start(self) -> None:
+        if self.failed_config is not None and self.failed_config[0] == self.config_id:
+            self.failed_config = None  # that config is tried again: its old failure is not this run's
         self.desired_running = True
         self.crash_looping = False
         self.last_error = None
@@ -787,6 +793,7 @@ class EngineSupervisor:
             # roll the engine back to the config it ran before).
             self.desired_running = False
             self.gave_up_reason = f"the config asked for never came up: {reason}"
+            self.failed_config = (self.config_id, reason)
             self._end_change("failed", self.gave_up_reason)
             self._set_state(EngineState.FAILED)
             self._on_crash_loop(self)
@@ -798,6 +805,7 @@ class EngineSupervisor:
             self.desired_running = False
             self.gave_up_reason = f"crash-looping ({decision.give_up}); not restarted again"
             self.last_error = f"crash-looping ({decision.give_up}): {reason}"
+            self.failed_config = (self.config_id, self.last_error)
             self._set_state(EngineState.FAILED)
             self._on_crash_loop(self)
             return

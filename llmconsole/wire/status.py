@@ -165,6 +165,9 @@ class EngineInfo(WireModel):
     consecutive_failures: int = 0
     backoff_s: float | None = None
     gave_up_reason: str | None = None
+    # The last config given up on and why, until it is tried again (engine/status.py).
+    failed_config_id: str | None = None
+    failed_reason: str | None = None
     spec_error: str | None = None
     record_error: str | None = None
     port_note: str | None = None

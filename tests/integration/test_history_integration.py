@@ -85,11 +85,17 @@ def test_a_config_that_dies_at_start_is_rolled_back_automatically(hcli):
     assert r.returncode == 2 and hcli.engine("e1")["config_id"] == good
     r = hcli("engine", "restart", "e1", "--kv-cache-memory-bytes", "100000", "--force", check=False)
     assert r.returncode == 1
-    assert "rolled it back" in r.stderr or "failed to start" in r.stderr
     e = hcli.wait_engine("e1", lambda x: x["state"] == "ready" and x["config_id"] == good, timeout_s=300)
     assert e["config_id"] == good
     bad = [h for h in _history(hcli) if h["verdict"] == "known_bad"]
     assert len(bad) == 1 and bad[0]["spec"]["kv_cache_memory_bytes"] == 100000
+    # One message, whether the CLI looked before the daemon's rollback or after it.
+    assert e["failed_config_id"] == bad[0]["config_id"]
+    assert e["failed_reason"].startswith("ValueError: To serve at least one request with the model's max seq len")
+    assert (
+        f"llmconsole: engine e1 failed to start on config {bad[0]['config_id']}: {e['failed_reason']}\n"
+        "the daemon rolls it back to its last known-good config, where it has one (`llmconsole history e1 --actions`)\n"
+    ) in r.stderr, r.stderr
     autos = [a for a in _actions(hcli) if a[0] == "rollback" and a[4] == 1]
     assert autos == [("rollback", bad[0]["config_id"], good, "applied", 1)]
 

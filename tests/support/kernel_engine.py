@@ -69,16 +69,24 @@ def usage_when_settled(log_path: str, want_tokens: int, timeout_s: float = 30.0)
     )
 
 
+SETTLE_TRIES = 15
+
+
 def settled_usage(log_path: str) -> KernelUsage:
-    """The counters once two readings a report period apart agree."""
-    last = None
-    for _ in range(15):
+    """The counters once two readings a report period apart agree. Fails when they never do
+    within SETTLE_TRIES readings: a count still moving would make any difference taken from it
+    (the calls of one batch of requests) wrong."""
+    readings: list[KernelUsage] = []
+    for _ in range(SETTLE_TRIES):
         usage = parse_usage(Path(log_path).read_text(errors="replace")) or KernelUsage()
-        if usage == last:
+        if readings and usage == readings[-1]:
             return usage
-        last = usage
+        readings.append(usage)
         time.sleep(REPORT_EVERY_S + 0.5)
-    return last
+    raise AssertionError(
+        f"the kernel's counters in {log_path} did not settle: {SETTLE_TRIES} readings "
+        f"{REPORT_EVERY_S + 0.5:g} s apart all differed; the last two: {readings[-2]} then {readings[-1]}"
+    )
 
 
 def compare(ours: list[dict], theirs: list[dict], max_tokens: int) -> tuple[int, float, int]:

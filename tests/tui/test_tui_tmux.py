@@ -114,13 +114,17 @@ def test_console_in_a_real_terminal(engine_home):
     e = cli.engine("t1")
     url = e["url"]
     stop = threading.Event()
+    served: list[float] = []
+    failed: list[tuple[float, str]] = []  # (monotonic time, what went wrong)
+    daemon_gone: list[float] = []  # [from, to]: the gateway is the daemon's, so it goes with it
 
     def load():  # through the gateway, as clients are meant to: the batch window sees it
         while not stop.is_set():
             try:
                 _complete(e["gateway_url"])
-            except OSError:
-                pass
+                served.append(time.monotonic())
+            except Exception as err:  # kept, and judged once the test is done
+                failed.append((time.monotonic(), f"{type(err).__name__}: {err}"))
             stop.wait(0.2)
 
     loader = threading.Thread(target=load, daemon=True)
@@ -155,10 +159,12 @@ def test_console_in_a_real_terminal(engine_home):
         term.keys("Escape")
         term.wait_for(r"tok/s")
         # The daemon goes away: a banner, the console stays; a new daemon: the banner goes.
+        daemon_gone.append(time.monotonic())
         cli("daemon", "stop")
         term.wait_for(r"daemon lost: no daemon answers on")
         assert _health(url) == 200
         cli("daemon", "start")
+        daemon_gone.append(time.monotonic())
         screen = term.wait_gone(r"daemon lost", timeout_s=30)
         # The new daemon adopted the engine: listed at once, "starting" until its own first health
         # check passes (on a loaded host the console's first poll can come before it), then ready.
@@ -177,6 +183,20 @@ def test_console_in_a_real_terminal(engine_home):
         stop.set()
         term.close()
     loader.join(timeout=70)
+    assert not loader.is_alive()
+    # Every request the gateway could take was served: the only failures are refused connections
+    # while no daemon (so no gateway) ran, or the one a stopping daemon cut.
+    gone_from, gone_to = daemon_gone
+    assert served and served[0] < gone_from and served[-1] > gone_to
+    unexpected = [
+        (at, why)
+        for at, why in failed
+        if not (
+            gone_from <= at <= gone_to
+            and any(w in why for w in ("Connection refused", "RemoteDisconnected", "Connection reset"))
+        )
+    ]
+    assert not unexpected, (unexpected, daemon_gone)
     assert _health(url) == 200
     after = cli.engine("t1")
     assert (after["state"], after["pid"]) == ("ready", e["pid"])

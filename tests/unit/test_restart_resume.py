@@ -246,6 +246,24 @@ def test_the_action_log_shows_how_each_action_ended_and_what_was_found():
     assert format_actions("e", []) == "e: no recorded actions"
 
 
+def test_the_action_log_says_why_an_automatic_rollback_was_taken():
+    from llmconsole.console.commands.history import format_actions
+
+    why = "config bbb failed: crash-looping (3 runs in a row ended before serving 60 s): exited with code -9"
+    rollback = {
+        "at": 0.0,
+        "actor": "llmconsole",
+        "kind": "rollback",
+        "from_config_id": "bbb",
+        "to_config_id": "aaa",
+        "outcome": "applied",
+        "detail": {"reason": why},
+    }
+    lines = format_actions("e", [rollback]).splitlines()
+    assert "llmconsole rollback   bbb -> aaa" in lines[1] and lines[1].endswith("applied")
+    assert lines[2:] == [f"      reason: {why}"]
+
+
 def test_a_restart_asked_for_by_an_action_ends_it_when_the_target_serves_or_fails(tmp_path, fake):
     """Not when its process is launched: a daemon that dies while the target starts leaves the
     action unfinished, for the next daemon to close as interrupted."""

@@ -119,7 +119,8 @@ def format_versions(engine: str, entries: list[dict[str, Any]]) -> str:
 
 def format_actions(engine: str, actions: list[dict[str, Any]]) -> str:
     """The engine's action log, oldest first: when, who, what, from which config to which, how it
-    ended, and why (an error, or what a daemon found of an action its predecessor left unfinished)."""
+    ended, and why (the reason an automatic action was taken, an error, or what a daemon found of
+    an action its predecessor left unfinished)."""
     if not actions:
         return f"{engine}: no recorded actions"
     lines = [f"{engine} actions:"]
@@ -127,7 +128,7 @@ def format_actions(engine: str, actions: list[dict[str, Any]]) -> str:
         change = f"{a['from_config_id'] or '-'} -> {a['to_config_id'] or '-'}"
         lines.append(f"  {_when(a['at'])}  {a['actor']:<10} {a['kind']:<10} {change:<27} {a['outcome']}")
         detail = a.get("detail") or {}
-        for key in ("found", "error"):
+        for key in ("reason", "found", "error"):
             if detail.get(key):
                 lines.append(f"      {key}: {detail[key]}")
     return "\n".join(lines)

@@ -65,6 +65,11 @@ class ResponseService:
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
         self.last_facts: dict[str, ar.EngineFacts] = {}
+        # Engines the supervisor gave up on as crash-looping since the last evaluation: (config,
+        # why). The rollback that follows clears `crash_looping` within milliseconds, long before
+        # the next evaluation could see it, so the give-up is kept here until one has.
+        self._gave_up: dict[str, tuple[str, str | None]] = {}
+        self.fleet.config_failed_listeners.append(self._config_failed)
 
     # --- settings -------------------------------------------------------------------------
 
@@ -120,6 +125,12 @@ class ResponseService:
 
     # --- evaluation -----------------------------------------------------------------------
 
+    def _config_failed(self, name: str) -> None:
+        """The fleet's word that supervision gave up on `name`'s config (before any rollback)."""
+        sup = self.fleet.engines.get(name)
+        if sup is not None and sup.crash_looping:
+            self._gave_up[name] = (sup.config_id, sup.last_error)
+
     def facts(self) -> dict[str, ar.EngineFacts]:
         host = self.fleet.probe.sample_host()
         gpu_ratio = used_fraction(host) if any(g.memory_total_bytes for g in host.gpus) else None
@@ -137,13 +148,14 @@ class ResponseService:
                 kv_cache_usage=getattr(st.metrics, "kv_cache_usage", None),
                 max_num_seqs=st.spec.get("max_num_seqs"),
                 gpu_memory_used_ratio=gpu_ratio,
-                crash_looping=st.crash_looping,
+                crash_looping=st.crash_looping or st.name in self._gave_up,
                 slo=slo,
             )
         return out
 
     async def evaluate_once(self) -> list[ar.Transition]:
         facts = self.facts()
+        gave_up, self._gave_up = self._gave_up, {}
         self.last_facts = facts
         transitions = self.tracker.evaluate({name: ar.conditions(f) for name, f in facts.items()})
         for t in transitions:
@@ -157,6 +169,8 @@ class ResponseService:
                     "gpu_memory_used_ratio": getattr(f, "gpu_memory_used_ratio", None),
                     "slo_attainment": f.slo.attainment if f and f.slo else None,
                 }
+                if t.rule == ar.CRASH_LOOPING and t.engine in gave_up:
+                    detail["config_id"], detail["reason"] = gave_up[t.engine]
                 self._alert_ids[key] = await asyncio.to_thread(
                     self.store.alert_fired, t.rule, rule.severity, engine=t.engine, detail=detail
                 )

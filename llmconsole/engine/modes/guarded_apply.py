@@ -213,6 +213,10 @@ async def _drain(gate: Gate, name: str, timeout_s: float) -> None:
 async def _wait_ready(sup: EngineSupervisor, config_id: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
+        if sup.failed_config is not None and sup.failed_config[0] == config_id:
+            # Checked first: the fleet's rollback may already have moved the engine away from it,
+            # and the failure reads the same whichever this poll sees.
+            raise _StepFailed(f"config {config_id} did not start: {sup.failed_config[1]}")
         if sup.spec.config_id != config_id:
             raise _MovedAway(
                 f"engine {sup.name} was moved to config {sup.spec.config_id} meanwhile "
