@@ -75,6 +75,7 @@ def _gpu_missing() -> str | None:
 # console's default tune (one test, minutes of restarts) did when xdist ordered modules by their
 # number of tests. A module not listed counts as ENGINE_MODULE_UNKNOWN_S.
 ENGINE_MODULE_S = {
+    "tests/integration/test_crashloop_engine.py": 1110,
     "tests/integration/test_restart_resume_engine.py": 787,
     "tests/integration/test_modes_engine.py": 685,
     "tests/integration/test_runpath_engine.py": 676,
