@@ -34,7 +34,7 @@ FIXTURE = ROOT / "tests" / "fixtures" / "tui" / "status_stream.json"
 
 def four_engine_frames() -> list[dict[str, Any]]:
     """The recorded frames with t1 cloned into t1..t4 (figures scaled so the four differ)."""
-    from llmconsole.console.tui.recording import load_frames
+    from llmconsole.console.tui.sources.recording import load_frames
 
     out = []
     for frame in load_frames(FIXTURE):

@@ -231,7 +231,7 @@ class DaemonClient:
 
     def status(self) -> dict[str, Any]:
         """GET /v1/status as it came: what the console records and replays (its frames, read
-        through the wire's models where they are shown: tui/view.py)."""
+        through the wire's models where they are shown: tui/views/status.py)."""
         return self._call("GET", "/status")
 
     def status_answer(self) -> StatusAnswer:

@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from llmconsole.console.tui import RecordedSource, make_app
-from llmconsole.console.tui.recording import load_frames, load_recording
+from llmconsole.console.tui.sources.recording import load_frames, load_recording
 from llmconsole.wire import WIRE_VERSION
 from tests.support.paths import FIXTURES
 
@@ -151,10 +151,10 @@ FLEET_REASON = "ssh: connect to host 10.0.0.12 port 22: Connection refused"
 
 def fleet_frames() -> list[dict[str, Any]]:
     """Frames of a console over two hosts, merged as the live console merges them
-    (tui/fleet.py): gpu1 answers with the recorded stream, frame by frame; gpu2 answered the
+    (tui/sources/merge.py): gpu1 answers with the recorded stream, frame by frame; gpu2 answered the
     first poll with the stream's first status, then ssh stopped reaching it (its sshd went away)
     and its client backs off. Both hosts' statuses are a real daemon's answers."""
-    from llmconsole.console.tui.fleet import HostState, fleet_status
+    from llmconsole.console.tui.sources.merge import HostState, fleet_status
 
     stream = stream_frames()
     gpu1 = HostState("gpu1", "gpu1")

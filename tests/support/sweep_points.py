@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from llmconsole.console.tui.sweep_view import SWEEP_DEFAULTS
+from llmconsole.console.tui.views.sweep import SWEEP_DEFAULTS
 from llmconsole.engine.sweep.plan import LoadLevel, PointResult
 
 FORM = dict(SWEEP_DEFAULTS, grid="max_num_seqs=4,8", load="concurrency=1,2", slo="p99_e2e_ms=5000")

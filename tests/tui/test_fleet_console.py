@@ -17,12 +17,12 @@ from llmconsole.console import cli
 from llmconsole.console.client import DaemonNotRunning, HostUnreachable
 from llmconsole.console.hosts import LOCAL_HOST, Destination, Host
 from llmconsole.console.tui import Command, toasts
-from llmconsole.console.tui.fleet import HostState, fleet_alerts, fleet_status, split_key
-from llmconsole.console.tui.fleet_source import FleetSource
 from llmconsole.console.tui.screens.form import EngineFormScreen, validate_form
-from llmconsole.console.tui.view import Snapshot
-from llmconsole.console.tui.view_host import SLOW_S, HostSection
-from llmconsole.console.tui.widgets.fleet_table import FleetTable, host_row
+from llmconsole.console.tui.sources.hosts import HostsSource
+from llmconsole.console.tui.sources.merge import HostState, fleet_alerts, fleet_status, split_key
+from llmconsole.console.tui.views.host import SLOW_S, HostSection
+from llmconsole.console.tui.views.status import Snapshot
+from llmconsole.console.tui.widgets.hosts_table import HostsTable, host_row
 from llmconsole.console.tui.widgets.planner_panel import PlannerPanel
 from llmconsole.wire.status import DaemonInfo, StatusAnswer
 from tests.support.recorded import FLEET_REASON, make_fleet_app, replay, stream_frames
@@ -192,10 +192,10 @@ class FakeClient:
         pass
 
 
-def fleet(*daemons: FakeDaemon) -> FleetSource:
+def fleet(*daemons: FakeDaemon) -> HostsSource:
     by_name = {d.name: d for d in daemons}
     hosts = [LOCAL_HOST if d.name == "local" else remote(d.name) for d in daemons]
-    return FleetSource(hosts, dial=lambda host, **kw: by_name[host.name].client(**kw))
+    return HostsSource(hosts, dial=lambda host, **kw: by_name[host.name].client(**kw))
 
 
 def test_a_slow_host_does_not_hold_up_the_others():
@@ -273,7 +273,7 @@ def test_commands_go_to_the_engines_host_with_its_own_name():
         name, dial = src.dialer("a@local")
         assert name == "a" and isinstance(dial(5.0), FakeClient)
         with pytest.raises(DaemonNotRunning):  # no daemon: a stop starts none
-            FleetSource([remote("gpu9")], dial=lambda h, **kw: FakeDaemon("gpu9", running=False).client(**kw)).send(
+            HostsSource([remote("gpu9")], dial=lambda h, **kw: FakeDaemon("gpu9", running=False).client(**kw)).send(
                 Command("stop", "x@gpu9")
             )
     finally:
@@ -311,7 +311,7 @@ def test_every_action_names_engine_at_host_and_an_unreachable_hosts_engines_are_
         app, source = make_fleet_app()
         async with app.run_test(size=(120, 40)) as pilot:
             await replay(pilot)
-            table = app.screen.query_one(FleetTable)
+            table = app.screen.query_one(HostsTable)
             assert app.selected_engine().name == "t1@gpu1"
             await pilot.press("r")
             await pilot.press("y")

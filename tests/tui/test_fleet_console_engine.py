@@ -2,7 +2,7 @@
 
 This host ("local") is a daemon on a data dir of its own, with no engine; "beta" is another data
 dir, reached only through ssh (`llmconsole daemon dial-stdio` on the far side), and runs no
-daemon at first. The console (the real FleetSource, driven by keys through a Textual pilot)
+daemon at first. The console (the real HostsSource, driven by keys through a Textual pilot)
 shows both hosts, starts an engine on beta from the new-engine form (which starts beta's daemon
 too), and keeps going when beta's sshd stops: beta shows as unreachable with ssh's own reason,
 local keeps updating, and the engine on beta keeps serving. When sshd is back, the console stops
@@ -22,10 +22,10 @@ from textual.widgets import Checkbox, Input
 from llmconsole.console.hosts import LOCAL_HOST, HostCatalog
 from llmconsole.console.ssh import SSH_COMMAND_ENV
 from llmconsole.console.tui import make_app
-from llmconsole.console.tui.fleet_source import FleetSource
 from llmconsole.console.tui.screens.confirm import ConfirmScreen
 from llmconsole.console.tui.screens.form import EngineFormScreen
-from llmconsole.console.tui.widgets.fleet_table import HOST_ROW, FleetTable
+from llmconsole.console.tui.sources.hosts import HostsSource
+from llmconsole.console.tui.widgets.hosts_table import HOST_ROW, HostsTable
 from tests.support.daemon import Cli, short_home, stop_daemon
 from tests.support.sshd import remote_command
 from tests.support.waiting import pilot_wait
@@ -71,7 +71,7 @@ def test_one_console_over_two_hosts_starts_on_the_remote_one_and_survives_its_ss
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     beta_sshd = two_hosts["fleet"].servers["beta"]
     hosts = [LOCAL_HOST, HostCatalog(two_hosts["local"] / "hosts.toml").lookup("beta")]
-    source = FleetSource(hosts)
+    source = HostsSource(hosts)
     app = make_app(source, refresh_s=0.5, cursor_blink=False, fleet=True)
 
     def section(name: str):
@@ -88,7 +88,7 @@ def test_one_console_over_two_hosts_starts_on_the_remote_one_and_survives_its_ss
         async with app.run_test(size=(120, 40)) as pilot:
             await pilot_wait(pilot, lambda: state("local") == "up", "this host's daemon", 30, 0.1)
             await pilot_wait(pilot, lambda: state("beta") == "no daemon", "beta, with no daemon yet", 30, 0.1)
-            table = app.screen.query_one(FleetTable)
+            table = app.screen.query_one(HostsTable)
             assert table.selected_host == "local"
             await pilot.press("down")
             assert table.selected_host == "beta" and table.selected_name is None

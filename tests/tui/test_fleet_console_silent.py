@@ -24,8 +24,8 @@ import pytest
 from llmconsole.console.hosts import LOCAL_HOST, HostCatalog
 from llmconsole.console.ssh import SSH_COMMAND_ENV
 from llmconsole.console.tui import Command, make_app
-from llmconsole.console.tui.fleet_source import FleetSource
-from llmconsole.console.tui.widgets.fleet_table import FleetTable
+from llmconsole.console.tui.sources.hosts import HostsSource
+from llmconsole.console.tui.widgets.hosts_table import HostsTable
 from llmconsole.engine.fleet import STATE_VERSION
 from tests.support.daemon import Cli, short_home, stop_daemon
 from tests.support.sshd import remote_command
@@ -34,7 +34,7 @@ from tests.support.waiting import pilot_wait
 pytestmark = pytest.mark.daemon
 
 
-class WatchedSource(FleetSource):
+class WatchedSource(HostsSource):
     """The real source, counting the polls that finish while a log read of `watched` is out."""
 
     def __init__(self, *args: Any, watched: str, **kw: Any) -> None:
@@ -101,7 +101,7 @@ def test_a_host_that_stops_answering_never_holds_up_the_others_refresh(mute_and_
     async def go() -> None:
         async with app.run_test(size=(120, 40)) as pilot:
             await pilot_wait(pilot, lambda: app.snapshot and app.snapshot.engine("e1@mute"), "e1 on mute", 60, 0.1)
-            table = app.screen.query_one(FleetTable)
+            table = app.screen.query_one(HostsTable)
             for _ in range(4):  # down the rows: local's (no engines), mute's, then e1's
                 if table.selected_name == "e1@mute":
                     break

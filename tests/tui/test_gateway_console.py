@@ -7,7 +7,7 @@ import asyncio
 import copy
 
 from llmconsole.console.tui import Command
-from llmconsole.console.tui.view import ControllerView, EngineView
+from llmconsole.console.tui.views.status import ControllerView, EngineView
 from llmconsole.console.tui.widgets.panels import WindowStrip
 from tests.support.recorded import make_recorded_app, replay, status_frame, stream_frames
 from tests.support.waiting import pilot_wait

@@ -12,8 +12,8 @@ import json
 
 from textual.app import App, ComposeResult
 
-from llmconsole.console.tui.view import EngineView
-from llmconsole.console.tui.view_host import HostView
+from llmconsole.console.tui.views.host import HostView
+from llmconsole.console.tui.views.status import EngineView
 from llmconsole.console.tui.widgets.engine_panel import EnginePanel
 from llmconsole.console.tui.widgets.gauges import LatencyTable
 from llmconsole.engine.metrics.page import parse_metrics

@@ -9,15 +9,15 @@ import dataclasses
 import pytest
 
 from llmconsole.console.tui import progress
-from llmconsole.console.tui.chart_spec import downsample, minutes_ticks, nice_max, segments
-from llmconsole.console.tui.charts_live import pid_chart, usage_chart
-from llmconsole.console.tui.charts_runs import knob_chart, sweep_chart, tune_chart
-from llmconsole.console.tui.estimate import sweep_text, tune_text
+from llmconsole.console.tui.charts.live import pid_chart, usage_chart
+from llmconsole.console.tui.charts.runs import knob_chart, sweep_chart, tune_chart
+from llmconsole.console.tui.charts.series import SeriesHistory
+from llmconsole.console.tui.charts.spec import downsample, minutes_ticks, nice_max, segments
 from llmconsole.console.tui.logfilter import LogView, kind
-from llmconsole.console.tui.series import SeriesHistory
-from llmconsole.console.tui.source import Command
+from llmconsole.console.tui.sources.daemon import Command
 from llmconsole.console.tui.toasts import asked, done
-from llmconsole.console.tui.view import Snapshot
+from llmconsole.console.tui.views.estimate import sweep_text, tune_text
+from llmconsole.console.tui.views.status import Snapshot
 from llmconsole.engine.tune.space import TrialOutcome
 
 
@@ -167,7 +167,7 @@ def test_long_spans_are_averaged_to_the_charts_width_and_gaps_stay_gaps():
 
 
 def test_the_sweep_chart_from_the_runners_own_events():
-    from llmconsole.console.tui.sweep_view import sweep_plan
+    from llmconsole.console.tui.views.sweep import sweep_plan
     from tests.support.sweep_points import FORM, P1, P2, P3, P4
 
     plan = sweep_plan("t1", FORM)
@@ -187,7 +187,7 @@ def test_the_sweep_chart_from_the_runners_own_events():
 def test_the_sweep_axis_scales_to_its_points_and_the_slo_goes_to_the_edge():
     """Two points 324 and 369 ms under a 10,000 ms SLO: an axis to 15,000 ms put both in its first
     column and hid the Pareto front."""
-    from llmconsole.console.tui.sweep_view import sweep_plan
+    from llmconsole.console.tui.views.sweep import sweep_plan
     from tests.support.sweep_points import FORM, point
 
     a, b = point(1, 4, 1, 2.0, 324.0), point(2, 4, 2, 3.0, 369.0)
@@ -206,7 +206,7 @@ def test_the_sweep_axis_scales_to_its_points_and_the_slo_goes_to_the_edge():
 
 
 def test_repeats_spread_draws_error_bars():
-    from llmconsole.console.tui.sweep_view import sweep_plan
+    from llmconsole.console.tui.views.sweep import sweep_plan
     from tests.support.sweep_points import FORM, P1, P2
 
     spread = dataclasses.replace(P2, spread={"throughput_req_s": 0.2, "p99_e2e_ms": 0.1})
@@ -294,7 +294,7 @@ def _engine(**metrics):
 
 
 def test_the_sweep_and_tune_questions_say_how_long():
-    from llmconsole.console.tui.sweep_view import confirm_question, sweep_plan
+    from llmconsole.console.tui.views.sweep import confirm_question, sweep_plan
     from tests.support.sweep_points import FORM
 
     plan = sweep_plan("t1", FORM)  # 2 server configs (one is new) x 2 loads, 2 repeats of 16
@@ -308,7 +308,7 @@ def test_the_sweep_and_tune_questions_say_how_long():
 
 
 def test_the_tune_question_says_how_long():
-    from llmconsole.console.tui.tune_view import TUNE_DEFAULTS, snapshot_facts, tune_settings
+    from llmconsole.console.tui.views.tune import TUNE_DEFAULTS, snapshot_facts, tune_settings
 
     settings, _ = tune_settings(
         "t1", snapshot_facts({"model": "m", "max_num_seqs": 4}), dict(TUNE_DEFAULTS, knobs="max_num_seqs=1:8")
@@ -349,8 +349,8 @@ def test_the_sweep_table_keeps_params_throughput_and_latency_at_80_and_160_colum
     """At 160 columns the table sits beside the chart in half the screen: it used to lose its
     right-hand columns, latency among them. Narrow, the utilizations go first."""
     from llmconsole.console.tui.screens.sweep import SweepScreen
-    from llmconsole.console.tui.sweep_view import sweep_plan, table
     from llmconsole.console.tui.table_fit import fit_table
+    from llmconsole.console.tui.views.sweep import sweep_plan, table
     from tests.support.sweep_points import FORM, P1, P2, P3, P4
 
     headers, rows, _ = table(sweep_plan("t1", FORM), (P1, P2, P3, P4))
@@ -368,7 +368,7 @@ def test_the_sweep_table_keeps_params_throughput_and_latency_at_80_and_160_colum
 def test_the_trial_table_cuts_params_and_reasons_together_and_keeps_both_starts():
     from llmconsole.console.tui.screens.tune import TuneScreen
     from llmconsole.console.tui.table_fit import fit_table
-    from llmconsole.console.tui.tune_view import TRIAL_HEADERS
+    from llmconsole.console.tui.views.tune import TRIAL_HEADERS
 
     why = "did not start: KV cache of 2,097,152 bytes cannot hold one request of max_model_len 2048"
     rows = [["0", "infeasible", "-", "-", "max_num_seqs=2, max_num_batched_tokens=2048", why]]

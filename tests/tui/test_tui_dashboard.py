@@ -11,7 +11,7 @@ import re
 import pytest
 
 from llmconsole.console.tui.keys import KEYS
-from llmconsole.console.tui.source import Command
+from llmconsole.console.tui.sources.daemon import Command
 from llmconsole.console.tui.widgets.chart import ChartBox, Plot
 from llmconsole.console.tui.widgets.footer import ConsoleFooter
 from llmconsole.console.tui.widgets.log_view import LogTail

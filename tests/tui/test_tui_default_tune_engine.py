@@ -18,8 +18,8 @@ import pytest
 from textual.widgets import DataTable
 
 from llmconsole.console.tui import DaemonSource, make_app
-from llmconsole.console.tui.run_view import params_text
 from llmconsole.console.tui.screens.tune import TuneScreen
+from llmconsole.console.tui.views.run import params_text
 from llmconsole.paths import resolve
 from tests.support.daemon import daemon_home
 from tests.support.engine_flags import tiny_engine_flags

@@ -8,7 +8,7 @@ from textual import events
 from textual.widgets import Input, Static
 
 from llmconsole.console.tui.screens.form import EngineFormScreen
-from llmconsole.console.tui.view import LogChunk
+from llmconsole.console.tui.views.status import LogChunk
 from llmconsole.console.tui.widgets.footer import ConsoleFooter
 from llmconsole.console.tui.widgets.log_view import FollowLog, LogTail
 from tests.support.recorded import replay

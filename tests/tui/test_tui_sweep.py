@@ -16,12 +16,12 @@ from textual.widgets import DataTable, Input, Static
 
 from llmconsole.console.commands.sweep import build_plan
 from llmconsole.console.commands.sweep import sweep_request as cli_sweep_request
-from llmconsole.console.tui.run_view import fmt_duration, split_items, ticked, whole_number
 from llmconsole.console.tui.screens.confirm import ConfirmScreen
 from llmconsole.console.tui.screens.dashboard import DashboardScreen
 from llmconsole.console.tui.screens.run_base import NO_DAEMON, RunFinished, RunProgressed
 from llmconsole.console.tui.screens.sweep import SweepScreen
-from llmconsole.console.tui.sweep_view import (
+from llmconsole.console.tui.views.run import fmt_duration, split_items, ticked, whole_number
+from llmconsole.console.tui.views.sweep import (
     SWEEP_DEFAULTS,
     SweepView,
     confirm_question,

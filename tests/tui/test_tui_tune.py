@@ -17,7 +17,7 @@ from llmconsole.console.commands.tune import tune_request as cli_tune_request
 from llmconsole.console.tui.screens.confirm import ConfirmScreen
 from llmconsole.console.tui.screens.run_base import RunFinished, RunProgressed
 from llmconsole.console.tui.screens.tune import PriorTrials, TunePrepared, TuneScreen
-from llmconsole.console.tui.tune_view import (
+from llmconsole.console.tui.views.tune import (
     TUNE_DEFAULTS,
     TuneView,
     best_text,
@@ -122,7 +122,7 @@ EVENTS = [
 
 
 def _view(events=EVENTS) -> TuneView:
-    from llmconsole.console.tui.tune_view import with_prior
+    from llmconsole.console.tui.views.tune import with_prior
 
     v = TuneView(budget=Budget(trials=4))
     for ev in events:
@@ -311,7 +311,7 @@ def test_a_study_with_no_feasible_trial_says_each_reason_on_screen_and_in_the_cl
     import dataclasses
 
     from llmconsole.console.commands.tune import render
-    from llmconsole.console.tui.tune_view import with_prior
+    from llmconsole.console.tui.views.tune import with_prior
 
     why = "did not start: KV cache too small for one request of max_model_len 2048"
     bad = tuple(_outcome(n, 2**n, "infeasible", None, 0, why) for n in range(3))

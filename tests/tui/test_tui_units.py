@@ -8,13 +8,13 @@ import pytest
 
 from llmconsole.console.client import DaemonNotRunning
 from llmconsole.console.tui import Command, RecordedSource
+from llmconsole.console.tui.charts.series import SeriesHistory
 from llmconsole.console.tui.farewell import goodbye
-from llmconsole.console.tui.history import SpecMemory, spec_diff
 from llmconsole.console.tui.keys import KEYS, KeymapError, check_keymap, config_path, load_keymap
 from llmconsole.console.tui.run import run_console
 from llmconsole.console.tui.screens.form import validate_form
-from llmconsole.console.tui.series import SeriesHistory
-from llmconsole.console.tui.view import EngineView, Snapshot, fmt_bytes, fmt_ms, fmt_uptime
+from llmconsole.console.tui.views.config_memory import SpecMemory, spec_diff
+from llmconsole.console.tui.views.status import EngineView, Snapshot, fmt_bytes, fmt_ms, fmt_uptime
 from tests.support.daemon import Cli
 from tests.support.paths import ROOT
 from tests.support.recorded import lost_frame, stream_frames
@@ -183,7 +183,7 @@ def test_history_adds_a_point_per_new_scrape_on_the_daemons_clock():
 
 
 def test_history_is_bounded_to_an_hour():
-    from llmconsole.console.tui.series import SPAN_S
+    from llmconsole.console.tui.charts.series import SPAN_S
 
     h = SeriesHistory()
     status = stream_frames()[-1]["status"]

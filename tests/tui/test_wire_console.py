@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from llmconsole.console.tui import RecordedSource, make_app
-from llmconsole.console.tui.fleet import HostState, fleet_status
-from llmconsole.console.tui.screens.fleet import host_title
-from llmconsole.console.tui.view import Snapshot, fmt_rate
+from llmconsole.console.tui.screens.hosts import host_title
+from llmconsole.console.tui.sources.merge import HostState, fleet_status
+from llmconsole.console.tui.views.status import Snapshot, fmt_rate
 from llmconsole.console.tui.widgets.engines_table import EnginesTable
 from llmconsole.console.tui.widgets.panels import StatusLine
 from llmconsole.engine.metrics.percentile import percentile_text

@@ -12,9 +12,9 @@ import pytest
 from llmconsole.console.cli import _follow_logs
 from llmconsole.console.sizes import parse_size_bytes
 from llmconsole.console.spec_flags import add_spec_flags, spec_overrides
-from llmconsole.console.tui.estimate import sweep_size_text
 from llmconsole.console.tui.screens.form import FIELDS, _parse
-from llmconsole.console.tui.sweep_view import confirm_question
+from llmconsole.console.tui.views.estimate import sweep_size_text
+from llmconsole.console.tui.views.sweep import confirm_question
 from llmconsole.engine.sweep.plan import LoadLevel, SweepPlan
 
 

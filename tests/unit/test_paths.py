@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from llmconsole.console.client import DaemonClient
-from llmconsole.console.tui.source import DaemonSource
+from llmconsole.console.tui.sources.daemon import DaemonSource
 from llmconsole.daemon.main import acquire_lock
 from llmconsole.paths import Paths, UnsafeDirectory, UntrustedSocket, check_private_dir, resolve
 from tests.support.daemon import Cli, short_home, stop_daemon

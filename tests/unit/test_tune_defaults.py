@@ -25,7 +25,7 @@ from llmconsole.engine.tune.verdict import infeasible_lines
 from llmconsole.random_model import SIZES
 
 DEMO_SPEC = {"max_num_seqs": 16, "max_model_len": 2048, "kv_cache_memory_bytes": 268_435_456, "enforce_eager": True}
-# The console form's prefilled values (console/tui/tune_view.py TUNE_FIELDS).
+# The console form's prefilled values (console/tui/views/tune.py TUNE_FIELDS).
 FORM = dict(workload="concurrency=2", slo=["p99_e2e_ms=10000"], budget="6", input_len="64", output_len="32")
 
 

@@ -5,6 +5,6 @@
 """
 
 from llmconsole.console.tui.app import ConsoleApp, make_app
-from llmconsole.console.tui.source import Command, DaemonSource, RecordedSource, StateSource
+from llmconsole.console.tui.sources.daemon import Command, DaemonSource, RecordedSource, StateSource
 
 __all__ = ["Command", "ConsoleApp", "DaemonSource", "RecordedSource", "StateSource", "make_app"]

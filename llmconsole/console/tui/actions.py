@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from llmconsole.console.tui.charts_live import RANGES_S, range_text
+from llmconsole.console.tui.charts.live import RANGES_S, range_text
 from llmconsole.console.tui.checks import _MODE_STATES, ActionChecks
 from llmconsole.console.tui.farewell import goodbye
 from llmconsole.console.tui.screens.alerts import AlertsScreen
@@ -22,8 +22,8 @@ from llmconsole.console.tui.screens.mode import ModeScreen
 from llmconsole.console.tui.screens.run_base import RunScreen
 from llmconsole.console.tui.screens.sweep import SweepScreen
 from llmconsole.console.tui.screens.tune import TuneScreen
-from llmconsole.console.tui.source import Command
-from llmconsole.console.tui.view import EngineView
+from llmconsole.console.tui.sources.daemon import Command
+from llmconsole.console.tui.views.status import EngineView
 
 _RUN_SCREENS: dict[str, type[RunScreen[Any, Any, Any]]] = {"sweep_engine": SweepScreen, "tune_engine": TuneScreen}
 

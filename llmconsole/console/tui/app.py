@@ -27,10 +27,9 @@ from textual.worker import Worker, WorkerState
 from llmconsole.console.client import DaemonError, DaemonNotRunning
 from llmconsole.console.tui import toasts
 from llmconsole.console.tui.actions import ConsoleActions
+from llmconsole.console.tui.charts.series import SeriesHistory
 from llmconsole.console.tui.console_state import ConsoleState
-from llmconsole.console.tui.history import SpecMemory
 from llmconsole.console.tui.keys import bindings_for, check_keymap
-from llmconsole.console.tui.log_reader import LogReading
 from llmconsole.console.tui.logfilter import LogView
 from llmconsole.console.tui.messages import (
     CommandFailed,
@@ -41,10 +40,11 @@ from llmconsole.console.tui.messages import (
     StatusPolled,
 )
 from llmconsole.console.tui.screens.dashboard import DashboardScreen
-from llmconsole.console.tui.screens.fleet import FleetDashboardScreen
-from llmconsole.console.tui.series import SeriesHistory
-from llmconsole.console.tui.source import Command, StateSource
-from llmconsole.console.tui.view import LogChunk, Snapshot
+from llmconsole.console.tui.screens.hosts import FleetDashboardScreen
+from llmconsole.console.tui.sources.daemon import Command, StateSource
+from llmconsole.console.tui.sources.log_reader import LogReading
+from llmconsole.console.tui.views.config_memory import SpecMemory
+from llmconsole.console.tui.views.status import LogChunk, Snapshot
 from llmconsole.console.tui.widgets.engine_panel import Switch
 
 SWITCH_EXTRA_S = 10.0  # a mode switch is a restart, plus draining its requests and a smoke request
@@ -93,7 +93,7 @@ class ConsoleApp(LogReading, ConsoleActions, App[str]):
         self.polls_applied = 0  # polls that brought a status
         self.polls_done = 0  # polls that finished, whatever they brought
         self.fetches_done = 0  # answers (or failures) of the daemon's stored history
-        self._logs_out: set[str] = set()  # engines whose log read is out (log_reader.py)
+        self._logs_out: set[str] = set()  # engines whose log read is out (sources/log_reader.py)
         self._logs_again: set[str] = set()  # ... and asked for again by a poll meanwhile
         self.log_reads_done = 0  # log reads that finished, whatever they brought
         self._timer: Timer | None = None
@@ -313,6 +313,6 @@ if TYPE_CHECKING:
 
 
 def make_app(source: StateSource, **kw: Any) -> ConsoleApp:
-    """The console around `source` (a DaemonSource in use, a FleetSource over several hosts, a
+    """The console around `source` (a DaemonSource in use, a HostsSource over several hosts, a
     RecordedSource in tests); `fleet=True` for the dashboard of several hosts."""
     return ConsoleApp(source, **kw)

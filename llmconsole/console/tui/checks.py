@@ -18,8 +18,8 @@ from llmconsole.console.tui.logfilter import LogView
 from llmconsole.console.tui.screens.dashboard import DashboardScreen
 from llmconsole.console.tui.screens.engine import DetailScreen, EngineScreen, LogsScreen
 from llmconsole.console.tui.screens.history import HistoryScreen
-from llmconsole.console.tui.source import Command, StateSource
-from llmconsole.console.tui.view import EngineView, Snapshot
+from llmconsole.console.tui.sources.daemon import Command, StateSource
+from llmconsole.console.tui.views.status import EngineView, Snapshot
 
 if TYPE_CHECKING:
     _AppBase = App[str]  # what ConsoleApp, which this is mixed into, derives from

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from llmconsole.console.tui.history import SpecMemory
+from llmconsole.console.tui.charts.series import SeriesHistory
 from llmconsole.console.tui.logfilter import LogView
-from llmconsole.console.tui.series import SeriesHistory
-from llmconsole.console.tui.source import StateSource
-from llmconsole.console.tui.view import LogChunk, Snapshot
+from llmconsole.console.tui.sources.daemon import StateSource
+from llmconsole.console.tui.views.config_memory import SpecMemory
+from llmconsole.console.tui.views.status import LogChunk, Snapshot
 from llmconsole.console.tui.widgets.engine_panel import Switch
 
 if TYPE_CHECKING:

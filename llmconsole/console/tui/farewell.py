@@ -3,7 +3,7 @@ them through the gateway."""
 
 from __future__ import annotations
 
-from llmconsole.console.tui.view import EngineView, Snapshot
+from llmconsole.console.tui.views.status import EngineView, Snapshot
 
 
 def goodbye(snapshot: Snapshot | None, daemon_lost: bool = False) -> str:

@@ -6,8 +6,8 @@ from typing import Any
 
 from textual.message import Message
 
-from llmconsole.console.tui.source import Command
-from llmconsole.console.tui.view import LogChunk, Snapshot
+from llmconsole.console.tui.sources.daemon import Command
+from llmconsole.console.tui.views.status import LogChunk, Snapshot
 
 
 class StatusPolled(Message):

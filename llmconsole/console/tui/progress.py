@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from llmconsole.console.tui.run_view import fmt_duration
+from llmconsole.console.tui.views.run import fmt_duration
 
 
 def bar(fraction: float | None, width: int) -> Text:

@@ -23,7 +23,7 @@ def _keymap() -> dict[str, str] | None:
 
 def run_console() -> int:
     from llmconsole.console.tui.app import make_app
-    from llmconsole.console.tui.source import DaemonSource
+    from llmconsole.console.tui.sources.daemon import DaemonSource
 
     keymap = _keymap()
     if keymap is None:
@@ -52,13 +52,13 @@ def run_fleet_console(hosts: list[Host]) -> int:
     """One console over `hosts` (each once, in the order given). No daemon is started to look:
     a host without one says so, and an engine started there from the console starts it."""
     from llmconsole.console.tui.app import make_app
-    from llmconsole.console.tui.fleet_source import FleetSource
+    from llmconsole.console.tui.sources.hosts import HostsSource
 
     keymap = _keymap()
     if keymap is None:
         return EXIT_USAGE
     unique = list({h.name: h for h in hosts}.values())
-    source = FleetSource(unique)
+    source = HostsSource(unique)
     app = make_app(source, keymap=keymap, fleet=True)
     try:
         farewell = app.run()

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from llmconsole.console.tui.source import Command
+from llmconsole.console.tui.sources.daemon import Command
 
 
 def asked(c: Command) -> str:

@@ -15,7 +15,7 @@ from textual.widgets import DataTable
 
 from llmconsole.console.tui.keys import bindings_for
 from llmconsole.console.tui.logfilter import LogView
-from llmconsole.console.tui.view import Snapshot
+from llmconsole.console.tui.views.status import Snapshot
 from llmconsole.console.tui.widgets.dash_charts import DashCharts
 from llmconsole.console.tui.widgets.engine_panel import EnginePanel
 from llmconsole.console.tui.widgets.engines_table import EnginesTable
@@ -31,7 +31,7 @@ TAIL_BYTES = 32 * 1024  # enough of the log that the quiet view still has lines 
 
 
 class EngineList(Protocol):
-    """The engines' list: one daemon's table, or the hosts' grouped list (widgets/fleet_table.py)."""
+    """The engines' list: one daemon's table, or the hosts' grouped list (widgets/hosts_table.py)."""
 
     @property
     def selected_name(self) -> str | None: ...

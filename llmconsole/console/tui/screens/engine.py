@@ -16,10 +16,10 @@ from textual.screen import Screen
 from textual.widgets import Static
 
 from llmconsole.console.logtext import from_line_start
-from llmconsole.console.tui.history import SpecVersion, spec_diff
 from llmconsole.console.tui.keys import bindings_for
 from llmconsole.console.tui.logfilter import LogView
-from llmconsole.console.tui.view import EngineView, LogChunk, fmt_uptime, na
+from llmconsole.console.tui.views.config_memory import SpecVersion, spec_diff
+from llmconsole.console.tui.views.status import EngineView, LogChunk, fmt_uptime, na
 from llmconsole.console.tui.widgets.footer import ConsoleFooter
 from llmconsole.console.tui.widgets.log_view import FollowLog, SearchBar
 from llmconsole.console.tui.widgets.panels import DaemonBanner

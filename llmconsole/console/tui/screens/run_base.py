@@ -24,20 +24,20 @@ from textual.containers import Container, Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Input, Label, Static
 
-from llmconsole.console.tui.chart_spec import ChartSpec
+from llmconsole.console.tui.charts.spec import ChartSpec
 from llmconsole.console.tui.keys import bindings_for
 from llmconsole.console.tui.messages import RunFinished, RunPolled, RunProgressed, RunStarted
 from llmconsole.console.tui.screens.confirm import ConfirmScreen
 from llmconsole.console.tui.screens.run_link import NO_DAEMON, RunLink
 from llmconsole.console.tui.table_fit import SIDE_BY_SIDE, FittedTableScreen
-from llmconsole.console.tui.view import EngineView
+from llmconsole.console.tui.views.status import EngineView
 from llmconsole.console.tui.widgets.chart import ChartBox
 from llmconsole.console.tui.widgets.footer import ConsoleFooter
 from llmconsole.console.tui.widgets.panels import DaemonBanner
 
 if TYPE_CHECKING:
     from llmconsole.console.tui.console_state import ConsoleAppType, ConsoleState
-    from llmconsole.console.tui.source import Dial
+    from llmconsole.console.tui.sources.daemon import Dial
 
 POLL_S = 1.0
 

@@ -14,7 +14,7 @@ from llmconsole.console.tui.messages import RunFinished, RunPolled, RunStarted
 
 if TYPE_CHECKING:
     from llmconsole.console.client import DaemonClient
-    from llmconsole.console.tui.source import Dial
+    from llmconsole.console.tui.sources.daemon import Dial
 
 NO_DAEMON = "this console is not attached to a live daemon (a recording replays); nothing was started"
 

@@ -19,9 +19,9 @@ from rich.text import Text
 from textual.widgets import Static
 
 from llmconsole.console.tui import progress
-from llmconsole.console.tui.charts_runs import sweep_chart
+from llmconsole.console.tui.charts.runs import sweep_chart
 from llmconsole.console.tui.screens.run_base import RunScreen
-from llmconsole.console.tui.sweep_view import (
+from llmconsole.console.tui.views.sweep import (
     SWEEP_FIELDS,
     SweepView,
     confirm_question,

@@ -21,12 +21,12 @@ from textual.message import Message
 from textual.widgets import Static
 
 from llmconsole.console.tui import progress
-from llmconsole.console.tui.charts_runs import knob_chart, knobs_of, tune_chart
-from llmconsole.console.tui.run_view import params_text
+from llmconsole.console.tui.charts.runs import knob_chart, knobs_of, tune_chart
 from llmconsole.console.tui.screens.confirm import ConfirmScreen
 from llmconsole.console.tui.screens.run_base import RunScreen
 from llmconsole.console.tui.screens.run_link import NO_DAEMON, error_text
-from llmconsole.console.tui.tune_view import (
+from llmconsole.console.tui.views.run import params_text
+from llmconsole.console.tui.views.tune import (
     TRIAL_HEADERS,
     TUNE_FIELDS,
     TuneView,

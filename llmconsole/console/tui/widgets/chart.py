@@ -16,7 +16,7 @@ from textual.containers import Vertical
 from textual.widgets import Static
 from textual_plotext import PlotextPlot
 
-from llmconsole.console.tui.chart_spec import ChartSpec, rgb, segments
+from llmconsole.console.tui.charts.spec import ChartSpec, rgb, segments
 from llmconsole.console.tui.widgets.panels import pack
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.containers import Horizontal
 
-from llmconsole.console.tui.charts_live import pid_chart, usage_chart
-from llmconsole.console.tui.series import SeriesHistory
-from llmconsole.console.tui.view import EngineView
+from llmconsole.console.tui.charts.live import pid_chart, usage_chart
+from llmconsole.console.tui.charts.series import SeriesHistory
+from llmconsole.console.tui.views.status import EngineView
 from llmconsole.console.tui.widgets.chart import ChartBox
 
 

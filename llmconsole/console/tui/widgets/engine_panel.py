@@ -16,7 +16,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Static
 
 from llmconsole.console.tui import progress
-from llmconsole.console.tui.view import (
+from llmconsole.console.tui.views.status import (
     NA,
     EngineView,
     HostView,

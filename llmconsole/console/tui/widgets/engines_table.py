@@ -11,7 +11,7 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import DataTable
 
-from llmconsole.console.tui.view import NA, EngineView, Snapshot, fmt_count, fmt_pct, fmt_rate, fmt_uptime, na
+from llmconsole.console.tui.views.status import NA, EngineView, Snapshot, fmt_count, fmt_pct, fmt_rate, fmt_uptime, na
 
 STATE_STYLES = {
     "ready": "green",

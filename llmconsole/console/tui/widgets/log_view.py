@@ -11,7 +11,7 @@ from textual.message import Message
 from textual.widgets import Input, Log, Static
 
 from llmconsole.console.tui.logfilter import LogView
-from llmconsole.console.tui.view import LogChunk
+from llmconsole.console.tui.views.status import LogChunk
 
 
 class LogTail(Static):

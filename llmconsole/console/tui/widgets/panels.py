@@ -9,8 +9,8 @@ from rich.text import Text
 from textual.widgets import Static
 
 from llmconsole.console.commands.window import no_samples_text
-from llmconsole.console.tui.charts_live import SIGNALS
-from llmconsole.console.tui.view import EngineView, Snapshot, fmt_bytes, na
+from llmconsole.console.tui.charts.live import SIGNALS
+from llmconsole.console.tui.views.status import EngineView, Snapshot, fmt_bytes, na
 
 
 class StatusLine(Static):

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING
 from textual import work
 
 from llmconsole.console.tui.messages import LogRead
-from llmconsole.console.tui.view import LogChunk, Snapshot
+from llmconsole.console.tui.views.status import LogChunk, Snapshot
 
 if TYPE_CHECKING:
     from textual.app import App
 
-    from llmconsole.console.tui.source import StateSource
+    from llmconsole.console.tui.sources.daemon import StateSource
 
     _AppBase = App[str]  # what ConsoleApp, which this is mixed into, derives from
 else:

@@ -14,10 +14,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from llmconsole.console.tui.view_host import ConsoleStatus, FleetEngine
-from llmconsole.console.tui.view_host import GpuView as GpuView  # the host's views, re-exported
-from llmconsole.console.tui.view_host import HostSection as HostSection
-from llmconsole.console.tui.view_host import HostView as HostView
+from llmconsole.console.tui.views.host import ConsoleStatus, FleetEngine
+from llmconsole.console.tui.views.host import GpuView as GpuView  # the host's views, re-exported
+from llmconsole.console.tui.views.host import HostSection as HostSection
+from llmconsole.console.tui.views.host import HostView as HostView
 from llmconsole.engine.metrics.percentile import percentile_text
 from llmconsole.engine.status import EngineState
 from llmconsole.wire import UNVERSIONED, version_note

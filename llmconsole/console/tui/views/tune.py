@@ -13,9 +13,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmconsole.console.tui.estimate import tune_text
-from llmconsole.console.tui.run_view import fmt_duration, length, params_text, split_items, ticked, whole_number
-from llmconsole.console.tui.view import EngineView
+from llmconsole.console.tui.views.estimate import tune_text
+from llmconsole.console.tui.views.run import fmt_duration, length, params_text, split_items, ticked, whole_number
+from llmconsole.console.tui.views.status import EngineView
 from llmconsole.engine.tune.ranges import EngineFacts, TuneSpace
 from llmconsole.engine.tune.request import TuneRequest
 from llmconsole.engine.tune.settings import TuneSettings

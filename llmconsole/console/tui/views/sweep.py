@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmconsole.console.tui.estimate import sweep_size_text, sweep_text
-from llmconsole.console.tui.run_view import fmt_duration, length, params_text, split_items, ticked, whole_number
-from llmconsole.console.tui.view import EngineView
+from llmconsole.console.tui.views.estimate import sweep_size_text, sweep_text
+from llmconsole.console.tui.views.run import fmt_duration, length, params_text, split_items, ticked, whole_number
+from llmconsole.console.tui.views.status import EngineView
 from llmconsole.engine.sweep.plan import PointResult, SweepPlan, SweepProgress
 from llmconsole.engine.sweep.report import HEADERS, table_rows
 from llmconsole.engine.sweep.request import SweepRequest

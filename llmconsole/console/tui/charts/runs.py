@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from llmconsole.console.tui.chart_spec import COLOURS, ChartSpec, Series, nice_max
+from llmconsole.console.tui.charts.spec import COLOURS, ChartSpec, Series, nice_max
 from llmconsole.engine.sweep.plan import PointResult, SweepPlan
 from llmconsole.engine.sweep.report import tradeoff_points
 from llmconsole.engine.sweep.tradeoff import knee, pareto_front

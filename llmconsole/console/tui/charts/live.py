@@ -11,9 +11,9 @@ can show, so an hour costs what five minutes do.
 from __future__ import annotations
 
 from llmconsole.console.commands.window import no_samples_text
-from llmconsole.console.tui.chart_spec import COLOURS, ChartSpec, Series, downsample, minutes_ticks, nice_max
-from llmconsole.console.tui.series import SeriesHistory
-from llmconsole.console.tui.view import EngineView
+from llmconsole.console.tui.charts.series import SeriesHistory
+from llmconsole.console.tui.charts.spec import COLOURS, ChartSpec, Series, downsample, minutes_ticks, nice_max
+from llmconsole.console.tui.views.status import EngineView
 
 RANGES_S = (300.0, 900.0, 3600.0)
 SIGNALS = {"ttft": "p99 TTFT", "e2e": "p99 end-to-end", "tpot": "p99 TPOT"}

@@ -1,5 +1,5 @@
 """The host as the daemon reported it: memory, CPU and each GPU (read through the wire's models, as
-view.py reads the rest), and, in a console over several hosts, each host's section: its figures,
+views/status.py reads the rest), and, in a console over several hosts, each host's section: its figures,
 whether it answers and which wire its daemon speaks."""
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ SLOW_S = 3.0  # a host whose poll has been unanswered this long is shown as slow
 
 
 class HostSectionFrame(WireModel):
-    """A host's section as a console over several hosts merges it (tui/fleet.py): not a daemon's
+    """A host's section as a console over several hosts merges it (tui/sources/merge.py): not a daemon's
     answer, but read with the wire's tolerance, as a recording of it may come from an older
     console."""
 
@@ -99,7 +99,7 @@ class FleetEngine(EngineInfo):
 
 class ConsoleStatus(StatusAnswer):
     """What the console polls: a daemon's status answer, or, in a console over several hosts, the
-    merged one (tui/fleet.py) with each host's section."""
+    merged one (tui/sources/merge.py) with each host's section."""
 
     engines: list[FleetEngine] = Field(default_factory=list)  # type: ignore[assignment]
     hosts: list[HostSectionFrame] = Field(default_factory=list)
@@ -107,7 +107,7 @@ class ConsoleStatus(StatusAnswer):
 
 @dataclass(frozen=True)
 class HostSection:
-    """One host of a console over several (tui/fleet.py merges their answers): its figures as its
+    """One host of a console over several (tui/sources/merge.py merges their answers): its figures as its
     daemon last reported them, and how it fares now."""
 
     name: str

@@ -28,8 +28,8 @@ import httpx
 
 from llmconsole.console.client import DaemonClient, DaemonError, DaemonNotRunning, HostUnreachable, ensure_daemon
 from llmconsole.console.hosts import Host, client_for
-from llmconsole.console.tui.fleet import HostState, engine_key, fleet_alerts, fleet_status, split_key
-from llmconsole.console.tui.source import Command, Dial, carry_out
+from llmconsole.console.tui.sources.daemon import Command, Dial, carry_out
+from llmconsole.console.tui.sources.merge import HostState, engine_key, fleet_alerts, fleet_status, split_key
 from llmconsole.paths import resolve
 from llmconsole.wire.status import EngineInfo
 
@@ -138,8 +138,8 @@ def _no_answer(timeout_s: float) -> str:
     return f"no answer within {timeout_s:.0f} s"
 
 
-class FleetSource:
-    """A StateSource over `hosts`; engines are ENGINE@HOST (tui/fleet.py)."""
+class HostsSource:
+    """A StateSource over `hosts`; engines are ENGINE@HOST (tui/sources/merge.py)."""
 
     NO_DAEMON_S = 5.0  # a host that runs no daemon is asked again after this long (each ask is an ssh login)
     POLL_TIMEOUT_S = 15.0  # a host's first request includes ssh's own connection and login

@@ -2,7 +2,7 @@
 
 In the merged status every engine is named ENGINE@HOST (and carries `host`), so each screen, key
 and command of the console works as it does over one daemon and says where it acts; the source
-(fleet_source.py) splits the name again and sends the command to that host's daemon with the
+(sources/hosts.py) splits the name again and sends the command to that host's daemon with the
 engine's own name. `hosts` lists every host in the order given: its daemon's host figures, and
 whether its newest poll answered (ssh's reason when it did not). A host that stopped answering
 keeps its engines in the list as last seen. The functions here are pure: a recording of merged

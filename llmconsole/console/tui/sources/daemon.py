@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from llmconsole.console.client import DaemonClient, DaemonNotRunning
-from llmconsole.console.tui.recording import load_recording
+from llmconsole.console.tui.sources.recording import load_recording
 from llmconsole.paths import Paths
 
 Dial = Callable[[float], DaemonClient]  # a new client of one daemon, with this timeout (seconds)

@@ -1,6 +1,6 @@
 """What a chart shows, as immutable values: its series, axes, units and legend.
 
-The chart builders (charts_live.py, charts_runs.py) turn what the console knows into a ChartSpec;
+The chart builders (charts/live.py, charts/runs.py) turn what the console knows into a ChartSpec;
 the Chart widget (widgets/chart.py) draws a spec with plotext and redraws only when the spec or
 its size changes. Specs compare by value, so "nothing changed" costs a comparison, and the
 builders are tested without a screen.

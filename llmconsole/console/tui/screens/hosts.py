@@ -1,5 +1,5 @@
 """The dashboard of a console over several hosts: the engines grouped by host, each host's row with
-its gauges or ssh's reason for not answering (widgets/fleet_table.py), and below them the selected
+its gauges or ssh's reason for not answering (widgets/hosts_table.py), and below them the selected
 engine as on one host's dashboard, or the selected host: its gauges and how it answers."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from textual.widget import Widget
 from textual.widgets import OptionList, Static
 
 from llmconsole.console.tui.screens.dashboard import DashboardScreen
-from llmconsole.console.tui.view import HostSection
+from llmconsole.console.tui.views.status import HostSection
 from llmconsole.console.tui.widgets.engine_panel import EnginePanel
-from llmconsole.console.tui.widgets.fleet_table import FleetTable
+from llmconsole.console.tui.widgets.hosts_table import HostsTable
 
 if TYPE_CHECKING:
     from llmconsole.console.tui.console_state import ConsoleState
@@ -41,11 +41,11 @@ def host_title(h: HostSection) -> Text:
 
 class FleetDashboardScreen(DashboardScreen):
     def engine_list(self) -> Widget:
-        return FleetTable(id="engines")
+        return HostsTable(id="engines")
 
     @property
     def selected_host(self) -> str | None:
-        return self.query_one(FleetTable).selected_host
+        return self.query_one(HostsTable).selected_host
 
     def _show_selected(self, app: ConsoleState) -> None:
         super()._show_selected(app)

@@ -15,7 +15,7 @@ from rich.text import Text
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
-from llmconsole.console.tui.view import EngineView, HostSection, Snapshot, fmt_bytes, na
+from llmconsole.console.tui.views.status import EngineView, HostSection, Snapshot, fmt_bytes, na
 from llmconsole.console.tui.widgets.engines_table import COLUMNS, WIDE_COLUMNS, engine_cells
 from llmconsole.console.tui.widgets.gauges import level_style
 
@@ -132,12 +132,12 @@ def fleet_rows(snapshot: Snapshot, width: int, wide: bool) -> list[tuple[str, Te
     return rows
 
 
-class FleetTable(OptionList):
+class HostsTable(OptionList):
     DEFAULT_CSS = """
-    FleetTable { height: auto; max-height: 11; border: none; padding: 0; }
-    FleetTable:focus { border: none; }
-    FleetTable > .option-list--option { padding: 0; }
-    FleetTable > .option-list--option-disabled { color: $foreground; }
+    HostsTable { height: auto; max-height: 11; border: none; padding: 0; }
+    HostsTable:focus { border: none; }
+    HostsTable > .option-list--option { padding: 0; }
+    HostsTable > .option-list--option-disabled { color: $foreground; }
     """
 
     def __init__(self, **kw: Any) -> None:

@@ -4,7 +4,7 @@ A frame is one GET /v1/status answer plus the log tail of each engine at that mo
 the benchmark replay recordings through RecordedSource, so the console's screens can be checked
 against what a real daemon and a real engine reported, byte for byte, every run.
 
-    python -m llmconsole.console.tui.recording OUT.json [--frames 10] [--interval-s 1]
+    python -m llmconsole.console.tui.sources.recording OUT.json [--frames 10] [--interval-s 1]
         [--load-url http://127.0.0.1:PORT --load-model tiny]
 
 records from the daemon of $LLMCONSOLE_HOME while (optionally) sending completions to an engine.

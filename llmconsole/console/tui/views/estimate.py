@@ -13,8 +13,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from llmconsole.console.tui.run_view import fmt_duration
-from llmconsole.console.tui.view import EngineView
+from llmconsole.console.tui.views.run import fmt_duration
+from llmconsole.console.tui.views.status import EngineView
 from llmconsole.engine.load.workload import LengthDist
 from llmconsole.engine.sweep.plan import LoadLevel, SweepPlan
 from llmconsole.engine.tune.settings import TuneSettings

@@ -14,7 +14,7 @@ import bisect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from llmconsole.console.tui.view import EngineView, Snapshot
+from llmconsole.console.tui.views.status import EngineView, Snapshot
 
 SPAN_S = 3600.0
 # A p99 is kept as the top of the vLLM histogram bucket it fell in (`p99_ttft_upper_s`: the p99

@@ -1,6 +1,6 @@
 """What the console remembers of each engine's config between polls: the spec it had before its
 current one (updated from the UI thread, once per applied snapshot). The charts' figures are
-series.py's."""
+charts/series.py's."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from llmconsole.console.tui.view import EngineView, Snapshot
+from llmconsole.console.tui.views.status import EngineView, Snapshot
 
 
 @dataclass(frozen=True)
