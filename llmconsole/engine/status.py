@@ -74,6 +74,18 @@ class EngineStatus:
     kernel_usage: dict[str, Any] | None = None
     custom_kernel_refusal: str | None = None  # why `kernel: custom` cannot run on this runtime; None: it can
 
+    def aged(self, elapsed_s: float) -> EngineStatus:
+        """This snapshot `elapsed_s` after it was taken: the fields that run with the clock moved
+        on (uptime grows, the backoff counts down), the rest as published. The status board reads
+        through this, so a supervisor publishes on change only, never to keep a clock current."""
+        if elapsed_s <= 0 or (self.uptime_s is None and self.next_restart_in_s is None):
+            return self
+        return dataclasses.replace(
+            self,
+            uptime_s=None if self.uptime_s is None else self.uptime_s + elapsed_s,
+            next_restart_in_s=None if self.next_restart_in_s is None else max(0.0, self.next_restart_in_s - elapsed_s),
+        )
+
     def to_json(self) -> dict[str, Any]:
         """The status as JSON. The flat keys at the top are the stable CLI contract."""
         d = dataclasses.asdict(self)

@@ -245,6 +245,7 @@ class EngineSupervisor:
         pause_at: PauseAt | None = None,
         on_change_end: ChangeEnded | None = None,
         save_now: Callable[[], Awaitable[bool]] | None = None,
+        publish: Callable[[EngineStatus], object] | None = None,
     ) -> None:
         self.name = name
         self.spec = spec
@@ -260,6 +261,8 @@ class EngineSupervisor:
         # event loop); False when it could not be written. A restart awaits it before it stops
         # anything, so its target outlives the daemon.
         self._save_now = save_now
+        # Where each new status goes (the fleet's status board); the latest is also kept here.
+        self._publish = publish
 
         self.state = EngineState.STOPPED
         self.desired_running = False
@@ -301,6 +304,8 @@ class EngineSupervisor:
         self._kernel_log = KernelLogReader()
         self._kernel_log_pos = 0
         self._refusals: dict[runtime_mod.Runtime, str | None] = {}
+        self._published = self._build_status()
+        self._published_mono = time.monotonic()
 
     # --- operator actions -----------------------------------------------------------------
 
@@ -311,6 +316,7 @@ class EngineSupervisor:
                 if self.state != EngineState.STOPPING and (spec is None or spec.config_id == self.config_id):
                     if spec is not None and self.stored is not None:
                         self._apply_spec(spec)  # the same config, now valid again
+                        self.publish()
                     return  # already running this config: starting it again is a no-op
                 raise EngineBusy(
                     f"engine {self.name} is {self.state} on config {self.config_id}; "
@@ -342,7 +348,7 @@ class EngineSupervisor:
             self.change = PendingChange(
                 spec if spec is not None else self.spec, self.config_id, action_id, done_outcome
             )
-            self._on_change(self)
+            self._changed()
             saved = await self._save_now() if self._save_now is not None else self.record_error is None
             if not saved and self.proc is not None and self.proc.poll() is None:
                 self.change = None
@@ -429,6 +435,7 @@ class EngineSupervisor:
         self.spec_error = error
         self.last_error = f"stored spec no longer valid: {error}; fix that, then `llmconsole engine start {self.name}`"
         self.state = EngineState.INVALID
+        self.publish()
 
     def revalidate(self) -> EngineSpec:
         """The stored spec, validated again (the model directory is back, say), which then
@@ -443,6 +450,7 @@ class EngineSupervisor:
         if self.state == EngineState.INVALID:
             self.last_error = None
             self._set_state(EngineState.STOPPED)
+        self.publish()
         return spec
 
     def _apply_spec(self, spec: EngineSpec) -> None:
@@ -461,6 +469,19 @@ class EngineSupervisor:
     # --- status ---------------------------------------------------------------------------
 
     def status(self) -> EngineStatus:
+        """The latest status this supervisor published (its clock-driven fields current): built
+        when something changed, never on a read."""
+        return self._published.aged(time.monotonic() - self._published_mono)
+
+    def publish(self) -> EngineStatus:
+        """Build the status as things are now and publish it: to the board, and as `status()`."""
+        self._published = self._build_status()
+        self._published_mono = time.monotonic()
+        if self._publish is not None:
+            self._publish(self._published)
+        return self._published
+
+    def _build_status(self) -> EngineStatus:
         now = time.monotonic()
         uptime = (
             now - self._ready_mono
@@ -548,11 +569,16 @@ class EngineSupervisor:
 
     # --- internals ------------------------------------------------------------------------
 
+    def _changed(self) -> None:
+        """Something the status shows changed: publish it, then tell the fleet (which saves)."""
+        self.publish()
+        self._on_change(self)
+
     def _set_state(self, state: EngineState) -> None:
         if state != self.state:
             log.info("engine %s: %s -> %s", self.name, self.state, state)
             self.state = state
-            self._on_change(self)
+            self._changed()
 
     def _reset_for_fresh_start(self) -> None:
         self.desired_running = True
@@ -683,7 +709,7 @@ class EngineSupervisor:
             log.warning("engine %s: /health answered, but %s: not counted as healthy", self.name, problem)
             self._foreign_note = problem
             self.last_error = problem
-            self._on_change(self)
+            self._changed()
         return False
 
     async def _run(self, first_launch_is_fresh: bool) -> None:
@@ -704,7 +730,7 @@ class EngineSupervisor:
                         log.exception("engine %s: launched pid %d, then failed", self.name, self.proc.pid)
                     # The new pid must reach the state file before anything else (the fleet keeps
                     # it in memory and retries if the file cannot be written just now).
-                    self._on_change(self)
+                    self._changed()
                     await self._durable()
                     if self.change is not None:
                         await self._pause(PAUSE_NEW_STARTING)
@@ -755,7 +781,9 @@ class EngineSupervisor:
                 elif now - launched > p.start_timeout_s:
                     return "start_timeout", None, ready
             if ready and self._ready_mono and now - self._ready_mono >= p.stable_after_s:
-                self.failures.served()
+                if self.failures.consecutive:
+                    self.failures.served()
+                    self.publish()  # the streak it reports is over
             await asyncio.sleep(p.poll_interval_s)
 
     def _became_ready(self) -> None:
@@ -849,5 +877,6 @@ class EngineSupervisor:
                 self._metrics = window.failed(f"{type(e).__name__}: {e}", time.monotonic())
             if self._probe is not None and self.proc is not None:
                 self._process_sample = self._probe.sample_process(self.proc.pid)
+            self.publish()
             elapsed = time.monotonic() - began
             await asyncio.sleep(max(0.05, self.policy.scrape_interval_s - elapsed))
