@@ -46,18 +46,15 @@ import aiohttp
 from llmconsole.engine import runtime as runtime_mod
 from llmconsole.engine.host import (
     HostProbe,
-    ProcessSample,
     listening_socket_inodes,
     socket_holders,
     tree_socket_inodes,
 )
-from llmconsole.engine.metrics.page import parse_metrics
-from llmconsole.engine.metrics.window import MetricsWindow, WindowedMetrics
 from llmconsole.engine.process import EngineProcess, ProcessRecord
+from llmconsole.engine.scraper import EngineScraper
 from llmconsole.engine.spec import EngineSpec
-from llmconsole.engine.startup_log import StartupFacts, failure_reason, parse_facts
+from llmconsole.engine.startup_log import StartupFacts
 from llmconsole.engine.status import EngineState, EngineStatus
-from llmconsole.kernels.usage import KernelLogReader
 
 log = logging.getLogger(__name__)
 
@@ -294,15 +291,10 @@ class EngineSupervisor:
         self.change: PendingChange | None = None
         self._owned_listeners: frozenset[int] | None = None
         self._foreign_note: str | None = None
-        self._metrics: WindowedMetrics | None = None
-        self._process_sample: ProcessSample | None = None
         self._run_task: asyncio.Task[None] | None = None
-        self._scrape_task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
-        self._log_offset = 0
-        # Which kernel the engine says it runs: its log, read as it grows from the current run's start.
-        self._kernel_log = KernelLogReader()
-        self._kernel_log_pos = 0
+        # What the engine says of itself (its log, /metrics, its processes), one loop per run.
+        self.scraper = EngineScraper(name, log_path, http, policy.scrape_interval_s, probe, self._scraped)
         self._refusals: dict[runtime_mod.Runtime, str | None] = {}
         self._published = self._build_status()
         self._published_mono = time.monotonic()
@@ -495,9 +487,7 @@ class EngineSupervisor:
         )
         proc = self.proc if self.state.running else None
         ready = self.state in (EngineState.READY, EngineState.UNHEALTHY)
-        if proc is not None:
-            self._read_kernel_log()
-        kernel = self._kernel_log.report(self.spec.kernel, ready) if proc is not None else None
+        kernel = self.scraper.log.kernel.report(self.spec.kernel, ready) if proc is not None else None
         return EngineStatus(
             name=self.name,
             state=self.state,
@@ -526,8 +516,9 @@ class EngineSupervisor:
             kv_cache_tokens=self.facts.kv_cache_tokens if self.facts else None,
             max_concurrency=self.facts.max_concurrency if self.facts else None,
             max_concurrency_len=self.facts.max_concurrency_len if self.facts else None,
-            metrics=self._metrics if self.state in (EngineState.READY, EngineState.UNHEALTHY) else None,
-            process=self._process_sample if proc is not None else None,
+            metrics=self.scraper.metrics if ready else None,
+            process=self.scraper.process if proc is not None else None,
+            start_phase=self.scraper.log.start_phase if self.state == EngineState.STARTING else None,
             spec=self.spec.public_dict(),
             log_path=str(self.log_path),
             kernel=kernel.kernel if kernel else None,
@@ -546,18 +537,6 @@ class EngineSupervisor:
 
             self._refusals[self.runtime] = custom_kernel_refusal(self.runtime.device, self.runtime.executable)
         return self._refusals[self.runtime]
-
-    def _read_kernel_log(self) -> None:
-        """Feed the kernel reader what the engine logged since the last look (a few lines a
-        second at most: the plugin's and the backend's, and the counters)."""
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(self._kernel_log_pos)
-                data = f.read(8 << 20)
-        except OSError:
-            return
-        self._kernel_log_pos += len(data)
-        self._kernel_log.feed(data.decode("utf-8", errors="replace"))
 
     def process_record(self) -> ProcessRecord | None:
         """The process to find again after a daemon restart: while one runs, whatever the state."""
@@ -606,14 +585,21 @@ class EngineSupervisor:
         if self.stored is not None:
             self._set_state(EngineState.INVALID)  # stopped, and it cannot start again as stored
 
+    @property
+    def _scrape_task(self) -> asyncio.Task[None] | None:
+        return self.scraper.task
+
+    def _scraped(self) -> None:
+        self.publish()
+
     async def _cancel_tasks(self) -> None:
-        for task in (self._run_task, self._scrape_task):
-            if task is not None and not task.done() and task is not asyncio.current_task():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+        task = self._run_task
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
         self._run_task = None
-        self._scrape_task = None
+        await self.scraper.stop()
 
     def _launch(self) -> None:
         if self.runtime is None:
@@ -644,11 +630,8 @@ class EngineSupervisor:
                 f"at {time.strftime('%Y-%m-%dT%H:%M:%S%z')} -----\n$ {' '.join(argv)}\n"
             )
             f.flush()
-            self._log_offset = f.tell()
-        self._kernel_log = KernelLogReader()
-        self._kernel_log_pos = self._log_offset
+            self.scraper.run_began(f.tell())
         self.facts = None
-        self._metrics = None
         self.ready_at_s = None
         self._ready_mono = None
         self._owned_listeners = None
@@ -657,14 +640,6 @@ class EngineSupervisor:
         self.proc = EngineProcess.launch(
             argv, self.spec.launch_env(self.runtime), self.log_path, self.port, self.spec.config_id
         )
-
-    def _run_log(self) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(self._log_offset)
-                return f.read().decode("utf-8", errors="replace")
-        except FileNotFoundError:
-            return ""
 
     async def _check_health(self) -> bool:
         url = f"http://{_connect_host(self.spec.host)}:{self.port}/health"
@@ -747,8 +722,9 @@ class EngineSupervisor:
 
     async def _watch(self) -> tuple[str, int | None, bool]:
         """Watch the current process until it exits or is judged dead."""
-        assert self.proc is not None
+        assert self.proc is not None and self.port is not None
         p = self.policy
+        self.scraper.watch(f"http://{_connect_host(self.spec.host)}:{self.port}", self.proc.pid)
         launched = time.monotonic()
         ready = False
         failures = 0
@@ -790,18 +766,14 @@ class EngineSupervisor:
         self._end_change("done", None)  # the restart's target serves (recorded before it says ready)
         self.ready_at_s = time.time()
         self._ready_mono = time.monotonic()
-        self.facts = parse_facts(self._run_log())
+        self.scraper.log.follow()  # what it logged up to now (its kernel's lines) counts as it reports ready
+        self.facts = self.scraper.log.startup_facts()
         self._set_state(EngineState.READY)
-        if self._scrape_task is None or self._scrape_task.done():
-            self._scrape_task = asyncio.create_task(self._scrape_loop(), name=f"scrape-{self.name}")
+        self.scraper.serving()
 
     async def _after_exit(self, outcome: str, code: int | None, was_ready: bool, fresh: bool) -> None:
         p = self.policy
-        if self._scrape_task is not None:
-            self._scrape_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._scrape_task
-            self._scrape_task = None
+        await self.scraper.stop()
         assert self.proc is not None
         await self.proc.kill_group()  # engine core and workers must not outlive their server
         self.last_exit_code = code if code is not None else self.proc.poll()
@@ -809,13 +781,12 @@ class EngineSupervisor:
         now = time.monotonic()
         stable = self._ready_mono is not None and now - self._ready_mono >= p.stable_after_s
         self._ready_mono = None
-        text = self._run_log()
         if outcome == "unhealthy":
             reason = f"/health failed {p.health_failures_to_crash} times in a row; killed"
         elif outcome == "start_timeout":
             reason = f"not ready within {p.start_timeout_s:.0f} s; killed"
         else:
-            reason = failure_reason(text) or f"exited with code {self.last_exit_code}"
+            reason = self.scraper.log.failure_reason() or f"exited with code {self.last_exit_code}"
         if self._foreign_note and not was_ready:
             reason = f"{reason} ({self._foreign_note})"
         self.last_error = reason
@@ -857,26 +828,3 @@ class EngineSupervisor:
         self._next_restart_mono = None
         self.backoff_s = None
         self.restarts += 1
-
-    async def _scrape_loop(self) -> None:
-        """Poll /metrics, then re-arm: a slow engine stretches the period, never piles up."""
-        window = MetricsWindow()
-        url = f"http://{_connect_host(self.spec.host)}:{self.port}/metrics"
-        timeout = aiohttp.ClientTimeout(total=max(2.0, self.policy.scrape_interval_s * 2))
-        while True:
-            began = time.monotonic()
-            try:
-                async with self._http.get(url, timeout=timeout) as r:
-                    if r.status != 200:
-                        raise aiohttp.ClientResponseError(r.request_info, (), status=r.status, message="bad status")
-                    text = await r.text()
-                self._metrics = window.add(parse_metrics(text, time.monotonic()))
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # unreachable or malformed: stale, counted, never fatal
-                self._metrics = window.failed(f"{type(e).__name__}: {e}", time.monotonic())
-            if self._probe is not None and self.proc is not None:
-                self._process_sample = self._probe.sample_process(self.proc.pid)
-            self.publish()
-            elapsed = time.monotonic() - began
-            await asyncio.sleep(max(0.05, self.policy.scrape_interval_s - elapsed))

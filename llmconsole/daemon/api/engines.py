@@ -115,10 +115,10 @@ async def get_status(request: web.Request) -> web.Response:
     fleet = ctx.fleet
     host = fleet.probe.sample_host()
     now = time.time()
-    engines = [s.to_json() for s in fleet.statuses()]
     progress = request.app[STARTUP]
-    for e in engines:  # a starting engine: its phase, time since launch and its last start's length
-        e["startup"] = progress.of(e, now)
+    engines = []
+    for st in fleet.statuses():  # a starting engine: its phase, time since launch and its last start's length
+        engines.append({**st.to_json(), "startup": progress.of(st, now)})
     return web.json_response(
         {
             "daemon": {"pid": os.getpid(), "version": __version__, "time_s": now, "warnings": _daemon_warnings(ctx)},
