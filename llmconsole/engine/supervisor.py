@@ -1,8 +1,11 @@
-"""Supervision of one engine: launch, readiness, health, metrics, restart with backoff.
+"""Supervision of one engine's lifecycle: launch, readiness, health, restart with backoff.
 
 One `EngineSupervisor` per engine, living in the daemon's event loop. It owns the engine's
 process and its state machine (see `EngineState`), and publishes an immutable `EngineStatus`
-on demand. A crash (the process exits, or /health fails `health_failures_to_crash` times in a
+whenever something in it changes (to the fleet's board: engine/status_board.py); `status()` is
+the latest one published, never built on a read. What the engine says of itself (its /metrics,
+its processes, its log) is its `EngineScraper`'s (engine/scraper.py), whose ticks publish too.
+A crash (the process exits, or /health fails `health_failures_to_crash` times in a
 row) is seen within about a second, the rest of the process group is cleaned up, and the engine
 is restarted after an exponential backoff. Runs that keep failing (see `FailureCounter`) mark
 the config as crash-looping and supervision gives up on it (the fleet may then roll it back).
