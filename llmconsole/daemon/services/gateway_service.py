@@ -166,6 +166,7 @@ class GatewayService:
         for unsubscribe in self._unsubscribe:
             unsubscribe()
         self._unsubscribe = []
+        self._sync_due = True  # a sync already scheduled finds the gateway closing: it does nothing
         for task in (self._task, self._watch_task):
             if task is not None:
                 task.cancel()
@@ -200,6 +201,8 @@ class GatewayService:
         loop.call_soon(self._sync_now)
 
     def _sync_now(self) -> None:
+        if not self._unsubscribe:
+            return  # closed meanwhile
         self._sync_due = False
         try:
             self.sync()
