@@ -5,9 +5,11 @@ and the operator's groups and window settings kept across daemon restarts.
 Whenever an engine's state changes the service copies it into its group (its URL, whether it is
 ready, its API key): it subscribes to the endpoints it routes to, this host's engines (the
 status their supervisors publish) and other hosts' (what their health checks found), both
-behind one interface (engine/gateway/endpoint.py). So a restarting engine closes its group's
-gate (when it was the group's last ready engine) and requests wait in the queue until it is
-ready again. A group
+behind one interface (engine/gateway/endpoint.py), and syncs from that published state every
+SETTLE_INTERVAL_S besides (reading no engine, building no status), which gives an engine a
+request found refusing back to its groups and lets retired groups that finished go. So a
+restarting engine closes its group's gate (when it was the group's last ready engine) and
+requests wait in the queue until it is ready again. A group
 that a membership change retires stops taking requests at once but keeps serving what it had
 admitted or queued, on the same engines, until it is empty. Every controller interval each group's controller
 steps and its window moves. The trace stays in memory for the console (bounded by the
@@ -65,6 +67,7 @@ log = logging.getLogger(__name__)
 # Another host's engine refused a request's connection after its last health check passed: it is
 # out of the group at once, and its checks say more at their next round.
 REFUSED_SINCE_CHECK = "refused a connection since its last health check; out until a check passes"
+SETTLE_INTERVAL_S = 0.25
 _SETTING_KEYS = ("target_ms", "signal", "min_window", "max_window", "start_window", "kp", "ki", "kd")
 PORT_ENV = "LLMCONSOLE_GATEWAY_PORT"
 HOST_ENV = "LLMCONSOLE_GATEWAY_HOST"
@@ -274,25 +277,29 @@ class GatewayService:
             return PidSettings()
 
     async def _loop(self) -> None:
-        """Step every group's window controller each interval. The engines' state is not polled
-        here: it arrives by subscription (see _moved)."""
-        interval_s = PidSettings().interval_s
+        """Step every group's window controller each interval. The engines' state arrives by
+        subscription (see _moved); the groups are also synced from the published state every
+        SETTLE_INTERVAL_S, which reads no engine and builds no status: it gives an engine a
+        request found refusing back to its groups, and lets retired groups that finished go."""
+        next_step = time.monotonic()
         while True:
-            began = time.monotonic()
             try:
-                self._drain()  # retired groups that finished leave
-                samples = []
-                for group in self.gateway.groups.values():
-                    s = group.step(began)
-                    if s is not None and s.action not in ("hold-idle", "hold-samples", "hold-settling"):
-                        samples.append((group.name, s))
-                if samples and self.store is not None:
-                    await asyncio.to_thread(self._store_trace, samples)
+                self.sync()
+                now = time.monotonic()
+                if now >= next_step:
+                    next_step = now + PidSettings().interval_s
+                    samples = []
+                    for group in self.gateway.groups.values():
+                        s = group.step(now)
+                        if s is not None and s.action not in ("hold-idle", "hold-samples", "hold-settling"):
+                            samples.append((group.name, s))
+                    if samples and self.store is not None:
+                        await asyncio.to_thread(self._store_trace, samples)
             except asyncio.CancelledError:
                 raise
             except Exception:  # the front door must keep serving whatever a step does
                 log.exception("gateway control step failed")
-            await asyncio.sleep(max(0.0, interval_s - (time.monotonic() - began)))
+            await asyncio.sleep(SETTLE_INTERVAL_S)
 
     async def _watch_loop(self) -> None:
         while True:
