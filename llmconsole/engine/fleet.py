@@ -50,6 +50,8 @@ from llmconsole.engine.runtime import Runtime
 from llmconsole.engine.spec import EngineSpec, validation_messages
 from llmconsole.engine.spec_checks import check_name, enforce_kernel, spec_device
 from llmconsole.engine.status import EngineState, EngineStatus
+from llmconsole.engine.status_board import StatusBoard
+from llmconsole.engine.supervision_policy import SupervisionPolicy
 from llmconsole.engine.supervisor import (
     ChangeEnded,
     EngineBusy,
@@ -57,7 +59,6 @@ from llmconsole.engine.supervisor import (
     PauseAt,
     PendingChange,
     PortInUse,
-    SupervisionPolicy,
     port_holder,
 )
 from llmconsole.paths import Paths
@@ -142,6 +143,9 @@ class Fleet:
         self.found: dict[str, str] = {}
         self.probe = HostProbe()
         self.engines: dict[str, EngineSupervisor] = {}
+        # The latest status of every engine, as its supervisor published it: what the API, the
+        # recorder, the exporter and the gateway read (engine/status_board.py).
+        self.board = StatusBoard()
         self._http: aiohttp.ClientSession | None = None
         # Who hears of changes (the recorder) and of configs the supervisor gave up on (a crash
         # loop, or a fresh start that never came up: the rollback). A listener that fails is
@@ -298,6 +302,7 @@ class Fleet:
         if sup.state.running or sup.state == EngineState.CRASHED:
             raise EngineBusy(f"engine {name} is {sup.state}; stop it before removing it")
         del self.engines[name]
+        self.board.withdraw(name)
         self._secret_env.pop(name, None)
         await self._save()
 
@@ -360,8 +365,15 @@ class Fleet:
                 "--port, or none for a free one"
             )
 
+    def status(self, name: str) -> EngineStatus:
+        """The engine's latest published status (UnknownEngine for a name the fleet lacks)."""
+        st = self.board.get(name)
+        return st if st is not None else self.get(name).status()
+
     def statuses(self) -> list[EngineStatus]:
-        out = [sup.status() for sup in self.engines.values()]
+        """Every engine's latest published status, with what the annotators add (the gateway's
+        window): read from the board, nothing is built."""
+        out = [self.status(name) for name in self.engines]
         for annotate in self.status_annotators:
             out = [annotate(s) for s in out]
         return out
@@ -383,8 +395,10 @@ class Fleet:
             on_change_end=self._change_ended,
             save_now=self._save,
             engine_env=self.engine_env,
+            publish=self.board.publish,
         )
         sup.record_error = self.record_error
+        sup.publish()
         return sup
 
     def _change_ended(self, sup: EngineSupervisor, change: PendingChange, outcome: str, reason: str | None) -> None:
@@ -533,6 +547,7 @@ class Fleet:
         self.record_error = msg
         for sup in self.engines.values():
             sup.record_error = msg
+            sup.publish()
 
     def _load(self) -> list[str]:
         path = self.paths.state_file
@@ -555,9 +570,11 @@ class Fleet:
                 continue
             try:
                 done.append(self._load_one(name, rec))
+                self.engines[name].publish()  # what the entry set on it, seen as one status
             except Exception:  # a bug or an entry malformed in a way not foreseen: keep it as it is
                 log.exception("engine %s: could not load its entry; it is kept in %s as it is", name, path)
                 self.engines.pop(name, None)
+                self.board.withdraw(name)
                 self._unreadable[name] = rec
                 done.append(f"{name}: entry could not be loaded; kept in the state file as it is")
         self._persist()

@@ -117,14 +117,38 @@ def start_phase(text: str, pid: int | None = None) -> StartPhase:
     """Where a start is, from its log. The log is appended across runs: with the engine's `pid`
     only the lines from its own first line on count (vLLM prefixes them `(APIServer pid=N)`), so
     an earlier run's lines never read as progress; before that line it is still launching."""
-    if pid is not None:
-        at = text.find(f"pid={pid})")
-        text = text[text.rfind("\n", 0, at) + 1 :] if at >= 0 else ""
-    step = 0
-    for i, (_, markers) in enumerate(START_PHASES):
-        if any(m in text for m in markers):
-            step = i
-    return StartPhase(step, len(START_PHASES), START_PHASES[step][0])
+    reader = StartPhaseReader(pid)
+    reader.feed_lines(text.splitlines())
+    return reader.phase
+
+
+class StartPhaseReader:
+    """`start_phase` for a log read as it grows: fed its lines a piece at a time, it keeps only
+    the furthest phase seen, so following a start never reads the log twice."""
+
+    def __init__(self, pid: int | None = None) -> None:
+        self.pid = pid
+        self._counting = pid is None
+        self._step = 0
+
+    def feed_lines(self, lines: list[str]) -> bool:
+        """Whole lines of the log, in order. True when the phase moved."""
+        before = self._step
+        own = f"pid={self.pid})"
+        for line in lines:
+            if not self._counting:
+                if own not in line:
+                    continue
+                self._counting = True
+            for i in range(len(START_PHASES) - 1, self._step, -1):
+                if any(m in line for m in START_PHASES[i][1]):
+                    self._step = i
+                    break
+        return self._step != before
+
+    @property
+    def phase(self) -> StartPhase:
+        return StartPhase(self._step, len(START_PHASES), START_PHASES[self._step][0])
 
 
 def read_tail(path: Path, max_bytes: int = 256 * 1024) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 
 from llmconsole.engine.host import ProcessSample
 from llmconsole.engine.metrics.window import WindowedMetrics
+from llmconsole.engine.startup_log import StartPhase
 
 
 class EngineState(StrEnum):
@@ -78,10 +79,26 @@ class EngineStatus:
     kernel_note: str | None = None
     kernel_usage: dict[str, Any] | None = None
     custom_kernel_refusal: str | None = None  # why `kernel: custom` cannot run on this runtime; None: it can
+    # How far a start has come, as its log says (state starting only): read by the scraper as the
+    # log grows. The control API shows it as "startup" (daemon/services/startup.py), not here.
+    start_phase: StartPhase | None = None
+
+    def aged(self, elapsed_s: float) -> EngineStatus:
+        """This snapshot `elapsed_s` after it was taken: the fields that run with the clock moved
+        on (uptime grows, the backoff counts down), the rest as published. The status board reads
+        through this, so a supervisor publishes on change only, never to keep a clock current."""
+        if elapsed_s <= 0 or (self.uptime_s is None and self.next_restart_in_s is None):
+            return self
+        return dataclasses.replace(
+            self,
+            uptime_s=None if self.uptime_s is None else self.uptime_s + elapsed_s,
+            next_restart_in_s=None if self.next_restart_in_s is None else max(0.0, self.next_restart_in_s - elapsed_s),
+        )
 
     def to_json(self) -> dict[str, Any]:
         """The status as JSON. The flat keys at the top are the stable CLI contract."""
         d = dataclasses.asdict(self)
+        del d["start_phase"]
         d["state"] = str(self.state)
         m = self.metrics
         d.update(

@@ -1,8 +1,11 @@
-"""Supervision of one engine: launch, readiness, health, metrics, restart with backoff.
+"""Supervision of one engine's lifecycle: launch, readiness, health, restart with backoff.
 
 One `EngineSupervisor` per engine, living in the daemon's event loop. It owns the engine's
 process and its state machine (see `EngineState`), and publishes an immutable `EngineStatus`
-on demand. A crash (the process exits, or /health fails `health_failures_to_crash` times in a
+whenever something in it changes (to the fleet's board: engine/status_board.py); `status()` is
+the latest one published, never built on a read. What the engine says of itself (its /metrics,
+its processes, its log) is its `EngineScraper`'s (engine/scraper.py), whose ticks publish too.
+A crash (the process exits, or /health fails `health_failures_to_crash` times in a
 row) is seen within about a second, the rest of the process group is cleaned up, and the engine
 is restarted after an exponential backoff. Runs that keep failing (see `FailureCounter`) mark
 the config as crash-looping and supervision gives up on it (the fleet may then roll it back).
@@ -45,36 +48,18 @@ import aiohttp
 from llmconsole.engine import runtime as runtime_mod
 from llmconsole.engine.host import (
     HostProbe,
-    ProcessSample,
     listening_socket_inodes,
     socket_holders,
     tree_socket_inodes,
 )
-from llmconsole.engine.metrics.page import parse_metrics
-from llmconsole.engine.metrics.window import MetricsWindow, WindowedMetrics
 from llmconsole.engine.process import EngineProcess, ProcessRecord
+from llmconsole.engine.scraper import EngineScraper
 from llmconsole.engine.spec import EngineSpec
-from llmconsole.engine.startup_log import StartupFacts, failure_reason, parse_facts
+from llmconsole.engine.startup_log import StartupFacts
 from llmconsole.engine.status import EngineState, EngineStatus
-from llmconsole.kernels.usage import KernelLogReader
+from llmconsole.engine.supervision_policy import SupervisionPolicy
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class SupervisionPolicy:
-    poll_interval_s: float = 0.5  # how often the process is checked for exit
-    health_interval_s: float = 1.0
-    health_timeout_s: float = 2.0
-    health_failures_to_crash: int = 3
-    scrape_interval_s: float = 1.0
-    start_timeout_s: float = 900.0  # model loads on big GPUs can take many minutes
-    backoff_initial_s: float = 1.0
-    backoff_max_s: float = 30.0
-    stable_after_s: float = 60.0  # ready this long: the run succeeded, the streak ends
-    crash_loop_count: int = 3  # this many failed runs in a row (whatever each lasted),
-    crash_loop_window_s: float = 300.0  # or this many crashes within this window: give up
-    drain_timeout_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -219,6 +204,7 @@ class EngineSupervisor:
         on_change_end: ChangeEnded | None = None,
         save_now: Callable[[], Awaitable[bool]] | None = None,
         engine_env: Mapping[str, str] | None = None,
+        publish: Callable[[EngineStatus], object] | None = None,
     ) -> None:
         self.name = name
         self.engine_env = engine_env  # what the engine's environment starts from (EngineProcess.launch)
@@ -235,6 +221,8 @@ class EngineSupervisor:
         # event loop); False when it could not be written. A restart awaits it before it stops
         # anything, so its target outlives the daemon.
         self._save_now = save_now
+        # Where each new status goes (the fleet's status board); the latest is also kept here.
+        self._publish = publish
 
         self.state = EngineState.STOPPED
         self.desired_running = False
@@ -268,16 +256,13 @@ class EngineSupervisor:
         self.change: PendingChange | None = None
         self._owned_listeners: frozenset[int] | None = None
         self._foreign_note: str | None = None
-        self._metrics: WindowedMetrics | None = None
-        self._process_sample: ProcessSample | None = None
         self._run_task: asyncio.Task[None] | None = None
-        self._scrape_task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
-        self._log_offset = 0
-        # Which kernel the engine says it runs: its log, read as it grows from the current run's start.
-        self._kernel_log = KernelLogReader()
-        self._kernel_log_pos = 0
+        # What the engine says of itself (its log, /metrics, its processes), one loop per run.
+        self.scraper = EngineScraper(name, log_path, http, policy.scrape_interval_s, probe, self._scraped)
         self._refusals: dict[runtime_mod.Runtime, str | None] = {}
+        self._published = self._build_status()
+        self._published_mono = time.monotonic()
 
     # --- operator actions -----------------------------------------------------------------
 
@@ -288,6 +273,7 @@ class EngineSupervisor:
                 if self.state != EngineState.STOPPING and (spec is None or spec.config_id == self.config_id):
                     if spec is not None and self.stored is not None:
                         self._apply_spec(spec)  # the same config, now valid again
+                        self.publish()
                     return  # already running this config: starting it again is a no-op
                 raise EngineBusy(
                     f"engine {self.name} is {self.state} on config {self.config_id}; "
@@ -319,7 +305,7 @@ class EngineSupervisor:
             self.change = PendingChange(
                 spec if spec is not None else self.spec, self.config_id, action_id, done_outcome
             )
-            self._on_change(self)
+            self._changed()
             saved = await self._save_now() if self._save_now is not None else self.record_error is None
             if not saved and self.proc is not None and self.proc.poll() is None:
                 self.change = None
@@ -406,6 +392,7 @@ class EngineSupervisor:
         self.spec_error = error
         self.last_error = f"stored spec no longer valid: {error}; fix that, then `llmconsole engine start {self.name}`"
         self.state = EngineState.INVALID
+        self.publish()
 
     def revalidate(self) -> EngineSpec:
         """The stored spec, validated again (the model directory is back, say), which then
@@ -420,6 +407,7 @@ class EngineSupervisor:
         if self.state == EngineState.INVALID:
             self.last_error = None
             self._set_state(EngineState.STOPPED)
+        self.publish()
         return spec
 
     def _apply_spec(self, spec: EngineSpec) -> None:
@@ -438,6 +426,19 @@ class EngineSupervisor:
     # --- status ---------------------------------------------------------------------------
 
     def status(self) -> EngineStatus:
+        """The latest status this supervisor published (its clock-driven fields current): built
+        when something changed, never on a read."""
+        return self._published.aged(time.monotonic() - self._published_mono)
+
+    def publish(self) -> EngineStatus:
+        """Build the status as things are now and publish it: to the board, and as `status()`."""
+        self._published = self._build_status()
+        self._published_mono = time.monotonic()
+        if self._publish is not None:
+            self._publish(self._published)
+        return self._published
+
+    def _build_status(self) -> EngineStatus:
         now = time.monotonic()
         uptime = (
             now - self._ready_mono
@@ -451,9 +452,7 @@ class EngineSupervisor:
         )
         proc = self.proc if self.state.running else None
         ready = self.state in (EngineState.READY, EngineState.UNHEALTHY)
-        if proc is not None:
-            self._read_kernel_log()
-        kernel = self._kernel_log.report(self.spec.kernel, ready) if proc is not None else None
+        kernel = self.scraper.log.kernel.report(self.spec.kernel, ready) if proc is not None else None
         return EngineStatus(
             name=self.name,
             state=self.state,
@@ -484,8 +483,9 @@ class EngineSupervisor:
             kv_cache_tokens=self.facts.kv_cache_tokens if self.facts else None,
             max_concurrency=self.facts.max_concurrency if self.facts else None,
             max_concurrency_len=self.facts.max_concurrency_len if self.facts else None,
-            metrics=self._metrics if self.state in (EngineState.READY, EngineState.UNHEALTHY) else None,
-            process=self._process_sample if proc is not None else None,
+            metrics=self.scraper.metrics if ready else None,
+            process=self.scraper.process if proc is not None else None,
+            start_phase=self.scraper.log.start_phase if self.state == EngineState.STARTING else None,
             spec=self.spec.public_dict(),
             log_path=str(self.log_path),
             kernel=kernel.kernel if kernel else None,
@@ -505,18 +505,6 @@ class EngineSupervisor:
             self._refusals[self.runtime] = custom_kernel_refusal(self.runtime.device, self.runtime.executable)
         return self._refusals[self.runtime]
 
-    def _read_kernel_log(self) -> None:
-        """Feed the kernel reader what the engine logged since the last look (a few lines a
-        second at most: the plugin's and the backend's, and the counters)."""
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(self._kernel_log_pos)
-                data = f.read(8 << 20)
-        except OSError:
-            return
-        self._kernel_log_pos += len(data)
-        self._kernel_log.feed(data.decode("utf-8", errors="replace"))
-
     def process_record(self) -> ProcessRecord | None:
         """The process to find again after a daemon restart: while one runs, whatever the state."""
         if self.proc is None:
@@ -527,11 +515,16 @@ class EngineSupervisor:
 
     # --- internals ------------------------------------------------------------------------
 
+    def _changed(self) -> None:
+        """Something the status shows changed: publish it, then tell the fleet (which saves)."""
+        self.publish()
+        self._on_change(self)
+
     def _set_state(self, state: EngineState) -> None:
         if state != self.state:
             log.info("engine %s: %s -> %s", self.name, self.state, state)
             self.state = state
-            self._on_change(self)
+            self._changed()
 
     def _reset_for_fresh_start(self) -> None:
         if self.failed_config is not None and self.failed_config[0] == self.config_id:
@@ -561,14 +554,21 @@ class EngineSupervisor:
         if self.stored is not None:
             self._set_state(EngineState.INVALID)  # stopped, and it cannot start again as stored
 
+    @property
+    def _scrape_task(self) -> asyncio.Task[None] | None:
+        return self.scraper.task
+
+    def _scraped(self) -> None:
+        self.publish()
+
     async def _cancel_tasks(self) -> None:
-        for task in (self._run_task, self._scrape_task):
-            if task is not None and not task.done() and task is not asyncio.current_task():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+        task = self._run_task
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
         self._run_task = None
-        self._scrape_task = None
+        await self.scraper.stop()
 
     def _launch(self) -> None:
         if self.runtime is None:
@@ -599,11 +599,8 @@ class EngineSupervisor:
                 f"at {time.strftime('%Y-%m-%dT%H:%M:%S%z')} -----\n$ {' '.join(argv)}\n"
             )
             f.flush()
-            self._log_offset = f.tell()
-        self._kernel_log = KernelLogReader()
-        self._kernel_log_pos = self._log_offset
+            self.scraper.run_began(f.tell())
         self.facts = None
-        self._metrics = None
         self.ready_at_s = None
         self._ready_mono = None
         self._owned_listeners = None
@@ -617,14 +614,6 @@ class EngineSupervisor:
             self.spec.config_id,
             base_env=self.engine_env,
         )
-
-    def _run_log(self) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(self._log_offset)
-                return f.read().decode("utf-8", errors="replace")
-        except FileNotFoundError:
-            return ""
 
     async def _check_health(self) -> bool:
         url = f"http://{_connect_host(self.spec.host)}:{self.port}/health"
@@ -669,7 +658,7 @@ class EngineSupervisor:
             log.warning("engine %s: /health answered, but %s: not counted as healthy", self.name, problem)
             self._foreign_note = problem
             self.last_error = problem
-            self._on_change(self)
+            self._changed()
         return False
 
     async def _run(self, first_launch_is_fresh: bool) -> None:
@@ -690,7 +679,7 @@ class EngineSupervisor:
                         log.exception("engine %s: launched pid %d, then failed", self.name, self.proc.pid)
                     # The new pid must reach the state file before anything else (the fleet keeps
                     # it in memory and retries if the file cannot be written just now).
-                    self._on_change(self)
+                    self._changed()
                     await self._durable()
                     if self.change is not None:
                         await self._pause(PAUSE_NEW_STARTING)
@@ -707,8 +696,9 @@ class EngineSupervisor:
 
     async def _watch(self) -> tuple[str, int | None, bool]:
         """Watch the current process until it exits or is judged dead."""
-        assert self.proc is not None
+        assert self.proc is not None and self.port is not None
         p = self.policy
+        self.scraper.watch(f"http://{_connect_host(self.spec.host)}:{self.port}", self.proc.pid)
         launched = time.monotonic()
         ready = False
         failures = 0
@@ -741,25 +731,23 @@ class EngineSupervisor:
                 elif now - launched > p.start_timeout_s:
                     return "start_timeout", None, ready
             if ready and self._ready_mono and now - self._ready_mono >= p.stable_after_s:
-                self.failures.served()
+                if self.failures.consecutive:
+                    self.failures.served()
+                    self.publish()  # the streak it reports is over
             await asyncio.sleep(p.poll_interval_s)
 
     def _became_ready(self) -> None:
         self._end_change("done", None)  # the restart's target serves (recorded before it says ready)
         self.ready_at_s = time.time()
         self._ready_mono = time.monotonic()
-        self.facts = parse_facts(self._run_log())
+        self.scraper.log.follow()  # what it logged up to now (its kernel's lines) counts as it reports ready
+        self.facts = self.scraper.log.startup_facts()
         self._set_state(EngineState.READY)
-        if self._scrape_task is None or self._scrape_task.done():
-            self._scrape_task = asyncio.create_task(self._scrape_loop(), name=f"scrape-{self.name}")
+        self.scraper.serving()
 
     async def _after_exit(self, outcome: str, code: int | None, was_ready: bool, fresh: bool) -> None:
         p = self.policy
-        if self._scrape_task is not None:
-            self._scrape_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._scrape_task
-            self._scrape_task = None
+        await self.scraper.stop()
         assert self.proc is not None
         await self.proc.kill_group()  # engine core and workers must not outlive their server
         self.last_exit_code = code if code is not None else self.proc.poll()
@@ -767,13 +755,12 @@ class EngineSupervisor:
         now = time.monotonic()
         stable = self._ready_mono is not None and now - self._ready_mono >= p.stable_after_s
         self._ready_mono = None
-        text = self._run_log()
         if outcome == "unhealthy":
             reason = f"/health failed {p.health_failures_to_crash} times in a row; killed"
         elif outcome == "start_timeout":
             reason = f"not ready within {p.start_timeout_s:.0f} s; killed"
         else:
-            reason = failure_reason(text) or f"exited with code {self.last_exit_code}"
+            reason = self.scraper.log.failure_reason() or f"exited with code {self.last_exit_code}"
         if self._foreign_note and not was_ready:
             reason = f"{reason} ({self._foreign_note})"
         self.last_error = reason
@@ -817,25 +804,3 @@ class EngineSupervisor:
         self._next_restart_mono = None
         self.backoff_s = None
         self.restarts += 1
-
-    async def _scrape_loop(self) -> None:
-        """Poll /metrics, then re-arm: a slow engine stretches the period, never piles up."""
-        window = MetricsWindow()
-        url = f"http://{_connect_host(self.spec.host)}:{self.port}/metrics"
-        timeout = aiohttp.ClientTimeout(total=max(2.0, self.policy.scrape_interval_s * 2))
-        while True:
-            began = time.monotonic()
-            try:
-                async with self._http.get(url, timeout=timeout) as r:
-                    if r.status != 200:
-                        raise aiohttp.ClientResponseError(r.request_info, (), status=r.status, message="bad status")
-                    text = await r.text()
-                self._metrics = window.add(parse_metrics(text, time.monotonic()))
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # unreachable or malformed: stale, counted, never fatal
-                self._metrics = window.failed(f"{type(e).__name__}: {e}", time.monotonic())
-            if self._probe is not None and self.proc is not None:
-                self._process_sample = self._probe.sample_process(self.proc.pid)
-            elapsed = time.monotonic() - began
-            await asyncio.sleep(max(0.05, self.policy.scrape_interval_s - elapsed))

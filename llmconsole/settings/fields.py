@@ -21,7 +21,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from llmconsole.engine.modes.policy import PolicySettings
-from llmconsole.engine.supervisor import SupervisionPolicy
+from llmconsole.engine.supervision_policy import SupervisionPolicy
 
 ENV_PREFIX = "LLMCONSOLE_"
 

@@ -33,7 +33,7 @@ import pytest
 
 from llmconsole.console.client import DaemonClient
 from llmconsole.engine.alerts.rules import CRASH_LOOPING
-from llmconsole.engine.supervisor import SupervisionPolicy
+from llmconsole.engine.supervision_policy import SupervisionPolicy
 from llmconsole.paths import resolve
 from tests.support.daemon import Cli, daemon_home
 from tests.support.engine_flags import tiny_engine_flags

@@ -8,7 +8,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 
-from llmconsole.engine.supervisor import SupervisionPolicy
+from llmconsole.engine.supervision_policy import SupervisionPolicy
 
 # Fast enough for a unit test; the crash window is so short that only the failure streak can
 # ever find a loop.

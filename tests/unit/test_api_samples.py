@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -17,6 +18,8 @@ from llmconsole.daemon.context import DaemonContext
 from llmconsole.daemon.services.startup import StartupProgress
 from llmconsole.db import MetricSample, Store, WindowSample
 from llmconsole.engine.fleet import UnknownEngine
+from llmconsole.engine.run_log import RunLog
+from llmconsole.engine.status import EngineState, EngineStatus
 from tests.support.paths import FIXTURES
 
 FIX = FIXTURES / "startup"
@@ -126,6 +129,14 @@ def test_binning_keeps_gaps():
     assert at == [1.0, 10.0] and cols == {"v": [2.0, None]}
 
 
+def _following(log, pid: int) -> RunLog:
+    run_log = RunLog(log)
+    run_log.run_began(0)
+    run_log.follow_pid(pid)
+    run_log.follow()
+    return run_log
+
+
 def test_a_starting_engine_reports_its_phase_elapsed_time_and_last_start(store, tmp_path):
     log = tmp_path / "engine.log"
     text = (FIX / "ready_cpu.log").read_text()
@@ -133,16 +144,23 @@ def test_a_starting_engine_reports_its_phase_elapsed_time_and_last_start(store, 
     run = store.run_started("demo", "cfg1", pid=2580, port=1, spec_public={}, at=1000.0)
     store.run_ready(run, kv_cache_tokens=1, max_concurrency=1.0, at=1042.0)
     progress = StartupProgress(store)
-    e = {
-        "name": "demo",
-        "state": "starting",
-        "config_id": "cfg1",
-        "pid": 2580,
-        "started_at_s": 2000.0,
-        "log_path": str(log),
-    }
-    got = progress.of(e, now_s=2012.5)
+    st = EngineStatus(
+        name="demo",
+        state=EngineState.STARTING,
+        config_id="cfg1",
+        model="m",
+        served_model_name="m",
+        device="cpu",
+        pid=2580,
+        started_at_s=2000.0,
+        log_path=str(log),
+        start_phase=_following(log, 2580).start_phase,
+    )
+    got = progress.of(st, now_s=2012.5)
     assert got == {"phase": "loading weights", "step": 3, "steps": 9, "elapsed_s": 12.5, "expected_s": 42.0}
-    assert progress.of(dict(e, pid=777), now_s=2013.0)["phase"] == "launching (Python imports)"
-    assert progress.of(dict(e, state="ready"), now_s=2013.0) is None
-    assert StartupProgress(None).of(e, now_s=2001.0)["expected_s"] is None
+    other = replace(st, pid=777, start_phase=_following(log, 777).start_phase)
+    assert progress.of(other, now_s=2013.0)["phase"] == "launching (Python imports)"
+    assert progress.of(replace(st, start_phase=None), now_s=2013.0)["phase"] == "launching (Python imports)"
+    assert progress.of(replace(st, state=EngineState.READY), now_s=2013.0) is None
+    assert StartupProgress(None).of(st, now_s=2001.0)["expected_s"] is None
+    assert "start_phase" not in st.to_json()  # the API's "startup" says it

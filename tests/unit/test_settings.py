@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from llmconsole.engine.modes.policy import PolicySettings
-from llmconsole.engine.supervisor import SupervisionPolicy
+from llmconsole.engine.supervision_policy import SupervisionPolicy
 from llmconsole.settings import Settings, SettingsError, leaf_keys, load
 from llmconsole.settings.fields import ModePolicy, Supervision
 from llmconsole.settings.table import markdown_table, rows

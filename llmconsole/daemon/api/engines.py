@@ -123,8 +123,7 @@ async def get_status(request: web.Request) -> web.Response:
     progress = request.app[STARTUP]
     engines = []
     for st in fleet.statuses():  # a starting engine: its phase, time since launch and its last start's length
-        e = st.to_json()
-        engines.append(EngineInfo.model_validate({**e, "startup": progress.of(e, now)}))
+        engines.append(EngineInfo.model_validate({**st.to_json(), "startup": progress.of(st, now)}))
     return wire_response(
         StatusAnswer(
             wire_version=WIRE_VERSION,

@@ -2,9 +2,14 @@
 operator's named groups, and a group of its own for every other engine), the controller loop,
 and the operator's groups and window settings kept across daemon restarts.
 
-Every few hundred milliseconds the service copies each engine's state into its group (its URL,
-whether it is ready, its API key), so a restarting engine closes its group's gate (when it was
-the group's last ready engine) and requests wait in the queue until it is ready again. A group
+Whenever an engine's state changes the service copies it into its group (its URL, whether it is
+ready, its API key): it subscribes to the endpoints it routes to, this host's engines (the
+status their supervisors publish) and other hosts' (what their health checks found), both
+behind one interface (engine/gateway/endpoint.py), and syncs from that published state every
+SETTLE_INTERVAL_S besides (reading no engine, building no status), which gives an engine a
+request found refusing back to its groups and lets retired groups that finished go. So a
+restarting engine closes its group's gate (when it was the group's last ready engine) and
+requests wait in the queue until it is ready again. A group
 that a membership change retires stops taking requests at once but keeps serving what it had
 admitted or queued, on the same engines, until it is empty. Every controller interval each group's controller
 steps and its window moves. The trace stays in memory for the console (bounded by the
@@ -25,7 +30,7 @@ then created if there is none) and whenever the operator set one.
 A named group may hold engines of other hosts (ENGINE@HOST, see engine/gateway/remote.py): their
 address, API key and model names come with the group's PUT and are kept in the 0600 file
 remote-members.json (never in gateway.json, which holds no secret). A watch asks each of them
-for /health once a second and copies what it finds into their groups with every sync.
+for /health once a second and publishes what it finds, which their groups follow.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ import os
 import secrets
 import stat
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -50,21 +55,22 @@ from llmconsole.atomic import FileWriter, set_aside, write_atomic
 from llmconsole.db import Store
 from llmconsole.engine.fleet import Fleet, UnknownEngine
 from llmconsole.engine.gateway.door import DoorLimits
+from llmconsole.engine.gateway.endpoint import Endpoint, EndpointSource, FleetEndpoints, RemoteEndpoints
 from llmconsole.engine.gateway.group import EngineGroup, Upstream
 from llmconsole.engine.gateway.membership import GroupError, Membership, UnknownGroup
 from llmconsole.engine.gateway.pid import PidSettings, TraceSample
 from llmconsole.engine.gateway.proxy import Gateway, state_of
 from llmconsole.engine.gateway.remote import RemoteMember, RemoteWatch, members_json, read_members
-from llmconsole.engine.status import EngineState, EngineStatus
+from llmconsole.engine.status import EngineStatus
 from llmconsole.settings import Resolved
 from llmconsole.settings import load as load_settings
 
 log = logging.getLogger(__name__)
 
-SYNC_INTERVAL_S = 0.25
 # Another host's engine refused a request's connection after its last health check passed: it is
 # out of the group at once, and its checks say more at their next round.
 REFUSED_SINCE_CHECK = "refused a connection since its last health check; out until a check passes"
+SETTLE_INTERVAL_S = 0.25
 _SETTING_KEYS = ("target_ms", "signal", "min_window", "max_window", "start_window", "kp", "ki", "kd")
 PORT_ENV = "LLMCONSOLE_GATEWAY_PORT"
 _DRAIN_POLL_S = 0.1
@@ -117,6 +123,14 @@ class GatewayService:
         self._remotes_on_disk = self.remotes_file.exists()
         self._unsaved: list[Future[None]] = []
         self.watch = RemoteWatch()
+        # Every engine a group may route to, this host's first, then other hosts': looked up by
+        # name, followed by subscription (see _moved).
+        self.endpoints: tuple[EndpointSource, ...] = (
+            RemoteEndpoints(lambda: self.remotes, self.watch),
+            FleetEndpoints(fleet),
+        )
+        self._unsubscribe: list[Callable[[], None]] = []
+        self._sync_due = False
         self._http: aiohttp.ClientSession | None = None
         self._watch_task: asyncio.Task[None] | None = None
         saved = self._read_file()
@@ -156,6 +170,7 @@ class GatewayService:
         self._save()
         await self.saved()
         self.fleet.status_annotators.append(self.annotate)
+        self._unsubscribe = [source.subscribe(self._moved) for source in self.endpoints]
         self._task = asyncio.create_task(self._loop(), name="gateway-control")
         # Other hosts' engines: a small pool of its own, apart from the requests' connections.
         self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit_per_host=2))
@@ -163,6 +178,10 @@ class GatewayService:
         return url
 
     async def close(self) -> None:
+        for unsubscribe in self._unsubscribe:
+            unsubscribe()
+        self._unsubscribe = []
+        self._sync_due = True  # a sync already scheduled finds the gateway closing: it does nothing
         for task in (self._task, self._watch_task):
             if task is not None:
                 task.cancel()
@@ -181,6 +200,36 @@ class GatewayService:
             self._http = None
 
     # --- engines -> groups ----------------------------------------------------------------
+
+    def _moved(self, name: str) -> None:
+        """An endpoint changed (a supervisor published, a round of remote checks ended): sync once
+        the publisher is done, however many changed meanwhile (a sync for each scrape of each
+        engine would be wasted). A change outside the loop is synced at once."""
+        if self._sync_due:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.sync()
+            return
+        self._sync_due = True
+        loop.call_soon(self._sync_now)
+
+    def _sync_now(self) -> None:
+        if not self._unsubscribe:
+            return  # closed meanwhile
+        self._sync_due = False
+        try:
+            self.sync()
+        except Exception:  # the front door must keep serving whatever a sync does
+            log.exception("gateway sync failed")
+
+    def _endpoint(self, name: str) -> Endpoint | None:
+        for source in self.endpoints:
+            endpoint = source.endpoint(name)
+            if endpoint is not None:
+                return endpoint
+        return None
 
     def sync(self) -> None:
         groups = self.gateway.groups
@@ -204,18 +253,13 @@ class GatewayService:
             for name in members:
                 if name not in group.upstreams and name in known:
                     group.upstreams[name] = known[name]  # one object: its outstanding count carries over
-                remote = self.remotes.get(name)
-                if remote is not None:  # another host's engine: ready while it answers its checks
-                    up = group.upstreams.get(name)
-                    ready = self.watch.routable(name, up.down_at if up is not None else None)
-                    group.set_upstream(name, remote.url, ready, remote.api_key, remote=True)
-                    models.update(remote.models)
+                endpoint = self._endpoint(name)
+                if endpoint is None:
                     continue
-                st = self.fleet.engines[name].status()
-                spec = self.fleet.engines[name].spec
-                key = spec.api_key.get_secret_value() if spec.api_key else None
-                group.set_upstream(name, st.url, st.state == EngineState.READY, key)
-                models |= {st.served_model_name, st.model}
+                up = group.upstreams.get(name)
+                ready = endpoint.routable(up.down_at if up is not None else None)
+                group.set_upstream(name, endpoint.url, ready, endpoint.api_key, remote=endpoint.remote)
+                models |= endpoint.models
             group.model_names = models
         if self.gateway.key is None and any(g.api_keys() for g in groups.values()):
             self.gateway.key = self._ensure_key_file()  # an engine has a key: so must the door
@@ -245,6 +289,10 @@ class GatewayService:
             return PidSettings()
 
     async def _loop(self) -> None:
+        """Step every group's window controller each interval. The engines' state arrives by
+        subscription (see _moved); the groups are also synced from the published state every
+        SETTLE_INTERVAL_S, which reads no engine and builds no status: it gives an engine a
+        request found refusing back to its groups, and lets retired groups that finished go."""
         next_step = time.monotonic()
         while True:
             try:
@@ -263,7 +311,7 @@ class GatewayService:
                 raise
             except Exception:  # the front door must keep serving whatever a step does
                 log.exception("gateway control step failed")
-            await asyncio.sleep(SYNC_INTERVAL_S)
+            await asyncio.sleep(SETTLE_INTERVAL_S)
 
     async def _watch_loop(self) -> None:
         while True:
@@ -280,7 +328,7 @@ class GatewayService:
         if self._http is None:
             return
         await self.watch.check_all(self._http, dict(self.remotes))
-        self.sync()
+        self.sync()  # now, for the caller; what the watch publishes is synced on the loop's next turn
 
     def _store_trace(self, samples: list[tuple[str, TraceSample]]) -> None:
         """Write controller steps to the store when the daemon has one; idle holds are not kept."""

@@ -2,19 +2,18 @@
 how long its last start took (the store's runs), so clients can draw a progress bar with an ETA.
 
 vLLM says nothing about its start but its log; a start on two CPU cores takes about a minute,
-and the console's gauges are N/A all that time. Reading the log's tail is cheap (64 KiB, only
-for engines that are starting), and the expected time is looked up once per launch.
+and the console's gauges are N/A all that time. The phase comes with the engine's published
+status (its scraper follows the log as it grows: engine/run_log.py), so answering reads no file;
+the expected time is looked up once per launch.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from llmconsole.db import Store
-from llmconsole.engine.startup_log import read_tail, start_phase
-
-TAIL_BYTES = 64 * 1024
+from llmconsole.engine.startup_log import start_phase
+from llmconsole.engine.status import EngineState, EngineStatus
 
 
 class StartupProgress:
@@ -45,20 +44,16 @@ class StartupProgress:
         last = (same or runs)[-1] if runs else None
         return None if last is None or last.ready_at is None else max(0.0, last.ready_at - last.started_at)
 
-    def of(self, engine: dict[str, Any], now_s: float) -> dict[str, Any] | None:
+    def of(self, status: EngineStatus, now_s: float) -> dict[str, Any] | None:
         """{"phase", "step", "steps", "elapsed_s", "expected_s"} for a starting engine, else None."""
-        if engine.get("state") != "starting":
+        if status.state != EngineState.STARTING:
             return None
-        launched = engine.get("started_at_s")
-        log_path = engine.get("log_path")
-        text = read_tail(Path(log_path), TAIL_BYTES) if log_path else ""
-        phase = start_phase(text, engine.get("pid"))
+        launched = status.started_at_s
+        phase = status.start_phase or start_phase("")  # its log has not been read yet: launching
         return {
             "phase": phase.name,
             "step": phase.step,
             "steps": phase.steps,
             "elapsed_s": None if launched is None else max(0.0, now_s - launched),
-            "expected_s": None
-            if launched is None
-            else self.expected_s(engine["name"], engine.get("config_id", ""), launched),
+            "expected_s": None if launched is None else self.expected_s(status.name, status.config_id, launched),
         }

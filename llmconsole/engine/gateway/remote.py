@@ -20,7 +20,7 @@ import asyncio
 import ipaddress
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -129,6 +129,24 @@ class RemoteWatch:
     def __init__(self, interval_s: float = 1.0, timeout_s: float = 3.0, down_after: int = 2) -> None:
         self.interval_s, self.timeout_s, self.down_after = interval_s, timeout_s, down_after
         self.health: dict[str, Health] = {}
+        # Who hears, after every round, the name of each member it checked or forgot (the gateway).
+        self._listeners: list[Callable[[str], None]] = []
+
+    def subscribe(self, listener: Callable[[str], None]) -> Callable[[], None]:
+        self._listeners.append(listener)
+        return lambda: self.unsubscribe(listener)
+
+    def unsubscribe(self, listener: Callable[[str], None]) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    def _published(self, names: list[str]) -> None:
+        for name in names:
+            for listener in list(self._listeners):
+                try:
+                    listener(name)
+                except Exception:  # a reader's fault must not stop the checks
+                    log.exception("a listener of the remote checks failed on %s", name)
 
     def routable(self, name: str, down_at: float | None) -> bool:
         h = self.health.get(name)
@@ -148,13 +166,15 @@ class RemoteWatch:
     async def check_all(self, session: aiohttp.ClientSession, members: Mapping[str, RemoteMember]) -> None:
         """Check every member at once; members that left are forgotten, and a member whose URL
         changed starts over as not yet checked."""
-        for name in [n for n in self.health if n not in members]:
+        gone = [n for n in self.health if n not in members]
+        for name in gone:
             del self.health[name]
         for name, m in members.items():
             if name not in self.health or self.health[name].url != m.url:
                 self.health[name] = Health(url=m.url)
         if members:
             await asyncio.gather(*(self._check(session, m) for m in members.values()))
+        self._published([*gone, *members])
 
     async def _check(self, session: aiohttp.ClientSession, m: RemoteMember) -> None:
         began = time.monotonic()
