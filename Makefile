@@ -64,15 +64,17 @@ $(MODELS)/%/llmconsole-model.json: $(VENV)/.install-stamp llmconsole/random_mode
 models: $(MODELS)/tiny/llmconsole-model.json $(MODELS)/small/llmconsole-model.json
 
 # The whole suite in two passes, so that it fits 25 minutes on a 2-core host. The tests that start
-# no engine share nothing and run on every core. The engine tests run two at a time, a module to a
+# no engine share nothing and run on every core, with one worker more than cores: several of
+# them wait out a host's timeout (a silent sshd, a hung daemon) and would hold a core idle. The engine tests run two at a time, a module to a
 # worker (--dist loadfile), because a module shares its engines between its tests: an engine
 # spends much of its life waiting (its start, a client's pacing), so two modules side by side
 # finish in about three quarters of the serial time. Both passes always run; the worse status is
 # the result, and a pass that PYTEST_ARGS leaves with no test (exit 5) is not a failure.
 TEST_ENV := LLMCONSOLE_TEST_MODEL=$(CURDIR)/$(MODELS)/tiny
+FAST_WORKERS := $(shell echo $$(( $$(nproc) + 1 )))
 test: setup $(MODELS)/tiny/llmconsole-model.json
 	@rc=0; \
-	$(TEST_ENV) $(PY) -m pytest -m "not engine" -n auto --durations=10 $(PYTEST_ARGS) || rc=$$?; \
+	$(TEST_ENV) $(PY) -m pytest -m "not engine" -n $(FAST_WORKERS) --durations=10 $(PYTEST_ARGS) || rc=$$?; \
 	[ $$rc = 5 ] && rc=0; \
 	$(TEST_ENV) $(PY) -m pytest -m engine -n 2 --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS) || rc2=$$?; \
 	[ "$${rc2:-0}" = 5 ] && rc2=0; \
@@ -90,7 +92,7 @@ test-gpu: $(GPU_TEST_SETUP)
 # Everything that does not start a real vLLM engine (those are marked `engine`): for iterating.
 # Those tests share nothing (each daemon has a home of its own), so they run on every core.
 test-fast: setup $(MODELS)/tiny/llmconsole-model.json
-	$(TEST_ENV) $(PY) -m pytest -m "not engine" -n auto $(PYTEST_ARGS)
+	$(TEST_ENV) $(PY) -m pytest -m "not engine" -n $(FAST_WORKERS) $(PYTEST_ARGS)
 
 # The gateway's property tests at length: thousands of random requests (methods, paths,
 # percent-encodings, headers, chunked and sized bodies) through the door to a recording engine,
