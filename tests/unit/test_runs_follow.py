@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from llmconsole.console.cli_common import CliError
-from llmconsole.console.commands import runs
+from llmconsole.console.commands import run_follow as runs
 
 
 class ScriptedRuns:

@@ -1,6 +1,6 @@
 """`llmconsole sweep ...`: a mini sweep over engine configs and loads, run by the daemon.
 
-The CLI builds the same request the console sends and follows the run (commands/runs.py): each
+The CLI builds the same request the console sends and follows the run (commands/run_follow.py): each
 server point is a daemon restart with spec overrides (a config version in the history like any
 other restart), and the daemon puts the original spec back at the end, whatever happens to the
 CLI. The results are written where the daemon keeps them and, with --out, here too.
@@ -16,7 +16,7 @@ from typing import Any
 
 from llmconsole.console.cli_common import EXIT_USAGE, CliError, daemon_client
 from llmconsole.console.client import DaemonClient
-from llmconsole.console.commands import runs
+from llmconsole.console.commands import run_follow
 from llmconsole.console.commands.load import add_workload_flags, engine_target
 from llmconsole.engine.sweep.plan import SweepPlan, SweepProgress
 from llmconsole.engine.sweep.report import analyse, picks_text, render_table, result_from_json, to_json, write_results
@@ -137,9 +137,9 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
     request = sweep_request(ns)
     with daemon_client() as client:
         engine_target(client, ns.engine)  # refuse before any restart if it is not ready
-        record = runs.start(client, "sweep", request.model_dump(mode="json"))
+        record = run_follow.start(client, "sweep", request.model_dump(mode="json"))
         if ns.detach:
-            return runs.detached(record, ns.json)
+            return run_follow.detached(record, ns.json)
         return follow_run(client, record, out=Path(ns.out) if ns.out else None, as_json=ns.json, owner=True)
 
 
@@ -150,7 +150,7 @@ def follow_run(client: DaemonClient, record: dict[str, Any], *, out: Path | None
         plan = SweepRequest.model_validate(record["request"]).plan()
     except ValueError as e:
         raise CliError(f"run {record['id']}: its request no longer reads as a sweep: {e}") from None
-    end = runs.follow(client, record, _progress_event, owner=owner)
+    end = run_follow.follow(client, record, _progress_event, owner=owner)
     outcome = end.get("outcome")
     if not outcome:
         raise CliError(f"run {end['id']}: the sweep failed: {end.get('error')}")
@@ -165,4 +165,4 @@ def follow_run(client: DaemonClient, record: dict[str, Any], *, out: Path | None
         print(f"\nwritten: {', '.join(str(f) for f in files.values())}")
     if not result.restored:
         raise CliError(f"the engine's original config was NOT restored: {result.restore_error}")
-    return runs.EXIT_INTERRUPTED if result.status == "cancelled" else 0
+    return run_follow.EXIT_INTERRUPTED if result.status == "cancelled" else 0

@@ -1,6 +1,6 @@
 """`llmconsole tune ...`: find the config with the best goodput under an SLO, in few restarts.
 
-The daemon runs the trials (commands/runs.py follows the run), exactly as for a tune started in
+The daemon runs the trials (commands/run_follow.py follows the run), exactly as for a tune started in
 the console; the study is a journal under the daemon's data dir, so running the same command
 again resumes it. `--apply` moves the engine to the winner through the daemon's guarded apply,
 which then watches the SLO and rolls back on its own if production degrades.
@@ -16,7 +16,7 @@ from typing import Any
 from llmconsole.console.cli_common import EXIT_USAGE, CliError, daemon_client
 from llmconsole.console.client import DaemonClient, DaemonError
 from llmconsole.console.client import engine_facts as client_engine_facts
-from llmconsole.console.commands import runs
+from llmconsole.console.commands import run_follow
 from llmconsole.console.commands.load import add_workload_flags, engine_target
 from llmconsole.engine.tune.guard import applied_text
 from llmconsole.engine.tune.ranges import EngineFacts, TuneSpace
@@ -183,16 +183,16 @@ def cmd_tune(ns: argparse.Namespace) -> int:
             print(f"tune {ns.engine}: {settings.budget.describe()}, search {settings.search}, study {settings.name}")
             print("\n".join("  " + line for line in space.describe()))
             return 0
-        record = runs.start(client, "tune", tune_request(ns).model_dump(mode="json"))
+        record = run_follow.start(client, "tune", tune_request(ns).model_dump(mode="json"))
         if ns.detach:
-            return runs.detached(record, ns.json)
+            return run_follow.detached(record, ns.json)
         return follow_run(client, record, apply=ns.apply, as_json=ns.json, owner=True)
 
 
 def follow_run(client: DaemonClient, record: dict[str, Any], *, apply: bool, as_json: bool, owner: bool) -> int:
     """Follow a tune run to its end and print it as `tune` always has; `apply`: the winner
     through the guarded apply once the run is done and the engine is back."""
-    end = runs.follow(client, record, _progress_event, owner=owner)
+    end = run_follow.follow(client, record, _progress_event, owner=owner)
     outcome = end.get("outcome")
     if not outcome:
         raise CliError(f"run {end['id']}: the tune failed: {end.get('error')}")
@@ -212,7 +212,7 @@ def follow_run(client: DaemonClient, record: dict[str, Any], *, apply: bool, as_
             print(f"\n{applied_text(applied)}")
     if not result.restored:
         raise CliError(f"the engine's original config was NOT restored: {result.restore_error}")
-    return runs.EXIT_INTERRUPTED if result.status == "cancelled" else 0
+    return run_follow.EXIT_INTERRUPTED if result.status == "cancelled" else 0
 
 
 def apply_winner(client: DaemonClient, engine: str, result: TuneResult, slo: dict[str, Any]) -> dict[str, Any]:
