@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from llmconsole.console import run_follow as runs
 from llmconsole.console.cli_common import CliError
-from llmconsole.console.commands import run_follow as runs
 
 
 class ScriptedRuns:

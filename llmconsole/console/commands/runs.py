@@ -16,7 +16,7 @@ from datetime import datetime
 
 from llmconsole.console.cli_common import CliError, confirm, daemon_client, na
 from llmconsole.console.client import DaemonClient
-from llmconsole.console.commands.run_follow import follow, get_run
+from llmconsole.console.run_follow import follow, get_run
 from llmconsole.wire.runs import RunsAnswer, RunSummary
 
 

@@ -1,6 +1,6 @@
 """`llmconsole sweep ...`: a mini sweep over engine configs and loads, run by the daemon.
 
-The CLI builds the same request the console sends and follows the run (commands/run_follow.py): each
+The CLI builds the same request the console sends and follows the run (console/run_follow.py): each
 server point is a daemon restart with spec overrides (a config version in the history like any
 other restart), and the daemon puts the original spec back at the end, whatever happens to the
 CLI. The results are written where the daemon keeps them and, with --out, here too.
@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from llmconsole.console import run_follow
 from llmconsole.console.cli_common import EXIT_USAGE, CliError, daemon_client
 from llmconsole.console.client import DaemonClient
-from llmconsole.console.commands import run_follow
 from llmconsole.console.commands.load import add_workload_flags, engine_target
 from llmconsole.engine.sweep.plan import SweepPlan, SweepProgress
 from llmconsole.engine.sweep.report import analyse, picks_text, render_table, result_from_json, to_json, write_results

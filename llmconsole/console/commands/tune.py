@@ -1,6 +1,6 @@
 """`llmconsole tune ...`: find the config with the best goodput under an SLO, in few restarts.
 
-The daemon runs the trials (commands/run_follow.py follows the run), exactly as for a tune started in
+The daemon runs the trials (console/run_follow.py follows the run), exactly as for a tune started in
 the console; the study is a journal under the daemon's data dir, so running the same command
 again resumes it. `--apply` moves the engine to the winner through the daemon's guarded apply,
 which then watches the SLO and rolls back on its own if production degrades.
@@ -13,10 +13,10 @@ import json
 import sys
 from typing import Any
 
+from llmconsole.console import run_follow
 from llmconsole.console.cli_common import EXIT_USAGE, CliError, daemon_client
 from llmconsole.console.client import DaemonClient, DaemonError
 from llmconsole.console.client import engine_facts as client_engine_facts
-from llmconsole.console.commands import run_follow
 from llmconsole.console.commands.load import add_workload_flags, engine_target
 from llmconsole.engine.tune.guard import applied_text
 from llmconsole.engine.tune.ranges import EngineFacts, TuneSpace
