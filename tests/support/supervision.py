@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import io
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from llmconsole.engine.supervision_policy import SupervisionPolicy
 
@@ -35,3 +37,26 @@ async def until(pred: Callable[[], bool], timeout_s: float = 30.0, what: str = "
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {timeout_s} s: {what}")
         await asyncio.sleep(interval_s)
+
+
+def run_bounded(main: Callable[[], Coroutine[Any, Any, None]], timeout_s: float = 240.0) -> None:
+    """asyncio.run(main()), failed after `timeout_s` with where every task of the loop waits: a
+    test of the fleet that hangs (an await nothing will finish) says where, instead of holding
+    its worker for the suite's whole per-test timeout."""
+
+    async def bounded() -> None:
+        task = asyncio.ensure_future(main())
+        done, _ = await asyncio.wait({task}, timeout=timeout_s)
+        if task in done:
+            return task.result()
+        stacks = []
+        for t in asyncio.all_tasks():
+            if t is asyncio.current_task():
+                continue
+            out = io.StringIO()
+            t.print_stack(limit=8, file=out)
+            stacks.append(out.getvalue())
+        task.cancel()
+        raise AssertionError(f"still waiting after {timeout_s:g} s; the loop's tasks:\n" + "\n".join(stacks))
+
+    asyncio.run(bounded())

@@ -25,7 +25,7 @@ from llmconsole.engine.supervisor import (
 )
 from llmconsole.paths import Paths
 from tests.support.fake_engine import FakeEngine
-from tests.support.supervision import FAST, until
+from tests.support.supervision import FAST, run_bounded, until
 
 
 def _paths(tmp_path: Path) -> Paths:
@@ -114,7 +114,7 @@ def test_a_restart_cut_short_at_any_phase_is_resumed_by_the_next_fleet(tmp_path,
         finally:
             await nxt.close(stop_engines=True)
 
-    asyncio.run(main())
+    run_bounded(main)
 
 
 def test_a_resumed_target_that_never_comes_up_fails_as_a_fresh_start_does(tmp_path, fake):
@@ -147,7 +147,7 @@ def test_a_resumed_target_that_never_comes_up_fails_as_a_fresh_start_does(tmp_pa
         finally:
             await nxt.close(stop_engines=True)
 
-    asyncio.run(main())
+    run_bounded(main)
 
 
 def test_a_restart_whose_target_cannot_be_saved_is_refused_and_the_engine_serves_on(tmp_path, fake, monkeypatch):
@@ -173,7 +173,7 @@ def test_a_restart_whose_target_cannot_be_saved_is_refused_and_the_engine_serves
         finally:
             await fleet.close(stop_engines=True)
 
-    asyncio.run(main())
+    run_bounded(main)
 
 
 def test_actions_left_unfinished_are_closed_as_interrupted_with_what_was_found(tmp_path):
@@ -209,7 +209,7 @@ def test_the_fault_injection_point_is_inert_unless_asked_for(tmp_path):
         assert not paused.done()
         paused.cancel()
 
-    asyncio.run(main())
+    run_bounded(main)
 
 
 def test_the_action_log_shows_how_each_action_ended_and_what_was_found():
@@ -296,4 +296,4 @@ def test_a_restart_asked_for_by_an_action_ends_it_when_the_target_serves_or_fail
         finally:
             await fleet.close(stop_engines=True)
 
-    asyncio.run(main())
+    run_bounded(main)
