@@ -18,7 +18,9 @@ def test_the_startup_heap_is_frozen_and_later_garbage_is_still_collected():
     before = _Node()  # alive at "startup"
     try:
         frozen = freeze_startup_heap()
-        assert frozen == gc.get_freeze_count() and frozen > 10_000  # the imported modules' objects
+        # The imported modules' objects; a frozen object freed since (a thread an earlier test of
+        # this worker left behind drops its last reference) leaves the count, never adds to it.
+        assert frozen > 10_000 and 0.99 * frozen <= gc.get_freeze_count() <= frozen
         assert gc.is_tracked(before) and not any(o is before for o in gc.get_objects())  # out of every generation
         a, b = _Node(), _Node()
         a.other, b.other = b, a  # a cycle made after the freeze: only the collector can free it

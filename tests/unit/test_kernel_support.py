@@ -153,8 +153,12 @@ def test_tuner_offers_only_the_kernels_the_runtime_runs(tiny_model):
 def test_status_json_carries_the_refusal_for_clients(tmp_path):
     """The console's tune form and `tune --dry-run` read it from status (client.engine_facts)."""
     from llmconsole.console.client import engine_facts
+    from llmconsole.wire.status import EngineInfo
 
     class Client:
+        def engine_info(self, name):  # the daemon's answer, read through the wire's model
+            return EngineInfo.model_validate(self.engine(name))
+
         def engine(self, name):
             return {
                 "name": name,
