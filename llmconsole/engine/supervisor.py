@@ -52,6 +52,7 @@ from llmconsole.engine.host import (
     socket_holders,
     tree_socket_inodes,
 )
+from llmconsole.engine.ports import pick_port
 from llmconsole.engine.process import EngineProcess, ProcessRecord
 from llmconsole.engine.scraper import EngineScraper
 from llmconsole.engine.spec import EngineSpec
@@ -147,10 +148,9 @@ class PortInUse(ValueError):
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A port for an engine that was given none: below the ephemeral range (engine/ports.py), so
+    that no client connection takes it while the engine restarts."""
+    return pick_port(host)
 
 
 def port_holder(host: str, port: int) -> str | None:

@@ -33,6 +33,7 @@ from llmconsole.engine.gateway.door import DoorLimits, allowed_hosts, host_allow
 from llmconsole.engine.gateway.group import OUTCOMES
 from llmconsole.engine.modes.memory import FRACTIONS
 from llmconsole.engine.modes.policy import used_fraction
+from llmconsole.engine.ports import pick_port
 from llmconsole.engine.status import EngineState
 from llmconsole.settings import Resolved
 from llmconsole.settings import load as load_settings
@@ -243,7 +244,8 @@ class Exporter:
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         try:
-            site = web.TCPSite(self._runner, self.host, self.port)
+            # Port 0: one below the ephemeral range, kept across restarts (engine/ports.py).
+            site = web.TCPSite(self._runner, self.host, self.port or pick_port(self.host))
             await site.start()
         except OSError as e:
             await self._runner.cleanup()

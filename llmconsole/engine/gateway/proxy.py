@@ -42,6 +42,7 @@ the group's next engine, as a refused one does.
 from __future__ import annotations
 
 import asyncio
+import errno
 import hmac
 import json
 import logging
@@ -77,6 +78,7 @@ from llmconsole.engine.gateway.upstream import (
     UpstreamRefused,
     UpstreamResponse,
 )
+from llmconsole.engine.ports import pick_port
 
 log = logging.getLogger(__name__)
 
@@ -199,12 +201,19 @@ class Gateway:
             idle_timeout_s=self.limits.upstream_idle_timeout_s,
         )
         self.door.make_server(self._handle)
-        try:
-            self.port = await self.door.listen(self.host, self.port)
-        except OSError:
-            await self._pool.close()
-            self._pool = None
-            raise
+        # Port 0: one below the ephemeral range (see engine/ports.py), picked again if another
+        # process binds it between the pick and the listen.
+        tries = 3 if self.port == 0 else 1
+        for attempt in range(tries):
+            try:
+                self.port = await self.door.listen(self.host, self.port or pick_port(self.host))
+                break
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE and attempt + 1 < tries:
+                    continue
+                await self._pool.close()
+                self._pool = None
+                raise
         log.info("gateway listening on %s (at most %d connections)", self.url, self.door.cap)
         return self.url
 
