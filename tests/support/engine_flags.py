@@ -16,11 +16,13 @@ def tiny_engine_flags(
     max_model_len: int = 512,
     kv_cache_bytes: int | None = 100_000_000,
     served_name: str | None = None,
-    single_process: bool = False,
+    single_process: bool = True,
     extra: Sequence[str] = (),
 ) -> list[str]:
-    """`single_process`: the API server runs the engine core in its own process (vLLM's
-    VLLM_ENABLE_V1_MULTIPROCESSING=0), a process less to start on a small host."""
+    """`single_process` (the default): vLLM's VLLM_ENABLE_V1_MULTIPROCESSING=0, so the engine core
+    runs its model in its own process rather than in a worker process of its own: one Python
+    process fewer to start and import vLLM into, which is about a third of a tiny engine's start
+    (15 s against 22 s on a quiet 2-core host). `single_process=False` is vLLM's default layout."""
     flags: list[str] = []
     if served_name is not None:
         flags += ["--served-model-name", served_name]
