@@ -88,6 +88,7 @@ def test_a_start_with_token_looking_args_and_a_secret_env_runs_them_and_shows_no
     assert spec["env"] == {
         "HF_TOKEN": "<redacted>",
         "TOKENIZERS_PARALLELISM": "false",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the tests' tiny engines (tests/support/engine_flags.py)
         **{k: "<redacted>" for k in SHORT_NAMED},
     }
     assert spec["extra_args"] == ["--tokenizer-mode=auto"]
