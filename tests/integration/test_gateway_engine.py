@@ -424,3 +424,88 @@ def test_a_trace_replays_through_the_gateway_with_the_load_generators_accounting
     assert s["output_tokens"] == 8 * 8 + 16
     assert s["input_tokens"] == sum(24 + 8 * i for i in range(8)) + 512 - 16
     assert json.loads(gcli("window", "g1", "--json").stdout)["admitted_total"] - before == 9
+
+
+def test_autopilot_turns_every_control_on_for_one_slo_reports_what_each_did_and_puts_them_back(gcli):
+    """`autopilot on` with one SLO: the window holds its latency (unfrozen), the auto memory
+    mode, the standby response to an SLO burn and a scheduled tune, each recorded as an
+    operator's change is; under a load no window can serve within the target, `status` shows
+    the window's moves with the latency that moved them; `off` puts every control back."""
+    gcli("window", "g1", "--set", "8")  # the module's engine as the other tests leave it: 8, frozen
+    before = json.loads(gcli("window", "g1", "--json").stdout)
+    responses_before = json.loads(gcli("alerts", "--json").stdout)["settings"]
+    r = gcli("autopilot", "on", "g1", "--slo", "p99_ttft_ms=abc", check=False)
+    assert r.returncode == 2 and "not a number of milliseconds" in r.stderr
+    r = gcli("autopilot", "on", "nope", "--slo", "p99_ttft_ms=1", check=False)
+    assert r.returncode == 2 and "nope" in r.stderr
+    assert json.loads(gcli("window", "g1", "--json").stdout)["frozen"] is True  # nothing changed
+
+    began = time.time()
+    # An SLO no request meets (1 ms to the first token); the standby waits longer than this test.
+    on = json.loads(
+        gcli(
+            "autopilot",
+            "on",
+            "g1",
+            "--slo",
+            "p99_ttft_ms=1",
+            "--standby-after",
+            "900",
+            "--tune-every",
+            "3600",
+            "--window",
+            "4-16",
+            "--json",
+        ).stdout
+    )
+    pilot = on["pilots"][0]
+    assert on["on"] and pilot["engines"] == ["g1"] and pilot["slo"] == {"p99_ttft_ms": 1.0}
+    assert {n: c["on"] for n, c in pilot["controls"].items()} == {
+        "window": True,
+        "mode": True,
+        "standby": True,
+        "tune": True,
+    }
+    w = json.loads(gcli("window", "g1", "--json").stdout)
+    assert (w["frozen"], w["signal"], w["target_ms"], w["min_window"], w["max_window"]) == (False, "ttft", 1.0, 4, 16)
+    assert gcli.engine("g1")["mode_auto"] is True
+    settings = json.loads(gcli("alerts", "--json").stdout)["settings"]
+    assert "standby" in settings["responses"]["LlmconsoleLatencySloBurning"]
+    assert settings["for_s"]["LlmconsoleLatencySloBurning"] == 900
+    r = gcli("autopilot", "on", "g1", "--slo", "p99_e2e_ms=2000", check=False)
+    assert r.returncode == 2 and "already on" in r.stderr
+
+    def status() -> dict:
+        return json.loads(gcli("autopilot", "status", "g1", "--json").stdout)["pilots"][0]
+
+    with _Streams(gcli.engine("g1")["gateway_url"], 16) as load:
+        moved = wait_until(
+            status,
+            120,
+            1,
+            "the window to move under the autopilot",
+            ok=lambda p: any(e["control"] == "window" for e in p["timeline"]),
+        )
+    assert load.statuses and set(load.statuses) == {200}
+    event = next(e for e in moved["timeline"] if e["control"] == "window")
+    assert event["what"].startswith("window 8 -> ") and "against the 1 ms target" in event["why"]
+    assert event["at_s"] >= began and moved["controls"]["window"]["did"] >= 1
+    text = gcli("autopilot", "status").stdout
+    assert "autopilot on for g1" in text and "against the 1 ms target" in text
+    for control in ("window", "mode", "standby", "tune"):
+        assert f"  {control} " in text
+
+    off = json.loads(gcli("autopilot", "off", "g1", "--json").stdout)
+    assert off["on"] is False
+    w = json.loads(gcli("window", "g1", "--json").stdout)
+    assert (w["frozen"], w["window"], w["target_ms"], w["max_window"]) == (True, 8, before["target_ms"], 32)
+    assert gcli.engine("g1")["mode_auto"] is False
+    assert json.loads(gcli("alerts", "--json").stdout)["settings"] == responses_before
+    assert "the autopilot is off everywhere" in gcli("autopilot", "status").stdout
+    r = gcli("autopilot", "off", "g1", check=False)
+    assert r.returncode == 2 and "not on for g1" in r.stderr
+    # Each change is in the history as an operator's change of that control is.
+    with Store.open(gcli.home / "llmconsole.db") as store:
+        kinds = [a.kind for a in store.actions(since=began) if a.outcome == "done"]
+    for kind in ("autopilot", "window", "mode", "responses", "tune_schedule"):
+        assert kinds.count(kind) >= 2, (kind, kinds)  # on and off

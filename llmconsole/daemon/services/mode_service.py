@@ -93,6 +93,7 @@ class ModeService:
         budget_bytes: int | None = None,
         automatic: bool = False,
         session_id: int | None = None,
+        reason: str | None = None,
     ) -> dict[str, Any]:
         sup = self.fleet.get(name)
         if mode_text.strip().lower() == AUTO:
@@ -127,11 +128,17 @@ class ModeService:
                 kind="mode",
                 automatic=automatic,
                 force=force,
-                detail={"mode": mode.value, "budget_bytes": budget},
+                detail={"mode": mode.value, "budget_bytes": budget, **({"reason": reason} if reason else {})},
             )
         finally:
             self._busy.discard(name)
         return {**self.state(name, budget), "applied": result.to_json()}
+
+    async def stop_auto(self, name: str, *, actor: str, session_id: int | None = None) -> None:
+        """End the policy for `name` and leave the engine on the mode it runs now (no restart)."""
+        if self.auto.pop(name, None) is not None:
+            await self._save()
+            self._record_auto(name, actor, session_id, True, False)
 
     def _record_auto(self, name: str, actor: str, session_id: int | None, was: bool, now: bool) -> None:
         """The auto policy turned on or off for an engine: an action of its own in the history."""
@@ -189,10 +196,14 @@ class ModeService:
             log.warning(
                 "auto mode: %s memory at %.0f%%: %s -> %s", name, frac * 100, decision.from_mode, decision.to_mode
             )
-            asyncio.create_task(self._auto_apply(name, decision.to_mode))
+            why = (
+                f"host memory {frac:.0%} of total (balanced above {self.policy.balanced_above:.0%}, "
+                f"aggressive above {self.policy.aggressive_above:.0%})"
+            )
+            asyncio.create_task(self._auto_apply(name, decision.to_mode, why))
 
-    async def _auto_apply(self, name: str, mode: Mode) -> None:
+    async def _auto_apply(self, name: str, mode: Mode, reason: str | None = None) -> None:
         try:
-            await self.set_mode(name, mode.value, actor="llmconsole", automatic=True)
+            await self.set_mode(name, mode.value, actor="llmconsole", automatic=True, reason=reason)
         except (ApplyFailed, ApplyRefused, EngineBusy, ModeError) as e:
             log.warning("auto mode switch of %s to %s did not happen: %s", name, mode, e)

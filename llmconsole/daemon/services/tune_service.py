@@ -324,35 +324,40 @@ class TuneService:
         if body.get("off"):
             self.schedule.pop(name, None)
         else:
-            interval = float(body.get("interval_s", 4 * 3600))
-            if not interval >= 10:
-                raise ValueError("interval_s must be at least 10 s")
-            slo = Slo.parse([f"{k}={v}" for k, v in (body.get("slo") or {}).items()])
-            if not slo:
-                raise ValueError('a scheduled tune needs an SLO ({"p99_e2e_ms": 2000, ...})')
-            for k in body.get("knobs") or ():
-                parse_knob(k)
-            keep = (
-                "budget_trials",
-                "apply",
-                "knobs",
-                "input_len",
-                "output_len",
-                "num_requests",
-                "concurrency",
-                "lookback_s",
-                "max_run_s",
-                "top_k",
-                "repeats",
-            )
-            self.schedule[name] = {
-                "interval_s": interval,
-                "slo": slo.as_dict(),
-                **{k: body[k] for k in keep if k in body},
-            }
+            self.schedule[name] = self.check_schedule(body)
             self._last_run_s[name] = time.monotonic()
         write_atomic(self.path, json.dumps(self.schedule, indent=2))  # whole, durable, 0600
         return self.state()
+
+    def check_schedule(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The schedule a body asks for; ValueError (bad input) or UnknownEngine, nothing kept."""
+        self.fleet.get(str(body.get("engine") or ""))
+        interval = float(body.get("interval_s", 4 * 3600))
+        if not interval >= 10:
+            raise ValueError("interval_s must be at least 10 s")
+        slo = Slo.parse([f"{k}={v}" for k, v in (body.get("slo") or {}).items()])
+        if not slo:
+            raise ValueError('a scheduled tune needs an SLO ({"p99_e2e_ms": 2000, ...})')
+        for k in body.get("knobs") or ():
+            parse_knob(k)
+        keep = (
+            "budget_trials",
+            "apply",
+            "knobs",
+            "input_len",
+            "output_len",
+            "num_requests",
+            "concurrency",
+            "lookback_s",
+            "max_run_s",
+            "top_k",
+            "repeats",
+        )
+        return {
+            "interval_s": interval,
+            "slo": slo.as_dict(),
+            **{k: body[k] for k in keep if k in body},
+        }
 
     def state(self) -> dict[str, Any]:
         return {"schedule": self.schedule, "watches": self.watches, "runs": self.runs[-20:]}
