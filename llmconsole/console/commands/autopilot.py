@@ -34,6 +34,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--tune-every", type=float, default=4 * 3600.0, metavar="S", help="scheduled tune interval (0: no tune)"
     )
     on.add_argument("--tune-trials", type=int, default=4, metavar="N", help="trials per scheduled tune")
+    on.add_argument(
+        "--tune-quiet",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="a due tune waits until the last S seconds' arrivals are at most half the busiest S seconds'",
+    )
     on.add_argument("--window", default=None, metavar="MIN-MAX", help="bounds of the window the PID may set")
     on.add_argument("--json", action="store_true")
     off = verbs.add_parser("off", help="put every control back as the autopilot found it")
@@ -62,6 +69,7 @@ def plan_from_flags(ns: argparse.Namespace) -> AutopilotPlan:
             standby_for_s=ns.standby_after,
             tune_interval_s=ns.tune_every or None,
             tune_budget_trials=ns.tune_trials,
+            tune_quiet_window_s=ns.tune_quiet,
             window_bounds=bounds,
         )
     except ValueError as e:

@@ -26,6 +26,7 @@ class AutopilotPlan:
     tune_interval_s: float | None = DEFAULT_TUNE_INTERVAL_S  # None: no scheduled tune
     tune_budget_trials: int = 4
     tune_input_len: str = "64"
+    tune_quiet_window_s: float = 600.0  # the tune waits until this long's arrivals are quiet
     window_bounds: tuple[int, int] | None = None  # (min, max); None: the group's own
 
     def __post_init__(self) -> None:
@@ -37,6 +38,8 @@ class AutopilotPlan:
             raise ValueError("the tune interval must be at least 10 s")
         if self.standby_for_s is not None and not self.standby_for_s >= 0:
             raise ValueError("standby_for_s must be at least 0 s")
+        if not self.tune_quiet_window_s > 0:
+            raise ValueError("the tune's quiet window must be above 0 s")
         if self.tune_budget_trials < 1:
             raise ValueError("the tune budget must be at least 1 trial")
         if self.window_bounds is not None and not 1 <= self.window_bounds[0] <= self.window_bounds[1]:
@@ -76,6 +79,8 @@ class AutopilotPlan:
             "apply": True,
             "budget_trials": self.tune_budget_trials,
             "input_len": self.tune_input_len,
+            "quiet_only": True,  # a tune restarts the engine: never at a peak (engine/tune/quiet.py)
+            "quiet_window_s": self.tune_quiet_window_s,
         }
 
 
