@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from llmconsole.console.cli import EXIT_USAGE, main
-from llmconsole.daemon.services.autopilot_service import _without_standby
 from llmconsole.engine.alerts import rules as ar
 from llmconsole.engine.autopilot.plan import AutopilotPlan, window_settings
 from llmconsole.engine.autopilot.report import control_report, window_events
@@ -153,22 +152,3 @@ def test_the_report_puts_every_controls_moves_on_one_time_axis_with_their_reason
     assert [c[n]["did"] for n in ("window", "mode", "standby", "tune")] == [1, 1, 1, 3]
     assert "firing" in c["standby"]["now"] and "rolled back" in c["tune"]["now"]
     assert report["for_s"] == 100.0
-
-
-def test_turning_off_removes_only_the_standby_the_autopilot_added():
-    before = {"responses": {ar.KV_CACHE_HIGH: ["mode"]}, "for_s": {}, "interval_s": 2.0}
-    now = {
-        "responses": {ar.KV_CACHE_HIGH: ["mode", "window"], ar.SLO_BURNING: ["standby"]},
-        "for_s": {ar.SLO_BURNING: 60},
-        "interval_s": 2.0,
-    }
-    assert _without_standby(now, before) == {
-        "responses": {ar.KV_CACHE_HIGH: ["mode", "window"]},  # a change made since is kept
-        "for_s": {},
-        "interval_s": 2.0,
-    }
-    had = {"responses": {ar.SLO_BURNING: ["window", "standby"]}, "for_s": {ar.SLO_BURNING: 30}, "interval_s": 2.0}
-    assert _without_standby({**had, "for_s": {ar.SLO_BURNING: 60}}, had)["responses"][ar.SLO_BURNING] == [
-        "window",
-        "standby",
-    ]

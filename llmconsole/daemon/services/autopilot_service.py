@@ -117,13 +117,8 @@ class AutopilotService:
                 for e in engines:
                     if e not in self.modes.auto:
                         await self.modes.set_mode(e, "auto", actor=actor, session_id=session_id)
-            if plan.standby:
-                new = copy.deepcopy(self.responses.settings)
-                actions = new["responses"].setdefault(ar.SLO_BURNING, [])
-                if "standby" not in actions:
-                    actions.append("standby")
-                if plan.standby_for_s is not None:
-                    new["for_s"][ar.SLO_BURNING] = plan.standby_for_s
+            new = autopilot_responses(self.responses.settings, plan)
+            if new != self.responses.settings:
                 with log_.change(
                     "responses",
                     None,
@@ -173,13 +168,12 @@ class AutopilotService:
             for e in pilot["engines"]:
                 if e in self.ctx.fleet.engines and not before["auto"].get(e) and e in self.modes.auto:
                     await self.modes.stop_auto(e, actor=actor, session_id=session_id)
-            if pilot["plan"].get("standby"):
+            restored = restored_responses(self.responses.settings, before["responses"])
+            if restored != self.responses.settings:
                 with log_.change(
                     "responses", None, actor, session_id=session_id, before=copy.deepcopy(self.responses.settings)
                 ) as r:
-                    r["to"] = await self.responses.configure(
-                        _without_standby(self.responses.settings, before["responses"])
-                    )
+                    r["to"] = await self.responses.configure(restored)
             for e in pilot["engines"]:
                 if e not in self.ctx.fleet.engines:
                     continue
@@ -228,16 +222,40 @@ class AutopilotService:
         return {"on": bool(pilots), "pilots": pilots}
 
 
-def _without_standby(now: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
-    """The response settings with the SLO-burning standby as it was before the autopilot (other
-    changes made since are kept)."""
+def autopilot_responses(settings: dict[str, Any], plan: AutopilotPlan) -> dict[str, Any]:
+    """The response settings while the autopilot is on: the standby answers an SLO burn (when
+    the plan asks), and no rule halves the window. That response sets the window by hand, which
+    freezes the PID controller the autopilot runs on the same SLO: the first alert would stop
+    the window control for as long as the autopilot stayed on."""
+    out = copy.deepcopy(settings)
+    for rule, actions in list(out["responses"].items()):
+        kept = [a for a in actions if a != "window"]
+        if kept:
+            out["responses"][rule] = kept
+        else:
+            del out["responses"][rule]
+    if plan.standby:
+        actions = out["responses"].setdefault(ar.SLO_BURNING, [])
+        if "standby" not in actions:
+            actions.append("standby")
+        if plan.standby_for_s is not None:
+            out["for_s"][ar.SLO_BURNING] = plan.standby_for_s
+    return out
+
+
+def restored_responses(now: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    """The response settings after the autopilot: its standby gone and the window responses it
+    took out back, as they were before it (other changes made since are kept)."""
     out = copy.deepcopy(now)
-    had = "standby" in before["responses"].get(ar.SLO_BURNING, [])
-    actions = [a for a in out["responses"].get(ar.SLO_BURNING, []) if a != "standby" or had]
-    if actions:
-        out["responses"][ar.SLO_BURNING] = actions
-    else:
-        out["responses"].pop(ar.SLO_BURNING, None)
+    for rule in set(now["responses"]) | set(before["responses"]):
+        old = before["responses"].get(rule, [])
+        actions = [a for a in now["responses"].get(rule, []) if a != "standby" or rule != ar.SLO_BURNING or a in old]
+        if "window" in old and "window" not in actions:
+            actions.insert(min(old.index("window"), len(actions)), "window")
+        if actions:
+            out["responses"][rule] = actions
+        else:
+            out["responses"].pop(rule, None)
     if ar.SLO_BURNING in before["for_s"]:
         out["for_s"][ar.SLO_BURNING] = before["for_s"][ar.SLO_BURNING]
     else:
