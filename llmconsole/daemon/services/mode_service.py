@@ -42,6 +42,7 @@ class ModeService:
         self._writer = FileWriter(self._file)
         self.auto: dict[str, PolicyState] = {}
         self._busy: set[str] = set()
+        self._deferred: set[str] = set()  # a switch waits for the gateway's queue (said once)
         self._task: asyncio.Task[None] | None = None
         for name in self._read_auto():  # a daemon restart also waits an interval before switching
             if name in ctx.fleet.engines:
@@ -188,6 +189,23 @@ class ModeService:
                 del self.auto[name]
                 continue
             new_state, decision = step(self.auto[name], frac, now_s, self.policy)
+            if decision is not None and decision.to_mode != Mode.AGGRESSIVE:
+                queued = self._queued(name)
+                if queued:
+                    # A switch restarts the engine: short of the aggressive level (memory about to
+                    # run out) it waits for the queue at its door to drain rather than take the
+                    # engine away at a peak. The state is kept, so the next sample decides again.
+                    if name not in self._deferred:
+                        self._deferred.add(name)
+                        log.warning(
+                            "auto mode: %s memory at %.0f%% asks for %s; waiting: %d requests queued at the gateway",
+                            name,
+                            frac * 100,
+                            decision.to_mode,
+                            queued,
+                        )
+                    continue
+            self._deferred.discard(name)
             self.auto[name] = new_state
             if decision is None or name in self._busy:
                 continue
@@ -201,6 +219,10 @@ class ModeService:
                 f"aggressive above {self.policy.aggressive_above:.0%})"
             )
             asyncio.create_task(self._auto_apply(name, decision.to_mode, why))
+
+    def _queued(self, name: str) -> int:
+        group = self.gateway.group_of(name) if self.gateway is not None else None
+        return group.admission.queued if group is not None else 0
 
     async def _auto_apply(self, name: str, mode: Mode, reason: str | None = None) -> None:
         try:
