@@ -322,6 +322,16 @@ class DaemonClient:
         """Window settings, "freeze" or "set" (see daemon/api/window.py); nothing changes on a 400."""
         return self._call("POST", f"/engines/{name}/window", json=changes)
 
+    def autopilot(self, name: str | None = None) -> dict[str, Any]:
+        """Every group the autopilot drives (or the one `name` is in): its controls and timeline."""
+        return self._call("GET", "/autopilot" + (f"/{name}" if name else ""))
+
+    def autopilot_on(self, name: str, plan: dict[str, Any]) -> dict[str, Any]:
+        return self._call("POST", f"/autopilot/{name}", json=plan)
+
+    def autopilot_off(self, name: str) -> dict[str, Any]:
+        return self._call("DELETE", f"/autopilot/{name}")
+
     def groups(self) -> list[dict[str, Any]]:
         groups: list[dict[str, Any]] = self._call("GET", "/groups")["groups"]
         return groups

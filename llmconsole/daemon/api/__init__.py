@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from llmconsole.daemon.api import audit, engines, history, modes, runs, samples, tune, window
+from llmconsole.daemon.api import audit, autopilot, engines, history, modes, runs, samples, tune, window
 from llmconsole.daemon.context import CONTEXT, DaemonContext
 from llmconsole.daemon.hosted import SERVICES, HostedServices
 from llmconsole.daemon.http import domain_errors, say_wire_version
@@ -18,6 +18,6 @@ def make_app(ctx: DaemonContext, services: HostedServices | None = None) -> web.
     app.on_response_prepare.append(say_wire_version)
     if services is not None:
         app[SERVICES] = services
-    for routes in (engines, audit, history, window, modes, tune, runs, samples):
+    for routes in (engines, audit, history, window, modes, tune, runs, samples, autopilot):
         routes.add_routes(app)
     return app

@@ -42,6 +42,7 @@ class ModeService:
         self._writer = FileWriter(self._file)
         self.auto: dict[str, PolicyState] = {}
         self._busy: set[str] = set()
+        self._deferred: set[str] = set()  # a switch waits for the gateway's queue (said once)
         self._task: asyncio.Task[None] | None = None
         for name in self._read_auto():  # a daemon restart also waits an interval before switching
             if name in ctx.fleet.engines:
@@ -93,6 +94,7 @@ class ModeService:
         budget_bytes: int | None = None,
         automatic: bool = False,
         session_id: int | None = None,
+        reason: str | None = None,
     ) -> dict[str, Any]:
         sup = self.fleet.get(name)
         if mode_text.strip().lower() == AUTO:
@@ -127,11 +129,17 @@ class ModeService:
                 kind="mode",
                 automatic=automatic,
                 force=force,
-                detail={"mode": mode.value, "budget_bytes": budget},
+                detail={"mode": mode.value, "budget_bytes": budget, **({"reason": reason} if reason else {})},
             )
         finally:
             self._busy.discard(name)
         return {**self.state(name, budget), "applied": result.to_json()}
+
+    async def stop_auto(self, name: str, *, actor: str, session_id: int | None = None) -> None:
+        """End the policy for `name` and leave the engine on the mode it runs now (no restart)."""
+        if self.auto.pop(name, None) is not None:
+            await self._save()
+            self._record_auto(name, actor, session_id, True, False)
 
     def _record_auto(self, name: str, actor: str, session_id: int | None, was: bool, now: bool) -> None:
         """The auto policy turned on or off for an engine: an action of its own in the history."""
@@ -187,17 +195,42 @@ class ModeService:
                 # on its next pass, once the engine can switch.
                 continue
             new_state, decision = step(self.auto[name], frac, now_s, self.policy)
+            if decision is not None and decision.to_mode != Mode.AGGRESSIVE:
+                queued = self._queued(name)
+                if queued:
+                    # A switch restarts the engine: short of the aggressive level (memory about to
+                    # run out) it waits for the queue at its door to drain rather than take the
+                    # engine away at a peak. The state is kept, so the next sample decides again.
+                    if name not in self._deferred:
+                        self._deferred.add(name)
+                        log.warning(
+                            "auto mode: %s memory at %.0f%% asks for %s; waiting: %d requests queued at the gateway",
+                            name,
+                            frac * 100,
+                            decision.to_mode,
+                            queued,
+                        )
+                    continue
+            self._deferred.discard(name)
             self.auto[name] = new_state
             if decision is None:
                 continue
             log.warning(
                 "auto mode: %s memory at %.0f%%: %s -> %s", name, frac * 100, decision.from_mode, decision.to_mode
             )
-            asyncio.create_task(self._auto_apply(name, decision.to_mode))
+            why = (
+                f"host memory {frac:.0%} of total (balanced above {self.policy.balanced_above:.0%}, "
+                f"aggressive above {self.policy.aggressive_above:.0%})"
+            )
+            asyncio.create_task(self._auto_apply(name, decision.to_mode, why))
 
-    async def _auto_apply(self, name: str, mode: Mode) -> None:
+    def _queued(self, name: str) -> int:
+        group = self.gateway.group_of(name) if self.gateway is not None else None
+        return group.admission.queued if group is not None else 0
+
+    async def _auto_apply(self, name: str, mode: Mode, reason: str | None = None) -> None:
         try:
-            await self.set_mode(name, mode.value, actor="llmconsole", automatic=True)
+            await self.set_mode(name, mode.value, actor="llmconsole", automatic=True, reason=reason)
         except (ApplyFailed, ApplyRefused, EngineBusy, ModeError) as e:
             log.warning("auto mode switch of %s to %s did not happen: %s", name, mode, e)
             # The policy took the switch as made: its state goes back to the mode the engine runs,

@@ -34,6 +34,7 @@ from llmconsole.engine.modes.guarded_apply import ApplyFailed, ApplyRefused, gua
 from llmconsole.engine.status import EngineState
 from llmconsole.engine.sweep.plan import LoadLevel, SweepPlan
 from llmconsole.engine.tune.guard import GuardSettings, breach, sustained, window_figures
+from llmconsole.engine.tune.quiet import QuietSettings, busy_reason
 from llmconsole.engine.tune.ranges import derive_space
 from llmconsole.engine.tune.settings import TuneSettings
 from llmconsole.engine.tune.space import Budget, Knob, clamp_to_workload, parse_knob, split_params
@@ -54,6 +55,7 @@ class TuneService:
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
         self._last_run_s: dict[str, float] = {}
+        self._postponed: set[str] = set()  # due, waiting for quiet traffic (said once)
 
     def _read(self) -> dict[str, dict[str, Any]]:
         try:
@@ -200,14 +202,54 @@ class TuneService:
 
     # --- the schedule -------------------------------------------------------------------------
 
+    def due(self, now_s: float) -> list[str]:
+        """The engines whose scheduled tune starts now. A schedule with "quiet_only" (the
+        autopilot's) waits while its traffic is busy (engine/tune/quiet.py), recorded once as
+        postponed; after a whole interval of waiting that run is skipped, with the reason."""
+        out = []
+        for name, cfg in list(self.schedule.items()):
+            last = self._last_run_s.setdefault(name, now_s)
+            interval = float(cfg["interval_s"])
+            if now_s - last < interval:
+                continue
+            why = self.busy_reason(name, cfg) if cfg.get("quiet_only") else None
+            if why is None:
+                self._last_run_s[name] = now_s
+                self._postponed.discard(name)
+                out.append(name)
+                continue
+            if now_s - last >= 2 * interval:
+                self._last_run_s[name] = now_s
+                self._postponed.discard(name)
+                self._note(name, "skipped", f"never quiet for a whole interval: {why}")
+            elif name not in self._postponed:
+                self._postponed.add(name)
+                self._note(name, "postponed", why)
+        return out
+
+    def _note(self, name: str, status: str, why: str) -> None:
+        log.info("scheduled tune of %s %s: %s", name, status, why)
+        self.runs.append({"engine": name, "at_s": time.time(), "status": status, "error": why})
+        del self.runs[:-20]
+
+    def busy_reason(self, name: str, cfg: dict[str, Any]) -> str | None:
+        group = self.gateway.group_of(name) if self.gateway is not None else None
+        if group is None:
+            return None
+        settings = QuietSettings(
+            window_s=float(cfg.get("quiet_window_s", 600.0)),
+            lookback_s=max(float(cfg.get("lookback_s", 3600.0)), float(cfg.get("quiet_window_s", 600.0))),
+        )
+        arrivals = [r.finished_at_s - r.e2e_s for r in list(group.records)]
+        return busy_reason(arrivals, time.time(), group.admission.queued, settings)
+
     async def _schedule_loop(self) -> None:
         while True:
             await asyncio.sleep(1.0)
-            for name, cfg in list(self.schedule.items()):
-                last = self._last_run_s.setdefault(name, time.monotonic())
-                if time.monotonic() - last < float(cfg["interval_s"]):
+            for name in self.due(time.monotonic()):
+                cfg = self.schedule.get(name)
+                if cfg is None:
                     continue
-                self._last_run_s[name] = time.monotonic()
                 try:
                     await self.scheduled_run(name, cfg)
                 except asyncio.CancelledError:
@@ -324,35 +366,46 @@ class TuneService:
         if body.get("off"):
             self.schedule.pop(name, None)
         else:
-            interval = float(body.get("interval_s", 4 * 3600))
-            if not interval >= 10:
-                raise ValueError("interval_s must be at least 10 s")
-            slo = Slo.parse([f"{k}={v}" for k, v in (body.get("slo") or {}).items()])
-            if not slo:
-                raise ValueError('a scheduled tune needs an SLO ({"p99_e2e_ms": 2000, ...})')
-            for k in body.get("knobs") or ():
-                parse_knob(k)
-            keep = (
-                "budget_trials",
-                "apply",
-                "knobs",
-                "input_len",
-                "output_len",
-                "num_requests",
-                "concurrency",
-                "lookback_s",
-                "max_run_s",
-                "top_k",
-                "repeats",
-            )
-            self.schedule[name] = {
-                "interval_s": interval,
-                "slo": slo.as_dict(),
-                **{k: body[k] for k in keep if k in body},
-            }
+            self.schedule[name] = self.check_schedule(body)
             self._last_run_s[name] = time.monotonic()
         write_atomic(self.path, json.dumps(self.schedule, indent=2))  # whole, durable, 0600
         return self.state()
+
+    def check_schedule(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The schedule a body asks for; ValueError (bad input) or UnknownEngine, nothing kept."""
+        self.fleet.get(str(body.get("engine") or ""))
+        interval = float(body.get("interval_s", 4 * 3600))
+        if not interval >= 10:
+            raise ValueError("interval_s must be at least 10 s")
+        slo = Slo.parse([f"{k}={v}" for k, v in (body.get("slo") or {}).items()])
+        if not slo:
+            raise ValueError('a scheduled tune needs an SLO ({"p99_e2e_ms": 2000, ...})')
+        for k in body.get("knobs") or ():
+            parse_knob(k)
+        if "quiet_only" in body and not isinstance(body["quiet_only"], bool):
+            raise ValueError("quiet_only must be true or false")
+        if "quiet_window_s" in body:
+            QuietSettings(window_s=float(body["quiet_window_s"]), lookback_s=float("inf"))
+        keep = (
+            "budget_trials",
+            "apply",
+            "knobs",
+            "input_len",
+            "output_len",
+            "num_requests",
+            "concurrency",
+            "lookback_s",
+            "max_run_s",
+            "top_k",
+            "repeats",
+            "quiet_only",
+            "quiet_window_s",
+        )
+        return {
+            "interval_s": interval,
+            "slo": slo.as_dict(),
+            **{k: body[k] for k in keep if k in body},
+        }
 
     def state(self) -> dict[str, Any]:
         return {"schedule": self.schedule, "watches": self.watches, "runs": self.runs[-20:]}

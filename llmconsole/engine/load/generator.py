@@ -16,14 +16,25 @@ finished so far is kept.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
+import math
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from llmconsole.engine.load.workload import PlannedRequest, Workload, load_tokenizer, plan_requests
+from llmconsole.engine.load.trace import TraceRequest
+from llmconsole.engine.load.workload import (
+    LengthDist,
+    PlannedRequest,
+    Tokenizer,
+    Workload,
+    exact_prompt,
+    load_tokenizer,
+    plan_requests,
+)
 from llmconsole.engine.metrics.latency import LatencyStats, Slo
 
 # aiohttp is imported where a run begins: the CLI imports this module for its types with every
@@ -177,6 +188,12 @@ def _has_choices(payload: bytes) -> bool:
         return False
 
 
+async def _no_chunks() -> AsyncIterator[bytes]:
+    """What a whole (not streamed) answer gives the chunk loop: nothing."""
+    return
+    yield b""
+
+
 class _Sender:
     """One HTTP session and the bookkeeping shared by every request of a run."""
 
@@ -213,14 +230,17 @@ class _Sender:
     async def send(self, req: PlannedRequest) -> RequestRecord:
         import aiohttp
 
-        body = {
+        body: dict[str, Any] = {
             "model": self.model,
             "prompt": req.prompt,
             "max_tokens": req.max_tokens,
-            "stream": True,
-            "stream_options": {"include_usage": True},
+            "stream": req.stream,
             "ignore_eos": self.ignore_eos,
         }
+        if req.stream:
+            body["stream_options"] = {"include_usage": True}
+        if req.priority:
+            body["priority"] = req.priority
         payload = json.dumps(body).encode()
         start = time.perf_counter()
         ttft: float | None = None
@@ -234,8 +254,13 @@ class _Sender:
                     text = (await resp.text())[:300]
                     rec = record(status=f"http_{resp.status}", error=text)
                     return self._keep(rec)
+                if not req.stream:
+                    # One answer: its first token reaches the client with its last.
+                    usage = (await resp.json(content_type=None)).get("usage") or None
+                    last = time.perf_counter()
+                    ttft = last - start
                 pending = b""
-                async for data in resp.content.iter_any():
+                async for data in resp.content.iter_any() if req.stream else _no_chunks():
                     now = time.perf_counter()
                     *lines, pending = (pending + data).split(b"\n")
                     for line in lines:
@@ -343,11 +368,14 @@ async def run_load(
     on_progress: ProgressFn | None = None,
     api_key: str | None = None,
     request_timeout_s: float = 300.0,
+    offsets_s: Sequence[float] | None = None,
 ) -> LoadResult:
     """Run `workload` against the OpenAI-compatible server at `url` serving `model`.
 
     `plan` (from plan_requests) can be built once and reused across runs; otherwise the
     tokenizer of `tokenizer_source` (a model directory or hub name) builds it here.
+    `offsets_s`: when each measured request is due (a replayed trace), instead of the
+    workload's arrival process.
     """
     if plan is None:
         if tokenizer_source is None:
@@ -369,7 +397,9 @@ async def run_load(
                 on_progress(sender.done_measured, total)
 
         sender.t0 = time.perf_counter()
-        if workload.arrival == "closed":
+        if offsets_s is not None:
+            phase = _open(sender, measured, list(offsets_s), workload.concurrency, on_done)
+        elif workload.arrival == "closed":
             assert workload.concurrency is not None  # a closed Workload is never without one
             phase = _closed(sender, measured, workload.concurrency, on_done)
         else:
@@ -399,3 +429,65 @@ async def run_load(
         duration = time.perf_counter() - sender.t0
         records = tuple(sorted(sender.records, key=lambda r: r.index))
     return LoadResult(url, model, workload, records, summarize(records, duration, slo), stopped)
+
+
+def trace_plan(
+    requests: Sequence[TraceRequest], time_scale: float, tok: Tokenizer, seed: int = 0, warmup: int = 0
+) -> tuple[Workload, list[PlannedRequest], list[float]]:
+    """A replay of `requests` `time_scale` times faster: the workload that describes it, every
+    request with a prompt of the trace's exact length, and when each is due."""
+    if not time_scale > 0 or not math.isfinite(time_scale):
+        raise ValueError("the time scale must be a number above 0 (10: ten times faster)")
+    if not requests:
+        raise ValueError("the trace holds no requests")
+    import random
+
+    rng = random.Random(seed)
+    offsets = [r.arrival_s / time_scale for r in requests]
+    span = max(offsets[-1], 1e-3)
+    wl = Workload.open(
+        max(len(requests) / span, 1e-6),
+        len(requests),
+        LengthDist.fixed(max(1, round(sum(r.input_tokens for r in requests) / len(requests)))),
+        LengthDist.fixed(max(1, round(sum(r.output_tokens for r in requests) / len(requests)))),
+        warmup_requests=warmup,
+        seed=seed,
+    )
+    plan = [PlannedRequest(i, exact_prompt(tok, 8, rng), 8, 8, True) for i in range(warmup)] + [
+        PlannedRequest(
+            warmup + i,
+            exact_prompt(tok, r.input_tokens, rng),
+            r.input_tokens,
+            r.output_tokens,
+            False,
+            r.stream,
+            r.priority,
+        )
+        for i, r in enumerate(requests)
+    ]
+    return wl, plan, offsets
+
+
+async def run_trace(
+    url: str,
+    model: str,
+    requests: Sequence[TraceRequest],
+    time_scale: float,
+    *,
+    tokenizer_source: str,
+    slo: Slo = _NO_SLO,
+    stop: asyncio.Event | None = None,
+    on_progress: ProgressFn | None = None,
+    api_key: str | None = None,
+    seed: int = 0,
+    warmup: int = 0,
+    max_duration_s: float | None = None,
+) -> LoadResult:
+    """Replay a trace through the server at `url`, with the load generator's accounting."""
+    tok = await asyncio.to_thread(load_tokenizer, tokenizer_source)
+    wl, plan, offsets = await asyncio.to_thread(trace_plan, requests, time_scale, tok, seed, warmup)
+    if max_duration_s is not None:
+        wl = dataclasses.replace(wl, max_duration_s=max_duration_s)
+    return await run_load(
+        url, model, wl, plan=plan, slo=slo, stop=stop, on_progress=on_progress, api_key=api_key, offsets_s=offsets
+    )

@@ -185,6 +185,8 @@ class PlannedRequest:
     prompt_tokens: int
     max_tokens: int
     warmup: bool
+    stream: bool = True
+    priority: int = 0  # sent only when not 0
 
 
 class Tokenizer(Protocol):
