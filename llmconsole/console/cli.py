@@ -44,7 +44,7 @@ from llmconsole.console.host_status import HOST_TIMEOUT_S, HostReport
 from llmconsole.console.hosts import LOCAL_HOST, Host, HostCatalog, HostsError, client_for, split_engine
 from llmconsole.console.spec_flags import add_spec_flags, read_api_key, spec_overrides
 from llmconsole.engine.spec import EngineSpec, KernelUnavailable, validation_messages
-from llmconsole.engine.spec_checks import check_name, enforce_kernel
+from llmconsole.engine.spec_checks import SpecUnrunnable, check_name, enforce_kernel, enforce_runnable
 from llmconsole.paths import UnsafeDirectory, resolve
 from llmconsole.settings import SettingsError
 from llmconsole.settings.flags import add_set_flag
@@ -492,9 +492,10 @@ def cmd_engine(ns: argparse.Namespace) -> int:
                 spec = EngineSpec(**checked, **({"api_key": api_key} if api_key else {}))
                 if host.is_local:  # another host's runtime is its daemon's to judge
                     enforce_kernel(spec)
+                    enforce_runnable(spec)
             except ValidationError as e:
                 raise CliError("invalid engine spec:\n  " + "\n  ".join(validation_messages(e)), EXIT_USAGE) from None
-            except KernelUnavailable as e:
+            except (KernelUnavailable, SpecUnrunnable) as e:
                 raise CliError(str(e), EXIT_USAGE) from None
             full_spec = overrides
         client, _ = started_daemon_client() if ns.engine_cmd == "start" else (daemon_client(), False)
