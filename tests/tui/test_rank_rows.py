@@ -15,7 +15,7 @@ from llmconsole.console.tui.views.host import HostView
 from llmconsole.console.tui.views.status import EngineView
 from llmconsole.console.tui.widgets.engine_panel import EnginePanel
 from llmconsole.console.tui.widgets.engines_table import engine_cells
-from llmconsole.console.tui.widgets.rank_rows import RankRows
+from llmconsole.console.tui.widgets.rank_rows import RankRows, engine_ranks
 from llmconsole.engine.metrics.page import parse_metrics
 from llmconsole.engine.metrics.ranks import LagRule
 from llmconsole.engine.metrics.window import MetricsWindow
@@ -60,7 +60,7 @@ def test_the_panel_shows_each_rank_and_marks_the_one_that_lags():
     assert shown
     lines = text.splitlines()
     assert lines[0].split() == ["ranks", "run", "wait", "KV"]
-    rank1 = engine.ranks[1]
+    rank1 = engine_ranks(engine)[1]
     assert lines[1].split() == ["rank", "0", "0", "0", "0%"]
     assert lines[2].split()[:5] == ["rank", "1", "8", f"{rank1.waiting:.0f}", f"{100 * rank1.kv_cache_usage:.0f}%"]
     assert "lags:" in lines[2] and f"{rank1.waiting:.0f} waiting against 0 on its peers" in lines[2]
@@ -86,5 +86,5 @@ def test_a_short_terminal_keeps_one_line_naming_the_lagging_rank():
 def test_an_engine_of_one_rank_has_no_rank_rows():
     engine = _engine("load_seq_0.txt", "load_seq_1.txt")
     shown, _ = _shown(engine)
-    assert not shown and engine.ranks == ()
+    assert not shown and engine_ranks(engine) == ()
     assert str(engine_cells(engine)["state"]) == "ready"

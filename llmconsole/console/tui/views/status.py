@@ -21,7 +21,7 @@ from llmconsole.console.tui.views.host import HostView as HostView
 from llmconsole.engine.metrics.percentile import percentile_text
 from llmconsole.engine.status import EngineState
 from llmconsole.wire import UNVERSIONED, version_note
-from llmconsole.wire.status import ControllerState, EngineInfo, EngineMetrics, RankMetrics, StartupInfo
+from llmconsole.wire.status import ControllerState, EngineInfo, EngineMetrics, StartupInfo
 
 NA = "N/A"
 
@@ -246,16 +246,6 @@ class EngineView:
         if self.metrics is None:
             return na
         return percentile_text(self.metrics.model_dump(), key, na, compact=compact)
-
-    @property
-    def ranks(self) -> tuple[RankMetrics, ...]:
-        """A data-parallel engine's ranks (two or more), in rank order; none for one rank."""
-        ranks = self.metrics.ranks if self.metrics is not None else []
-        return tuple(ranks) if len(ranks) > 1 else ()
-
-    @property
-    def lagging_ranks(self) -> tuple[str, ...]:
-        return tuple(r.rank for r in self.ranks if r.lagging)
 
     @property
     def metrics_taken_at_s(self) -> float | None:

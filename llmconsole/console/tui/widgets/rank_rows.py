@@ -17,6 +17,12 @@ LAG_STYLE = "bold dark_orange"
 MAX_ROWS = 8  # past this many ranks the rows that lag come first, the rest are counted
 
 
+def engine_ranks(engine: EngineView | None) -> tuple[RankMetrics, ...]:
+    """A data-parallel engine's ranks (two or more), in rank order; none for one rank."""
+    ranks = engine.metrics.ranks if engine is not None and engine.metrics is not None else []
+    return tuple(ranks) if len(ranks) > 1 else ()
+
+
 def _row(r: RankMetrics) -> Text:
     style = LAG_STYLE if r.lagging else ""
     line = Text(f"rank {r.rank}".ljust(10), style=f"bold {style}".strip())
@@ -29,7 +35,7 @@ def _row(r: RankMetrics) -> Text:
 def rank_text(engine: EngineView | None, short: bool = False) -> Text | None:
     """The rows, or None when the engine has no ranks to show. `short`: one line, the lagging
     ranks named (the panel keeps three rows on a short terminal)."""
-    ranks = engine.ranks if engine is not None else ()
+    ranks = engine_ranks(engine)
     if not ranks:
         return None
     lagging = [r for r in ranks if r.lagging]
