@@ -44,12 +44,12 @@ from llmconsole.console.host_status import HOST_TIMEOUT_S, HostReport
 from llmconsole.console.hosts import LOCAL_HOST, Host, HostCatalog, HostsError, client_for, split_engine
 from llmconsole.console.spec_flags import add_spec_flags, read_api_key, spec_overrides
 from llmconsole.engine.spec import EngineSpec, KernelUnavailable, validation_messages
-from llmconsole.engine.spec_checks import check_name, enforce_kernel
+from llmconsole.engine.spec_checks import SpecUnrunnable, check_name, enforce_kernel, enforce_runnable
 from llmconsole.paths import UnsafeDirectory, resolve
 from llmconsole.settings import SettingsError
 from llmconsole.settings.flags import add_set_flag
 from llmconsole.wire import version_note
-from llmconsole.wire.status import DaemonInfo, EngineInfo, StatusAnswer
+from llmconsole.wire.status import DaemonInfo, EngineInfo, RankMetrics, StatusAnswer
 
 # --- status ---------------------------------------------------------------------------------
 
@@ -60,7 +60,7 @@ _COLUMNS: list[tuple[str, Callable[[EngineInfo], str]]] = [
     ("PORT", lambda e: na(e.port)),
     ("CONFIG", lambda e: na(e.config_id)),
     ("RESTARTS", lambda e: na(e.restarts)),
-    ("KV", lambda e: na(None if e.kv_cache_usage is None else 100 * e.kv_cache_usage, "{:.0f}%")),
+    ("KV", lambda e: _kv_text(e.kv_cache_usage)),
     ("RUN", lambda e: na(e.num_requests_running, "{:.0f}")),
     ("WAIT", lambda e: na(e.num_requests_waiting, "{:.0f}")),
     ("GEN TOK/S", lambda e: na(e.generation_tok_s, "{:.1f}")),
@@ -69,17 +69,37 @@ _COLUMNS: list[tuple[str, Callable[[EngineInfo], str]]] = [
 ]
 
 
+def _kv_text(fraction: float | None) -> str:
+    return na(None if fraction is None else 100 * fraction, "{:.0f}%")
+
+
+# A data-parallel engine's ranks: rows under the engine's, in the columns they have figures for.
+_RANK_COLUMNS: dict[str, Callable[[RankMetrics], str]] = {
+    "NAME": lambda r: f"  rank {r.rank}",
+    "STATE": lambda r: "lagging" if r.lagging else "",
+    "KV": lambda r: _kv_text(r.kv_cache_usage),
+    "RUN": lambda r: na(r.running, "{:.0f}"),
+    "WAIT": lambda r: na(r.waiting, "{:.0f}"),
+}
+
+
+def _ranks(e: EngineInfo) -> list[RankMetrics]:
+    return e.metrics.ranks if e.metrics is not None and len(e.metrics.ranks) > 1 else []
+
+
 def parallel_text(e: EngineInfo) -> str:
     """How many nodes an engine spans when it says so, else its spec's tensor x pipeline size
-    (vLLM places the tp x pp workers, on one node or, with Ray, across several)."""
+    (vLLM places the tp x pp workers, on one node or, with Ray, across several), and the
+    data-parallel ranks its /metrics shows (the engine's word, not the spec's)."""
     if e.nodes:
         return f"{e.nodes} nodes"
     spec = e.spec
     tp, pp = int(spec.get("tensor_parallel_size") or 1), int(spec.get("pipeline_parallel_size") or 1)
+    dp = f"dp{len(_ranks(e))}" if _ranks(e) else ""
     if tp * pp == 1:
-        return "1"
+        return dp or "1"
     backend = spec.get("distributed_executor_backend")
-    return f"tp{tp}xpp{pp}" + (f" {backend}" if backend else "")
+    return " ".join(filter(None, [f"tp{tp}xpp{pp}", backend, dp]))
 
 
 def _positive_s(text: str) -> float:
@@ -103,10 +123,17 @@ def format_status(status: StatusAnswer, host: str = "the daemon") -> str:
     columns = list(_COLUMNS)
     if any(parallel_text(e) != "1" for e in engines):  # only where some engine spans workers
         columns.insert(3, ("PARALLEL", parallel_text))
-    rows = [[h for h, _ in columns]] + [[f(e) for _, f in columns] for e in engines]
+    rows = [[h for h, _ in columns]]
+    for e in engines:
+        rows.append([f(e) for _, f in columns])
+        for r in _ranks(e):  # the merged figures above, each rank's below them
+            rows.append([_RANK_COLUMNS[h](r) if h in _RANK_COLUMNS else "" for h, _ in columns])
     widths = [max(len(r[i]) for r in rows) for i in range(len(columns))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     for e in engines:
+        for r in _ranks(e):
+            if r.lagging:
+                lines.append(f"{e.name}: rank {r.rank} lags its peers: {r.note or 'far from their mean'}")
         if e.last_error and (e.state in ("failed", "crashed", "unhealthy", "invalid") or e.spec_error):
             lines.append(f"{e.name}: {e.last_error}")
         if e.port_note:
@@ -465,9 +492,10 @@ def cmd_engine(ns: argparse.Namespace) -> int:
                 spec = EngineSpec(**checked, **({"api_key": api_key} if api_key else {}))
                 if host.is_local:  # another host's runtime is its daemon's to judge
                     enforce_kernel(spec)
+                    enforce_runnable(spec)
             except ValidationError as e:
                 raise CliError("invalid engine spec:\n  " + "\n  ".join(validation_messages(e)), EXIT_USAGE) from None
-            except KernelUnavailable as e:
+            except (KernelUnavailable, SpecUnrunnable) as e:
                 raise CliError(str(e), EXIT_USAGE) from None
             full_spec = overrides
         client, _ = started_daemon_client() if ns.engine_cmd == "start" else (daemon_client(), False)

@@ -48,7 +48,7 @@ from llmconsole.engine.plan.validate import enforce as enforce_plan
 from llmconsole.engine.process import ProcessRecord
 from llmconsole.engine.runtime import Runtime
 from llmconsole.engine.spec import EngineSpec, validation_messages
-from llmconsole.engine.spec_checks import check_name, enforce_kernel, spec_device
+from llmconsole.engine.spec_checks import check_name, enforce_kernel, enforce_runnable, spec_device
 from llmconsole.engine.status import EngineState, EngineStatus
 from llmconsole.engine.status_board import StatusBoard
 from llmconsole.engine.supervision_policy import SupervisionPolicy
@@ -236,6 +236,7 @@ class Fleet:
         if target is not None:
             _check_launchable(target)
             enforce_kernel(target)
+            enforce_runnable(target)
         if (
             sup is not None
             and spec is not None
@@ -290,6 +291,7 @@ class Fleet:
             _check_launchable(spec)
         target = spec if spec is not None else sup.spec
         enforce_kernel(target)
+        enforce_runnable(target)
         self.enforce_fit(name, target, force)
         # Its own listener is on its port until the restart stops it: probe only another port.
         self._check_port(name, target.host, target.port, probe=not (sup.state.running and target.port == sup.port))

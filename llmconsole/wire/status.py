@@ -13,6 +13,21 @@ from llmconsole.wire.version import UNVERSIONED
 Bounds = list[float | None]  # a percentile's bucket [lower_s, upper_s]; upper None past the last bound
 
 
+class RankMetrics(WireModel):
+    """One data-parallel rank of an engine (engine/metrics/ranks.py RankFigures)."""
+
+    rank: str = "?"  # the engine's /metrics label `engine`
+    running: float | None = None
+    waiting: float | None = None
+    kv_cache_usage: float | None = None  # a fraction 0..1
+    peers_waiting: float | None = None  # the mean of the other ranks'
+    peers_kv_cache_usage: float | None = None
+    gaps: list[str] = Field(default_factory=list)  # far above its peers now: "queue", "kv"
+    gap_for_s: float | None = None  # for how long
+    lagging: bool = False  # the gap held long enough to mark the rank
+    note: str | None = None  # why it lags, as a person reads it
+
+
 class EngineMetrics(WireModel):
     """The engine's windowed figures (engine/metrics/window.py WindowedMetrics)."""
 
@@ -51,6 +66,8 @@ class EngineMetrics(WireModel):
     stale: bool = False
     scrape_errors: int = 0
     last_error: str | None = None
+    # A data-parallel engine's ranks (two or more), beside the merged figures above.
+    ranks: list[RankMetrics] = Field(default_factory=list)
 
     def figure(self, key: str) -> float | None:
         """A numeric field by name (`p99_ttft_s`); None for an unknown name or no figure."""

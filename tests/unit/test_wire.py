@@ -22,6 +22,7 @@ from llmconsole.console.hosts import LOCAL_HOST, Destination, Host
 from llmconsole.daemon.api import make_app
 from llmconsole.daemon.context import DaemonContext
 from llmconsole.engine.host import GpuSample, HostSample, ProcessSample
+from llmconsole.engine.metrics.ranks import RankFigures
 from llmconsole.engine.metrics.window import WindowedMetrics
 from llmconsole.engine.status import EngineState, EngineStatus
 from llmconsole.wire import WIRE_HEADER, WIRE_VERSION, version_note
@@ -101,6 +102,10 @@ def _real_status() -> EngineStatus:
         block_size=128,
         percentile_window_s=60.0,
         percentile_bounds={"p99_ttft_s": [0.025, 0.05], "p50_ttft_s": [0.01, 0.025]},
+        ranks=(
+            RankFigures("0", 0.0, 0.0, 0.0, 16.0, 0.91),
+            RankFigures("1", 8.0, 16.0, 0.91, 0.0, 0.0, ("queue", "kv"), 20.0, True, "16 waiting"),
+        ),
     )
     return EngineStatus(
         name="t1",
@@ -132,6 +137,7 @@ def test_a_real_status_round_trips_with_every_field_it_has():
     for key, value in raw.items():
         if key != "controller":  # the controller's missing fields take their defaults
             assert wire[key] == value, key
+    assert wire["metrics"]["ranks"][1] == raw["metrics"]["ranks"][1]  # a list: _dump_keys stops there
     host = HostSample(
         cpu_pct=12.0,
         memory_used_bytes=1 << 33,

@@ -8,7 +8,8 @@ or a JSON body is reported as malformed instead of passing as "no series".
 
 Every vLLM series carries the labels model_name and engine (engine is the data-parallel rank;
 releases before V1 have model_name only). Figures are summed across label sets, histograms
-bucket-wise, so a data-parallel engine reads as one.
+bucket-wise, so a data-parallel engine reads as one; its ranks' running, waiting and KV use are
+kept beside, one RankSample each (ranks.py says what they are for).
 
 Windowed figures (rates, percentiles) live in window.py; this module knows one page.
 """
@@ -21,6 +22,8 @@ from dataclasses import dataclass
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
+
+from llmconsole.engine.metrics.ranks import RankSample, rank_order
 
 
 class MetricsParseError(ValueError):
@@ -93,6 +96,8 @@ class ScrapeSample:
     e2e: HistogramSample | None = None
     queue: HistogramSample | None = None
     cache: CacheInfo | None = None
+    # Each data-parallel rank's gauges, in rank order, where the page has two ranks or more.
+    ranks: tuple[RankSample, ...] = ()
 
 
 COUNTER_FIELDS = ("preemptions_total", "prompt_tokens_total", "generation_tokens_total", "request_success_total")
@@ -136,6 +141,8 @@ _HISTOGRAMS: dict[str, tuple[str, ...]] = {
 }
 # Fractions are averaged over engines (data-parallel ranks have equal caches), never summed.
 _AVERAGED_GAUGES = frozenset({"kv_cache_usage", "cpu_cache_usage"})
+# The gauges kept per data-parallel rank too (as RankSample's fields).
+_RANK_GAUGES = ("num_requests_running", "num_requests_waiting", "kv_cache_usage")
 _CACHE_INFO = "vllm:cache_config_info"
 
 # Sample name -> (field, part, rank). rank orders aliases, 0 is the current name.
@@ -305,6 +312,8 @@ def parse_metrics(text: str, taken_at_s: float) -> ScrapeSample:
     """The page as one ScrapeSample. taken_at_s is the scraper's clock (monotonic is best)."""
     # field -> rank -> accumulated value(s)
     gauges: dict[str, dict[int, list[float]]] = {}
+    # field -> alias rank -> engine label -> value(s), for the gauges kept per rank
+    per_engine: dict[str, dict[int, dict[str, list[float]]]] = {}
     counters: dict[str, dict[int, float]] = {}
     histos: dict[str, dict[int, _Histo]] = {}
     cache: CacheInfo | None = None
@@ -318,6 +327,9 @@ def parse_metrics(text: str, taken_at_s: float) -> ScrapeSample:
         if part == "gauge":
             if not math.isnan(value):
                 gauges.setdefault(field, {}).setdefault(rank, []).append(value)
+                if field in _RANK_GAUGES:
+                    by_engine = per_engine.setdefault(field, {}).setdefault(rank, {})
+                    by_engine.setdefault(labels.get("engine", ""), []).append(value)
         elif part == "counter":
             by_rank = counters.setdefault(field, {})
             by_rank[rank] = by_rank.get(rank, 0.0) + value
@@ -367,6 +379,32 @@ def parse_metrics(text: str, taken_at_s: float) -> ScrapeSample:
         e2e=hists.get("e2e"),
         queue=hists.get("queue"),
         cache=cache,
+        ranks=_ranks(per_engine),
+    )
+
+
+def _ranks(per_engine: dict[str, dict[int, dict[str, list[float]]]]) -> tuple[RankSample, ...]:
+    """One RankSample per `engine` label (the newest alias of each gauge, merged over the rank's
+    label sets as the engine's figures are); none for a page of one rank."""
+    newest = {f: by_alias[min(by_alias)] for f, by_alias in per_engine.items()}
+    engines = {e for by_engine in newest.values() for e in by_engine}
+    if len(engines) < 2:
+        return ()
+
+    def value(field: str, engine: str) -> float | None:
+        values = newest.get(field, {}).get(engine)
+        if not values:
+            return None
+        return sum(values) / len(values) if field in _AVERAGED_GAUGES else sum(values)
+
+    return tuple(
+        RankSample(
+            rank=e,
+            running=value("num_requests_running", e),
+            waiting=value("num_requests_waiting", e),
+            kv_cache_usage=value("kv_cache_usage", e),
+        )
+        for e in sorted(engines, key=rank_order)
     )
 
 

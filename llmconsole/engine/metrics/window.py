@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from llmconsole.engine.metrics.page import COUNTER_FIELDS, HISTOGRAM_FIELDS, HistogramSample, ScrapeSample
 from llmconsole.engine.metrics.percentile import Percentile, bucket_percentile
+from llmconsole.engine.metrics.ranks import LagRule, RankFigures, RankWatch
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,9 @@ class WindowedMetrics:
     stale: bool = False
     scrape_errors: int = 0
     last_error: str | None = None
+    # A data-parallel engine's ranks beside the merged figures above, and which one lags its
+    # peers (ranks.py); empty for an engine of one rank.
+    ranks: tuple[RankFigures, ...] = ()
 
     def percentile(self, key: str) -> Percentile | None:
         """`p99_queue_s` with its bucket; None when the window has no such figure."""
@@ -82,9 +86,10 @@ def _is_reset(newer: ScrapeSample, older: ScrapeSample) -> bool:
 class MetricsWindow:
     """Keeps recent samples of one engine and turns each new one into a WindowedMetrics."""
 
-    def __init__(self, rate_window_s: float = 10.0, percentile_window_s: float = 60.0):
+    def __init__(self, rate_window_s: float = 10.0, percentile_window_s: float = 60.0, lag_rule: LagRule | None = None):
         self.rate_window_s = rate_window_s
         self.percentile_window_s = percentile_window_s
+        self._ranks = RankWatch(lag_rule)
         self._samples: collections.deque[ScrapeSample] = collections.deque()
         self._last: WindowedMetrics | None = None
         self._errors = 0
@@ -170,6 +175,7 @@ class MetricsWindow:
             percentile_window_s=self.percentile_window_s,
             percentile_bounds=bounds,
             scrape_errors=self._errors,
+            ranks=self._ranks.add(sample.ranks, sample.taken_at_s),
         )
         self._last = snap
         return snap

@@ -1,5 +1,6 @@
 """The selected engine on the dashboard: a title line (with a progress bar while it starts or
-switches mode), gauges, figures and latency percentiles over a stated window.
+switches mode), gauges, figures and latency percentiles over a stated window, and a
+data-parallel engine's ranks below them.
 
 Where the host has no GPU (host.gpus is empty) the GPU gauges give their place to host memory
 and host CPU with the engine's own share beside them, and the title says so. On a short
@@ -27,6 +28,7 @@ from llmconsole.console.tui.views.status import (
     na,
 )
 from llmconsole.console.tui.widgets.gauges import Figures, Gauge, LatencyTable
+from llmconsole.console.tui.widgets.rank_rows import RankRows
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,7 @@ class EnginePanel(Vertical):
                 yield Gauge("util", id="gauge-util")
                 yield Figures(id="engine-counts")
             yield LatencyTable(id="engine-latency")
+        yield RankRows(id="engine-ranks")
 
     def set_short(self, short: bool) -> None:
         """A short terminal keeps three rows: KV and memory, the counts, and TTFT and end-to-end
@@ -174,3 +177,4 @@ class EnginePanel(Vertical):
             ("queue", *pair("queue")),
         ]
         self.query_one("#engine-latency", LatencyTable).set_rows(caption, table[:2] if self.short else table)
+        self.query_one("#engine-ranks", RankRows).show(engine, self.short)

@@ -12,6 +12,7 @@ from rich.text import Text
 from textual.widgets import DataTable
 
 from llmconsole.console.tui.views.status import NA, EngineView, Snapshot, fmt_count, fmt_pct, fmt_rate, fmt_uptime, na
+from llmconsole.console.tui.widgets.rank_rows import engine_ranks
 
 STATE_STYLES = {
     "ready": "green",
@@ -35,10 +36,21 @@ COLUMNS = (
 WIDE_COLUMNS = (("kv", "KV"), ("running", "run"), ("gen", "gen tok/s"), ("ttft", "p99 TTFT"))
 
 
+def state_cell(e: EngineView) -> Text:
+    """The state, and a data-parallel rank that lags its peers named beside it: the table is
+    what an operator scans, the rank's figures are in the panel below."""
+    cell = Text(e.state_text, style=STATE_STYLES.get(e.state, ""))
+    lagging = [r.rank for r in engine_ranks(e) if r.lagging]
+    if lagging:
+        which = f"rank {lagging[0]}" if len(lagging) == 1 else "ranks " + ",".join(lagging)
+        cell.append(f" · {which} lags", style="bold dark_orange")
+    return cell
+
+
 def engine_cells(e: EngineView) -> dict[str, str | Text]:
     return {
         "name": e.name,
-        "state": Text(e.state_text, style=STATE_STYLES.get(e.state, "")),
+        "state": state_cell(e),
         "model": e.model,
         "config": e.config_id,
         "restarts": na(e.restarts),
