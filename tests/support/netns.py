@@ -96,9 +96,9 @@ def why_not_possible() -> str | None:
         return "network namespaces are Linux's"
     if os.geteuid() != 0:
         return "making network namespaces, veth pairs and users needs root"
-    for tool in ("ip", "useradd", "userdel", "sshd", "ssh"):
+    for tool in ("ip", "useradd", "userdel", "sshd", "ssh", "curl"):
         if find_tool(tool) is None:
-            return f"{tool} is not installed (iproute2, passwd, openssh-server, openssh-client)"
+            return f"{tool} is not installed (iproute2, passwd, openssh-server, openssh-client, curl)"
     if not SSH_CONFIG_DIR.is_dir():
         return f"{SSH_CONFIG_DIR} does not exist: this machine's ssh_config includes no folder of configs"
     probe = f"{PREFIX}-{os.getpid()}-probe"
@@ -377,6 +377,21 @@ class NetnsHost:
         """Where its control socket is: the user's private folder in /tmp (no XDG_RUNTIME_DIR in
         an ssh session without PAM)."""
         return Path(f"/tmp/llmconsole-{self.uid}")
+
+    def write_file(self, path: Path, text: str) -> None:
+        """A file of the host's user (0600), its missing folders made theirs (0700) on the way."""
+        missing = [p for p in [path.parent, *path.parent.parents] if not p.exists()]
+        for folder in reversed(missing):
+            folder.mkdir(mode=0o700)
+            os.chown(folder, self.uid, self.gid)
+        path.write_text(text)
+        os.chown(path, self.uid, self.gid)
+        path.chmod(0o600)
+
+    def http_status(self, url: str) -> int:
+        """GET `url` from inside the host, whose loopback is its own: the status (0: no answer)."""
+        argv = ["ip", "netns", "exec", self.ns, "curl", "-s", "-o", "/dev/null", "-m", "10", "-w", "%{http_code}", url]
+        return int(_run(*argv, check=False).stdout.strip() or 0)
 
     def daemon_pid(self) -> int:
         return int((self.runtime_dir / "daemon.pid").read_text())
