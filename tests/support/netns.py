@@ -101,7 +101,7 @@ def why_not_possible() -> str | None:
             return f"{tool} is not installed (iproute2, passwd, openssh-server, openssh-client, curl)"
     if not SSH_CONFIG_DIR.is_dir():
         return f"{SSH_CONFIG_DIR} does not exist: this machine's ssh_config includes no folder of configs"
-    probe = f"{PREFIX}-{os.getpid()}-probe"
+    probe = f"{PREFIX}-{os.getpid()}-0"  # no host has index 0; swept like the others
     r = _run("ip", "netns", "add", probe, check=False)
     if r.returncode != 0:
         return f"`ip netns add` failed: {r.stderr.strip()}"
