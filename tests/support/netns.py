@@ -149,6 +149,7 @@ def _remove_user(name: str) -> None:
                 p.kill()
     _run("userdel", name, check=False)
     shutil.rmtree(f"/tmp/llmconsole-{uid}", ignore_errors=True)
+    shutil.rmtree(f"/tmp/torchinductor_{name}", ignore_errors=True)  # torch's cache, per user name
 
 
 def sweep() -> None:
@@ -171,8 +172,8 @@ def sweep() -> None:
         if m and not _alive(int(m.group(1))):
             _remove_user(user.pw_name)
     for folder in (SSH_CONFIG_DIR, Path(tempfile.gettempdir())):
-        for path in folder.glob(f"{PREFIX}-*"):
-            m = _FILE.match(path.name)
+        for path in [*folder.glob(f"{PREFIX}-*"), *folder.glob(f"torchinductor_{PREFIX}-*")]:
+            m = _FILE.match(path.name.removeprefix("torchinductor_"))
             if m and not _alive(int(m.group(1))):
                 if path.is_dir():
                     shutil.rmtree(path, ignore_errors=True)
