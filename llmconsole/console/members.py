@@ -10,8 +10,8 @@ bodies only (the 0600 socket, the ssh channel), never on a command line or in a 
 Where b listens decides the URL:
 - a specific address (`engine start b --host 10.0.0.12`): that address;
 - every address (0.0.0.0, ::): the address ssh connects to for its host;
-- loopback (the default): only a gateway on the same machine reaches it; from any other host it
-  is refused, with how to bind it elsewhere.
+- loopback (the default): only a gateway of the same host reaches it; for any other host it is
+  refused, with how to bind it elsewhere, even where ssh reaches that host at a loopback address.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def _http(host: str, port: int) -> str:
 
 def member_url(label: str, bind: str, port: int, member_at: str | None, gateway_at: str | None) -> str:
     """The URL the gateway's host reaches an engine at. `member_at`/`gateway_at`: the address ssh
-    connects to for each host, None for this machine (or an address that is its loopback)."""
+    connects to for each host, None for the local host."""
     same = member_at == gateway_at
     bind = bind.strip()
     if is_loopback(bind):
@@ -79,14 +79,14 @@ def member_url(label: str, bind: str, port: int, member_at: str | None, gateway_
 
 
 def machine_of(host: Host) -> str | None:
-    """The address ssh connects to for `host` (after the operator's ssh config), or None for this
-    machine: the local host, or a destination that is this machine's loopback."""
+    """The address ssh connects to for `host` (after the operator's ssh config), or None for the
+    local host. A destination on this machine's loopback is another host all the same (another
+    user, another network namespace, a tunnel's end): what listens on its loopback is its own."""
     if host.destination is None:
         return None
     from llmconsole.console.ssh import resolved_hostname
 
-    name = resolved_hostname(str(host.destination)) or host.destination.hostname
-    return None if is_loopback(name) else name
+    return resolved_hostname(str(host.destination)) or host.destination.hostname
 
 
 def _member_client(host: Host) -> DaemonClient:

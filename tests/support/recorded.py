@@ -145,7 +145,7 @@ async def stage_recorded(pilot, kind: str, upto: int | None = None):
 # --- a console over two hosts ---------------------------------------------------------------
 
 # ssh's own words when the host's sshd went away (tests/integration/test_hosts_engine.py shows
-# the same from a real sshd on loopback).
+# the same from a host in a network namespace whose sshd is stopped).
 FLEET_REASON = "ssh: connect to host 10.0.0.12 port 22: Connection refused"
 
 

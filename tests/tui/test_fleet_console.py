@@ -1,6 +1,6 @@
 """One console over several hosts, without engines: the merged status, the source's independent
 polls and its routing of every command to the engine's host (fake clients stand for the hosts'
-daemons here; tests/tui/test_fleet_console_engine.py drives real ones behind a real sshd), the
+daemons here; tests/tui/test_fleet_console_engine.py drives real ones on a host of its own), the
 dashboard grouped by host from a recording of two hosts (one unreachable), and the command line
 that opens it."""
 

