@@ -10,6 +10,7 @@ only at the moments that need it (ready: the KV facts; exit: the reason).
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from llmconsole.engine.startup_log import StartPhase, StartPhaseReader, StartupFacts, failure_reason, parse_facts
@@ -84,3 +85,18 @@ class RunLog:
 
     def failure_reason(self) -> str | None:
         return failure_reason(self.text())
+
+
+def begin_run(log_path: Path, name: str, config_id: str, argv: list[str]) -> int:
+    """Append the line that opens a launch's part of the engine's log (the log is the operator's
+    to read: 0600, never through a link) and return where the run's own lines begin."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "a", encoding="utf-8") as f:
+        os.fchmod(fd, 0o600)
+        f.write(
+            f"\n----- llmconsole: launching engine {name} (config {config_id}) "
+            f"at {time.strftime('%Y-%m-%dT%H:%M:%S%z')} -----\n$ {' '.join(argv)}\n"
+        )
+        f.flush()
+        return f.tell()

@@ -2,138 +2,80 @@
 
 One `EngineSupervisor` per engine, living in the daemon's event loop. It owns the engine's
 process and its state machine (see `EngineState`), and publishes an immutable `EngineStatus`
-whenever something in it changes (to the fleet's board: engine/status_board.py); `status()` is
-the latest one published, never built on a read. What the engine says of itself (its /metrics,
-its processes, its log) is its `EngineScraper`'s (engine/scraper.py), whose ticks publish too.
-A crash (the process exits, or /health fails `health_failures_to_crash` times in a
-row) is seen within about a second, the rest of the process group is cleaned up, and the engine
-is restarted after an exponential backoff. Runs that keep failing (see `FailureCounter`) mark
-the config as crash-looping and supervision gives up on it (the fleet may then roll it back).
-
-An answer on the engine's port counts only when the socket listening there belongs to the
-engine's own process tree: a stranger on the port (or another engine started on it) is never
-taken for the engine.
+whenever something in it changes (to the fleet's board: engine/status_board.py; built by
+engine/status_build.py); `status()` is the latest one published, never built on a read. What
+the engine says of itself (its /metrics, its processes, its log) is its `EngineScraper`'s
+(engine/scraper.py), whose ticks publish too. A crash (the process exits, or /health fails
+`health_failures_to_crash` times in a row) is seen within about a second, the rest of the
+process group is cleaned up, and the engine is restarted after an exponential backoff. Runs that
+keep failing (engine/crash_loop.py) mark the config as crash-looping and supervision gives up on
+it (the fleet may then roll it back). /health counts only when the engine's own process tree
+listens on its port (engine/port_probe.py).
 
 A restart (an operator's, a rollback, a mode switch) is a change that must survive the daemon's
 death at any point: before the old process is stopped, the target spec is recorded as the
-engine's pending change (`change`) and the fleet writes it to its state file (fsync'd); a daemon
-that starts finds it there beside the process record, and carries the change on (see
-Fleet._load_one). The change is cleared once the target config serves, or fails to.
-
-`pause_at` is a fault-injection point for tests, inert unless given (the daemon gives it only
-when LLMCONSOLE_TEST_PAUSE_AT is set: daemon/fault_points.py): it is awaited at each phase of a
-restart (PAUSE_PHASES) so a test can kill the daemon there.
+engine's pending change (`change`, engine/pending_change.py) and the fleet writes it to its
+state file (fsync'd); a daemon that starts finds it there beside the process record, and carries
+the change on (see Fleet._load_one). The change is cleared once the target config serves, or
+fails to. `pause_at` is awaited at each phase of a restart (PAUSE_PHASES) so a test can kill the
+daemon there.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
-import errno
-import functools
-import hashlib
-import json
 import logging
-import os
-import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from llmconsole.engine import runtime as runtime_mod
-from llmconsole.engine.host import (
-    HostProbe,
-    listening_socket_inodes,
-    socket_holders,
-    tree_socket_inodes,
+from llmconsole.engine.crash_loop import FailureCounter, RestartDecision
+from llmconsole.engine.host import HostProbe
+from llmconsole.engine.pending_change import (
+    PAUSE_INTENT_SAVED,
+    PAUSE_NEW_STARTING,
+    PAUSE_OLD_STOPPED,
+    PAUSE_PHASES,
+    PauseAt,
+    PendingChange,
 )
-from llmconsole.engine.ports import pick_port
+from llmconsole.engine.port_probe import ListenerOwnership, connect_host, free_port, moved_port_note, port_holder
 from llmconsole.engine.process import EngineProcess, ProcessRecord
+from llmconsole.engine.run_log import begin_run
 from llmconsole.engine.scraper import EngineScraper
 from llmconsole.engine.spec import EngineSpec
 from llmconsole.engine.startup_log import StartupFacts
 from llmconsole.engine.status import EngineState, EngineStatus
+from llmconsole.engine.status_build import CustomKernelRefusals, build_status
+from llmconsole.engine.stored_spec import stored_config_id
 from llmconsole.engine.supervision_policy import SupervisionPolicy
 
+# Names that callers have long imported from here, kept importable from here.
+__all__ = [
+    "PAUSE_INTENT_SAVED",
+    "PAUSE_NEW_STARTING",
+    "PAUSE_OLD_STOPPED",
+    "PAUSE_PHASES",
+    "ChangeEnded",
+    "EngineBusy",
+    "EngineSupervisor",
+    "FailureCounter",
+    "PauseAt",
+    "PendingChange",
+    "PortInUse",
+    "RestartDecision",
+    "SupervisionPolicy",
+    "free_port",
+    "port_holder",
+    "stored_config_id",
+]
+
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RestartDecision:
-    give_up: str | None  # why supervision stops restarting the engine; None: restart it
-    delay_s: float  # the backoff before that restart
-
-
-class FailureCounter:
-    """Counts an engine's failed runs, to choose between a restart after a backoff and giving up.
-
-    A run failed when it ended before it was stable: it never became ready (it exited, or hung
-    past the start timeout and was killed), or it served for less than `stable_after_s`. Failed
-    runs in a row are a loop whatever each one lasted: a model that takes minutes to load loops
-    as surely as one that dies in a second. A run that was stable ends the streak (its crash is
-    the first of a new one); crashes that come fast, stable or not, are a loop as well when
-    `crash_loop_count` of them fall within `crash_loop_window_s`. The backoff doubles with each
-    failed run in a row, up to `backoff_max_s`.
-    """
-
-    def __init__(self, policy: SupervisionPolicy) -> None:
-        self.policy = policy
-        self.consecutive = 0
-        self._times: collections.deque[float] = collections.deque()
-
-    def reset(self) -> None:
-        self.consecutive = 0
-        self._times.clear()
-
-    def served(self) -> None:
-        """The current run became stable: the streak of failed runs is over."""
-        self.consecutive = 0
-
-    def record(self, now: float, stable: bool) -> RestartDecision:
-        """A run ended at `now` (monotonic seconds); `stable`: it had served long enough."""
-        p = self.policy
-        self.consecutive = 1 if stable else self.consecutive + 1
-        self._times.append(now)
-        while self._times and now - self._times[0] > p.crash_loop_window_s:
-            self._times.popleft()
-        give_up = None
-        if self.consecutive >= p.crash_loop_count:
-            give_up = f"{self.consecutive} runs in a row ended before serving {p.stable_after_s:.0f} s"
-        elif len(self._times) >= p.crash_loop_count:
-            give_up = f"{len(self._times)} crashes in {p.crash_loop_window_s:.0f} s"
-        delay = min(p.backoff_max_s, p.backoff_initial_s * (2 ** (self.consecutive - 1)))
-        return RestartDecision(give_up, delay)
-
-
-# The phases of a restart where the daemon's death must leave a state the next daemon resumes:
-# the intent saved (the old process still runs), the old process stopped (none runs), the new
-# one launched and starting.
-PAUSE_INTENT_SAVED = "restart-intent-saved"
-PAUSE_OLD_STOPPED = "restart-old-stopped"
-PAUSE_NEW_STARTING = "restart-new-starting"
-PAUSE_PHASES = (PAUSE_INTENT_SAVED, PAUSE_OLD_STOPPED, PAUSE_NEW_STARTING)
-
-PauseAt = Callable[[str, str], Awaitable[None]]  # (engine name, phase)
-
-
-@dataclass(frozen=True)
-class PendingChange:
-    """A restart under way: the config it goes to and the one it leaves. `action_id`: the
-    action in the store that asked for it, ended with `done_outcome` once the target serves (or
-    `failed`, `cancelled`) through the fleet's change listeners; None for a caller that records
-    its own outcome (a guarded apply) or for a change a previous daemon left (its action was
-    closed as interrupted)."""
-
-    target: EngineSpec
-    from_config_id: str
-    action_id: int | None = None
-    done_outcome: str = "done"
-
 
 # (the supervisor, the change, its outcome, why: None when it is done)
 ChangeEnded = Callable[["EngineSupervisor", PendingChange, str, str | None], None]
@@ -145,48 +87,6 @@ class EngineBusy(RuntimeError):
 
 class PortInUse(ValueError):
     """The port asked for is already someone's: nothing was started or changed."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port for an engine that was given none: below the ephemeral range (engine/ports.py), so
-    that no client connection takes it while the engine restarts."""
-    return pick_port(host)
-
-
-def port_holder(host: str, port: int) -> str | None:
-    """Who already listens where an engine would bind `host`:`port`, or None when it is free.
-
-    The probe binds as vLLM does (SO_REUSEADDR, so connections left in TIME_WAIT by an engine
-    that just stopped do not count) and never listens.
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            if e.errno != errno.EADDRINUSE:
-                return None  # e.g. an address this host does not have: vLLM will say so itself
-            inodes = listening_socket_inodes(port, host)
-            holders = socket_holders(inodes) if inodes else []
-            return ", ".join(holders) if holders else "another process"
-    return None
-
-
-@functools.cache
-def _not_config_fields() -> frozenset[str]:
-    return frozenset(EngineSpec.model_fields) - frozenset(EngineSpec(model="x").config_dict())
-
-
-def stored_config_id(raw: Mapping[str, Any]) -> str:
-    """The config id of a spec as stored (see EngineSpec.config_id), even if it no longer validates."""
-    not_config = _not_config_fields()
-    canonical = json.dumps({k: v for k, v in raw.items() if k not in not_config}, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
-
-
-def _connect_host(host: str) -> str:
-    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
 
 
 class EngineSupervisor:
@@ -254,13 +154,13 @@ class EngineSupervisor:
         self.record_error: str | None = None  # set by the fleet while its state file cannot be written
         # A restart under way, saved before the old process is stopped (see the module docstring).
         self.change: PendingChange | None = None
-        self._owned_listeners: frozenset[int] | None = None
+        self._listeners = ListenerOwnership()
         self._foreign_note: str | None = None
         self._run_task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         # What the engine says of itself (its log, /metrics, its processes), one loop per run.
         self.scraper = EngineScraper(name, log_path, http, policy.scrape_interval_s, probe, self._scraped)
-        self._refusals: dict[runtime_mod.Runtime, str | None] = {}
+        self._refusals = CustomKernelRefusals()
         self._published = self._build_status()
         self._published_mono = time.monotonic()
 
@@ -439,71 +339,7 @@ class EngineSupervisor:
         return self._published
 
     def _build_status(self) -> EngineStatus:
-        now = time.monotonic()
-        uptime = (
-            now - self._ready_mono
-            if self._ready_mono and self.state in (EngineState.READY, EngineState.UNHEALTHY)
-            else None
-        )
-        next_restart = (
-            max(0.0, self._next_restart_mono - now)
-            if self._next_restart_mono is not None and self.state == EngineState.CRASHED
-            else None
-        )
-        proc = self.proc if self.state.running else None
-        ready = self.state in (EngineState.READY, EngineState.UNHEALTHY)
-        kernel = self.scraper.log.kernel.report(self.spec.kernel, ready) if proc is not None else None
-        return EngineStatus(
-            name=self.name,
-            state=self.state,
-            config_id=self.config_id,
-            model=self.spec.model,
-            served_model_name=self.spec.display_name,
-            device=self.runtime.device if self.runtime else "unknown",
-            pid=proc.pid if proc is not None else None,
-            port=self.port,
-            url=f"http://{_connect_host(self.spec.host)}:{self.port}" if self.port else None,
-            restarts=self.restarts,
-            crash_looping=self.crash_looping,
-            adopted=bool(self.proc and self.proc.adopted),
-            started_at_s=self.started_at_s,
-            ready_at_s=self.ready_at_s,
-            uptime_s=uptime,
-            last_exit_code=self.last_exit_code,
-            last_error=self.last_error,
-            next_restart_in_s=next_restart,
-            consecutive_failures=self.failures.consecutive,
-            backoff_s=self.backoff_s if self.state == EngineState.CRASHED else None,
-            gave_up_reason=self.gave_up_reason if self.state == EngineState.FAILED else None,
-            failed_config_id=self.failed_config[0] if self.failed_config else None,
-            failed_reason=self.failed_config[1] if self.failed_config else None,
-            spec_error=self.spec_error,
-            record_error=self.record_error,
-            port_note=self.port_note,
-            kv_cache_tokens=self.facts.kv_cache_tokens if self.facts else None,
-            max_concurrency=self.facts.max_concurrency if self.facts else None,
-            max_concurrency_len=self.facts.max_concurrency_len if self.facts else None,
-            metrics=self.scraper.metrics if ready else None,
-            process=self.scraper.process if proc is not None else None,
-            start_phase=self.scraper.log.start_phase if self.state == EngineState.STARTING else None,
-            spec=self.spec.public_dict(),
-            log_path=str(self.log_path),
-            kernel=kernel.kernel if kernel else None,
-            kernel_note=kernel.note if kernel else None,
-            kernel_usage=kernel.usage.as_dict() if kernel and kernel.usage else None,
-            custom_kernel_refusal=self._custom_refusal(),
-        )
-
-    def _custom_refusal(self) -> str | None:
-        """Why `kernel: custom` cannot run on this engine's runtime (None: it can, or no runtime
-        is known yet). Asked of the runtime's files once per runtime (kernels/support.py)."""
-        if self.runtime is None:
-            return None
-        if self.runtime not in self._refusals:
-            from llmconsole.kernels.support import custom_kernel_refusal
-
-            self._refusals[self.runtime] = custom_kernel_refusal(self.runtime.device, self.runtime.executable)
-        return self._refusals[self.runtime]
+        return build_status(self, self._ready_mono, self._next_restart_mono, self._refusals.refusal(self.runtime))
 
     def process_record(self) -> ProcessRecord | None:
         """The process to find again after a daemon restart: while one runs, whatever the state."""
@@ -574,36 +410,21 @@ class EngineSupervisor:
         if self.runtime is None:
             self.runtime = runtime_mod.detect()
         if self.port is None:
-            self.port = free_port(_connect_host(self.spec.host))
+            self.port = free_port(connect_host(self.spec.host))
         elif self.spec.port is None and (holder := port_holder(self.spec.host, self.port)) is not None:
             # The port picked for it before is someone else's now; only a port asked for is kept.
             # Moving changes its URL: this host's groups follow at their next sync, another host's
             # group that holds it does not, so the move is said loudly and stays in the status.
             old = self.port
-            self.port = free_port(_connect_host(self.spec.host))
-            self.port_note = (
-                f"port {old}, picked for it before, was held by {holder} at "
-                f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime())}: it moved to {self.port}. "
-                f"This host's groups follow; a group on another host that holds {self.name} keeps "
-                f"http://...:{old} until it is set again (`llmconsole group set`), or give the "
-                f"engine a fixed --port"
-            )
+            self.port = free_port(connect_host(self.spec.host))
+            self.port_note = moved_port_note(self.name, old, self.port, holder)
             log.error("engine %s: %s", self.name, self.port_note)
         argv = self.spec.argv(self.runtime, self.port)
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "a", encoding="utf-8") as f:
-            os.fchmod(fd, 0o600)
-            f.write(
-                f"\n----- llmconsole: launching engine {self.name} (config {self.spec.config_id}) "
-                f"at {time.strftime('%Y-%m-%dT%H:%M:%S%z')} -----\n$ {' '.join(argv)}\n"
-            )
-            f.flush()
-            self.scraper.run_began(f.tell())
+        self.scraper.run_began(begin_run(self.log_path, self.name, self.spec.config_id, argv))
         self.facts = None
         self.ready_at_s = None
         self._ready_mono = None
-        self._owned_listeners = None
+        self._listeners.forget()
         self._foreign_note = None
         self.started_at_s = time.time()
         self.proc = EngineProcess.launch(
@@ -616,7 +437,7 @@ class EngineSupervisor:
         )
 
     async def _check_health(self) -> bool:
-        url = f"http://{_connect_host(self.spec.host)}:{self.port}/health"
+        url = f"http://{connect_host(self.spec.host)}:{self.port}/health"
         try:
             timeout = aiohttp.ClientTimeout(total=self.policy.health_timeout_s)
             async with self._http.get(url, timeout=timeout) as r:
@@ -627,33 +448,13 @@ class EngineSupervisor:
         return await self._answered_by_engine()
 
     async def _answered_by_engine(self) -> bool:
-        """Whether what answers on the port is this engine: every socket listening there on an
-        address that overlaps the engine's must belong to its process tree. Another engine or a
-        stranger on the engine's address and port is never healthy; a listener on another
-        address with the same port number (127.0.0.2:PORT beside 127.0.0.1:PORT) is no one's
-        business here.
-
-        The kernel's tables and /proc are read in a thread: the gateway shares this event loop,
-        and those reads block for milliseconds (more while a flood holds many connections)."""
+        """Whether what answers on the port is this engine (engine/port_probe.py); a new
+        reason it is not is logged once and kept as the engine's last error."""
         assert self.proc is not None and self.port is not None
-        pid, port = self.proc.pid, self.port
-        listening = await asyncio.to_thread(listening_socket_inodes, port, self.spec.host)
-        if listening is None:
-            return True  # this host cannot tell (no /proc): the answer is all there is
-        if listening and listening == self._owned_listeners:
-            return True  # the same sockets as last time, already found to be ours: no fd scan
-        foreign = listening - await asyncio.to_thread(tree_socket_inodes, pid)
-        if listening and not foreign:
-            self._owned_listeners = listening
+        problem = await self._listeners.problem(self.proc.pid, self.port, self.spec.host)
+        if problem is None:
             self._foreign_note = None
             return True
-        self._owned_listeners = None
-        who = ", ".join(await asyncio.to_thread(socket_holders, foreign)) or "a process of another user"
-        problem = (
-            f"port {port} is answered by {who}, not by this engine (pid {pid})"
-            if foreign
-            else f"nothing listens on port {port}"
-        )
         if problem != self._foreign_note:
             log.warning("engine %s: /health answered, but %s: not counted as healthy", self.name, problem)
             self._foreign_note = problem
@@ -698,7 +499,7 @@ class EngineSupervisor:
         """Watch the current process until it exits or is judged dead."""
         assert self.proc is not None and self.port is not None
         p = self.policy
-        self.scraper.watch(f"http://{_connect_host(self.spec.host)}:{self.port}", self.proc.pid)
+        self.scraper.watch(f"http://{connect_host(self.spec.host)}:{self.port}", self.proc.pid)
         launched = time.monotonic()
         ready = False
         failures = 0
