@@ -8,14 +8,70 @@ already keeps.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import Protocol
 
 from llmconsole.engine import runtime as runtime_mod
+from llmconsole.engine.crash_loop import FailureCounter
 from llmconsole.engine.port_probe import connect_host
+from llmconsole.engine.process import EngineProcess
+from llmconsole.engine.scraper import EngineScraper
+from llmconsole.engine.spec import EngineSpec
+from llmconsole.engine.startup_log import StartupFacts
 from llmconsole.engine.status import EngineState, EngineStatus
 
-if TYPE_CHECKING:
-    from llmconsole.engine.supervisor import EngineSupervisor
+
+class Supervised(Protocol):
+    """What a status is built from: the supervisor's state, read only (engine/supervisor.py)."""
+
+    # fmt: off
+    @property
+    def name(self) -> str: ...
+    @property
+    def state(self) -> EngineState: ...
+    @property
+    def config_id(self) -> str: ...
+    @property
+    def spec(self) -> EngineSpec: ...
+    @property
+    def runtime(self) -> runtime_mod.Runtime | None: ...
+    @property
+    def proc(self) -> EngineProcess | None: ...
+    @property
+    def port(self) -> int | None: ...
+    @property
+    def restarts(self) -> int: ...
+    @property
+    def crash_looping(self) -> bool: ...
+    @property
+    def started_at_s(self) -> float | None: ...
+    @property
+    def ready_at_s(self) -> float | None: ...
+    @property
+    def last_exit_code(self) -> int | None: ...
+    @property
+    def last_error(self) -> str | None: ...
+    @property
+    def failures(self) -> FailureCounter: ...
+    @property
+    def backoff_s(self) -> float | None: ...
+    @property
+    def gave_up_reason(self) -> str | None: ...
+    @property
+    def failed_config(self) -> tuple[str, str] | None: ...
+    @property
+    def spec_error(self) -> str | None: ...
+    @property
+    def record_error(self) -> str | None: ...
+    @property
+    def port_note(self) -> str | None: ...
+    @property
+    def facts(self) -> StartupFacts | None: ...
+    @property
+    def scraper(self) -> EngineScraper: ...
+    @property
+    def log_path(self) -> Path: ...
+    # fmt: on
 
 
 class CustomKernelRefusals:
@@ -37,7 +93,7 @@ class CustomKernelRefusals:
 
 
 def build_status(
-    sup: EngineSupervisor, ready_mono: float | None, next_restart_mono: float | None, custom_refusal: str | None
+    sup: Supervised, ready_mono: float | None, next_restart_mono: float | None, custom_refusal: str | None
 ) -> EngineStatus:
     """The status of `sup` as things are now. `ready_mono`: when the current run became ready;
     `next_restart_mono`: when a crashed engine is restarted (both monotonic seconds)."""
