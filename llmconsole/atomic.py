@@ -10,12 +10,14 @@ Every state and settings file llmconsole keeps is written through here.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 
 def write_atomic(path: Path, data: str | bytes, mode: int = 0o600) -> None:
@@ -119,3 +121,13 @@ class FileWriter:
     def close(self) -> None:
         """Finish what was asked for, then stop the thread."""
         self._pool.shutdown(wait=True)
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A state file written by write_atomic that holds one JSON object; {} when it is missing,
+    unreadable or not an object (a state file starts empty rather than stop the daemon)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -22,7 +22,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from llmconsole.atomic import write_atomic
+from llmconsole.atomic import read_json_object, write_atomic
 from llmconsole.daemon.context import DaemonContext
 from llmconsole.daemon.http import NotFound
 from llmconsole.daemon.services.rollback import ActionLog
@@ -50,11 +50,7 @@ class AutopilotService:
         self.pilots: dict[str, dict[str, Any]] = self._read()
 
     def _read(self) -> dict[str, dict[str, Any]]:
-        try:
-            data = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return {}
-        return data if isinstance(data, dict) else {}
+        return read_json_object(self.path)
 
     def _save(self) -> None:
         write_atomic(self.path, json.dumps(self.pilots, indent=1))  # whole, durable, 0600

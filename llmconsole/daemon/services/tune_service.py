@@ -22,7 +22,7 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
-from llmconsole.atomic import write_atomic
+from llmconsole.atomic import read_json_object, write_atomic
 from llmconsole.daemon.context import DaemonContext
 from llmconsole.daemon.services.fleet_controller import FleetController
 from llmconsole.daemon.services.rollback import ActionLog, rollback
@@ -58,11 +58,7 @@ class TuneService:
         self._postponed: set[str] = set()  # due, waiting for quiet traffic (said once)
 
     def _read(self) -> dict[str, dict[str, Any]]:
-        try:
-            data = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return {}
-        return data if isinstance(data, dict) else {}
+        return read_json_object(self.path)
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         t = asyncio.create_task(coro, name=name)
