@@ -561,7 +561,7 @@ def test_autopilot_turns_every_control_on_for_one_slo_reports_what_each_did_and_
     def status() -> dict:
         return json.loads(gcli("autopilot", "status", "g1", "--json").stdout)["pilots"][0]
 
-    with _Streams(gcli.engine("g1")["gateway_url"], 16) as load:
+    with _Streams(gcli.engine("g1")["gateway_url"], 16, LIGHT_PROMPT) as load:
         moved = wait_until(
             status,
             120,
