@@ -60,10 +60,13 @@ class _PinnedLoad:
     def _one(self) -> None:
         with httpx.Client(base_url=self.url, timeout=120) as http:
             while not self.stop.is_set():
+                # Long answers: each end leaves the queue one short until the client's next
+                # request, and a scrape that sees it restarts the lag's hold (at 64 tokens on an
+                # idle host the mark came 50 s after the load began, once past 105 s; at 200, 31 s).
                 r = http.post(
                     "/v1/completions",
                     headers={"X-data-parallel-rank": str(self.rank)},
-                    json={"model": "tiny", "prompt": "hello " * 20, "max_tokens": 64, "ignore_eos": True},
+                    json={"model": "tiny", "prompt": "hello " * 20, "max_tokens": 200, "ignore_eos": True},
                 )
                 if r.status_code != 200:
                     self.errors.append(f"{r.status_code}: {r.text[:200]}")
