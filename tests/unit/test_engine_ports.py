@@ -38,21 +38,25 @@ def test_a_picked_port_is_kept_through_crashes_stops_restarts_and_a_new_daemon(t
     async def main() -> None:
         fleet = Fleet(paths, FAST_ROOMY)
         await fleet.open()
-        e = await fleet.start("e", fake.spec(), force=True)  # no port asked for: one is picked
-        await until(lambda: e.state == EngineState.READY, what="ready")
-        picked = e.port
-        assert json.loads(paths.state_file.read_text())["engines"]["e"]["port"] == picked
-        pid = e.proc.pid
-        os.kill(pid, signal.SIGKILL)  # a crash, and the supervisor's restart
-        await until(lambda: e.state == EngineState.READY and e.proc.pid != pid, what="restarted")
-        assert e.port == picked
-        await fleet.stop("e")
-        await fleet.start("e", None, force=True)
-        await until(lambda: e.state == EngineState.READY, what="started again")
-        assert e.port == picked
-        await fleet.restart("e", fake.spec(max_num_seqs=4), force=True)  # a new config, still no port
-        await until(lambda: e.state == EngineState.READY and e.spec.max_num_seqs == 4, what="on the new config")
-        assert e.port == picked
+        try:
+            e = await fleet.start("e", fake.spec(), force=True)  # no port asked for: one is picked
+            await until(lambda: e.state == EngineState.READY, what="ready")
+            picked = e.port
+            assert json.loads(paths.state_file.read_text())["engines"]["e"]["port"] == picked
+            pid = e.proc.pid
+            os.kill(pid, signal.SIGKILL)  # a crash, and the supervisor's restart
+            await until(lambda: e.state == EngineState.READY and e.proc.pid != pid, what="restarted")
+            assert e.port == picked
+            await fleet.stop("e")
+            await fleet.start("e", None, force=True)
+            await until(lambda: e.state == EngineState.READY, what="started again")
+            assert e.port == picked
+            await fleet.restart("e", fake.spec(max_num_seqs=4), force=True)  # a new config, still no port
+            await until(lambda: e.state == EngineState.READY and e.spec.max_num_seqs == 4, what="on the new config")
+            assert e.port == picked
+        except BaseException:
+            await fleet.close(stop_engines=True)  # a failure here leaves no engine serving on
+            raise
         await fleet.close()  # the daemon goes; the engine keeps serving
         dead = e.proc.pid
         os.kill(dead, signal.SIGKILL)  # and dies while no daemon watches
