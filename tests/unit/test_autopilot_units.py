@@ -69,11 +69,19 @@ def test_window_events_are_its_moves_with_the_latency_that_moved_it():
         {"at_s": 12.0, "window": 6, "action": "step", "measured_ms": 900.0, "target_ms": 500.0},
         {"at_s": 13.0, "window": 6, "action": "step", "measured_ms": 520.0, "target_ms": 500.0},
         {"at_s": 14.0, "window": 7, "action": "step", "measured_ms": 350.0, "target_ms": 500.0},
+        # a raise held under a seat measured slow, and a cut stopped on the seat a probe left: moves too
+        {"at_s": 15.0, "window": 8, "action": "capped", "measured_ms": 360.0, "target_ms": 500.0},
+        {"at_s": 16.0, "window": 9, "action": "step", "measured_ms": 340.0, "target_ms": 500.0},
+        {"at_s": 17.0, "window": 8, "action": "floored", "measured_ms": 1500.0, "target_ms": 500.0},
+        {"at_s": 18.0, "window": 8, "action": "hold-band", "measured_ms": 490.0, "target_ms": 500.0},
     ]
     got = window_events(trace, since_s=10.0, signal="ttft")
     assert [(e["at_s"], e["what"], e["why"]) for e in got] == [
         (12.0, "window 8 -> 6", "p99 ttft 900 ms against the 500 ms target"),
         (14.0, "window 6 -> 7", "p99 ttft 350 ms against the 500 ms target"),
+        (15.0, "window 7 -> 8", "p99 ttft 360 ms against the 500 ms target"),
+        (16.0, "window 8 -> 9", "p99 ttft 340 ms against the 500 ms target"),
+        (17.0, "window 9 -> 8", "p99 ttft 1500 ms against the 500 ms target"),
     ]
 
 

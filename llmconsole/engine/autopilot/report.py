@@ -39,6 +39,10 @@ def _event(at_s: float, control: str, what: str, why: str, engine: str | None = 
     return {"at_s": at_s, "control": control, "engine": engine, "what": what, "why": why}
 
 
+# The controller's actions that move the window (engine/gateway/pid.py); the others hold it.
+MOVES = ("step", "clamped", "capped", "floored")
+
+
 def window_events(trace: Iterable[Mapping[str, Any]], since_s: float, signal: str) -> list[dict[str, Any]]:
     """Every move of the window since `since_s`, with the latency (`signal`) that moved it."""
     out = []
@@ -48,7 +52,7 @@ def window_events(trace: Iterable[Mapping[str, Any]], since_s: float, signal: st
         if step.get("at_s", 0.0) < since_s or w is None:
             prev = w if w is not None else prev
             continue
-        if prev is not None and w != prev and step.get("action") in ("step", "clamped"):
+        if prev is not None and w != prev and step.get("action") in MOVES:
             measured, target = step.get("measured_ms"), step.get("target_ms")
             why = (
                 f"p99 {signal} {measured:.0f} ms against the {target:.0f} ms target"

@@ -61,7 +61,7 @@ class TraceSample:
     output: float  # unclamped controller output
     window: int  # what the admission gate uses now
     samples: int
-    action: str  # step, clamped, capped, hold-band, hold-settling, hold-unsure, hold-samples, hold-idle,
+    action: str  # step, clamped, capped, floored, hold-band, hold-settling, hold-unsure, hold-samples, hold-idle,
     # hold-unsaturated, frozen, manual
 
     def to_json(self) -> dict[str, Any]:

