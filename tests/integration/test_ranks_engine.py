@@ -8,6 +8,7 @@ rank 0; with the load gone the mark clears.
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Iterator
@@ -24,7 +25,7 @@ from tests.support.waiting import wait_until
 pytestmark = pytest.mark.engine
 
 MAX_NUM_SEQS = 4
-IN_FLIGHT = 12  # pinned to rank 1: it runs 4 and queues 8, rank 0 idles
+IN_FLIGHT = 16  # pinned to rank 1: it runs 4 and queues 12, rank 0 idles
 FLAGS = tiny_engine_flags(
     served_name="tiny",
     max_num_seqs=MAX_NUM_SEQS,
@@ -56,17 +57,29 @@ class _PinnedLoad:
         self.url, self.rank = url, rank
         self.stop = threading.Event()
         self.errors: list[str] = []
+        # plenty of answer lengths, 150-230 tokens (the prompt's ~21 and these fit max_model_len
+        # 256), popped by the clients (list.pop is atomic)
+        rng = random.Random(7)
+        self.lengths = [rng.randint(150, 230) for _ in range(10_000)]
 
     def _one(self) -> None:
         with httpx.Client(base_url=self.url, timeout=120) as http:
             while not self.stop.is_set():
-                # Long answers: each end leaves the queue one short until the client's next
-                # request, and a scrape that sees it restarts the lag's hold (at 64 tokens on an
-                # idle host the mark came 50 s after the load began, once past 105 s; at 200, 31 s).
+                # Long answers of different lengths: each end leaves the queue one short until the
+                # client's next request, and a scrape that sees the gap under the rule's excess
+                # restarts the lag's hold. At 64 tokens on an idle host the mark came 50 s after
+                # the load began, once past 105 s; at 200, 31 s, but past 105 s with two other
+                # engine tests beside it, when four answers of one length ended in one step and a
+                # queue of 8 fell to 4. A queue of 12 and staggered ends leave a margin.
                 r = http.post(
                     "/v1/completions",
                     headers={"X-data-parallel-rank": str(self.rank)},
-                    json={"model": "tiny", "prompt": "hello " * 20, "max_tokens": 200, "ignore_eos": True},
+                    json={
+                        "model": "tiny",
+                        "prompt": "hello " * 20,
+                        "max_tokens": self.lengths.pop(),
+                        "ignore_eos": True,
+                    },
                 )
                 if r.status_code != 200:
                     self.errors.append(f"{r.status_code}: {r.text[:200]}")
