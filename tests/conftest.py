@@ -68,36 +68,36 @@ def _gpu_missing() -> str | None:
     return None
 
 
-# What each engine module costs, in worker-seconds of the last full engine pass on two cores (its
-# --durations, summed per module; only the order matters). The engine pass hands whole modules to
-# its two workers in collection order (`--dist loadfile --no-loadscope-reorder`): the longest go
-# first, so that no long module starts last and runs alone while the other worker idles, as the
+# What each engine module costs, in worker-seconds of the last full engine pass on two cores and
+# three workers (its --durations, summed per module; only the order matters). The engine pass hands
+# whole modules to its workers in collection order (`--dist loadfile --no-loadscope-reorder`): the longest go
+# first, so that no long module starts last and runs alone while the other workers idle, as the
 # console's default tune (one test, minutes of restarts) did when xdist ordered modules by their
 # number of tests. A module not listed counts as ENGINE_MODULE_UNKNOWN_S.
 ENGINE_MODULE_S = {
-    "tests/integration/test_crashloop_engine.py": 1110,
-    "tests/integration/test_modes_engine.py": 950,  # the auto policy's 120 s intervals, twice
-    "tests/integration/test_restart_resume_engine.py": 787,
-    "tests/integration/test_tuner_engine.py": 700,  # the scheduled chain: four restarts
-    "tests/integration/test_runpath_engine.py": 676,
-    "tests/tui/test_tui_default_tune_engine.py": 540,
-    "tests/integration/test_group_engine.py": 515,
-    "tests/integration/test_alert_live.py": 507,
-    "tests/integration/test_gateway_engine.py": 500,
-    "tests/integration/test_supervise_engine.py": 495,
-    "tests/integration/test_history_integration.py": 493,
-    "tests/integration/test_secrets_engine.py": 386,
-    "tests/integration/test_kv_engine.py": 298,
-    "tests/integration/test_sweep_engine.py": 274,
-    "tests/integration/test_group_remote_engine.py": 258,
-    "tests/integration/test_engine_integration.py": 216,
-    "tests/integration/test_kernel_engine.py": 207,
-    "tests/tui/test_tui_tmux.py": 175,
-    "tests/integration/test_hosts_engine.py": 171,
-    "tests/integration/test_ranks_engine.py": 150,  # not yet in a full pass: one engine, ~35 s of load
-    "tests/tui/test_fleet_console_engine.py": 78,
-    "tests/tui/test_tui_runs_engine.py": 61,
-    "tests/integration/test_plan_daemon.py": 4,
+    "tests/integration/test_modes_engine.py": 472,  # the auto policy's 120 s intervals, twice
+    "tests/integration/test_tuner_engine.py": 390,
+    "tests/integration/test_crashloop_engine.py": 395,
+    "tests/tui/test_tui_default_tune_engine.py": 332,  # one test: the form's six trials, each a restart
+    "tests/integration/test_restart_resume_engine.py": 293,
+    "tests/integration/test_runpath_engine.py": 285,
+    "tests/integration/test_gateway_engine.py": 283,
+    "tests/integration/test_alert_live.py": 270,
+    "tests/integration/test_history_integration.py": 240,
+    "tests/integration/test_hosts_engine.py": 219,
+    "tests/integration/test_ranks_engine.py": 216,  # two ranks: three processes import vLLM
+    "tests/tui/test_fleet_console_engine.py": 195,
+    "tests/integration/test_engine_integration.py": 171,
+    "tests/integration/test_group_engine.py": 148,
+    "tests/integration/test_secrets_engine.py": 144,
+    "tests/integration/test_sweep_engine.py": 137,
+    "tests/integration/test_supervise_engine.py": 131,
+    "tests/integration/test_kernel_engine.py": 112,
+    "tests/integration/test_group_remote_engine.py": 108,
+    "tests/tui/test_tui_tmux.py": 95,
+    "tests/integration/test_kv_engine.py": 42,
+    "tests/tui/test_tui_runs_engine.py": 32,
+    "tests/integration/test_plan_daemon.py": 3,
     "tests/gpu/test_gpu_engine.py": 0,  # skipped where no GPU is
 }
 ENGINE_MODULE_UNKNOWN_S = 400
