@@ -102,3 +102,18 @@ def test_a_failed_probe_past_the_batchs_cliff_is_cut_back_to_the_seat_it_left():
         assert min(settled) >= 7 and max(settled) <= 9, settled
         assert statistics.mean(settled) >= 8, settled
         assert any(s.action == "floored" for _, s in steps), [s.action for _, s in steps]
+
+
+def test_a_new_target_forgets_the_failed_probe():
+    """The seat a probe failed at holds raises back only for the target it failed against: with a
+    target the cliff's far side meets, the window climbs past it at once, not a horizon later."""
+    cliff = {"kv_seats": 8, "out_tokens": 16, "out_spread": 0.5, "step_at_s": 10.0, "until_s": 60.0, "high": 16}
+    ctl = PidController(PidSettings(target_ms=150.0, min_window=1, max_window=16), clock=lambda: 0.0)
+    plant, steps = run_step(ctl, seed=11, **cliff)
+    assert any(s.action == "floored" for t, s in steps if t > 50), [s.action for _, s in steps]
+    ctl.configure(target_ms=5000.0)
+    windows = []
+    for t in range(61, 76):
+        plant.advance(float(t), 16, ctl.window, ctl)
+        windows.append(ctl.step(float(t), saturated=plant.in_flight >= ctl.window).window)
+    assert max(windows) >= 12, windows

@@ -162,6 +162,8 @@ class PidController:
             self._samples = collections.deque(self._samples, maxlen=new.max_samples)
         if new.signal != self.settings.signal:
             self._prev_measured = None  # another signal: its old value means nothing here
+        if (new.signal, new.target_ms) != (self.settings.signal, self.settings.target_ms):
+            self._probed = None  # a failed probe says nothing of another target
         self.settings = new
         self._move_to(min(max(self.window, new.min_window), new.max_window), self._clock())
         self._rebase()
