@@ -451,14 +451,15 @@ def _moves(trace: list[dict]) -> list[int]:
 
 
 def test_the_window_controller_holds_a_target_three_times_the_unloaded_latency_from_above_and_below(gcli):
-    """The controller at a target an operator would set: three times the p99 time to first token
-    the engine gives one of the load's requests at a time, measured here. Then sixteen clients
+    """The controller at a target an operator would set: three times the time to first token the
+    engine gives one of the load's requests at a time, measured here. Then sixteen clients
     send such requests (prompts about fifteen times as long as the light ones, answers three times
     as long) and overload a static window of 16 (8 of them wait inside vLLM, whose batch holds 8, each for
     a whole answer): the p99 is several times the target. Handed to the controller, the window
     closes and settles with its p99 within 25% of the target. Then an operator's cautious window
     of 2, set by hand under the same load, is handed back, and the controller opens it until it
-    settles, again within 25% of the target.
+    settles, again within 25% of the target (on a quiet host; with the suite's other engines
+    beside it, 2 can miss the target too, and then the window must stay low).
 
     On this engine the latency is a cliff, not a slope: up to the batch a request's first token
     comes in a step or two, past it a request waits for a whole answer. So the window settles at
@@ -468,11 +469,16 @@ def test_the_window_controller_holds_a_target_three_times_the_unloaded_latency_f
     api = DaemonClient(resolve({"LLMCONSOLE_HOME": str(gcli.home)}))
     gw = gcli.engine("g1")["gateway_url"]
     gcli("window", "g1", "--set", "16")  # a static window, frozen
-    # The engine's unloaded p99, as the controller reads one: the slowest of a dozen requests sent
-    # one at a time (on a shared host the median says little of the tail a target must leave room
-    # for). Of the load's own requests: three times a light request's was, on a busy host, less than
-    # what these take with a few beside them, and the window rested at 2 to 4.
-    unloaded_s = max(_ttft_s(gw, HEAVY_PROMPT) for _ in range(12))
+    # The engine's unloaded latency for the load's own requests (three times a light request's
+    # was, on a busy host, less than what these take with a few beside them): the median of
+    # sixteen sent one at a time over eight seconds. Not their slowest: a neighbour's engine
+    # starting during the sampling once made it 381 ms against about 60 at rest, a target the
+    # overloaded static window itself met.
+    ttfts_s = []
+    for _ in range(16):
+        ttfts_s.append(_ttft_s(gw, HEAVY_PROMPT))
+        time.sleep(0.5)
+    unloaded_s = statistics.median(ttfts_s)
     target_ms = round(TARGET_X_UNLOADED * unloaded_s * 1000, 1)
     with api, _Streams(gw, 16, HEAVY_PROMPT, max_tokens=HEAVY_TOKENS) as load:
         # Ten seconds in: the first samples of window 16 are the unloaded requests above and the
@@ -501,24 +507,31 @@ def test_the_window_controller_holds_a_target_three_times_the_unloaded_latency_f
     gcli("window", "g1", "--set", "8")  # the module's engine as it was: 8, frozen
     assert state["frozen"] is False and state["target_ms"] == target_ms
 
-    # Closing: the first move cut the window, and it settled below the static 16 (at the batch's
-    # edge, or a seat past it where the target leaves room for one request queued in vLLM), with
-    # the p99 it measured there back near the target: the median of its readings while settled,
-    # each the p99 of the requests sent under the window in force, on the seat it held most (the
-    # readings of the seat past the edge, which it probes now and then, are the probe's cost).
+    # What the controller promises: it moves the window to hold the target, and rests low only
+    # where its readings say the target is missed. Where it rests depends on how busy the host is
+    # (with the suite's other engine tests beside it, 2 seats once read three times the target).
+    # Each phase is judged on the seat it held most over its settled half-minute, by the median of
+    # its readings there (each the p99 of the requests sent under that seat); the readings of the
+    # seat past the batch's edge, probed now and then, are the probe's cost and reported apart.
+    band_ms = (1 + BAND) * target_ms
+    # Closing: the first move cut the window, it rested below the static 16 (at the batch's edge,
+    # or a seat past it where the target leaves room for one request queued in vLLM), and held the
+    # target there, unless it rested on its lowest seat with the target missed even there.
     closing = _moves(down)
     rested, held, probed = _held(down)
     assert closing[0] == 16 and closing[1] < 16 and rested < 16, closing
-    assert held and statistics.median(held) <= (1 + BAND) * target_ms, (target_ms, held, closing)
-    # Opening: handed 2, it settled above (its first move may be a cut: the requests let in as the
-    # window fell to 2 waited behind those still in flight, and read slow).
+    assert statistics.median(held) <= band_ms or rested == 1, (target_ms, held, closing)
+    # Opening: handed 2 (its first move may be a cut: requests let in as the window fell to 2 can
+    # wait behind those still in flight, and read slow), it rested above 2 holding the target, or
+    # at 2 or below only with the target missed there.
     opening = _moves(up)
     rested_open, held_open, probed_open = _held(up)
     compact = [(t["action"], t["window"], t["measured_ms"] and round(t["measured_ms"]), t["samples"]) for t in up]
-    # Where it rests depends on how busy the host is (with the suite's other engine tests beside it,
-    # 2 seats already took a third of the target): above 2 is what the controller can be held to.
-    assert opening[0] == 2 and rested_open > 2, (opening, target_ms, compact)
-    assert held_open and statistics.median(held_open) <= (1 + BAND) * target_ms, (target_ms, held_open, opening)
+    assert opening[0] == 2, (opening, compact)
+    if rested_open > 2:
+        assert statistics.median(held_open) <= band_ms, (target_ms, held_open, opening, compact)
+    else:
+        assert statistics.median(held_open) > target_ms, (target_ms, held_open, opening, compact)
     print(
         f"target {target_ms} ms; static window 16: p99 {static['measured_ms']:.0f} ms; closing {closing}, "
         f"rested on {rested} (p99 median {statistics.median(held):.0f} ms, {len(probed)} readings elsewhere); "
