@@ -24,6 +24,7 @@ from llmconsole.engine.host import HostProbe, ProcessSample
 from llmconsole.engine.metrics.page import parse_metrics
 from llmconsole.engine.metrics.window import MetricsWindow, WindowedMetrics
 from llmconsole.engine.run_log import RunLog
+from llmconsole.engine.tasks import cancel_and_wait
 
 _MIN_PAUSE_S = 0.05
 
@@ -68,10 +69,8 @@ class EngineScraper:
 
     async def stop(self) -> None:
         task, self.task = self.task, None
-        if task is not None and not task.done() and task is not asyncio.current_task():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        if task is not None and task is not asyncio.current_task():
+            await cancel_and_wait(task)
 
     async def _loop(self, url: str, pid: int) -> None:
         window = MetricsWindow()

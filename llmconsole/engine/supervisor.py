@@ -24,7 +24,6 @@ daemon there.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -54,6 +53,7 @@ from llmconsole.engine.status import EngineState, EngineStatus
 from llmconsole.engine.status_build import CustomKernelRefusals, build_status
 from llmconsole.engine.stored_spec import stored_config_id
 from llmconsole.engine.supervision_policy import SupervisionPolicy
+from llmconsole.engine.tasks import cancel_and_wait
 
 # Names that callers have long imported from here, kept importable from here.
 __all__ = [
@@ -399,10 +399,8 @@ class EngineSupervisor:
 
     async def _cancel_tasks(self) -> None:
         task = self._run_task
-        if task is not None and not task.done() and task is not asyncio.current_task():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        if task is not None and task is not asyncio.current_task():
+            await cancel_and_wait(task)
         self._run_task = None
         await self.scraper.stop()
 
