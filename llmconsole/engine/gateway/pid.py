@@ -333,8 +333,8 @@ class PidController:
             hi = min(hi, max(float(ceiling - 1), self._output))
             action = "capped"
         floor = self.floor() if output < self._output else None
-        if floor is not None and output < floor:
-            lo = max(lo, float(floor))
+        if floor is not None and output < floor and floor > lo:  # only where the floor is what holds it
+            lo = float(floor)
             action = "floored"
             self._probed = (now, self.window)
         elif output > self._output and self._probed is not None and now - self._probed[0] <= s.horizon_s:
