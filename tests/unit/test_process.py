@@ -100,6 +100,9 @@ def test_an_engine_gets_the_daemons_environment_less_llmconsoles_own_secrets_and
         TREE, {"HF_TOKEN": "hf_from_the_spec"}, tmp_path / "env.log", 18999, base_env=dict(os.environ)
     )
     try:
+        # Read once the exec is done: until then /proc shows the environment the forking process
+        # itself started with, not the one the engine is given.
+        wait_until(lambda: psutil.Process(proc.pid).cmdline(), 30, 0.05, "the exec", ok=lambda c: c[-1:] == ["18999"])
         with open(f"/proc/{proc.pid}/environ", "rb") as f:
             env = dict(e.decode().split("=", 1) for e in f.read().split(b"\0") if b"=" in e)
     finally:
