@@ -66,11 +66,9 @@ class _PinnedLoad:
         with httpx.Client(base_url=self.url, timeout=120) as http:
             while not self.stop.is_set():
                 # Long answers of different lengths: each end leaves the queue one short until the
-                # client's next request, and a scrape that sees the gap under the rule's excess
-                # restarts the lag's hold. At 64 tokens on an idle host the mark came 50 s after
-                # the load began, once past 105 s; at 200, 31 s, but past 105 s with two other
-                # engine tests beside it, when four answers of one length ended in one step and a
-                # queue of 8 fell to 4. A queue of 12 and staggered ends leave a margin.
+                # client's next request. When a hold restarted on every scrape that saw the gap
+                # under the rule's excess, the mark came anywhere from 31 s to past 105 s after
+                # the load began; a dip shorter than the rule's clear time now keeps the hold.
                 r = http.post(
                     "/v1/completions",
                     headers={"X-data-parallel-rank": str(self.rank)},

@@ -145,16 +145,37 @@ def test_a_rank_is_marked_after_the_gap_held_and_cleared_after_it_went():
     assert not watch.add(balanced, t)[0].lagging
 
 
-def test_a_gap_that_breaks_starts_its_hold_again():
+def test_a_gap_gone_for_the_clear_time_starts_its_hold_again():
     rule = LagRule()
     watch = RankWatch(rule)
     lagging, balanced = _ranks((12, 0.2), (0, 0.2)), _ranks((2, 0.2), (0, 0.2))
     for t in range(0, 10):
         watch.add(lagging, float(t))
-    watch.add(balanced, 10.0)  # the balancer caught up for a moment
-    for t in range(11, 11 + int(rule.hold_s)):
+    t = 10
+    while t - 9 < rule.clear_s:  # the balancer caught up, and stayed caught up
+        assert watch.add(balanced, float(t))[0].gap_for_s is not None
+        t += 1
+    assert watch.add(balanced, float(t))[0].gap_for_s is None
+    began = t + 1
+    for t in range(began, began + int(rule.hold_s)):
         assert not watch.add(lagging, float(t))[0].lagging
-    assert watch.add(lagging, 11.0 + rule.hold_s)[0].lagging
+    assert watch.add(lagging, began + rule.hold_s)[0].lagging
+
+
+def test_a_dip_shorter_than_the_clear_time_does_not_start_the_hold_again():
+    """A rank that requests are pinned to: its queue is short for a scrape or two when several
+    answers end in one step, and then full again. The hold runs through the dips (with a restart
+    on each dip it was never marked while such dips came every few seconds)."""
+    rule = LagRule()
+    watch = RankWatch(rule)
+    lagging, dip = _ranks((12, 0.2), (0, 0.2)), _ranks((3, 0.2), (0, 0.2))
+    t = 0.0
+    while t < rule.hold_s:
+        rows = watch.add(dip if int(t) % 4 == 3 else lagging, t)  # a one-scrape dip every 4 s
+        assert not rows[0].lagging and rows[0].gap_for_s == pytest.approx(t)
+        t += 1.0
+    rows = watch.add(lagging, t)
+    assert rows[0].lagging and not rows[1].lagging and rows[0].gap_for_s == pytest.approx(rule.hold_s)
 
 
 def test_one_rank_has_no_rows_and_forgets_the_marks():

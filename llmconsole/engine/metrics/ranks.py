@@ -21,11 +21,14 @@ whose requests suffer is the one with more load), and asks for the gap to hold:
 - KV: its KV use at least `kv_excess` (30 points) above the peers' mean, and itself at least
   `kv_floor` (50%). Requests of mixed lengths move one rank's use by ten or twenty points at a
   time; thirty is more than chance. Under half full, nothing waits for KV there, whatever the gap.
-- held for `hold_s` (15 s) of scrapes in a row before the rank is marked: past vLLM's balancing
-  (it rebalances every 100 ms) and past the 10 s the rates beside it are taken over, so a burst
-  that evens out never marks; soon enough that an operator watching sees it during the event.
-  A marked rank clears once the gap has been gone for `clear_s` (5 s), so one lucky scrape in a
-  lasting imbalance does not make the mark blink.
+- held for `hold_s` (15 s) before the rank is marked: past vLLM's balancing (it rebalances every
+  100 ms) and past the 10 s the rates beside it are taken over, so a burst that evens out never
+  marks; soon enough that an operator watching sees it during the event. A marked rank clears
+  once the gap has been gone for `clear_s` (5 s), so one lucky scrape in a lasting imbalance does
+  not make the mark blink; by the same token a gap gone for less than `clear_s` does not start
+  the hold again. A rank that requests are pinned to shows such dips: when several of its answers
+  end in one step its queue is short until their clients send again, and a hold that restarted
+  on each dip marked a rank queueing 12 against 0 for minutes only by luck.
 
 An alert is a separate thing (engine/alerts/): the mark is a view, shown beside the figures.
 """
@@ -99,7 +102,7 @@ class RankFigures:
         if "kv" in self.gaps:
             parts.append(f"KV {_pct(self.kv_cache_usage)} against {_pct(self.peers_kv_cache_usage)} on its peers")
         # A mark outlives its gap by the rule's clear time: say the gap is closing then.
-        held = f", for {self.gap_for_s:.0f} s" if self.gap_for_s is not None else ", gap closing"
+        held = f", for {self.gap_for_s:.0f} s" if self.gaps and self.gap_for_s is not None else ", gap closing"
         return "; ".join(parts) + held
 
 
@@ -132,6 +135,7 @@ class RankWatch:
     def __init__(self, rule: LagRule | None = None) -> None:
         self.rule = rule or LagRule()
         self._gap_since: dict[str, float] = {}  # rank -> when its current gap began
+        self._gap_seen: dict[str, float] = {}  # rank -> the last page that showed its gap
         self._clear_since: dict[str, float] = {}  # marked rank -> when its gap went away
         self._marked: set[str] = set()
 
@@ -140,11 +144,12 @@ class RankWatch:
         Fewer than two ranks: nothing to compare, no rows."""
         if len(ranks) < 2:
             self._gap_since.clear()
+            self._gap_seen.clear()
             self._clear_since.clear()
             self._marked.clear()
             return ()
         seen = {r.rank for r in ranks}
-        for held in (self._gap_since, self._clear_since):
+        for held in (self._gap_since, self._gap_seen, self._clear_since):
             for rank in [r for r in held if r not in seen]:
                 del held[rank]
         self._marked &= seen
@@ -154,11 +159,15 @@ class RankWatch:
             gaps = self.rule.gaps(r, peers)
             if gaps:
                 began = self._gap_since.setdefault(r.rank, at_s)
+                self._gap_seen[r.rank] = at_s
                 self._clear_since.pop(r.rank, None)
                 if at_s - began >= self.rule.hold_s:
                     self._marked.add(r.rank)
             else:
-                self._gap_since.pop(r.rank, None)
+                seen_s = self._gap_seen.get(r.rank)
+                if seen_s is None or at_s - seen_s >= self.rule.clear_s:  # a dip shorter keeps the hold
+                    self._gap_since.pop(r.rank, None)
+                    self._gap_seen.pop(r.rank, None)
                 if r.rank in self._marked:
                     cleared = self._clear_since.setdefault(r.rank, at_s)
                     if at_s - cleared >= self.rule.clear_s:
