@@ -105,15 +105,21 @@ def _ended(eng, run_id: int) -> dict[str, Any]:
 
 
 def _start_cli(eng, args: list[str]) -> subprocess.Popen[str]:
-    # A session of its own: its process group is what a terminal (or sshd) signals.
-    return subprocess.Popen(
-        [sys.executable, "-m", "llmconsole.console.cli", *args],
-        env=eng.env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    # A session of its own: its process group is what a terminal (or sshd) signals. SIGHUP as a
+    # login shell leaves it, even where the suite itself runs under nohup (a child inherits an
+    # ignored signal, and a CLI that ignores SIGHUP never ends with its session).
+    hup = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "llmconsole.console.cli", *args],
+            env=eng.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    finally:
+        signal.signal(signal.SIGHUP, hup)
 
 
 def test_a_killed_cli_leaves_its_tune_running_and_the_engine_ends_on_its_original_config(eng):
