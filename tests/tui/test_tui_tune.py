@@ -32,6 +32,7 @@ from llmconsole.console.tui.views.tune import (
     tune_settings,
 )
 from llmconsole.engine.sweep.runner import EngineTarget
+from llmconsole.engine.tune import ranges
 from llmconsole.engine.tune.select import Remeasured
 from llmconsole.engine.tune.space import Budget, TrialOutcome
 from llmconsole.engine.tune.tuner import TuneProgress, TuneResult
@@ -43,7 +44,9 @@ FACTS = snapshot_facts(SPEC)
 FORM = dict(TUNE_DEFAULTS, knobs="max_num_seqs=2,4,8", budget="4")
 
 
-def test_the_form_makes_the_settings_the_cli_makes():
+def test_the_form_makes_the_settings_the_cli_makes(monkeypatch):
+    # Both read the host's free memory for the KV sizes' ceiling: the same reading for both.
+    monkeypatch.setattr(ranges, "_free_memory_bytes", lambda: 8 << 30)
     s, space = tune_settings("t1", FACTS, FORM)
     parser = argparse.ArgumentParser(prog="llmconsole")
     register(parser.add_subparsers())
