@@ -15,7 +15,8 @@ A `NetnsHost` is:
   script running the suite's interpreter on the tree under test (PYTHONPATH): a real install's
   console script runs its own venv's interpreter on the installed package instead. The
   interpreter's own directory is made readable there when this machine keeps it where other
-  users cannot read (a Python under /root);
+  users cannot read (a Python under /root), and so are the tree and its venv (a clone in a
+  `mktemp -d` folder, mode 0700);
 - an sshd in that namespace on port 22 of its address, with the user's ~/.ssh/authorized_keys,
   StrictModes and every other default of sshd's own;
 - a copy of the tiny model in the user's home (the operator's copy is readable by root only), at
@@ -45,6 +46,7 @@ import ipaddress
 import os
 import pwd
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -183,10 +185,31 @@ def sweep() -> None:
 
 def _private_ancestor(path: Path) -> Path | None:
     """The outermost folder above `path` that other users cannot enter (e.g. /root), if any."""
-    for parent in reversed(path.parents):
-        if parent != Path("/") and not os.stat(parent).st_mode & 0o001:
-            return parent
-    return None
+    return next(iter(_private_ancestors(path)), None)
+
+
+def _private_ancestors(path: Path) -> list[Path]:
+    """Every folder on the way to `path` (itself too, if a folder) that other users cannot enter,
+    the outermost first."""
+    on_the_way = [*reversed(path.parents), *([path] if path.is_dir() else [])]
+    return [p for p in on_the_way if p != Path("/") and not os.stat(p).st_mode & 0o001]
+
+
+def _open_up(folder: Path, stage: Path) -> list[str]:
+    """Shell lines that make `folder` enterable in a mount namespace and leave what it holds as it
+    is: a tmpfs of mode 0755 over it, each entry bound back from a bind of the original."""
+    q = shlex.quote
+    lines = [
+        f"mount --bind {q(str(folder))} {q(str(stage))}",
+        f"mount -t tmpfs -o mode=0755,size=1m {PREFIX} {q(str(folder))}",
+    ]
+    for entry in sorted(folder.iterdir()):
+        to, back = q(str(entry)), q(str(stage / entry.name))
+        if entry.is_symlink():
+            lines.append(f"ln -s {q(os.readlink(entry))} {to}")
+        else:
+            lines += [f"mkdir {to}" if entry.is_dir() else f"touch {to}", f"mount --bind {back} {to}"]
+    return lines
 
 
 class NetnsHost:
@@ -276,9 +299,19 @@ class NetnsHost:
         )
         script.chmod(0o755)
         lines = ["set -e", f"mount --bind {self.bin} /usr/local/bin"]
+        # The tree and the venv where others cannot enter (a clone in a `mktemp -d` folder, mode
+        # 0700): the folders on the way are opened, their contents as they are.
+        beside = [Path(sys.executable).parent, Path(sys.prefix), Path(tree)]
+        opened = sorted({a for p in beside for a in _private_ancestors(p)}, key=lambda a: len(a.parts))
+        for i, folder in enumerate(opened):
+            stage = self.dir / f"open-{i}"
+            stage.mkdir()
+            lines += _open_up(folder, stage)
         python = Path(os.path.realpath(sys.executable))
         private = _private_ancestor(python)
-        if private is not None:  # the interpreter lives where others cannot enter: show its prefix
+        if (
+            private is not None and private not in opened
+        ):  # the interpreter lives where others cannot enter: show its prefix
             prefix = Path(os.path.realpath(sys.base_prefix))
             stage = self.dir / "python-stage"
             stage.mkdir()
