@@ -110,27 +110,8 @@ def _engine_module_cost(item: pytest.Item) -> float:
     return ENGINE_MODULE_S.get(module, ENGINE_MODULE_UNKNOWN_S)
 
 
-# The tests of the fast pass that take longest, in seconds of the last pass on two cores and
-# three workers: most of it waiting out a silent host's timeouts, not CPU. The fast pass hands its
-# tests to the workers in collection order (xdist's `load`): these go first, so that their waits
-# overlap the rest of the pass. Last at their place in the collection, one of them started when
-# the others were nearly done and the pass ran a minute and a half on one or two workers.
-FAST_TEST_S = {
-    "tests/tui/test_fleet_console_silent.py::test_a_host_that_stops_answering_never_holds_up_the_others_refresh": 63,
-    "tests/integration/test_hosts_ssh.py::test_prometheus_targets_watch_outlives_a_silent_host": 49,
-    "tests/integration/test_hosts_ssh.py::test_status_all_hosts_shows_every_answer_and_names_the_silent_host_slow": 35,
-    "tests/unit/test_core_boundary.py::test_core_imports_no_ui": 12,
-    "tests/integration/test_hosts_ssh.py::test_remote_daemon_start_status_stop_over_ssh": 10,
-    "tests/unit/test_kernel_cpu_isa.py::test_vllms_isa_is_asked_once_quietly_and_kept": 9,
-}
-
-
-def _cost(item: pytest.Item) -> tuple[float, float]:
-    return (-_engine_module_cost(item), -FAST_TEST_S.get(item.nodeid, 0))
-
-
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=_cost)  # stable: a module's tests otherwise keep their order
+    items.sort(key=lambda item: -_engine_module_cost(item))  # stable: a module's tests keep their order
     gpu_reason: list[str | None] = []  # computed once, only if a test needs a GPU
     for item in items:
         marks = {m.name for m in item.iter_markers()}
