@@ -5,6 +5,7 @@ keeps it serving, the sweep in the second is load-only)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import subprocess
@@ -30,8 +31,12 @@ BINARY = Path(sys.executable).parent / "llmconsole"
 class Terminal:
     """A tmux server of our own, its socket in the test's home: no one else's tmux is touched."""
 
+    _made = itertools.count(1)
+
     def __init__(self, home: Path, width: int = 120, height: int = 40):
-        self.socket = str(home / "tmux.sock")
+        # A socket per terminal: `kill-server` returns before the server is gone, and the module's
+        # next terminal on the same socket once met the dying server ("server exited unexpectedly").
+        self.socket = str(home / f"tmux-{next(Terminal._made)}.sock")
         self._tmux(
             "new-session",
             "-d",
