@@ -309,9 +309,9 @@ class NetnsHost:
             lines += _open_up(folder, stage)
         python = Path(os.path.realpath(sys.executable))
         private = _private_ancestor(python)
-        if (
-            private is not None and private not in opened
-        ):  # the interpreter lives where others cannot enter: show its prefix
+        # The interpreter lives where others cannot enter (and no folder above was opened): show
+        # its prefix alone.
+        if private is not None and private not in opened:
             prefix = Path(os.path.realpath(sys.base_prefix))
             stage = self.dir / "python-stage"
             stage.mkdir()

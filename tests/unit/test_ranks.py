@@ -152,7 +152,7 @@ def test_a_gap_gone_for_the_clear_time_starts_its_hold_again():
     for t in range(0, 10):
         watch.add(lagging, float(t))
     t = 10
-    while t - 9 < rule.clear_s:  # the balancer caught up, and stayed caught up
+    while t - 10 < rule.clear_s:  # the balancer caught up, and stayed caught up
         assert watch.add(balanced, float(t))[0].gap_for_s is not None
         t += 1
     assert watch.add(balanced, float(t))[0].gap_for_s is None

@@ -135,8 +135,7 @@ class RankWatch:
     def __init__(self, rule: LagRule | None = None) -> None:
         self.rule = rule or LagRule()
         self._gap_since: dict[str, float] = {}  # rank -> when its current gap began
-        self._gap_seen: dict[str, float] = {}  # rank -> the last page that showed its gap
-        self._clear_since: dict[str, float] = {}  # marked rank -> when its gap went away
+        self._gone_since: dict[str, float] = {}  # rank with a gap held -> when the gap went away
         self._marked: set[str] = set()
 
     def add(self, ranks: tuple[RankSample, ...], at_s: float) -> tuple[RankFigures, ...]:
@@ -144,12 +143,11 @@ class RankWatch:
         Fewer than two ranks: nothing to compare, no rows."""
         if len(ranks) < 2:
             self._gap_since.clear()
-            self._gap_seen.clear()
-            self._clear_since.clear()
+            self._gone_since.clear()
             self._marked.clear()
             return ()
         seen = {r.rank for r in ranks}
-        for held in (self._gap_since, self._gap_seen, self._clear_since):
+        for held in (self._gap_since, self._gone_since):
             for rank in [r for r in held if r not in seen]:
                 del held[rank]
         self._marked &= seen
@@ -159,20 +157,16 @@ class RankWatch:
             gaps = self.rule.gaps(r, peers)
             if gaps:
                 began = self._gap_since.setdefault(r.rank, at_s)
-                self._gap_seen[r.rank] = at_s
-                self._clear_since.pop(r.rank, None)
+                self._gone_since.pop(r.rank, None)
                 if at_s - began >= self.rule.hold_s:
                     self._marked.add(r.rank)
-            else:
-                seen_s = self._gap_seen.get(r.rank)
-                if seen_s is None or at_s - seen_s >= self.rule.clear_s:  # a dip shorter keeps the hold
-                    self._gap_since.pop(r.rank, None)
-                    self._gap_seen.pop(r.rank, None)
-                if r.rank in self._marked:
-                    cleared = self._clear_since.setdefault(r.rank, at_s)
-                    if at_s - cleared >= self.rule.clear_s:
-                        self._marked.discard(r.rank)
-                        del self._clear_since[r.rank]
+            elif r.rank in self._gap_since:
+                # Gone for the clear time: the hold is over and the mark cleared; gone for less
+                # (a dip), both stand.
+                gone = self._gone_since.setdefault(r.rank, at_s)
+                if at_s - gone >= self.rule.clear_s:
+                    del self._gap_since[r.rank], self._gone_since[r.rank]
+                    self._marked.discard(r.rank)
             held_since = self._gap_since.get(r.rank)
             figures = RankFigures(
                 rank=r.rank,
